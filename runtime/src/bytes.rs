@@ -1,0 +1,105 @@
+//! [`Bytes`]: a cheap, shareable view of payload bytes.
+//!
+//! Loading a packed `.so` does not copy payloads: each one is a `Bytes` that borrows its range
+//! of the blob and keeps the mapping that holds it (the opened library, a mapped file, or an
+//! owned buffer) alive for as long as any view exists.
+
+use std::fmt;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+/// A shared, immutable byte range. Cloning is cheap (a reference count).
+#[derive(Clone)]
+pub struct Bytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl Bytes {
+    /// Takes ownership of a buffer.
+    pub fn from_vec(v: Vec<u8>) -> Bytes {
+        let len = v.len();
+        Bytes { owner: Arc::new(v), range: 0..len }
+    }
+
+    /// Views all of `owner`, keeping it alive.
+    pub fn from_owner(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Bytes {
+        let len = (*owner).as_ref().len();
+        Bytes { owner, range: 0..len }
+    }
+
+    /// A sub-range, or `None` when it lies outside this view.
+    pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
+        let start = self.range.start.checked_add(range.start)?;
+        let end = self.range.start.checked_add(range.end)?;
+        (start <= end && end <= self.range.end).then(|| Bytes { owner: self.owner.clone(), range: start..end })
+    }
+
+    /// The sub-range that `part` occupies, when `part` is a slice of this view's bytes.
+    pub fn slice_ref(&self, part: &[u8]) -> Option<Bytes> {
+        let base = self.as_ref().as_ptr() as usize;
+        let start = (part.as_ptr() as usize).checked_sub(base)?;
+        self.slice(start..start.checked_add(part.len())?)
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.owner).as_ref().get(self.range.clone()).unwrap_or_default()
+    }
+}
+
+impl AsRef<[u8]> for Bytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Bytes({} bytes)", self.len())
+    }
+}
+
+impl PartialEq for Bytes {
+    fn eq(&self, other: &Bytes) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for Bytes {}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Bytes {
+        Bytes::from_vec(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_share_and_check_bounds() {
+        let b = Bytes::from_vec((0u8..10).collect());
+        let s = b.slice(2..5).unwrap();
+        assert_eq!(&s[..], &[2, 3, 4]);
+        assert_eq!(&s.slice(1..3).unwrap()[..], &[3, 4]);
+        assert!(s.slice(1..4).is_none());
+        assert!(b.slice(usize::MAX..usize::MAX).is_none());
+        let part = &b[4..6];
+        assert_eq!(b.slice_ref(part).unwrap()[..], [4, 5]);
+        assert!(s.slice_ref(&[1, 2]).is_none());
+    }
+}

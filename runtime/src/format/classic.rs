@@ -1,0 +1,230 @@
+//! The classic body (TVM 0.8 to 0.21; legacy TVM 0.6 read too).
+//!
+//! ```text
+//! body   := count:u64  entry{count}
+//! entry  := key:str payload
+//!   key == "_lib"          -> no payload
+//!   key == "_import_tree"  -> row_ptr:vec<u64>  child_indices:vec<u64>   (always last)
+//!   otherwise              -> the module's SaveToBinary bytes, unframed
+//! ```
+//!
+//! With an import tree, `count` is the number of modules plus one. Without one (legacy), the
+//! entries are all imports of the library. Payloads carry no length, so the reader asks a
+//! [`PayloadSizer`] how long each one is; unknown keys are an error or, on request, opaque
+//! payloads whose end is found by looking for the next entry from which the rest parses.
+
+use std::cell::Cell;
+use std::io::{self, Write};
+
+use super::stream::{self, Reader};
+use super::{BlobEntry, Entry, EntryKind, ImportTree, Layout, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY};
+use crate::error::{FormatError, FormatErrorKind};
+use crate::Measure;
+
+/// How many opaque payloads may be nested in one search, and how many candidate ends may be
+/// tried in all: bounds the work an adversarial blob can cause.
+const MAX_OPAQUE_DEPTH: u32 = 32;
+const MAX_OPAQUE_TRIES: u32 = 4096;
+/// Longest type key the opaque search accepts as the start of the next entry.
+const MAX_KEY_LEN: u64 = 128;
+
+struct Ctx<'s> {
+    layout: Layout,
+    sizer: &'s dyn PayloadSizer,
+    unknown: UnknownKeys,
+    tries: Cell<u32>,
+}
+
+type Parsed<'a> = (Vec<Entry<'a>>, Option<ImportTree>);
+
+/// Parses a classic body whose first byte lies at `base`.
+pub fn parse_body<'a>(
+    body: &'a [u8],
+    base: u64,
+    layout: Layout,
+    sizer: &dyn PayloadSizer,
+    unknown: UnknownKeys,
+) -> Result<Parsed<'a>, FormatError> {
+    let mut r = Reader::new(body, base);
+    let count = r.read_count("count", 8)? as u64;
+    let ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0) };
+    let mut entries = Vec::new();
+    let tree = parse_entries(&ctx, r, count, &mut entries, 0)?;
+    let modules = entries.iter().filter(|e| e.kind != EntryKind::ImportTree).count();
+    check_single_lib(&entries)?;
+    if let Some((tree, at)) = &tree {
+        tree.validate(modules).map_err(|k| FormatError::new(*at, k))?;
+    }
+    Ok((entries, tree.map(|(t, _)| t)))
+}
+
+fn check_single_lib(entries: &[Entry<'_>]) -> Result<(), FormatError> {
+    let mut libs = entries
+        .iter()
+        .filter(|e| e.kind != EntryKind::ImportTree)
+        .enumerate()
+        .filter(|(_, e)| e.kind == EntryKind::Lib);
+    if let (Some((first, _)), Some((second, e))) = (libs.next(), libs.next()) {
+        return Err(FormatError::new(
+            e.key_offset,
+            FormatErrorKind::DuplicateLib { first: first as u64, second: second as u64 },
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `left` entries from `r` to the end of the body, appending to `out`. Returns the
+/// import tree (with its offset) if one was read.
+fn parse_entries<'a>(
+    ctx: &Ctx<'_>,
+    mut r: Reader<'a>,
+    mut left: u64,
+    out: &mut Vec<Entry<'a>>,
+    depth: u32,
+) -> Result<Option<(ImportTree, u64)>, FormatError> {
+    let mut tree = None;
+    while left > 0 {
+        left -= 1;
+        let key_offset = r.offset();
+        let key = r.read_str("type_key")?;
+        let payload_offset = r.offset();
+        if tree.is_some() {
+            return Err(FormatError::new(
+                key_offset,
+                FormatErrorKind::MisplacedImportTree { reason: "an entry follows it" },
+            ));
+        }
+        let (kind, len) = match key {
+            LIB_KEY => (EntryKind::Lib, 0),
+            IMPORT_TREE_KEY => {
+                let mut t = r.clone();
+                let row_ptr = t.read_vec_u64("row_ptr")?;
+                let child_indices = t.read_vec_u64("child_indices")?;
+                tree = Some((ImportTree { row_ptr, child_indices }, payload_offset));
+                (EntryKind::ImportTree, t.offset() - payload_offset)
+            }
+            _ => match ctx.sizer.measure(key, r.rest(), payload_offset, ctx.layout) {
+                Some(Ok(Measure::Len(len))) => (EntryKind::Module, len),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(Measure::Opaque)) => {
+                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                }
+                None if ctx.unknown == UnknownKeys::KeepOpaque => {
+                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                }
+                None => {
+                    return Err(FormatError::new(
+                        key_offset,
+                        FormatErrorKind::UnknownTypeKey {
+                            key: key.to_owned(),
+                            registered: ctx.sizer.known_keys(),
+                        },
+                    ))
+                }
+            },
+        };
+        let payload = r.read_bytes(len, "payload")?;
+        out.push(Entry { type_key: key, kind, key_offset, payload_offset, payload });
+    }
+    r.finish("the last entry")?;
+    Ok(tree)
+}
+
+/// An opaque payload starts at `r`: try each later position where an entry could start, in
+/// order, and keep the first from which the rest of the body parses exactly.
+fn parse_opaque<'a>(
+    ctx: &Ctx<'_>,
+    r: Reader<'a>,
+    key: &'a str,
+    key_offset: u64,
+    left: u64,
+    out: &mut Vec<Entry<'a>>,
+    depth: u32,
+) -> Result<Option<(ImportTree, u64)>, FormatError> {
+    let payload_offset = r.offset();
+    let rest = r.rest();
+    let fail = |reason| {
+        FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason })
+    };
+    if left == 0 {
+        // The last entry (legacy blobs only): the payload runs to the end of the body.
+        out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload: rest });
+        return Ok(None);
+    }
+    if depth >= MAX_OPAQUE_DEPTH {
+        return Err(fail("too many opaque payloads in a row"));
+    }
+    for end in 0..rest.len() {
+        let Some(candidate) = rest.get(end..) else { break };
+        if !looks_like_key(candidate) {
+            continue;
+        }
+        let tries = ctx.tries.get() + 1;
+        ctx.tries.set(tries);
+        if tries > MAX_OPAQUE_TRIES {
+            return Err(fail("too many candidate ends"));
+        }
+        let mut tail = Vec::new();
+        let next = Reader::new(candidate, payload_offset + end as u64);
+        if let Ok(tree) = parse_entries(ctx, next, left, &mut tail, depth + 1) {
+            let payload = rest.get(..end).unwrap_or_default();
+            out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload });
+            out.append(&mut tail);
+            return Ok(tree);
+        }
+    }
+    Err(fail("no later position starts a valid rest of the blob"))
+}
+
+/// Whether `bytes` starts with a `str` that could be a type key: 1 to 128 bytes of letters,
+/// digits, `_`, `.` or `-`.
+fn looks_like_key(bytes: &[u8]) -> bool {
+    let mut r = Reader::new(bytes, 0);
+    let Ok(len) = r.read_u64("key") else { return false };
+    if len == 0 || len > MAX_KEY_LEN {
+        return false;
+    }
+    r.read_bytes(len, "key").is_ok_and(|k| {
+        k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+    })
+}
+
+/// Bytes of the classic body for these entries.
+pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
+    let mut n = 8;
+    if let Some(tree) = tree {
+        for e in entries {
+            n += match e {
+                BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
+                BlobEntry::Module(p) => stream::str_len(p.type_key().len() as u64) + p.payload_len(layout),
+            };
+        }
+        n += stream::str_len(IMPORT_TREE_KEY.len() as u64) + tree.encoded_len();
+    }
+    n
+}
+
+/// Writes the classic body. Without a tree (a lone library) the body is `count = 0`.
+pub fn write_body(
+    out: &mut dyn Write,
+    layout: Layout,
+    entries: &[BlobEntry<'_>],
+    tree: Option<&ImportTree>,
+) -> io::Result<()> {
+    let Some(tree) = tree else {
+        return stream::write_u64(out, 0);
+    };
+    debug_assert!(tree.validate(entries.len()).is_ok());
+    stream::write_u64(out, entries.len() as u64 + 1)?;
+    for e in entries {
+        match e {
+            BlobEntry::Lib => stream::write_str(out, LIB_KEY)?,
+            BlobEntry::Module(p) => {
+                stream::write_str(out, p.type_key())?;
+                p.write_payload(layout, out)?;
+            }
+        }
+    }
+    stream::write_str(out, IMPORT_TREE_KEY)?;
+    tree.write_to(out)
+}

@@ -1,0 +1,198 @@
+//! Loaded modules: the [`Module`] trait and the [`LoadedTree`] that a load returns.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::fmt::{self, Debug, Write as _};
+use std::sync::Arc;
+
+use crate::format::Layout;
+use crate::payload::{Opaque, Payload};
+
+/// A module after loading: the library, a payload kind's runtime object, or opaque bytes.
+pub trait Module: Debug + Send + Sync + Any {
+    /// The type key after loading (`library` for the library module).
+    fn type_key(&self) -> &str;
+
+    /// The address of an exported function of this module, for modules backed by native
+    /// code. The default has none.
+    fn get_function(&self, _name: &str) -> Option<Symbol> {
+        None
+    }
+
+    /// The module as a payload, for modules that can be written back into a blob.
+    fn as_payload(&self) -> Option<&dyn Payload> {
+        None
+    }
+
+    /// For downcasting to the concrete kind.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl Module for Opaque {
+    fn type_key(&self) -> &str {
+        &self.type_key
+    }
+    fn as_payload(&self) -> Option<&dyn Payload> {
+        Some(self)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The address of a symbol, with a handle that keeps its library loaded.
+#[derive(Clone)]
+pub struct Symbol {
+    addr: *mut c_void,
+    _owner: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: a `Symbol` is an address plus a reference count on the library that maps it; the
+// address is never dereferenced by this type, and the owner is itself `Send + Sync`.
+#[allow(unsafe_code)]
+unsafe impl Send for Symbol {}
+// SAFETY: as above; sharing the address between threads does not touch what it points to.
+#[allow(unsafe_code)]
+unsafe impl Sync for Symbol {}
+
+impl Symbol {
+    pub(crate) fn new(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>) -> Symbol {
+        Symbol { addr, _owner: owner }
+    }
+
+    /// The address. It stays valid while this `Symbol` (or its library) is alive. Calling it
+    /// needs `unsafe` and the right function type, as with `dlsym`.
+    pub fn addr(&self) -> *mut c_void {
+        self.addr
+    }
+}
+
+impl Debug for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Symbol({:p})", self.addr)
+    }
+}
+
+/// One module of a loaded tree and the indices of its imports.
+#[derive(Debug, Clone)]
+pub struct LoadedModule {
+    /// The module.
+    pub module: Arc<dyn Module>,
+    /// Indices (into [`LoadedTree::modules`]) of the modules it imports, in order.
+    pub imports: Vec<usize>,
+}
+
+/// Where a loaded tree came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The blob symbol found, `None` for a library with no blob.
+    pub symbol: Option<String>,
+    /// The layout the blob was read as.
+    pub layout: Option<Layout>,
+    /// Whether the blob was the legacy form (no import tree).
+    pub legacy: bool,
+}
+
+/// A loaded module tree. Module 0 is the root.
+#[derive(Debug, Clone)]
+pub struct LoadedTree {
+    pub(crate) modules: Vec<LoadedModule>,
+    pub(crate) origin: Origin,
+}
+
+impl LoadedTree {
+    /// All modules; index 0 is the root.
+    pub fn modules(&self) -> &[LoadedModule] {
+        &self.modules
+    }
+
+    /// The root module.
+    pub fn root(&self) -> &Arc<dyn Module> {
+        &self.modules[0].module
+    }
+
+    /// Where the tree came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Looks up a function from the root: the root first, then its imports depth first, as
+    /// TVM's `GetFunction(name, query_imports=true)` does. The library module is where native
+    /// functions live.
+    pub fn get_function(&self, name: &str) -> Option<Symbol> {
+        let mut seen = vec![false; self.modules.len()];
+        let mut stack = vec![0usize];
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
+            let m = &self.modules[i];
+            if let Some(s) = m.module.get_function(name) {
+                return Some(s);
+            }
+            stack.extend(m.imports.iter().rev());
+        }
+        None
+    }
+
+    /// The first module of concrete type `T`, depth first from the root.
+    pub fn find<T: Module>(&self) -> Option<&T> {
+        self.modules.iter().find_map(|m| m.module.as_any().downcast_ref::<T>())
+    }
+
+    /// The type keys in index order.
+    pub fn type_keys(&self) -> Vec<&str> {
+        self.modules.iter().map(|m| m.module.type_key()).collect()
+    }
+
+    /// The tree as nested `(type_key, imports)`, for comparing with a description.
+    pub fn shape(&self) -> TreeShape {
+        fn walk(t: &LoadedTree, i: usize, depth: usize) -> TreeShape {
+            let m = &t.modules[i];
+            let imports = if depth > t.modules.len() {
+                Vec::new()
+            } else {
+                m.imports.iter().map(|&c| walk(t, c, depth + 1)).collect()
+            };
+            TreeShape { type_key: m.module.type_key().to_owned(), imports }
+        }
+        walk(self, 0, 0)
+    }
+
+    /// The tree drawn with one module per line.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.shape().render_into(&mut out, "", true, true);
+        out
+    }
+}
+
+/// A module tree as type keys only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeShape {
+    /// The type key.
+    pub type_key: String,
+    /// The imports.
+    pub imports: Vec<TreeShape>,
+}
+
+impl TreeShape {
+    fn render_into(&self, out: &mut String, prefix: &str, last: bool, root: bool) {
+        let (branch, next) = match (root, last) {
+            (true, _) => ("", String::new()),
+            (false, true) => ("└── ", format!("{prefix}    ")),
+            (false, false) => ("├── ", format!("{prefix}│   ")),
+        };
+        let _ = writeln!(out, "{prefix}{branch}{}", self.type_key);
+        for (i, c) in self.imports.iter().enumerate() {
+            c.render_into(out, &next, i + 1 == self.imports.len(), false);
+        }
+    }
+
+    /// The tree drawn with one module per line.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.render_into(&mut out, "", true, true);
+        out
+    }
+}

@@ -1,0 +1,133 @@
+//! The module tree before export: DSO parts and payload modules, with imports.
+//!
+//! Nodes live in an arena and are named by [`ModuleId`], so one module may be imported by
+//! several parents (TVM allows it, and the serializer deduplicates). What a DSO part is made of
+//! (objects, sources, IR) is the emit side's business; here it is just its type key.
+
+use std::sync::Arc;
+
+use crate::payload::Payload;
+
+/// Type keys of the modules TVM merges into the one library (`_lib`): `llvm` modules, `c`
+/// source modules and static libraries.
+pub const DSO_TYPE_KEYS: &[&str] = &["llvm", "c", "static_library"];
+
+/// Names a module of a [`ModuleTree`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModuleId(pub usize);
+
+/// What a module is.
+#[derive(Debug, Clone)]
+pub enum ModuleKind {
+    /// A part of the host library (`llvm`, `c`, `static_library`): merged into `_lib`.
+    Dso {
+        /// The type key before export.
+        type_key: String,
+    },
+    /// A module that saves itself to bytes.
+    Payload(Arc<dyn Payload>),
+}
+
+impl ModuleKind {
+    /// The type key.
+    pub fn type_key(&self) -> &str {
+        match self {
+            ModuleKind::Dso { type_key } => type_key,
+            ModuleKind::Payload(p) => p.type_key(),
+        }
+    }
+
+    /// Whether TVM merges it into the library.
+    pub fn is_dso(&self) -> bool {
+        matches!(self, ModuleKind::Dso { .. })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    kind: ModuleKind,
+    imports: Vec<ModuleId>,
+}
+
+/// A tree (in general a graph) of modules. The root is the first module added unless
+/// [`ModuleTree::set_root`] says otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct ModuleTree {
+    nodes: Vec<Node>,
+    root: Option<ModuleId>,
+}
+
+impl ModuleTree {
+    /// An empty tree.
+    pub fn new() -> ModuleTree {
+        ModuleTree::default()
+    }
+
+    /// Adds a module.
+    pub fn add(&mut self, kind: ModuleKind) -> ModuleId {
+        self.nodes.push(Node { kind, imports: Vec::new() });
+        ModuleId(self.nodes.len() - 1)
+    }
+
+    /// Adds a DSO part with type key `llvm`, `c` or `static_library`.
+    pub fn add_dso(&mut self, type_key: impl Into<String>) -> ModuleId {
+        self.add(ModuleKind::Dso { type_key: type_key.into() })
+    }
+
+    /// Adds a payload module.
+    pub fn add_payload(&mut self, payload: impl Payload) -> ModuleId {
+        self.add(ModuleKind::Payload(Arc::new(payload)))
+    }
+
+    /// Adds a shared payload module.
+    pub fn add_payload_arc(&mut self, payload: Arc<dyn Payload>) -> ModuleId {
+        self.add(ModuleKind::Payload(payload))
+    }
+
+    /// Makes `parent` import `child` (after its earlier imports). Ids from another tree are
+    /// a caller error and are ignored.
+    pub fn import(&mut self, parent: ModuleId, child: ModuleId) -> &mut Self {
+        if child.0 < self.nodes.len() {
+            if let Some(n) = self.nodes.get_mut(parent.0) {
+                n.imports.push(child);
+            }
+        }
+        self
+    }
+
+    /// Chooses the root.
+    pub fn set_root(&mut self, root: ModuleId) -> &mut Self {
+        self.root = Some(root);
+        self
+    }
+
+    /// The root, if the tree has any module.
+    pub fn root(&self) -> Option<ModuleId> {
+        self.root.filter(|r| r.0 < self.nodes.len()).or((!self.nodes.is_empty()).then_some(ModuleId(0)))
+    }
+
+    /// Number of modules.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when there is no module.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// What module `id` is.
+    pub fn kind(&self, id: ModuleId) -> &ModuleKind {
+        &self.nodes[id.0].kind
+    }
+
+    /// The imports of `id`, in order.
+    pub fn imports(&self, id: ModuleId) -> &[ModuleId] {
+        &self.nodes[id.0].imports
+    }
+
+    /// Every id, in the order added.
+    pub fn ids(&self) -> impl Iterator<Item = ModuleId> {
+        (0..self.nodes.len()).map(ModuleId)
+    }
+}

@@ -131,3 +131,62 @@ impl ModuleTree {
         (0..self.nodes.len()).map(ModuleId)
     }
 }
+
+/// A payload that is a loaded module (for re-packing a loaded tree).
+#[derive(Debug)]
+struct LoadedPayload(Arc<dyn crate::Module>);
+
+impl Payload for LoadedPayload {
+    fn type_key(&self) -> &str {
+        self.0.type_key()
+    }
+    fn write_payload(&self, layout: crate::Layout, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        match self.0.as_payload() {
+            Some(p) => p.write_payload(layout, out),
+            None => Err(std::io::Error::other(format!("module `{}` cannot be saved", self.0.type_key()))),
+        }
+    }
+    fn payload_len(&self, layout: crate::Layout) -> u64 {
+        self.0.as_payload().map_or(0, |p| p.payload_len(layout))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.0.as_any()
+    }
+}
+
+/// Why a loaded tree cannot become a module tree again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("module {index} (`{type_key}`) cannot be saved back into a blob")]
+pub struct NotSaveable {
+    /// Index in the loaded tree.
+    pub index: usize,
+    /// Its type key.
+    pub type_key: String,
+}
+
+impl ModuleTree {
+    /// The module tree of a loaded tree, for packing it again: the library module becomes a
+    /// DSO part with type key `dso_type_key` (it stands for the host objects the new export
+    /// links), every other module must be saveable ([`crate::Module::as_payload`]). Module
+    /// indices are kept, so serializing gives the same groups and import tree back.
+    pub fn from_loaded(loaded: &crate::LoadedTree, dso_type_key: &str) -> Result<ModuleTree, NotSaveable> {
+        let mut tree = ModuleTree::new();
+        for (index, m) in loaded.modules().iter().enumerate() {
+            if m.module.type_key() == crate::LIBRARY_TYPE_KEY && m.module.as_payload().is_none() {
+                tree.add_dso(dso_type_key);
+            } else if m.module.as_payload().is_some() {
+                tree.add_payload(LoadedPayload(m.module.clone()));
+            } else {
+                return Err(NotSaveable { index, type_key: m.module.type_key().to_owned() });
+            }
+        }
+        // Loaded imports are in ascending index order; the serializer's LIFO stack numbers the
+        // last import first, so adding them in descending order numbers them as before.
+        for (index, m) in loaded.modules().iter().enumerate() {
+            for &c in m.imports.iter().rev() {
+                tree.import(ModuleId(index), ModuleId(c));
+            }
+        }
+        Ok(tree)
+    }
+}

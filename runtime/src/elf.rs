@@ -59,9 +59,8 @@ pub fn find_blob(data: &[u8], prefix: Option<&str>) -> Result<Option<ElfBlob>, S
             if section.kind() == SectionKind::UninitializedData {
                 return Err(format!("symbol `{name}` lies in {section_name}, which holds no bytes"));
             }
-            let (sec_off, sec_size) = section
-                .file_range()
-                .ok_or_else(|| format!("section {section_name} of `{name}` has no file range"))?;
+            let (sec_off, sec_size) =
+                section.file_range().ok_or_else(|| format!("section {section_name} of `{name}` has no file range"))?;
             let within = sym
                 .address()
                 .checked_sub(section.address())

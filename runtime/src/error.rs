@@ -130,7 +130,9 @@ pub enum FormatErrorKind {
         child: u64,
     },
     /// A second `_lib` entry: the blob was written by TVM 0.7, which did not merge DSO modules.
-    #[error("second `_lib` entry (module {second}; the first is module {first}): blobs from TVM 0.7 are not supported")]
+    #[error(
+        "second `_lib` entry (module {second}; the first is module {first}): blobs from TVM 0.7 are not supported"
+    )]
     DuplicateLib {
         /// Index of the first `_lib`.
         first: u64,

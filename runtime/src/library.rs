@@ -40,8 +40,7 @@ impl LibraryModule {
 
     /// Looks up `name`, with an error naming the library when it is missing.
     pub fn symbol(&self, name: &str) -> Result<Symbol> {
-        self.get_function(name)
-            .ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
+        self.get_function(name).ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
     }
 }
 
@@ -73,8 +72,8 @@ impl Module for LibraryModule {
 /// open files you trust to run.
 pub(crate) unsafe fn open(path: &Path) -> Result<Arc<libloading::Library>> {
     // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
-    let lib = unsafe { libloading::Library::new(path) }
-        .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
+    let lib =
+        unsafe { libloading::Library::new(path) }.map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
     Ok(Arc::new(lib))
 }
 

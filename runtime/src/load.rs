@@ -32,13 +32,18 @@ impl LoadOptions {
 
 /// Reads a file into memory-mapped bytes.
 pub fn map_file(path: &Path) -> Result<Bytes> {
-    let file = std::fs::File::open(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot open", source })?;
+    let file = std::fs::File::open(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        action: "cannot open",
+        source,
+    })?;
     // SAFETY-free alternative: an empty file cannot be mapped, so read it instead.
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if len == 0 {
         return Ok(Bytes::from_vec(Vec::new()));
     }
-    let map = map_readonly(&file).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot map", source })?;
+    let map =
+        map_readonly(&file).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot map", source })?;
     Ok(Bytes::from_owner(Arc::new(map)))
 }
 
@@ -121,18 +126,22 @@ fn build(
             EntryKind::Lib => library.clone(),
             _ => {
                 let _span = tracing::debug_span!("load_module", type_key = entry.type_key, index).entered();
-                let payload = blob
-                    .slice_ref(entry.payload)
-                    .unwrap_or_else(|| Bytes::from_vec(entry.payload.to_vec()));
+                let payload = blob.slice_ref(entry.payload).unwrap_or_else(|| Bytes::from_vec(entry.payload.to_vec()));
                 match registry.get(entry.type_key) {
                     Some(loader) => loader.load(payload, parsed.layout).map_err(|source| Error::Loader {
                         index,
                         key: entry.type_key.to_owned(),
                         source,
                     })?,
-                    None if options.unknown == UnknownKeys::KeepOpaque => Arc::new(Opaque::new(entry.type_key, payload)),
+                    None if options.unknown == UnknownKeys::KeepOpaque => {
+                        Arc::new(Opaque::new(entry.type_key, payload))
+                    }
                     None => {
-                        return Err(Error::NoLoader { index, key: entry.type_key.to_owned(), registered: registry.keys() })
+                        return Err(Error::NoLoader {
+                            index,
+                            key: entry.type_key.to_owned(),
+                            registered: registry.keys(),
+                        })
                     }
                 }
             }

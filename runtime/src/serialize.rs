@@ -124,7 +124,8 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
         children.dedup();
         if let Some(&first) = children.first() {
             if first < p {
-                let key = |g: &Group| members(g).first().map(|m| tree.kind(*m).type_key().to_owned()).unwrap_or_default();
+                let key =
+                    |g: &Group| members(g).first().map(|m| tree.kind(*m).type_key().to_owned()).unwrap_or_default();
                 return Err(SerializeError::Cycle {
                     parent: key(group),
                     parent_index: p,
@@ -233,7 +234,12 @@ mod tests {
         let err = serialize(&t).unwrap_err();
         assert_eq!(
             err,
-            SerializeError::Cycle { parent: "GraphExecutorFactory".into(), parent_index: 1, child: "llvm".into(), child_index: 0 }
+            SerializeError::Cycle {
+                parent: "GraphExecutorFactory".into(),
+                parent_index: 1,
+                child: "llvm".into(),
+                child_index: 0
+            }
         );
     }
 

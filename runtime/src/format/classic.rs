@@ -115,10 +115,7 @@ fn parse_entries<'a>(
                 None => {
                     return Err(FormatError::new(
                         key_offset,
-                        FormatErrorKind::UnknownTypeKey {
-                            key: key.to_owned(),
-                            registered: ctx.sizer.known_keys(),
-                        },
+                        FormatErrorKind::UnknownTypeKey { key: key.to_owned(), registered: ctx.sizer.known_keys() },
                     ))
                 }
             },
@@ -143,9 +140,7 @@ fn parse_opaque<'a>(
 ) -> Result<Option<(ImportTree, u64)>, FormatError> {
     let payload_offset = r.offset();
     let rest = r.rest();
-    let fail = |reason| {
-        FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason })
-    };
+    let fail = |reason| FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason });
     if left == 0 {
         // The last entry (legacy blobs only): the payload runs to the end of the body.
         out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload: rest });
@@ -184,9 +179,8 @@ fn looks_like_key(bytes: &[u8]) -> bool {
     if len == 0 || len > MAX_KEY_LEN {
         return false;
     }
-    r.read_bytes(len, "key").is_ok_and(|k| {
-        k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
-    })
+    r.read_bytes(len, "key")
+        .is_ok_and(|k| k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-'))
 }
 
 /// Bytes of the classic body for these entries.

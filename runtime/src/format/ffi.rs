@@ -21,9 +21,11 @@ pub fn parse_body(body: &[u8], base: u64) -> Result<(Vec<Entry<'_>>, Option<Impo
     let row_ptr = r.read_vec_u64("indptr")?;
     let child_indices = r.read_vec_u64("child_indices")?;
     let tree = ImportTree { row_ptr, child_indices };
-    let modules = tree.row_ptr.len().checked_sub(1).ok_or_else(|| {
-        FormatError::new(tree_at, FormatErrorKind::RowPtrLength { expected: 1, found: 0 })
-    })?;
+    let modules = tree
+        .row_ptr
+        .len()
+        .checked_sub(1)
+        .ok_or_else(|| FormatError::new(tree_at, FormatErrorKind::RowPtrLength { expected: 1, found: 0 }))?;
     // Each module needs at least its key's length field.
     if modules as u64 > r.remaining() as u64 / 8 {
         return Err(FormatError::new(
@@ -74,8 +76,7 @@ pub fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
             .map(|e| match e {
                 BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
                 BlobEntry::Module(p) => {
-                    stream::str_len(p.type_key().len() as u64)
-                        + stream::str_len(p.payload_len(super::Layout::Ffi))
+                    stream::str_len(p.type_key().len() as u64) + stream::str_len(p.payload_len(super::Layout::Ffi))
                 }
             })
             .sum::<u64>()

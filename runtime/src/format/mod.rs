@@ -78,9 +78,7 @@ impl Layout {
     /// The layout and symbol prefix of a symbol name: an exact blob symbol, or one with a
     /// `c_symbol_prefix` in front (`demo___tvm_dev_mblob`).
     pub fn from_symbol(name: &str) -> Option<(Layout, &str)> {
-        Layout::ALL
-            .into_iter()
-            .find_map(|l| name.strip_suffix(l.symbol()).map(|prefix| (l, prefix)))
+        Layout::ALL.into_iter().find_map(|l| name.strip_suffix(l.symbol()).map(|prefix| (l, prefix)))
     }
 
     /// Whether device function infos carry `arg_extra_tags` (TVM 0.21 and later).
@@ -243,8 +241,13 @@ impl<'a> ParsedBlob<'a> {
 pub trait PayloadSizer {
     /// How long the `key` payload at the start of `bytes` is (its first byte lies at `base`),
     /// or `None` when no loader knows `key`.
-    fn measure(&self, key: &str, bytes: &[u8], base: u64, layout: Layout)
-        -> Option<Result<crate::Measure, FormatError>>;
+    fn measure(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        base: u64,
+        layout: Layout,
+    ) -> Option<Result<crate::Measure, FormatError>>;
 
     /// The keys it knows, for error messages.
     fn known_keys(&self) -> Vec<String>;
@@ -340,7 +343,13 @@ mod tests {
         assert!(matches!(t(&[0, 2, 1], &[1, 1]).validate(2), Err(FormatErrorKind::RowPtrInvalid { index: 2, .. })));
         assert!(matches!(t(&[0, 5, 5], &[1]).validate(2), Err(FormatErrorKind::RowPtrInvalid { index: 1, .. })));
         assert!(matches!(t(&[0, 1, 1], &[7]).validate(2), Err(FormatErrorKind::ChildOutOfRange { child: 7, .. })));
-        assert!(matches!(t(&[0, 0, 1], &[0]).validate(2), Err(FormatErrorKind::ChildNotAfterParent { parent: 1, child: 0 })));
-        assert!(matches!(t(&[0, 1, 1], &[0]).validate(2), Err(FormatErrorKind::ChildNotAfterParent { parent: 0, child: 0 })));
+        assert!(matches!(
+            t(&[0, 0, 1], &[0]).validate(2),
+            Err(FormatErrorKind::ChildNotAfterParent { parent: 1, child: 0 })
+        ));
+        assert!(matches!(
+            t(&[0, 1, 1], &[0]).validate(2),
+            Err(FormatErrorKind::ChildNotAfterParent { parent: 0, child: 0 })
+        ));
     }
 }

@@ -58,19 +58,14 @@ impl<'a> Reader<'a> {
         if self.is_empty() {
             Ok(())
         } else {
-            Err(self.error(FormatErrorKind::TrailingBytes {
-                what,
-                extra: self.remaining() as u64,
-            }))
+            Err(self.error(FormatErrorKind::TrailingBytes { what, extra: self.remaining() as u64 }))
         }
     }
 
     /// Takes the next `n` bytes.
     pub fn read_bytes(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], FormatError> {
         let have = self.remaining() as u64;
-        let taken = usize::try_from(n)
-            .ok()
-            .and_then(|n| self.data.get(self.pos..)?.get(..n));
+        let taken = usize::try_from(n).ok().and_then(|n| self.data.get(self.pos..)?.get(..n));
         match taken {
             Some(bytes) => {
                 self.pos += bytes.len();
@@ -123,15 +118,10 @@ impl<'a> Reader<'a> {
         let at = self.offset();
         let count = self.read_u64(what)?;
         let remaining = self.remaining() as u64;
-        let fits = count
-            .checked_mul(min_elem_size.max(1))
-            .is_some_and(|need| need <= remaining);
+        let fits = count.checked_mul(min_elem_size.max(1)).is_some_and(|need| need <= remaining);
         match usize::try_from(count) {
             Ok(n) if fits => Ok(n),
-            _ => Err(FormatError::new(
-                at,
-                FormatErrorKind::LengthTooLarge { what, len: count, remaining },
-            )),
+            _ => Err(FormatError::new(at, FormatErrorKind::LengthTooLarge { what, len: count, remaining })),
         }
     }
 
@@ -141,10 +131,7 @@ impl<'a> Reader<'a> {
         let len = self.read_u64(what)?;
         let remaining = self.remaining() as u64;
         if len > remaining {
-            return Err(FormatError::new(
-                at,
-                FormatErrorKind::LengthTooLarge { what, len, remaining },
-            ));
+            return Err(FormatError::new(at, FormatErrorKind::LengthTooLarge { what, len, remaining }));
         }
         self.read_bytes(len, what)
     }
@@ -153,8 +140,7 @@ impl<'a> Reader<'a> {
     pub fn read_str(&mut self, what: &'static str) -> Result<&'a str, FormatError> {
         let at = self.offset();
         let bytes = self.read_str_bytes(what)?;
-        std::str::from_utf8(bytes)
-            .map_err(|_| FormatError::new(at, FormatErrorKind::NotUtf8 { what }))
+        std::str::from_utf8(bytes).map_err(|_| FormatError::new(at, FormatErrorKind::NotUtf8 { what }))
     }
 
     /// Reads a `vec<u64>`.
@@ -179,11 +165,7 @@ impl<'a> Reader<'a> {
 
     /// Reads a `DLDataType`.
     pub fn read_dtype(&mut self, what: &'static str) -> Result<DataType, FormatError> {
-        Ok(DataType {
-            code: self.read_u8(what)?,
-            bits: self.read_u8(what)?,
-            lanes: self.read_u16(what)?,
-        })
+        Ok(DataType { code: self.read_u8(what)?, bits: self.read_u8(what)?, lanes: self.read_u16(what)? })
     }
 }
 
@@ -209,7 +191,7 @@ impl DataType {
     /// Bytes per element as TVM's tensor format counts them: `ceil(bits / 8)`, lanes not
     /// multiplied in.
     pub fn element_bytes(self) -> u64 {
-        (u64::from(self.bits) + 7) / 8
+        u64::from(self.bits).div_ceil(8)
     }
 
     /// Parses TVM's spelling (`float32`, `int8`, `uint1`, `handle`, `bfloat16`, `float16x4`).

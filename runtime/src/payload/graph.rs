@@ -50,9 +50,8 @@ impl Tensor {
 
     /// The elements as `f32`, when the dtype is `float32`.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
-        (self.dtype == DataType::F32).then(|| {
-            self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-        })
+        (self.dtype == DataType::F32)
+            .then(|| self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
     /// Reads one tensor from `r`, borrowing its data from `src` (the bytes `r` reads).
@@ -133,9 +132,7 @@ impl Tensor {
 }
 
 fn data_size(dtype: DataType, shape: &[i64]) -> Option<u64> {
-    shape
-        .iter()
-        .try_fold(dtype.element_bytes(), |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+    shape.iter().try_fold(dtype.element_bytes(), |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
 }
 
 /// The graph executor factory: graph JSON, named parameters and the module name.
@@ -256,7 +253,8 @@ mod tests {
         let mut buf = Vec::new();
         g.write_payload(Layout::Classic, &mut buf).unwrap();
         assert_eq!(buf.len() as u64, g.payload_len(Layout::Classic));
-        let (back, used) = GraphExecutorFactory::read(&Bytes::from_vec(buf.clone()), 0, GRAPH_EXECUTOR_FACTORY).unwrap();
+        let (back, used) =
+            GraphExecutorFactory::read(&Bytes::from_vec(buf.clone()), 0, GRAPH_EXECUTOR_FACTORY).unwrap();
         assert_eq!(used, buf.len() as u64);
         assert_eq!(back, g);
         assert_eq!(back.param("p0").unwrap().to_f32().unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);

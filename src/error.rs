@@ -1,0 +1,98 @@
+//! Errors of the emit side.
+
+use std::path::PathBuf;
+
+/// Result with mblob's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of serializing, packing, compiling, linking and exporting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An error of the load side (a malformed blob, a failed load).
+    #[error(transparent)]
+    Runtime(#[from] mblob_runtime::Error),
+    /// The module tree cannot be serialized as TVM would.
+    #[error(transparent)]
+    Serialize(#[from] mblob_runtime::SerializeError),
+    /// A file could not be read or written.
+    #[error("{}: {action}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done (`cannot create`, `cannot write`, ...).
+        action: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An external tool (compiler, linker, archiver) failed.
+    #[error("{step} failed ({status}): {command}\n{stderr}")]
+    Tool {
+        /// The stage that ran it (`compile devc.c`, `link`, ...).
+        step: String,
+        /// The command line as it ran.
+        command: String,
+        /// The exit status, as text (`exit status: 1`, `killed by signal 9`).
+        status: String,
+        /// The end of what it printed on stderr.
+        stderr: String,
+    },
+    /// An external tool could not be started.
+    #[error("{step}: cannot run `{program}`")]
+    ToolNotFound {
+        /// The stage.
+        step: String,
+        /// The program.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// LLVM refused something (target lookup, object emission).
+    #[error("llvm: {step}: {message}")]
+    Llvm {
+        /// What was being done.
+        step: &'static str,
+        /// LLVM's message.
+        message: String,
+    },
+    /// A feature that this build does not have.
+    #[error("{what} needs the cargo feature `{feature}`, which this build of mblob does not have (rebuild with `--features {feature}`)")]
+    FeatureDisabled {
+        /// What was asked for.
+        what: String,
+        /// The feature that provides it.
+        feature: &'static str,
+    },
+    /// A blob or file too large for the chosen route.
+    #[error("{what} is {len} bytes, more than the {limit} bytes {route} supports{hint}")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// Its size.
+        len: u64,
+        /// The limit.
+        limit: u64,
+        /// The route with the limit.
+        route: &'static str,
+        /// What to do instead (starts with `; ` when present).
+        hint: &'static str,
+    },
+    /// An option or input description that makes no sense.
+    #[error("{what}: {detail}")]
+    Invalid {
+        /// The option or input.
+        what: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, action: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, action, source }
+    }
+}

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cli;
 mod error;
 
 pub use error::{Error, Result};

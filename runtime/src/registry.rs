@@ -98,6 +98,10 @@ impl PayloadSizer for Registry {
     fn known_keys(&self) -> Vec<String> {
         self.keys()
     }
+
+    fn is_known(&self, key: &str) -> bool {
+        self.loaders.contains_key(key)
+    }
 }
 
 struct GraphLoader(&'static str);

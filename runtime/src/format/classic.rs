@@ -33,6 +33,11 @@ struct Ctx<'s> {
     sizer: &'s dyn PayloadSizer,
     unknown: UnknownKeys,
     tries: Cell<u32>,
+    /// First pass of the opaque search: the next entry must start with a key the reader
+    /// knows (`_lib`, `_import_tree`, a registered kind), and an opaque payload may not simply
+    /// run to the end. Payloads hold many strings that look like keys (a VM executable's
+    /// version, function names), so only if that fails is any plausible key accepted.
+    strict: bool,
 }
 
 type Parsed<'a> = (Vec<Entry<'a>>, Option<ImportTree>);
@@ -47,9 +52,17 @@ pub fn parse_body<'a>(
 ) -> Result<Parsed<'a>, FormatError> {
     let mut r = Reader::new(body, base);
     let count = r.read_count("count", 8)? as u64;
-    let ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0) };
+    let mut ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0), strict: true };
     let mut entries = Vec::new();
-    let tree = parse_entries(&ctx, r, count, &mut entries, 0)?;
+    let tree = match parse_entries(&ctx, r.clone(), count, &mut entries, 0) {
+        Err(FormatError { kind: FormatErrorKind::OpaqueEnd { .. }, .. }) => {
+            ctx.strict = false;
+            ctx.tries.set(0);
+            entries.clear();
+            parse_entries(&ctx, r, count, &mut entries, 0)?
+        }
+        other => other?,
+    };
     let modules = entries.iter().filter(|e| e.kind != EntryKind::ImportTree).count();
     check_single_lib(&entries)?;
     if let Some((tree, at)) = &tree {
@@ -142,6 +155,9 @@ fn parse_opaque<'a>(
     let rest = r.rest();
     let fail = |reason| FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason });
     if left == 0 {
+        if ctx.strict {
+            return Err(fail("it is the last entry"));
+        }
         // The last entry (legacy blobs only): the payload runs to the end of the body.
         out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload: rest });
         return Ok(None);
@@ -151,8 +167,9 @@ fn parse_opaque<'a>(
     }
     for end in 0..rest.len() {
         let Some(candidate) = rest.get(end..) else { break };
-        if !looks_like_key(candidate) {
-            continue;
+        match key_at(candidate) {
+            Some(k) if !ctx.strict || k == LIB_KEY || k == IMPORT_TREE_KEY || ctx.sizer.is_known(k) => {}
+            _ => continue,
         }
         let tries = ctx.tries.get() + 1;
         ctx.tries.set(tries);
@@ -171,16 +188,18 @@ fn parse_opaque<'a>(
     Err(fail("no later position starts a valid rest of the blob"))
 }
 
-/// Whether `bytes` starts with a `str` that could be a type key: 1 to 128 bytes of letters,
+/// The `str` at the start of `bytes` when it could be a type key: 1 to 128 bytes of letters,
 /// digits, `_`, `.` or `-`.
-fn looks_like_key(bytes: &[u8]) -> bool {
+fn key_at(bytes: &[u8]) -> Option<&str> {
     let mut r = Reader::new(bytes, 0);
-    let Ok(len) = r.read_u64("key") else { return false };
-    if len == 0 || len > MAX_KEY_LEN {
-        return false;
+    let len = r.read_u64("key").ok().filter(|&l| l > 0 && l <= MAX_KEY_LEN)?;
+    let k = r.read_bytes(len, "key").ok()?;
+    let plausible = k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
+    if plausible {
+        std::str::from_utf8(k).ok()
+    } else {
+        None
     }
-    r.read_bytes(len, "key")
-        .is_ok_and(|k| k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-'))
 }
 
 /// Bytes of the classic body for these entries.

@@ -251,6 +251,11 @@ pub trait PayloadSizer {
 
     /// The keys it knows, for error messages.
     fn known_keys(&self) -> Vec<String>;
+
+    /// Whether it knows `key`.
+    fn is_known(&self, key: &str) -> bool {
+        self.known_keys().iter().any(|k| k == key)
+    }
 }
 
 /// What the reader does with a classic payload whose type key it cannot measure.

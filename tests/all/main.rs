@@ -1,1 +1,2 @@
 //! tests
+mod goldens;

@@ -1,2 +1,3 @@
 //! tests
 mod goldens;
+mod corrupt;

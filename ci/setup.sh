@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building mblob needs on Debian 12: LLVM 14 for the `llvm` feature (static
+# inkwell needs Polly and zlib too), lld (the fast linker, optional but preferred), and a C
+# compiler. Safe to run again: packages already present are skipped.
+set -euo pipefail
+need=(llvm-14-dev libpolly-14-dev zlib1g-dev lld-14 gcc libc6-dev binutils)
+missing=()
+for p in "${need[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "ci/setup.sh: cargo not found: install Rust 1.85 or newer (https://rustup.rs)" >&2
+  exit 1
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command of README.md: sets up the machine, then checks formatting and lints and
+# runs every test, with the default features (LLVM, CUDA through cudarc) and without any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/setup.sh
+export CARGO_TERM_COLOR=never
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+cargo test --workspace
+cargo test --workspace --no-default-features

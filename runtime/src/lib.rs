@@ -46,6 +46,7 @@ pub mod format;
 mod library;
 mod load;
 mod module;
+pub mod packed;
 pub mod payload;
 pub mod registry;
 pub mod serialize;

@@ -84,6 +84,7 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
     // SAFETY: the caller accepts that the library's initialisers run.
     let lib = unsafe { library::open(path) }?;
     let library_module = Arc::new(LibraryModule::new(lib.clone(), path.to_owned()));
+    crate::packed::install_context(&lib, Arc::as_ptr(&library_module) as *mut std::ffi::c_void);
     let Some(found) = found else {
         tracing::debug!("no blob symbol: a single library module");
         return Ok(LoadedTree {

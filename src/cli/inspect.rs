@@ -55,9 +55,8 @@ pub struct InspectArgs {
 
 /// Parses a layout name for clap.
 pub fn parse_layout(s: &str) -> std::result::Result<Layout, String> {
-    Layout::from_name(s).ok_or_else(|| {
-        format!("unknown layout `{s}` (expected one of: {})", Layout::ALL.map(|l| l.name()).join(", "))
-    })
+    Layout::from_name(s)
+        .ok_or_else(|| format!("unknown layout `{s}` (expected one of: {})", Layout::ALL.map(|l| l.name()).join(", ")))
 }
 
 /// What `inspect` found in one file.
@@ -164,9 +163,10 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?;
         let Some(found) = found else { return Ok(report) };
         let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let blob = data.slice(start..start.saturating_add(usize::try_from(found.size).unwrap_or(usize::MAX))).ok_or_else(
-            || mblob_runtime::Error::Elf { path: path.to_owned(), detail: "blob symbol lies past the end".into() },
-        )?;
+        let blob =
+            data.slice(start..start.saturating_add(usize::try_from(found.size).unwrap_or(usize::MAX))).ok_or_else(
+                || mblob_runtime::Error::Elf { path: path.to_owned(), detail: "blob symbol lies past the end".into() },
+            )?;
         report.symbol = Some(found.symbol.clone());
         report.section = Some(found.section.clone());
         report.file_offset = Some(found.file_offset);
@@ -331,7 +331,8 @@ pub fn render_text(r: &Report) -> String {
             }
             if let Some(Value::Object(funcs)) = m.get("functions") {
                 for (name, info) in funcs {
-                    let args: Vec<&str> = info["arg_types"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                    let args: Vec<&str> =
+                        info["arg_types"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
                     let tags: Vec<&str> =
                         info["launch_param_tags"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
                     let _ = writeln!(s, "           kernel {name}({}) launch [{}]", args.join(", "), tags.join(", "));
@@ -339,7 +340,11 @@ pub fn render_text(r: &Report) -> String {
             }
             if let Some(Value::Array(params)) = m.get("params") {
                 for p in params {
-                    let _ = writeln!(s, "           param {} {} {} ({} bytes)", p["name"], p["dtype"], p["shape"], p["bytes"]);
+                    let _ = writeln!(
+                        s,
+                        "           param {} {} {} ({} bytes)",
+                        p["name"], p["dtype"], p["shape"], p["bytes"]
+                    );
                 }
             }
         }
@@ -366,6 +371,7 @@ fn value_shape(v: &Value, with_index: bool) -> TreeShape {
         Some(i) if with_index => format!("[{i}] {key}"),
         _ => key.to_owned(),
     };
-    let imports = v["imports"].as_array().map(|a| a.iter().map(|c| value_shape(c, with_index)).collect()).unwrap_or_default();
+    let imports =
+        v["imports"].as_array().map(|a| a.iter().map(|c| value_shape(c, with_index)).collect()).unwrap_or_default();
     TreeShape { type_key, imports }
 }

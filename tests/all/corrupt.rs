@@ -55,14 +55,20 @@ fn every_truncation_of_every_golden_is_an_error() {
 fn header_longer_than_the_symbol() {
     let mut b = graph_blob();
     put_u64(&mut b, 0, 1_000_000);
-    assert_eq!(err(&b, Layout::Classic), FormatError::new(0, FormatErrorKind::HeaderTooLarge { nbytes: 1_000_000, available: 1719 }));
+    assert_eq!(
+        err(&b, Layout::Classic),
+        FormatError::new(0, FormatErrorKind::HeaderTooLarge { nbytes: 1_000_000, available: 1719 })
+    );
 }
 
 #[test]
 fn trailing_bytes_after_the_body_and_inside_it() {
     let mut b = graph_blob();
     b.extend_from_slice(&[0; 3]);
-    assert_eq!(err(&b, Layout::Classic).kind, FormatErrorKind::TrailingBytes { what: "the body announced by the header", extra: 3 });
+    assert_eq!(
+        err(&b, Layout::Classic).kind,
+        FormatErrorKind::TrailingBytes { what: "the body announced by the header", extra: 3 }
+    );
     let mut b = graph_blob();
     b.extend_from_slice(&[0; 5]);
     let n = b.len() as u64 - 8;
@@ -221,7 +227,8 @@ fn legacy_blob_without_import_tree_loads_under_a_library_root() {
     let mut blob = Vec::new();
     stream::write_u64(&mut blob, body.len() as u64).unwrap();
     blob.extend_from_slice(&body);
-    let loaded = load_blob(&Bytes::from_vec(blob), Layout::Classic, &Registry::default(), &LoadOptions::default()).unwrap();
+    let loaded =
+        load_blob(&Bytes::from_vec(blob), Layout::Classic, &Registry::default(), &LoadOptions::default()).unwrap();
     assert!(loaded.origin().legacy);
     assert_eq!(loaded.type_keys(), ["library", "GraphExecutorFactory"]);
     assert_eq!(loaded.modules()[0].imports, [1]);

@@ -190,7 +190,13 @@ fn other_versions_parse_and_reserialize_in_their_layouts() {
         assert_eq!(keys, want_keys, "{}", dir.display());
         for (got, w) in parsed.entries.iter().zip(want["entries"].as_array().unwrap()) {
             assert_eq!(got.key_offset, w["key_offset"].as_u64().unwrap());
-            assert_eq!(got.payload.len() as u64, w["payload_len"].as_u64().unwrap(), "{} {}", dir.display(), got.type_key);
+            assert_eq!(
+                got.payload.len() as u64,
+                w["payload_len"].as_u64().unwrap(),
+                "{} {}",
+                dir.display(),
+                got.type_key
+            );
         }
         let tree = parsed.import_tree.as_ref().unwrap();
         assert_eq!(serde_json::to_value(&tree.row_ptr).unwrap(), want["import_tree"]["row_ptr"]);
@@ -217,8 +223,8 @@ fn golden_libraries_load_with_their_trees_and_functions() {
         // SAFETY: the goldens are TVM's own exports of tiny models; their initialisers only
         // register nothing harmful (plain kernels).
         #[allow(unsafe_code)]
-        let loaded = unsafe { load_library(&so, &registry, &LoadOptions::default()) }
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let loaded =
+            unsafe { load_library(&so, &registry, &LoadOptions::default()) }.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(loaded.shape(), shape_of(&g["module_tree_loaded"]), "{name}");
         for f in g["functions_loaded"].as_array().unwrap() {
             if f["type_key"] != "library" {
@@ -233,7 +239,8 @@ fn golden_libraries_load_with_their_trees_and_functions() {
     for (dir, probe, layout) in versions() {
         #[allow(unsafe_code)]
         // SAFETY: as above.
-        let loaded = unsafe { load_library(&dir.join("relax_add_mul.so"), &registry, &LoadOptions::default()) }.unwrap();
+        let loaded =
+            unsafe { load_library(&dir.join("relax_add_mul.so"), &registry, &LoadOptions::default()) }.unwrap();
         assert_eq!(loaded.origin().layout, Some(layout));
         assert_eq!(loaded.shape(), shape_of(&probe["module_tree_loaded"]), "{}", dir.display());
         for f in probe["functions_loaded"].as_array().unwrap() {
@@ -257,9 +264,11 @@ fn blobs_load_from_memory_too() {
         assert_eq!(loaded.shape(), shape_of(&g["module_tree_loaded"]));
         // Payloads are borrowed from the blob, not copied.
         let root = loaded.root().as_payload().unwrap();
-        let opaque_or_graph = root.as_any().downcast_ref::<Opaque>().map(|o| o.bytes.as_ptr()).or_else(|| {
-            root.as_any().downcast_ref::<GraphExecutorFactory>().map(|g| g.params[0].1.data.as_ptr())
-        });
+        let opaque_or_graph = root
+            .as_any()
+            .downcast_ref::<Opaque>()
+            .map(|o| o.bytes.as_ptr())
+            .or_else(|| root.as_any().downcast_ref::<GraphExecutorFactory>().map(|g| g.params[0].1.data.as_ptr()));
         let p = opaque_or_graph.unwrap() as usize;
         assert!(p >= blob.as_ptr() as usize && p < blob.as_ptr() as usize + blob.len());
     }
@@ -279,4 +288,66 @@ fn unknown_keys_error_or_stay_opaque() {
     registry.register(mblob_runtime::registry::OpaqueLoader("relax.Executable"));
     let parsed = format::parse_blob(&blob, Layout::Classic, &registry, UnknownKeys::Error).unwrap();
     assert_eq!(parsed.entries.iter().filter(|e| e.kind == EntryKind::Module).count(), 1);
+}
+
+pub fn f32_file(path: &Path) -> Vec<f32> {
+    read(path).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Runs graph_dense_relu's fused kernel from a loaded tree: weights from the factory's params
+/// (read from the blob), input from TVM's input file; returns the output.
+pub fn run_dense_relu(loaded: &mblob_runtime::LoadedTree) -> Vec<f32> {
+    use mblob_runtime::packed::{call_packed, DLTensor};
+    let g = loaded.find::<GraphExecutorFactory>().expect("graph factory");
+    let mut x = f32_file(&goldens().join("graph_dense_relu.in.x.f32"));
+    let mut p0 = g.param("p0").unwrap().to_f32().unwrap();
+    let mut p1 = g.param("p1").unwrap().to_f32().unwrap();
+    let mut out = vec![0f32; 3];
+    let (mut sx, mut s0, mut s1, mut so) =
+        ([1i64, 4], g.param("p0").unwrap().shape.clone(), g.param("p1").unwrap().shape.clone(), [1i64, 3]);
+    let f = loaded.get_function("tvmgen_default_fused_nn_contrib_dense_pack_add_nn_relu").expect("kernel");
+    let mut args = [
+        DLTensor::f32(&mut x, &mut sx),
+        DLTensor::f32(&mut p0, &mut s0),
+        DLTensor::f32(&mut p1, &mut s1),
+        DLTensor::f32(&mut out, &mut so),
+    ];
+    // SAFETY: the kernel is TVM 0.19's compiled `fused_nn_contrib_dense_pack_add_nn_relu` with
+    // inputs x[1,4], p0[1,4,3], p1[1,3] and output [1,3] (the graph JSON's only op); the
+    // buffers above have exactly those shapes and outlive the call.
+    #[allow(unsafe_code)]
+    unsafe { call_packed(&f, &mut args) }.unwrap();
+    out
+}
+
+#[test]
+fn golden_kernels_run_and_give_tvms_outputs() {
+    let registry = Registry::default();
+    let dir = goldens();
+    // SAFETY: TVM's own export of a tiny model (see above).
+    #[allow(unsafe_code)]
+    let loaded = unsafe { load_library(&dir.join("graph_dense_relu.so"), &registry, &LoadOptions::default()) }.unwrap();
+    assert_eq!(run_dense_relu(&loaded), f32_file(&dir.join("graph_dense_relu.out.0.f32")));
+
+    // dso_add_one: a plain library with no blob; add_one(A, B) writes B = A + 1.
+    #[allow(unsafe_code)]
+    // SAFETY: as above.
+    let lib = unsafe { load_library(&dir.join("dso_add_one.so"), &registry, &LoadOptions::default()) }.unwrap();
+    let mut a = f32_file(&dir.join("dso_add_one.in.A.f32"));
+    let mut b = vec![0f32; a.len()];
+    let (mut sa, mut sb) = ([a.len() as i64], [b.len() as i64]);
+    let f = lib.get_function("add_one").unwrap();
+    {
+        use mblob_runtime::packed::{call_packed, DLTensor};
+        let mut args = [DLTensor::f32(&mut a, &mut sa), DLTensor::f32(&mut b, &mut sb)];
+        // SAFETY: `add_one` takes two float32 tensors of shape [4].
+        #[allow(unsafe_code)]
+        unsafe { call_packed(&f, &mut args) }.unwrap();
+        // A wrong argument count is reported through TVMAPISetLastError, not a crash.
+        // SAFETY: the function checks num_args before touching any argument.
+        #[allow(unsafe_code)]
+        let err = unsafe { call_packed(&f, &mut args[..1]) }.unwrap_err();
+        assert!(err.message.contains("num_args"), "{err}");
+    }
+    assert_eq!(b, f32_file(&dir.join("dso_add_one.out.B.f32")));
 }

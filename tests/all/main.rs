@@ -1,3 +1,4 @@
 //! tests
 mod goldens;
 mod corrupt;
+mod inspect;

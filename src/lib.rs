@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod demo;
 mod error;
 
 pub use error::{Error, Result};

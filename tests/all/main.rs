@@ -2,3 +2,4 @@
 mod goldens;
 mod corrupt;
 mod inspect;
+mod concurrency;

@@ -111,9 +111,7 @@ impl Loader for GraphLoader {
         self.0
     }
     fn measure(&self, bytes: &[u8], base: u64, _layout: Layout) -> Result<Measure, FormatError> {
-        // Measuring decodes the payload; the borrowed copy is only as large as the params.
-        let owned = Bytes::from_vec(bytes.to_vec());
-        GraphExecutorFactory::read(&owned, base, self.0).map(|(_, n)| Measure::Len(n))
+        GraphExecutorFactory::measure(bytes, base).map(Measure::Len)
     }
     fn load(&self, payload: Bytes, _layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
         let (g, used) = GraphExecutorFactory::read(&payload, 0, self.0)?;

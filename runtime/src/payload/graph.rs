@@ -56,6 +56,12 @@ impl Tensor {
 
     /// Reads one tensor from `r`, borrowing its data from `src` (the bytes `r` reads).
     pub fn read(r: &mut Reader<'_>, src: &Bytes) -> Result<Tensor, FormatError> {
+        Tensor::read_with(r, &|bytes| src.slice_ref(bytes).unwrap_or_else(|| Bytes::from_vec(bytes.to_vec())))
+    }
+
+    /// Reads one tensor, turning its data into [`Bytes`] with `data` (a borrow of the source,
+    /// or nothing at all when only measuring).
+    fn read_with(r: &mut Reader<'_>, data: &dyn Fn(&[u8]) -> Bytes) -> Result<Tensor, FormatError> {
         let at = r.offset();
         let magic = r.read_u64("tensor magic")?;
         if magic != TENSOR_MAGIC {
@@ -107,7 +113,7 @@ impl Tensor {
             ));
         }
         let bytes = r.read_bytes(size as u64, "tensor data")?;
-        let data = src.slice_ref(bytes).unwrap_or_else(|| Bytes::from_vec(bytes.to_vec()));
+        let data = data(bytes);
         Ok(Tensor { dtype, shape, device, data })
     }
 
@@ -162,6 +168,23 @@ impl GraphExecutorFactory {
     /// Reads a payload from the start of `src`, whose first byte lies at `base`. Returns the
     /// factory and the bytes it took.
     pub fn read(src: &Bytes, base: u64, type_key: &str) -> Result<(GraphExecutorFactory, u64), FormatError> {
+        let data = |bytes: &[u8]| src.slice_ref(bytes).unwrap_or_else(|| Bytes::from_vec(bytes.to_vec()));
+        Self::read_from(src, base, type_key, &data)
+    }
+
+    /// The length of the payload at the start of `bytes`, checked as [`GraphExecutorFactory::read`]
+    /// checks it, without copying any tensor data.
+    pub fn measure(bytes: &[u8], base: u64) -> Result<u64, FormatError> {
+        let empty = Bytes::from_vec(Vec::new());
+        Self::read_from(bytes, base, GRAPH_EXECUTOR_FACTORY, &|_| empty.clone()).map(|(_, n)| n)
+    }
+
+    fn read_from(
+        src: &[u8],
+        base: u64,
+        type_key: &str,
+        data: &dyn Fn(&[u8]) -> Bytes,
+    ) -> Result<(GraphExecutorFactory, u64), FormatError> {
         let mut r = Reader::new(src, base);
         let graph_json = r.read_str("graph_json")?.to_owned();
         let n_at = r.offset();
@@ -178,7 +201,7 @@ impl GraphExecutorFactory {
         }
         let mut params = Vec::with_capacity(n);
         for name in names {
-            params.push((name, Tensor::read(&mut r, src)?));
+            params.push((name, Tensor::read_with(&mut r, data)?));
         }
         let module_name = r.read_str("module_name")?.to_owned();
         let used = r.offset() - base;

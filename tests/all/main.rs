@@ -3,3 +3,4 @@ mod goldens;
 mod corrupt;
 mod inspect;
 mod concurrency;
+mod device;

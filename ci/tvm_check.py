@@ -56,6 +56,14 @@ def main():
             mod["add_one"](a, b)
             ok_run = bool(np.array_equal(b.numpy(), np.load(f"{goldens}/{run['outputs'][0]['npy']}")))
             line += f"; add_one {'matches' if ok_run else 'DIFFERS'}"
+        elif kind == "relax_vm":
+            from tvm import relax
+
+            vm = relax.VirtualMachine(mod, tvm.cpu())
+            args = [tvm.nd.array(np.load(f"{goldens}/{run['inputs'][k]['npy']}")) for k in ("x", "y")]
+            out = vm["main"](*args).numpy()
+            ok_run = bool(np.array_equal(out, np.load(f"{goldens}/{run['outputs'][0]['npy']}")))
+            line += f"; relax VM output {'matches' if ok_run else 'DIFFERS'}"
         else:
             ok_run = True
         print(line)

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
+use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::{elf, Bytes, Layout, LoadOptions, Registry, TreeShape};
 use serde::Serialize;
@@ -252,7 +253,24 @@ fn describe(m: &mut Map<String, Value>, key: &str, payload: Bytes, layout: Layou
     describe_device(m, any);
 }
 
-fn describe_device(_m: &mut Map<String, Value>, _any: &dyn std::any::Any) {}
+fn describe_device(m: &mut Map<String, Value>, any: &dyn std::any::Any) {
+    let Some(d) = any.downcast_ref::<DeviceModule>() else { return };
+    m.insert("format".into(), json!(d.format));
+    let mut functions = Map::new();
+    for (name, info) in &d.functions {
+        let mut f = Map::new();
+        f.insert("arg_types".into(), json!(info.arg_types.iter().map(|t| t.to_string()).collect::<Vec<_>>()));
+        f.insert("launch_param_tags".into(), json!(info.launch_param_tags));
+        if !info.arg_extra_tags.is_empty() {
+            f.insert("arg_extra_tags".into(), json!(info.arg_extra_tags));
+        }
+        functions.insert(name.clone(), Value::Object(f));
+    }
+    m.insert("functions".into(), Value::Object(functions));
+    if !d.data.is_empty() {
+        m.insert("data_len".into(), json!(d.data.len()));
+    }
+}
 
 fn tree_value(parsed: &ParsedBlob<'_>, index: usize, depth: usize) -> Value {
     let modules: Vec<_> = parsed.modules().collect();

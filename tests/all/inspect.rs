@@ -103,3 +103,31 @@ fn help_explains_itself() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("--json") && text.contains("--load") && text.contains("without running"), "{text}");
 }
+
+#[test]
+fn inspect_shows_device_function_tables() {
+    for dir in ["device", "device/tvm-0.21.0", "device/tvm-0.27.0.post1"] {
+        let m = json(&goldens().join(dir).join("manifest.json"));
+        for g in m["goldens"].as_array().unwrap() {
+            let name = g["name"].as_str().unwrap();
+            let report = inspect_json(&goldens().join(dir).join(g["so"]["file"].as_str().unwrap()), &[]);
+            let modules = report["modules"].as_array().unwrap();
+            // Each device module of the manifest, in blob order, against the next device entry.
+            let mut device_entries = modules.iter().filter(|m| m.get("functions").is_some());
+            for want in g["function_info_binary"].as_array().unwrap() {
+                let got = device_entries.next().unwrap_or_else(|| panic!("{dir}/{name}: missing device entry"));
+                assert_eq!(got["type_key"], want["type_key"], "{dir}/{name}");
+                assert!(got["format"].is_string(), "{dir}/{name}");
+                let funcs = got["functions"].as_object().unwrap();
+                let fmap = want["fmap"].as_array().unwrap();
+                assert_eq!(funcs.len(), fmap.len(), "{dir}/{name}");
+                for f in fmap {
+                    let ours = &funcs[f["key"].as_str().unwrap()];
+                    assert_eq!(ours["arg_types"], f["arg_types"], "{dir}/{name}");
+                    assert_eq!(ours["launch_param_tags"], f["launch_param_tags"], "{dir}/{name}");
+                }
+            }
+            assert!(device_entries.next().is_none(), "{dir}/{name}: extra device entries");
+        }
+    }
+}

@@ -40,6 +40,8 @@
 #![warn(missing_docs)]
 
 mod bytes;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod elf;
 mod error;
 pub mod format;

@@ -372,3 +372,162 @@ fn corrupt_payload_errors_name_the_field_and_offset() {
     assert_eq!(err.offset, types_at.as_u64().unwrap());
     assert!(matches!(err.kind, FormatErrorKind::LengthTooLarge { what: "arg_types", .. }), "{err}");
 }
+
+/// The CUDA path (feature `cuda`): `cuda` payloads load as `CudaModule`s.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use mblob_runtime::cuda::{CudaModule, KernelArg};
+    use mblob_runtime::format::stream::DataType;
+    use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
+    use mblob_runtime::{load_blob, serialize, Bytes, Layout, LoadOptions, LoadedTree, Module, ModuleTree, Registry};
+
+    use super::{goldens, read};
+
+    const KERNEL: &str = "vector_add_kernel";
+
+    /// A golden of TVM 0.27 loaded with the default registry.
+    fn load_027(name: &str) -> (Vec<u8>, LoadedTree) {
+        let blob = read(&goldens().join("device/tvm-0.27.0.post1").join(format!("{name}.blob")));
+        let tree =
+            load_blob(&Bytes::from_vec(blob.clone()), Layout::Ffi, &Registry::default(), &LoadOptions::default())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        (blob, tree)
+    }
+
+    #[test]
+    fn cuda_goldens_load_as_cuda_modules_without_touching_the_driver() {
+        for name in ["nvptx_vector_add", "cuda_vector_add"] {
+            let (blob, tree) = load_027(name);
+            assert_eq!(tree.type_keys(), ["library", "cuda"], "{name}");
+            let m = tree.find::<CudaModule>().unwrap_or_else(|| panic!("{name}: no CudaModule"));
+            assert!(format!("{m:?}").contains("not loaded"), "{name}: loading the tree used the driver");
+            let payload = m.as_payload().unwrap().as_any().downcast_ref::<DeviceModule>().unwrap();
+            assert_eq!(payload, m.device_module());
+            assert_eq!(payload.function(KERNEL).unwrap().launch_param_tags, ["blockIdx.x", "threadIdx.x"]);
+            // Packed again from the loaded tree, through the CUDA module: TVM's blob.
+            let again = ModuleTree::from_loaded(&tree, "llvm").unwrap();
+            assert!(serialize(&again).unwrap().to_blob(&again, Layout::Ffi) == blob, "{name}");
+        }
+    }
+
+    #[test]
+    fn without_a_driver_every_use_is_a_clean_error() {
+        if CudaModule::driver_present() {
+            eprintln!("skipped: a CUDA driver is present on this machine");
+            return;
+        }
+        let (_, tree) = load_027("nvptx_vector_add");
+        let m = tree.find::<CudaModule>().unwrap();
+        let errors = [
+            m.ensure_loaded().unwrap_err(),
+            m.upload_f32(&[1.0, 2.0]).unwrap_err(),
+            m.zeros(16).unwrap_err(),
+            m.launch(KERNEL, &[], &[16, 64]).unwrap_err(),
+            m.device_name().unwrap_err(),
+        ];
+        for e in errors {
+            assert!(matches!(e, mblob_runtime::Error::Cuda(_)), "{e:?}");
+            assert!(e.to_string().starts_with("cuda: no CUDA driver found"), "{e}");
+        }
+        // The tree stays usable for everything else.
+        assert_eq!(m.device_module().format, "ptx");
+    }
+
+    fn inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 0.5 * (n - i) as f32).collect();
+        (a, b)
+    }
+
+    /// Runs `kernel(a, b, c, extra...)` and returns `c`.
+    fn run_add(m: &CudaModule, kernel: &str, n: usize, extra: &[KernelArg<'_>], extents: &[u64]) -> Vec<f32> {
+        let (a, b) = inputs(n);
+        let (da, db) = (m.upload_f32(&a).unwrap(), m.upload_f32(&b).unwrap());
+        let dc = m.zeros(4 * n).unwrap();
+        let mut args = vec![KernelArg::Buffer(&da), KernelArg::Buffer(&db), KernelArg::Buffer(&dc)];
+        args.extend_from_slice(extra);
+        m.launch(kernel, &args, extents).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+        dc.to_f32().unwrap()
+    }
+
+    fn check_sum(c: &[f32], n: usize) {
+        let (a, b) = inputs(n);
+        assert_eq!(c.len(), n);
+        for i in 0..n {
+            assert_eq!(c[i], a[i] + b[i], "element {i}");
+        }
+    }
+
+    /// TVM 0.27's NVPTX vector add (1024 floats, 16 blocks of 64 threads) on a real GPU.
+    #[test]
+    fn nvptx_golden_runs_on_a_gpu() {
+        if !CudaModule::driver_present() {
+            eprintln!("skipped: no CUDA driver on this machine (is_culib_present() is false)");
+            return;
+        }
+        let (_, tree) = load_027("nvptx_vector_add");
+        let golden = tree.find::<CudaModule>().unwrap();
+        eprintln!("GPU: {}", golden.device_name().unwrap());
+        let ptx = String::from_utf8(golden.device_module().data.to_vec()).unwrap();
+        let declared_func = ptx.contains(&format!(".func {KERNEL}("));
+        let n = 1024;
+        let (a, b) = inputs(n);
+        let (da, db, dc) =
+            (golden.upload_f32(&a).unwrap(), golden.upload_f32(&b).unwrap(), golden.zeros(4 * n).unwrap());
+        let args = [KernelArg::Buffer(&da), KernelArg::Buffer(&db), KernelArg::Buffer(&dc)];
+        // Wrong calls are refused before the driver sees them.
+        assert!(golden.launch(KERNEL, &args, &[16]).unwrap_err().to_string().contains("need 2 extents"));
+        assert!(golden.launch(KERNEL, &args[..2], &[16, 64]).unwrap_err().to_string().contains("takes 3 arguments"));
+        assert!(golden.launch("nope", &args, &[16, 64]).unwrap_err().to_string().contains("function table"));
+        let result = golden.launch(KERNEL, &args, &[16, 64]);
+        if declared_func {
+            // The golden's PTX (LLVM NVPTX as TVM 0.27 drove it) declares the kernel `.func`,
+            // which the driver cannot launch: the error says so.
+            let e = result.unwrap_err().to_string();
+            assert!(e.contains("`.func`"), "{e}");
+        } else {
+            result.unwrap();
+            check_sum(&dc.to_f32().unwrap(), n);
+        }
+
+        // The same PTX with the kernel declared `.entry`: TVM's code, launched as TVM would.
+        let entry = ptx.replace(&format!(".visible .func {KERNEL}("), &format!(".visible .entry {KERNEL}("));
+        let fixed =
+            CudaModule::new(DeviceModule::cuda_from_ptx(entry.into_bytes(), golden.device_module().functions.clone()));
+        check_sum(&run_add(&fixed, KERNEL, n, &[], &[16, 64]), n);
+    }
+
+    /// mblob's demo kernel packed into a blob, loaded back and launched: bounds checked with a
+    /// `uint32` argument, a grid that overshoots, every layout.
+    #[test]
+    fn demo_ptx_round_trips_through_a_blob_and_runs() {
+        let ptx = include_str!("../../data/vector_add.ptx");
+        let h = DataType::HANDLE;
+        let u32t = DataType::parse("uint32").unwrap();
+        let info =
+            FunctionInfo::new("mblob_vector_add", vec![h, h, h, u32t], vec!["blockIdx.x".into(), "threadIdx.x".into()]);
+        let device = DeviceModule::cuda_from_ptx(ptx.as_bytes().to_vec(), vec![("mblob_vector_add".into(), info)]);
+        for layout in Layout::ALL {
+            let mut tree = ModuleTree::new();
+            let host = tree.add_dso("llvm");
+            let cuda = tree.add_payload(device.clone());
+            tree.import(host, cuda);
+            let blob = serialize(&tree).unwrap().to_blob(&tree, layout);
+            let loaded =
+                load_blob(&Bytes::from_vec(blob), layout, &Registry::default(), &LoadOptions::default()).unwrap();
+            let m = loaded.find::<CudaModule>().unwrap();
+            assert_eq!(m.device_module(), &device, "{layout}");
+            if !CudaModule::driver_present() {
+                continue;
+            }
+            let n = 1000;
+            let c = run_add(m, "mblob_vector_add", n, &[KernelArg::U32(n as u32)], &[4, 256]);
+            check_sum(&c, n);
+            let e = m.launch("mblob_vector_add", &[], &[4, 256]).unwrap_err().to_string();
+            assert!(e.contains("takes 4 arguments"), "{e}");
+        }
+        if !CudaModule::driver_present() {
+            eprintln!("skipped the launches: no CUDA driver on this machine");
+        }
+    }
+}

@@ -575,7 +575,7 @@ impl Loader for DeviceLoader {
 }
 
 /// Registers the device kinds' loaders: one per key of [`DEVICE_TYPE_KEYS`]. With the `cuda`
-/// feature, `cuda` payloads load as [`CudaModule`](crate::cuda::CudaModule)s instead.
+/// feature, `cuda` payloads load as `cuda::CudaModule`s instead.
 pub fn register_loaders(registry: &mut Registry) {
     for key in DEVICE_TYPE_KEYS {
         registry.register(DeviceLoader(key));

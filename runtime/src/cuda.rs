@@ -1,0 +1,786 @@
+//! CUDA payloads on a GPU, through the driver API with cudarc (feature `cuda`).
+//!
+//! With the feature on, `cuda` payloads load as [`CudaModule`]s. Loading a tree never touches
+//! the driver: the module keeps its [`DeviceModule`] (which [`Module::as_payload`] returns, so
+//! the tree can be packed again) and loads the image into the driver on first use.
+//!
+//! First use checks that the driver library (`libcuda`) can be opened before any other
+//! cudarc call (cudarc panics when it cannot), creates a context on device 0, checks the image
+//! and hands it to `cuModuleLoadData`:
+//! - PTX (`fmt` `ptx`, or text): copied with the NUL the driver needs (TVM stores none);
+//! - cubin (an ELF file) and fatbin (magic `0xBA55ED50`), whatever `fmt` says, as TVM does:
+//!   their headers' sizes and ranges are checked against the payload's length first, since
+//!   the driver reads the image from a pointer alone;
+//! - CUDA C source (`fmt` `cuda`) needs NVRTC, which mblob does not use: an error.
+//!
+//! [`CudaModule::launch`] takes the kernel arguments, checked against the function info's
+//! `arg_types`, then the thread extents in the order of its `launch_param_tags` (and the
+//! dynamic shared memory when tagged), as TVM's packed call does; it waits for the kernel, so
+//! its errors come back from the call that caused them. Buffers are [`DeviceBuffer`]s made by
+//! the module. A kernel that reads or writes outside its buffers faults on the device and the
+//! launch returns the driver's error; the host's memory is not at risk.
+//!
+//! Every driver error, a missing driver included, is [`Error::Cuda`]. This file is the only
+//! one of the crate that calls the CUDA driver.
+#![allow(unsafe_code)]
+
+use std::any::Any;
+use std::ffi::{c_void, CString};
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+
+use crate::error::{Error, FormatError, Result};
+use crate::format::stream::DataType;
+use crate::format::Layout;
+use crate::module::Module;
+use crate::payload::device::{self, DeviceModule, CUDA};
+use crate::payload::Payload;
+use crate::registry::{Loader, LoaderError, Measure};
+use crate::Bytes;
+
+/// Loader of `cuda` payloads that makes [`CudaModule`]s (registered by
+/// [`Registry::default`](crate::Registry::default) when the feature is on).
+#[derive(Debug, Clone, Copy)]
+pub struct CudaLoader;
+
+impl Loader for CudaLoader {
+    fn type_key(&self) -> &str {
+        CUDA
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        device::measure(bytes, base, CUDA, layout).map(Measure::Len)
+    }
+    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        Ok(Arc::new(CudaModule::new(DeviceModule::read_exact(&payload, CUDA, layout)?)))
+    }
+}
+
+/// A kernel argument for [`CudaModule::launch`]; each must match the kernel's `arg_types`.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelArg<'a> {
+    /// A buffer, for a `handle` argument.
+    Buffer(&'a DeviceBuffer),
+    /// `int32`.
+    I32(i32),
+    /// `uint32`.
+    U32(u32),
+    /// `int64`.
+    I64(i64),
+    /// `float32`.
+    F32(f32),
+    /// `float64`.
+    F64(f64),
+}
+
+impl KernelArg<'_> {
+    /// The argument type it stands for, in TVM's spelling.
+    fn type_name(&self) -> &'static str {
+        match self {
+            KernelArg::Buffer(_) => "handle",
+            KernelArg::I32(_) => "int32",
+            KernelArg::U32(_) => "uint32",
+            KernelArg::I64(_) => "int64",
+            KernelArg::F32(_) => "float32",
+            KernelArg::F64(_) => "float64",
+        }
+    }
+
+    /// Bytes the kernel parameter takes.
+    fn size(&self) -> usize {
+        match self {
+            KernelArg::I32(_) | KernelArg::U32(_) | KernelArg::F32(_) => 4,
+            KernelArg::Buffer(_) | KernelArg::I64(_) | KernelArg::F64(_) => 8,
+        }
+    }
+}
+
+/// Device memory made by a [`CudaModule`]. Freed when dropped.
+pub struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer({} bytes)", self.slice.len())
+    }
+}
+
+impl DeviceBuffer {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// True when empty (never: buffers have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+
+    /// Copies the buffer to the host.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        guard("copy to host", || {
+            let stream = self.slice.stream();
+            let out = stream.clone_dtoh(&self.slice).map_err(|e| format!("copy to host: {e}"))?;
+            stream.synchronize().map_err(|e| format!("copy to host: {e}"))?;
+            Ok(out)
+        })
+    }
+
+    /// Copies the buffer to the host as `f32`s (its length must be a multiple of 4).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let bytes = self.to_bytes()?;
+        if bytes.len() % 4 != 0 {
+            return Err(Error::Cuda(format!("a buffer of {} bytes is not a list of f32", bytes.len())));
+        }
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// A CUDA module: the payload, and its image loaded into the driver on first use.
+pub struct CudaModule {
+    device: DeviceModule,
+    loaded: OnceLock<Result<Arc<Loaded>, String>>,
+}
+
+impl fmt::Debug for CudaModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.loaded.get() {
+            None => "not loaded",
+            Some(Ok(_)) => "loaded",
+            Some(Err(_)) => "failed to load",
+        };
+        f.debug_struct("CudaModule").field("device", &self.device).field("driver", &state).finish()
+    }
+}
+
+impl CudaModule {
+    /// A module for `device` (a `cuda` payload). Nothing is loaded until first use.
+    pub fn new(device: DeviceModule) -> CudaModule {
+        CudaModule { device, loaded: OnceLock::new() }
+    }
+
+    /// The payload.
+    pub fn device_module(&self) -> &DeviceModule {
+        &self.device
+    }
+
+    /// Whether the CUDA driver library can be opened (checked once per process).
+    pub fn driver_present() -> bool {
+        static PRESENT: OnceLock<bool> = OnceLock::new();
+        // SAFETY: `is_culib_present` opens and closes the driver library by its usual names;
+        // opening `libcuda` runs its initialisers, which is what using CUDA at all requires.
+        *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    }
+
+    /// Loads the image into the driver now (otherwise the first buffer or launch does).
+    pub fn ensure_loaded(&self) -> Result<()> {
+        self.loaded().map(|_| ())
+    }
+
+    fn loaded(&self) -> Result<&Arc<Loaded>> {
+        match self.loaded.get_or_init(|| Loaded::new(&self.device)) {
+            Ok(l) => Ok(l),
+            Err(e) => Err(Error::Cuda(e.clone())),
+        }
+    }
+
+    /// The name of the GPU the module runs on.
+    pub fn device_name(&self) -> Result<String> {
+        let l = self.loaded()?;
+        guard("device name", || l.ctx.name().map_err(|e| format!("device name: {e}")))
+    }
+
+    /// Copies `host` to a new device buffer.
+    pub fn upload(&self, host: &[u8]) -> Result<DeviceBuffer> {
+        let l = self.loaded()?;
+        if host.is_empty() {
+            return Err(Error::Cuda("cannot make an empty device buffer".into()));
+        }
+        guard("copy to device", || {
+            l.ctx.bind_to_thread().map_err(|e| format!("copy to device: {e}"))?;
+            let slice = l.stream.clone_htod(host).map_err(|e| format!("copy to device: {e}"))?;
+            Ok(DeviceBuffer { slice })
+        })
+    }
+
+    /// Copies `host` to a new device buffer of `f32`s.
+    pub fn upload_f32(&self, host: &[f32]) -> Result<DeviceBuffer> {
+        let bytes: Vec<u8> = host.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&bytes)
+    }
+
+    /// A new device buffer of `len` zero bytes.
+    pub fn zeros(&self, len: usize) -> Result<DeviceBuffer> {
+        let l = self.loaded()?;
+        if len == 0 {
+            return Err(Error::Cuda("cannot make an empty device buffer".into()));
+        }
+        guard("allocate", || {
+            l.ctx.bind_to_thread().map_err(|e| format!("allocate: {e}"))?;
+            let slice = l.stream.alloc_zeros::<u8>(len).map_err(|e| format!("allocate {len} bytes: {e}"))?;
+            Ok(DeviceBuffer { slice })
+        })
+    }
+
+    /// Launches kernel `name` and waits for it. `args` are its arguments (checked against its
+    /// `arg_types`), `extents` the thread extents in the order of its `launch_param_tags`, then
+    /// the dynamic shared memory in bytes when `tir.use_dyn_shared_memory` is a tag.
+    pub fn launch(&self, name: &str, args: &[KernelArg<'_>], extents: &[u64]) -> Result<()> {
+        let _span = tracing::debug_span!("cuda_launch", kernel = name).entered();
+        let l = self.loaded()?;
+        let fail = |what: String| Error::Cuda(format!("kernel `{name}`: {what}"));
+        let info = self.device.function(name).ok_or_else(|| {
+            let known: Vec<&str> = self.device.functions.iter().map(|(n, _)| n.as_str()).collect();
+            fail(format!("not in the module's function table (it has {known:?})"))
+        })?;
+        let params = info.launch_params().map_err(|e| fail(e.to_string()))?;
+        if params.cooperative || params.programmatic_dependent_launch {
+            return Err(fail("cooperative and programmatic dependent launches are not supported".into()));
+        }
+        let dims = params.dims(extents).map_err(|e| fail(e.to_string()))?;
+        check_args(&info.arg_types, args).map_err(fail)?;
+        for arg in args {
+            if let KernelArg::Buffer(b) = arg {
+                if b.slice.context().cu_ctx() != l.ctx.cu_ctx() {
+                    return Err(fail("a buffer belongs to another CUDA context".into()));
+                }
+            }
+        }
+        let kernel = l.kernel(name, &self.device).map_err(fail)?;
+        tracing::debug!(grid = ?dims.grid, block = ?dims.block, shared = dims.dyn_shared_memory, "launch");
+        guard("launch", || l.launch(kernel, args, dims.grid, dims.block, dims.dyn_shared_memory)).map_err(|e| match e {
+            Error::Cuda(m) => fail(m),
+            other => other,
+        })
+    }
+}
+
+impl Module for CudaModule {
+    fn type_key(&self) -> &str {
+        &self.device.type_key
+    }
+    fn as_payload(&self) -> Option<&dyn Payload> {
+        Some(&self.device)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Checks `args` against a kernel's argument types.
+fn check_args(types: &[DataType], args: &[KernelArg<'_>]) -> Result<(), String> {
+    if types.len() != args.len() {
+        return Err(format!("takes {} arguments ({}), {} given", types.len(), join(types), args.len()));
+    }
+    for (i, (t, a)) in types.iter().zip(args).enumerate() {
+        let want = t.to_string();
+        let supported = ["handle", "int32", "uint32", "int64", "float32", "float64"];
+        if !supported.contains(&want.as_str()) {
+            return Err(format!("argument {i} has type {want}, which cannot be passed to a kernel"));
+        }
+        if want != a.type_name() {
+            return Err(format!("argument {i} must be {want}, {} given", a.type_name()));
+        }
+    }
+    Ok(())
+}
+
+fn join(types: &[DataType]) -> String {
+    types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Runs cudarc calls, turning a panic (cudarc panics when the driver lacks a function it
+/// loads) into an error.
+fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T> {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(Error::Cuda),
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(Error::Cuda(format!("{what}: the CUDA driver library failed: {msg}")))
+        }
+    }
+}
+
+/// The message for a missing driver.
+const NO_DRIVER: &str =
+    "no CUDA driver found: libcuda could not be loaded (is the NVIDIA driver installed and on the library path?)";
+
+/// A module handle; unloaded when dropped.
+struct ModuleHandle {
+    module: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a `CUmodule` is a driver handle that may be used from any thread once its context
+// is current there; every use binds the context first.
+unsafe impl Send for ModuleHandle {}
+// SAFETY: as above; the driver's module functions are thread-safe.
+unsafe impl Sync for ModuleHandle {}
+
+impl Drop for ModuleHandle {
+    fn drop(&mut self) {
+        let ctx = &self.ctx;
+        let module = self.module;
+        let _ = guard("unload", || {
+            ctx.bind_to_thread().map_err(|e| e.to_string())?;
+            // SAFETY: `module` came from `cuModuleLoadData` in this context and is unloaded once,
+            // here; the functions taken from it are dropped with it (they live in `Loaded`).
+            unsafe { result::module::unload(module) }.map_err(|e| e.to_string())
+        });
+    }
+}
+
+/// A kernel handle from a loaded module.
+#[derive(Clone, Copy)]
+struct Kernel(sys::CUfunction);
+
+// SAFETY: a `CUfunction` is a driver handle, valid in any thread while its module is loaded;
+// it is only used through `Loaded`, which keeps the module.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+/// The driver side of a module: context, stream, the loaded image and its kernels.
+struct Loaded {
+    /// Kernels found in `image` (valid while it is loaded; dropped before it).
+    kernels: Mutex<Vec<(String, Kernel)>>,
+    image: ModuleHandle,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+}
+
+impl Loaded {
+    fn new(device: &DeviceModule) -> Result<Arc<Loaded>, String> {
+        let _span = tracing::debug_span!("cuda_load", format = %device.format, bytes = device.data.len()).entered();
+        if !CudaModule::driver_present() {
+            return Err(NO_DRIVER.to_owned());
+        }
+        let image = Image::prepare(&device.format, &device.data)?;
+        let loaded = guard("load", || {
+            let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a context on device 0: {e}"))?;
+            let stream = ctx.default_stream();
+            ctx.bind_to_thread().map_err(|e| format!("cannot use the context: {e}"))?;
+            // SAFETY: the image is a NUL-terminated PTX text or a cubin/fatbin whose header
+            // ranges were checked to lie within the buffer, and the buffer outlives the call
+            // (the driver copies what it needs); the context is current on this thread.
+            let module = unsafe { result::module::load_data(image.as_ptr()) }
+                .map_err(|e| format!("the driver refused the {} image: {e}", image.kind))?;
+            let image = ModuleHandle { module, ctx: ctx.clone() };
+            Ok(Arc::new(Loaded { kernels: Mutex::new(Vec::new()), image, stream, ctx }))
+        });
+        loaded.map_err(|e| match e {
+            Error::Cuda(m) => m,
+            other => other.to_string(),
+        })
+    }
+
+    /// The kernel called `name`, looked up once.
+    fn kernel(&self, name: &str, device: &DeviceModule) -> Result<Kernel, String> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, k)) = kernels.iter().find(|(n, _)| n == name) {
+            return Ok(*k);
+        }
+        let c_name = CString::new(name).map_err(|_| "the name holds a NUL byte".to_owned())?;
+        let module = self.image.module;
+        let found = guard("find kernel", || {
+            self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+            // SAFETY: `module` is loaded (owned by `self.image`) and its context is current.
+            unsafe { result::module::get_function(module, c_name) }.map_err(|e| e.to_string())
+        });
+        let f = found.map_err(|e| {
+            let mut msg = format!("not found in the loaded image: {e}");
+            if device.format == "ptx" {
+                msg.push_str(&ptx_hint(&device.data, name));
+            }
+            msg
+        })?;
+        kernels.push((name.to_owned(), Kernel(f)));
+        Ok(Kernel(f))
+    }
+
+    /// Launches `kernel` with `args` and waits for it.
+    fn launch(
+        &self,
+        kernel: Kernel,
+        args: &[KernelArg<'_>],
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+    ) -> Result<(), String> {
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        if let Some(sizes) = param_sizes(kernel) {
+            let given: Vec<usize> = args.iter().map(KernelArg::size).collect();
+            if sizes != given {
+                return Err(format!(
+                    "the kernel's parameters take {sizes:?} bytes, the function info's arguments {given:?}"
+                ));
+            }
+        }
+        // One 8-byte slot per argument, holding its value in its first bytes; the driver reads
+        // each parameter (4 or 8 bytes) from the start of its slot.
+        let mut guards = Vec::new();
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
+        for arg in args {
+            slots.push(match arg {
+                KernelArg::Buffer(b) => {
+                    let (ptr, sync) = b.slice.device_ptr(&self.stream);
+                    guards.push(sync);
+                    ptr
+                }
+                KernelArg::I32(v) => slot4(v.to_ne_bytes()),
+                KernelArg::U32(v) => slot4(v.to_ne_bytes()),
+                KernelArg::F32(v) => slot4(v.to_ne_bytes()),
+                KernelArg::I64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
+                KernelArg::F64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
+            });
+        }
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
+        let grid = (grid[0], grid[1], grid[2]);
+        let block = (block[0], block[1], block[2]);
+        // SAFETY: `kernel` belongs to the module `self.image` keeps loaded, in the context made
+        // current above. `params` holds one pointer per kernel parameter (the count and sizes
+        // were checked against the kernel where the driver can tell them, and against the
+        // function info always), each to a live 8-byte slot of `slots`, which outlives the
+        // call. Device pointers come from buffers borrowed by `args` for the whole call, and
+        // the stream is synchronized below before they can be dropped.
+        let launched =
+            unsafe { result::launch_kernel(kernel.0, grid, block, shared, self.stream.cu_stream(), &mut params) };
+        launched.map_err(|e| format!("launch failed: {e}"))?;
+        self.stream.synchronize().map_err(|e| format!("the kernel failed: {e}"))?;
+        drop(guards);
+        Ok(())
+    }
+}
+
+/// An 8-byte slot whose first 4 bytes are `bytes`.
+fn slot4(bytes: [u8; 4]) -> u64 {
+    let [a, b, c, d] = bytes;
+    u64::from_ne_bytes([a, b, c, d, 0, 0, 0, 0])
+}
+
+/// The byte sizes of a kernel's parameters, when the driver can tell (CUDA 12.4 and later).
+fn param_sizes(kernel: Kernel) -> Option<Vec<usize>> {
+    let mut version = 0;
+    // SAFETY: `cuDriverGetVersion` writes one int through a valid pointer.
+    let ok = unsafe { sys::cuDriverGetVersion(&mut version) };
+    if ok != sys::CUresult::CUDA_SUCCESS || version < 12040 {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    // A kernel's parameters take at most 32 KiB, so at most 32768 one-byte parameters.
+    for index in 0..32768 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: `kernel` is a live function handle (its module is loaded), and the two
+        // out-pointers are valid; an index past the last parameter returns an error.
+        let r = unsafe { sys::cuFuncGetParamInfo(kernel.0, index, &mut offset, &mut size) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            break;
+        }
+        sizes.push(size);
+    }
+    Some(sizes)
+}
+
+/// Why a PTX image lacks kernel `name`, when its text tells.
+fn ptx_hint(ptx: &[u8], name: &str) -> String {
+    let text = String::from_utf8_lossy(ptx);
+    let declared = |directive: &str| {
+        text.lines().filter_map(|l| l.split_once(directive).map(|(_, rest)| rest)).any(|rest| {
+            rest.split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',').any(|tok| tok == name)
+        })
+    };
+    let entries = ptx_entries(&text);
+    if declared(".func") && !declared(".entry") {
+        format!(
+            " (the PTX declares `{name}` as a `.func`, a device function, not an `.entry` kernel; \
+             kernels in the PTX: {entries:?})"
+        )
+    } else {
+        format!(" (kernels in the PTX: {entries:?})")
+    }
+}
+
+/// The `.entry` names of a PTX text.
+fn ptx_entries(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split_once(".entry").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split(|c: char| c.is_whitespace() || c == '(').find(|t| !t.is_empty()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What kind of image a payload holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ImageKind {
+    Ptx,
+    Cubin,
+    Fatbin,
+}
+
+impl fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ImageKind::Ptx => "PTX",
+            ImageKind::Cubin => "cubin",
+            ImageKind::Fatbin => "fatbin",
+        })
+    }
+}
+
+/// Magic of a fatbin's header (`50 ed 55 ba`).
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// `EM_CUDA`.
+const EM_CUDA: u16 = 190;
+
+/// An image checked for the driver, in an 8-byte-aligned buffer with a NUL after it.
+#[derive(Debug)]
+struct Image {
+    words: Vec<u64>,
+    kind: ImageKind,
+}
+
+impl Image {
+    fn prepare(format: &str, data: &[u8]) -> Result<Image, String> {
+        let kind = if data.starts_with(b"\x7fELF") {
+            check_cubin(data)?;
+            ImageKind::Cubin
+        } else if data.starts_with(&FATBIN_MAGIC.to_le_bytes()) {
+            check_fatbin(data)?;
+            ImageKind::Fatbin
+        } else if format == "ptx" || format == "cubin" || format == "fatbin" || format.is_empty() {
+            check_ptx(data)?;
+            ImageKind::Ptx
+        } else if format == "cuda" {
+            return Err("the payload is CUDA C source (fmt `cuda`), which needs NVRTC to compile; \
+                 mblob loads PTX, cubin and fatbin images"
+                .into());
+        } else {
+            return Err(format!("unknown CUDA image format `{format}`"));
+        };
+        // Zero-filled, with room for at least one NUL after the data.
+        let mut words = vec![0u64; data.len() / 8 + 1];
+        for (word, chunk) in words.iter_mut().zip(data.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(b);
+        }
+        Ok(Image { words, kind })
+    }
+
+    fn as_ptr(&self) -> *const c_void {
+        self.words.as_ptr().cast()
+    }
+}
+
+fn check_ptx(data: &[u8]) -> Result<(), String> {
+    let text_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    if let Some(at) = data.get(..text_end).and_then(|t| t.iter().position(|&b| b == 0)) {
+        return Err(format!("the PTX text holds a NUL byte at {at}, which would cut it short"));
+    }
+    if text_end == 0 {
+        return Err("the PTX text is empty".into());
+    }
+    Ok(())
+}
+
+fn le_u16(data: &[u8], at: u64) -> Option<u16> {
+    let at = usize::try_from(at).ok()?;
+    data.get(at..)?.get(..2)?.try_into().ok().map(u16::from_le_bytes)
+}
+
+fn le_u32(data: &[u8], at: u64) -> Option<u32> {
+    let at = usize::try_from(at).ok()?;
+    data.get(at..)?.get(..4)?.try_into().ok().map(u32::from_le_bytes)
+}
+
+fn le_u64(data: &[u8], at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    data.get(at..)?.get(..8)?.try_into().ok().map(u64::from_le_bytes)
+}
+
+/// Checks that an ELF64 little-endian CUDA object's header, section and segment tables, and
+/// every section's and segment's bytes lie within `data`.
+fn check_cubin(data: &[u8]) -> Result<(), String> {
+    let len = data.len() as u64;
+    let bad = |what: &str| format!("the cubin is malformed: {what} (image is {len} bytes)");
+    let within = |offset: u64, size: u64| offset.checked_add(size).is_some_and(|end| end <= len);
+    if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
+        return Err(bad("not a 64-bit little-endian ELF file"));
+    }
+    let field = |v: Option<u64>| v.ok_or_else(|| bad("the ELF header is truncated"));
+    let machine = field(le_u16(data, 0x12).map(u64::from))?;
+    if machine != u64::from(EM_CUDA) {
+        return Err(format!("the ELF image is not a CUDA cubin (e_machine {machine}, expected {EM_CUDA})"));
+    }
+    let phoff = field(le_u64(data, 0x20))?;
+    let shoff = field(le_u64(data, 0x28))?;
+    let phentsize = field(le_u16(data, 0x36).map(u64::from))?;
+    let phnum = field(le_u16(data, 0x38).map(u64::from))?;
+    let shentsize = field(le_u16(data, 0x3a).map(u64::from))?;
+    let mut shnum = field(le_u16(data, 0x3c).map(u64::from))?;
+    if !within(0, 64) {
+        return Err(bad("the ELF header is truncated"));
+    }
+    if shoff != 0 {
+        if shentsize < 64 {
+            return Err(bad("section header entries are too small"));
+        }
+        if shnum == 0 {
+            // Extended numbering: the count is section 0's `sh_size`.
+            shnum = le_u64(data, shoff.saturating_add(0x20)).ok_or_else(|| bad("section 0 is outside the image"))?;
+        }
+        let table = shnum.checked_mul(shentsize).ok_or_else(|| bad("the section table size overflows"))?;
+        if !within(shoff, table) {
+            return Err(bad("the section table lies outside the image"));
+        }
+        for i in 0..shnum {
+            let at = shoff + i * shentsize;
+            let kind = le_u32(data, at + 4).ok_or_else(|| bad("a section header is truncated"))?;
+            let (offset, size) = (le_u64(data, at + 0x18), le_u64(data, at + 0x20));
+            let (offset, size) = offset.zip(size).ok_or_else(|| bad("a section header is truncated"))?;
+            // SHT_NOBITS (8) takes no bytes in the file.
+            if kind != 8 && !within(offset, size) {
+                return Err(bad(&format!("section {i} ({offset}+{size}) lies outside the image")));
+            }
+        }
+    }
+    if phoff != 0 && phnum > 0 {
+        if phentsize < 56 {
+            return Err(bad("program header entries are too small"));
+        }
+        if !within(phoff, phnum * phentsize) {
+            return Err(bad("the program header table lies outside the image"));
+        }
+        for i in 0..phnum {
+            let at = phoff + i * phentsize;
+            let (offset, size) = le_u64(data, at + 8).zip(le_u64(data, at + 0x20)).ok_or_else(|| bad("truncated"))?;
+            if !within(offset, size) {
+                return Err(bad(&format!("segment {i} ({offset}+{size}) lies outside the image")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a fatbin's header: `magic:u32, version:u16, header_size:u16, fat_size:u64`, with
+/// `header_size + fat_size` within `data`.
+fn check_fatbin(data: &[u8]) -> Result<(), String> {
+    let len = data.len() as u64;
+    let header = le_u16(data, 6).zip(le_u64(data, 8));
+    let (header_size, fat_size) = header.ok_or_else(|| format!("the fatbin header is truncated ({len} bytes)"))?;
+    if header_size < 16 {
+        return Err(format!("the fatbin header size {header_size} is smaller than the header"));
+    }
+    match u64::from(header_size).checked_add(fat_size) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(format!("the fatbin says it takes {header_size}+{fat_size} bytes, the payload holds {len}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::device::FunctionInfo;
+
+    fn cubin_header() -> Vec<u8> {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        h[6] = 1;
+        h[0x12..0x14].copy_from_slice(&EM_CUDA.to_le_bytes());
+        h[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        h[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn images_are_checked_before_the_driver_sees_them() {
+        // PTX: copied with a NUL after it, aligned.
+        let img = Image::prepare("ptx", b".version 6.0\n").unwrap();
+        assert_eq!(img.kind, ImageKind::Ptx);
+        assert!(img.words.len() * 8 > 13, "room for the NUL");
+        assert_eq!(img.words.last().map(|w| w.to_ne_bytes()[5..].to_vec()), Some(vec![0, 0, 0]));
+        assert!(Image::prepare("ptx", b".version\0 6.0").unwrap_err().contains("NUL byte at 8"));
+        assert!(Image::prepare("ptx", b".version 6.0\0\0").is_ok());
+        assert!(Image::prepare("cuda", b"__global__ void f() {}").unwrap_err().contains("NVRTC"));
+        assert!(Image::prepare("spirv", b"x").unwrap_err().contains("unknown CUDA image format"));
+
+        // A cubin with one section that lies inside, then one made to run past the end.
+        let mut cubin = cubin_header();
+        cubin[0x28..0x30].copy_from_slice(&64u64.to_le_bytes()); // shoff
+        cubin[0x3c..0x3e].copy_from_slice(&1u16.to_le_bytes()); // shnum
+        let mut sh = vec![0u8; 64];
+        sh[4] = 1; // SHT_PROGBITS
+        sh[0x18..0x20].copy_from_slice(&0u64.to_le_bytes());
+        sh[0x20..0x28].copy_from_slice(&128u64.to_le_bytes());
+        cubin.extend_from_slice(&sh);
+        assert_eq!(Image::prepare("cubin", &cubin).unwrap().kind, ImageKind::Cubin);
+        let mut past = cubin.clone();
+        past[64 + 0x20..64 + 0x28].copy_from_slice(&129u64.to_le_bytes());
+        assert!(Image::prepare("cubin", &past).unwrap_err().contains("section 0"));
+        let mut table_past = cubin.clone();
+        table_past[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+        assert!(Image::prepare("cubin", &table_past).unwrap_err().contains("section table"));
+        let mut x86 = cubin.clone();
+        x86[0x12] = 62;
+        assert!(Image::prepare("cubin", &x86).unwrap_err().contains("not a CUDA cubin"));
+        for cut in 4..cubin.len() {
+            assert!(Image::prepare("cubin", &cubin[..cut]).is_err(), "cut {cut}");
+        }
+
+        // A fatbin whose size fits, and one that does not.
+        let mut fat = FATBIN_MAGIC.to_le_bytes().to_vec();
+        fat.extend_from_slice(&1u16.to_le_bytes());
+        fat.extend_from_slice(&16u16.to_le_bytes());
+        fat.extend_from_slice(&8u64.to_le_bytes());
+        fat.extend_from_slice(&[0; 8]);
+        assert_eq!(Image::prepare("cubin", &fat).unwrap().kind, ImageKind::Fatbin);
+        assert!(Image::prepare("cubin", &fat[..fat.len() - 1]).unwrap_err().contains("16+8"));
+        assert!(Image::prepare("fatbin", &fat[..10]).unwrap_err().contains("truncated"));
+    }
+
+    #[test]
+    fn ptx_hints_name_func_declarations() {
+        let ptx = b".visible .func k(\n .param .b64 p\n)\n.visible .entry other(\n)\n";
+        let hint = ptx_hint(ptx, "k");
+        assert!(hint.contains("`.func`"), "{hint}");
+        assert!(hint.contains("[\"other\"]"), "{hint}");
+        assert!(!ptx_hint(ptx, "missing").contains(".func"));
+    }
+
+    #[test]
+    fn args_are_checked_against_the_function_info() {
+        let types = [DataType::HANDLE, DataType::I32];
+        assert!(check_args(&types, &[KernelArg::I32(1)]).unwrap_err().contains("takes 2 arguments (handle, int32)"));
+        assert!(check_args(&types, &[KernelArg::I32(1), KernelArg::I32(1)]).unwrap_err().contains("must be handle"));
+        let f16 = DataType::parse("float16").unwrap();
+        assert!(check_args(&[f16], &[KernelArg::F32(1.0)]).unwrap_err().contains("cannot be passed"));
+    }
+
+    #[test]
+    fn without_a_driver_loading_works_and_use_fails_cleanly() {
+        if CudaModule::driver_present() {
+            eprintln!("skipped: a CUDA driver is present");
+            return;
+        }
+        let info = FunctionInfo::new("k", vec![DataType::HANDLE], vec!["threadIdx.x".into()]);
+        let m = CudaModule::new(DeviceModule::cuda_from_ptx(b".version 6.0\n".to_vec(), vec![("k".into(), info)]));
+        for err in [
+            m.ensure_loaded().unwrap_err(),
+            m.upload_f32(&[1.0]).unwrap_err(),
+            m.zeros(4).unwrap_err(),
+            m.launch("k", &[], &[1]).unwrap_err(),
+        ] {
+            assert!(err.to_string().starts_with("cuda: no CUDA driver found"), "{err}");
+        }
+        assert!(matches!(m.as_payload(), Some(p) if p.type_key() == CUDA));
+    }
+}

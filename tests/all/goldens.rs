@@ -351,3 +351,30 @@ fn golden_kernels_run_and_give_tvms_outputs() {
     }
     assert_eq!(b, f32_file(&dir.join("dso_add_one.out.B.f32")));
 }
+
+#[test]
+fn loaded_trees_serialize_back_to_the_same_blob_in_any_layout() {
+    // Every golden blob, classic and device, loaded and re-serialized without the original
+    // in-memory tree: the same bytes (what `mblob pack --from` relies on).
+    let mut blobs: Vec<(PathBuf, Layout)> =
+        blob_goldens().iter().map(|g| (goldens().join(g["blob"]["file"].as_str().unwrap()), Layout::Classic)).collect();
+    for (dir, layout) in [
+        ("device", Layout::Classic),
+        ("device/tvm-0.21.0", Layout::Classic021),
+        ("device/tvm-0.27.0.post1", Layout::Ffi),
+    ] {
+        for e in std::fs::read_dir(goldens().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "blob") {
+                blobs.push((p, layout));
+            }
+        }
+    }
+    for (path, layout) in blobs {
+        let blob = Bytes::from_vec(read(&path));
+        let loaded = load_blob(&blob, layout, &Registry::default(), &LoadOptions::keep_unknown()).unwrap();
+        let tree = ModuleTree::from_loaded(&loaded, "llvm").unwrap();
+        let s = serialize(&tree).unwrap();
+        assert!(s.to_blob(&tree, layout) == blob[..], "{}", path.display());
+    }
+}

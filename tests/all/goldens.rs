@@ -378,3 +378,20 @@ fn loaded_trees_serialize_back_to_the_same_blob_in_any_layout() {
         assert!(s.to_blob(&tree, layout) == blob[..], "{}", path.display());
     }
 }
+
+#[test]
+fn loading_a_library_borrows_payloads_from_its_mapping() {
+    // SAFETY: TVM's own export of a tiny model.
+    #[allow(unsafe_code)]
+    let loaded =
+        unsafe { load_library(&goldens().join("graph_dense_relu.so"), &Registry::default(), &LoadOptions::default()) }
+            .unwrap();
+    let blob = loaded.get_function("__tvm_dev_mblob").unwrap().addr() as usize;
+    let g = loaded.find::<GraphExecutorFactory>().unwrap();
+    for (name, t) in &g.params {
+        let p = t.data.as_ptr() as usize;
+        assert!(p > blob && p + t.data.len() <= blob + 1727, "param {name} was copied out of the library");
+    }
+    // The graph JSON is decoded into a String (small); the tensors are not.
+    assert_eq!(g.params.len(), 2);
+}

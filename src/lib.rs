@@ -11,6 +11,9 @@
 pub mod cli;
 pub mod demo;
 mod error;
+pub mod export;
+pub mod link;
+pub mod pack;
 
 pub use error::{Error, Result};
 pub use mblob_runtime as runtime;

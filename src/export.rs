@@ -1,0 +1,439 @@
+//! [`Export`]: TVM's `export_library` as a builder in the style of `cc::Build`.
+//!
+//! The export holds a module tree whose root is, by default, the host library (a DSO node of
+//! type `llvm`). Host code comes as object files, C sources, LLVM IR files or (feature `llvm`)
+//! inkwell modules; payload modules are imported below it, or anywhere in the tree through
+//! [`Export::tree_mut`]. [`Export::write`] serializes the tree as TVM does, packs the blob (only
+//! when the root imports something, as TVM does), and links everything into one shared library
+//! that appears atomically at the output path.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mblob_runtime::{serialize, Layout, ModuleId, ModuleTree, Payload, Serialized};
+
+use crate::link::{self, LinkOptions, Linker};
+use crate::pack::{self, BlobSource, CStyle, PackOptions};
+use crate::{Error, Result};
+
+/// How the blob becomes an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// LLVM through inkwell (feature `llvm`).
+    Llvm,
+    /// Generated C, compiled with the system compiler.
+    C(CStyle),
+}
+
+impl Default for Backend {
+    /// LLVM when this build has it, the fast C form otherwise.
+    fn default() -> Backend {
+        if cfg!(feature = "llvm") {
+            Backend::Llvm
+        } else {
+            Backend::C(CStyle::Fast)
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Backend, String> {
+        match s {
+            "llvm" => Ok(Backend::Llvm),
+            "c" => Ok(Backend::C(CStyle::Fast)),
+            "c-tvm" => Ok(Backend::C(CStyle::Tvm)),
+            _ => Err(format!("unknown backend `{s}` (expected llvm, c or c-tvm)")),
+        }
+    }
+}
+
+/// A serialized tree as a [`BlobSource`]: the blob is written straight from the payloads.
+pub struct SerializedBlob<'a> {
+    /// The numbering.
+    pub serialized: &'a Serialized,
+    /// The tree it numbers.
+    pub tree: &'a ModuleTree,
+    /// The layout to write.
+    pub layout: Layout,
+}
+
+impl BlobSource for SerializedBlob<'_> {
+    fn blob_len(&self) -> u64 {
+        self.serialized.blob_len(self.tree, self.layout)
+    }
+    fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.serialized.write_blob(self.tree, self.layout, out).map(|_| ())
+    }
+}
+
+/// What an export produced.
+#[derive(Debug, Clone)]
+pub struct ExportReport {
+    /// The shared library written.
+    pub output: PathBuf,
+    /// The blob symbol, `None` when the root imports nothing (a plain library).
+    pub symbol: Option<String>,
+    /// Bytes of the blob, header included.
+    pub blob_len: u64,
+    /// The intermediate directory, when kept.
+    pub kept_temp_dir: Option<PathBuf>,
+    /// Seconds spent in each stage, in order.
+    pub stages: Vec<(&'static str, f64)>,
+}
+
+/// Builds one shared library from host code and payload modules.
+pub struct Export {
+    tree: ModuleTree,
+    host: ModuleId,
+    objects: Vec<PathBuf>,
+    c_sources: Vec<PathBuf>,
+    ir: Vec<PathBuf>,
+    generated: Option<tempfile::TempDir>,
+    layout: Layout,
+    backend: Option<Backend>,
+    target: Option<String>,
+    system_lib: bool,
+    prefix: String,
+    link: LinkOptions,
+    keep_temp: bool,
+    emit_devc: Option<PathBuf>,
+    progress: Option<Box<dyn Fn(&str)>>,
+}
+
+impl Default for Export {
+    fn default() -> Self {
+        Export::new()
+    }
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export")
+            .field("modules", &self.tree.len())
+            .field("objects", &self.objects)
+            .field("c_sources", &self.c_sources)
+            .field("ir", &self.ir)
+            .field("layout", &self.layout)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Export {
+    /// An export whose root is the host library (type key `llvm`).
+    pub fn new() -> Export {
+        let mut tree = ModuleTree::new();
+        let host = tree.add_dso("llvm");
+        Export {
+            tree,
+            host,
+            objects: Vec::new(),
+            c_sources: Vec::new(),
+            ir: Vec::new(),
+            generated: None,
+            layout: Layout::Classic,
+            backend: None,
+            target: None,
+            system_lib: false,
+            prefix: String::new(),
+            link: LinkOptions::default(),
+            keep_temp: false,
+            emit_devc: None,
+            progress: None,
+        }
+    }
+
+    /// An export of a whole tree whose DSO nodes all stand for the host code added with
+    /// [`Export::object`] and friends (TVM merges them into one library anyway).
+    pub fn from_tree(tree: ModuleTree) -> Export {
+        let mut e = Export::new();
+        let host = tree.ids().find(|&id| tree.kind(id).is_dso());
+        e.tree = tree;
+        e.host = host.unwrap_or(ModuleId(usize::MAX));
+        e
+    }
+
+    /// The host library node (the root of a new export).
+    pub fn host(&self) -> ModuleId {
+        self.host
+    }
+
+    /// The tree, to build any shape (a payload root importing the host, shared modules...).
+    pub fn tree_mut(&mut self) -> &mut ModuleTree {
+        &mut self.tree
+    }
+
+    /// Adds a host object file.
+    pub fn object(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.objects.push(path.into());
+        self
+    }
+
+    /// Adds host object files.
+    pub fn objects<P: Into<PathBuf>>(&mut self, paths: impl IntoIterator<Item = P>) -> &mut Self {
+        paths.into_iter().for_each(|p| {
+            self.object(p);
+        });
+        self
+    }
+
+    /// Adds a C source for the host, compiled with the system compiler.
+    pub fn c_source(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.c_sources.push(path.into());
+        self
+    }
+
+    /// Adds an LLVM IR file (`.ll` or `.bc`) for the host (feature `llvm`; without it
+    /// [`Export::write`] fails with [`Error::FeatureDisabled`]).
+    pub fn ir(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.ir.push(path.into());
+        self
+    }
+
+    /// Adds an inkwell module for the host: it is compiled to an object now, for the target
+    /// set so far (set [`Export::target`] first when cross-compiling).
+    #[cfg(feature = "llvm")]
+    pub fn inkwell_module(&mut self, module: &inkwell::module::Module<'_>) -> Result<&mut Self> {
+        let dir = match &self.generated {
+            Some(d) => d.path().to_owned(),
+            None => {
+                let d = tempfile::Builder::new()
+                    .prefix("mblob-host-")
+                    .tempdir()
+                    .map_err(Error::io("<tmp>", "cannot create"))?;
+                let p = d.path().to_owned();
+                self.generated = Some(d);
+                p
+            }
+        };
+        let name = module.get_name().to_string_lossy().replace(['/', '\\'], "_");
+        let path = dir.join(format!("{}-{name}.o", self.objects.len()));
+        emit_llvm_object(module, &self.pack_options().triple(), &path)?;
+        Ok(self.object(path))
+    }
+
+    /// Imports a payload module below the host library; returns its id.
+    pub fn import(&mut self, payload: impl Payload) -> ModuleId {
+        let id = self.tree.add_payload(payload);
+        self.tree.import(self.host, id);
+        id
+    }
+
+    /// The blob layout (default classic, TVM 0.8–0.20).
+    pub fn layout(&mut self, layout: Layout) -> &mut Self {
+        self.layout = layout;
+        self
+    }
+
+    /// How the blob becomes an object (default: LLVM when built in).
+    pub fn backend(&mut self, backend: Backend) -> &mut Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Target triple (default: the host).
+    pub fn target(&mut self, triple: impl Into<String>) -> &mut Self {
+        self.target = Some(triple.into());
+        self
+    }
+
+    /// Registers the blob at start-up for TVM's system library.
+    pub fn system_lib(&mut self, on: bool) -> &mut Self {
+        self.system_lib = on;
+        self
+    }
+
+    /// TVM's `c_symbol_prefix`.
+    pub fn prefix(&mut self, prefix: impl Into<String>) -> &mut Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The linker.
+    pub fn linker(&mut self, linker: Linker) -> &mut Self {
+        self.link.linker = linker;
+        self
+    }
+
+    /// The compiler driver used to link (default `$CC`, then `cc`).
+    pub fn driver(&mut self, driver: impl Into<PathBuf>) -> &mut Self {
+        self.link.driver = Some(driver.into());
+        self
+    }
+
+    /// An extra link argument.
+    pub fn link_arg(&mut self, arg: impl Into<String>) -> &mut Self {
+        self.link.args.push(arg.into());
+        self
+    }
+
+    /// Keeps the intermediate directory (its path is in the report).
+    pub fn keep_temp(&mut self, keep: bool) -> &mut Self {
+        self.keep_temp = keep;
+        self
+    }
+
+    /// Also copies the generated devc files into `dir`.
+    pub fn emit_devc(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.emit_devc = Some(dir.into());
+        self
+    }
+
+    /// Called with a line at the end of each stage (for progress display).
+    pub fn progress(&mut self, f: impl Fn(&str) + 'static) -> &mut Self {
+        self.progress = Some(Box::new(f));
+        self
+    }
+
+    /// The packer options this export uses.
+    pub fn pack_options(&self) -> PackOptions {
+        PackOptions {
+            layout: self.layout,
+            prefix: self.prefix.clone(),
+            system_lib: self.system_lib,
+            target: self.target.clone(),
+        }
+    }
+
+    /// Serializes, packs and links into `output`. On error nothing is left at `output` and the
+    /// intermediate directory is removed (unless kept).
+    pub fn write(&self, output: impl AsRef<Path>) -> Result<ExportReport> {
+        let output = output.as_ref();
+        let _span = tracing::info_span!("export", output = %output.display()).entered();
+        let backend = self.backend.unwrap_or_default();
+        if !cfg!(feature = "llvm") {
+            if backend == Backend::Llvm {
+                return Err(Error::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" });
+            }
+            if let Some(ir) = self.ir.first() {
+                return Err(Error::FeatureDisabled {
+                    what: format!("LLVM IR input {}", ir.display()),
+                    feature: "llvm",
+                });
+            }
+        }
+        let opts = self.pack_options();
+        opts.check()?;
+        let tmp =
+            tempfile::Builder::new().prefix("mblob-export-").tempdir().map_err(Error::io("<tmp>", "cannot create"))?;
+        let mut stages = Vec::new();
+        let mut stage = |name: &'static str, start: Instant, detail: String| {
+            let secs = start.elapsed().as_secs_f64();
+            stages.push((name, secs));
+            if let Some(p) = &self.progress {
+                p(&format!("{name}: {detail} ({secs:.2} s)"));
+            }
+        };
+
+        let t = Instant::now();
+        let serialized = serialize(&self.tree)?;
+        let blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
+        let blob_len = blob.blob_len();
+        stage("serialize", t, format!("{} modules, blob {blob_len} bytes", self.tree.len()));
+
+        let mut objects = self.objects.clone();
+        for o in &objects {
+            if !o.is_file() {
+                return Err(Error::Io {
+                    path: o.clone(),
+                    action: "cannot read host object",
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                });
+            }
+        }
+        let t = Instant::now();
+        for src in &self.c_sources {
+            objects.push(pack::c::compile(src, &opts, tmp.path())?);
+        }
+        for ir in &self.ir {
+            objects.push(compile_ir(ir, &opts, tmp.path())?);
+        }
+        if !self.c_sources.is_empty() || !self.ir.is_empty() {
+            stage("compile", t, format!("{} host sources", self.c_sources.len() + self.ir.len()));
+        }
+
+        let symbol = serialized.root_has_imports.then(|| opts.symbol());
+        if symbol.is_some() {
+            let t = Instant::now();
+            let devc = match backend {
+                Backend::Llvm => llvm_pack(&blob, &opts, tmp.path())?,
+                Backend::C(style) => {
+                    let src = pack::c::write_source(&blob, &opts, style, tmp.path())?;
+                    self.copy_devc(&src)?;
+                    // TVM's system-lib text uses a C++-only static initializer.
+                    pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
+                }
+            };
+            self.copy_devc(&devc)?;
+            objects.push(devc);
+            stage("pack", t, format!("{blob_len} bytes through {backend:?}"));
+        }
+
+        let t = Instant::now();
+        let partial = partial_path(output);
+        let linked = link::link_shared(&objects, &partial, &self.link)
+            .and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")));
+        if let Err(e) = linked {
+            let _ = fs::remove_file(&partial);
+            return Err(e);
+        }
+        stage("link", t, output.display().to_string());
+        let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
+        Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
+    }
+
+    fn copy_devc(&self, file: &Path) -> Result<()> {
+        let Some(dir) = &self.emit_devc else { return Ok(()) };
+        fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
+        let dest = dir.join(file.file_name().unwrap_or_default());
+        fs::copy(file, &dest).map_err(Error::io(&dest, "cannot write"))?;
+        Ok(())
+    }
+}
+
+/// `.<name>.partial-<pid>` next to `output`: same directory, so the final rename is atomic.
+fn partial_path(output: &Path) -> PathBuf {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    output.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+#[cfg(feature = "llvm")]
+fn llvm_pack(blob: &dyn BlobSource, opts: &PackOptions, dir: &Path) -> Result<PathBuf> {
+    pack::llvm::write_object(blob, opts, dir)
+}
+
+#[cfg(not(feature = "llvm"))]
+fn llvm_pack(_: &dyn BlobSource, _: &PackOptions, _: &Path) -> Result<PathBuf> {
+    Err(Error::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" })
+}
+
+#[cfg(feature = "llvm")]
+fn emit_llvm_object(module: &inkwell::module::Module<'_>, triple: &str, path: &Path) -> Result<()> {
+    let tm = pack::llvm::target_machine(triple)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    tm.write_to_file(module, inkwell::targets::FileType::Object, path)
+        .map_err(|e| Error::Llvm { step: "emit host object", message: e.to_string() })
+}
+
+#[cfg(feature = "llvm")]
+fn compile_ir(path: &Path, opts: &PackOptions, dir: &Path) -> Result<PathBuf> {
+    let _span = tracing::info_span!("compile_ir", path = %path.display()).entered();
+    let ctx = inkwell::context::Context::create();
+    let buf = inkwell::memory_buffer::MemoryBuffer::create_from_file(path)
+        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
+    let module = ctx
+        .create_module_from_ir(buf)
+        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid LLVM IR: {e}") })?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "ir".into());
+    let out = dir.join(format!("{stem}.ir.o"));
+    emit_llvm_object(&module, &opts.triple(), &out)?;
+    Ok(out)
+}
+
+#[cfg(not(feature = "llvm"))]
+fn compile_ir(path: &Path, _: &PackOptions, _: &Path) -> Result<PathBuf> {
+    Err(Error::FeatureDisabled { what: format!("LLVM IR input {}", path.display()), feature: "llvm" })
+}

@@ -154,17 +154,35 @@ fn add_registration<'c>(
     b.build_call(init, &[], "")?;
     b.build_return(None)?;
 
-    // @llvm.global_ctors = appending global [1 x { i32, void ()*, i8* }] [{ 65535, @sub, null }]
     let fn_ptr = void_fn.ptr_type(AddressSpace::default());
-    let entry_t = ctx.struct_type(&[i32t.into(), fn_ptr.into(), i8p.into()], false);
-    let entry = entry_t.const_named_struct(&[
-        i32t.const_int(65535, false).as_basic_value_enum(),
-        sub.as_global_value().as_pointer_value().as_basic_value_enum(),
-        i8p.const_null().as_basic_value_enum(),
-    ]);
-    let ctors = module.add_global(entry_t.array_type(1), None, "llvm.global_ctors");
-    ctors.set_linkage(Linkage::Appending);
-    ctors.set_initializer(&entry_t.const_array(&[entry]));
+    if opts.triple().contains("linux") || opts.triple().contains("elf") {
+        // TVM appends to `llvm.global_ctors`, which LLVM's C API target machines emit as
+        // `.ctors` (its `UseInitArray` option defaults to off and cannot be set through the C
+        // API). Modern start files and lld do not run `.ctors`, so on ELF the pointer goes
+        // straight into `.init_array`: what clang emits for priority 65535.
+        let init = module.add_global(fn_ptr.array_type(1), None, &format!("{sym}_init_array_"));
+        init.set_linkage(Linkage::Private);
+        init.set_constant(true);
+        init.set_section(Some(".init_array"));
+        init.set_alignment(8);
+        init.set_initializer(&fn_ptr.const_array(&[sub.as_global_value().as_pointer_value()]));
+        let used_t = i8p.array_type(1);
+        let used = module.add_global(used_t, None, "llvm.used");
+        used.set_linkage(Linkage::Appending);
+        used.set_section(Some("llvm.metadata"));
+        used.set_initializer(&i8p.const_array(&[init.as_pointer_value().const_cast(i8p)]));
+    } else {
+        // llvm.global_ctors = appending global [1 x { i32, void ()*, i8* }] [{ 65535, @sub, null }]
+        let entry_t = ctx.struct_type(&[i32t.into(), fn_ptr.into(), i8p.into()], false);
+        let entry = entry_t.const_named_struct(&[
+            i32t.const_int(65535, false).as_basic_value_enum(),
+            sub.as_global_value().as_pointer_value().as_basic_value_enum(),
+            i8p.const_null().as_basic_value_enum(),
+        ]);
+        let ctors = module.add_global(entry_t.array_type(1), None, "llvm.global_ctors");
+        ctors.set_linkage(Linkage::Appending);
+        ctors.set_initializer(&entry_t.const_array(&[entry]));
+    }
     Ok(())
 }
 

@@ -4,3 +4,4 @@ mod corrupt;
 mod inspect;
 mod concurrency;
 mod device;
+mod export;

@@ -316,8 +316,15 @@ impl Export {
         }
         let opts = self.pack_options();
         opts.check()?;
-        let tmp =
-            tempfile::Builder::new().prefix("mblob-export-").tempdir().map_err(Error::io("<tmp>", "cannot create"))?;
+        sweep_stale(&std::env::temp_dir(), TEMP_PREFIX);
+        if let (Some(dir), Some(name)) = (output.parent(), output.file_name()) {
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            sweep_stale(dir, &format!(".{}.partial-", name.to_string_lossy()));
+        }
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .map_err(Error::io(std::env::temp_dir(), "cannot create a temporary directory in"))?;
         let mut stages = Vec::new();
         let mut stage = |name: &'static str, start: Instant, detail: String| {
             let secs = start.elapsed().as_secs_f64();
@@ -390,6 +397,29 @@ impl Export {
         let dest = dir.join(file.file_name().unwrap_or_default());
         fs::copy(file, &dest).map_err(Error::io(&dest, "cannot write"))?;
         Ok(())
+    }
+}
+
+/// Prefix of an export's intermediate directory, followed by the exporting process's id.
+const TEMP_PREFIX: &str = "mblob-export-";
+
+/// Removes what exports killed before they could clean up left in `dir`: entries named
+/// `<prefix><pid>...` whose process is gone. An export that fails cleans up itself; one that is
+/// killed (SIGKILL, power loss) cannot, so the next export does it.
+fn sweep_stale(dir: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(prefix) else { continue };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() || !Path::new("/proc/self").exists()
+        {
+            continue;
+        }
+        let path = entry.path();
+        tracing::debug!(path = %path.display(), "removing what a killed export left");
+        let _ = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
     }
 }
 

@@ -1,7 +1,9 @@
 //! The `mblob` command line: clap types and one file per subcommand. The binary's `main`
 //! calls [`main`]; everything here returns errors, which are printed once, at the top.
 
+pub mod export;
 pub mod inspect;
+pub mod pack;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -27,6 +29,11 @@ pub enum Command {
     /// Show the blob of a packed `.so` or a raw `.blob` file: symbol, layout, entries, import
     /// tree and device modules. Reads the ELF file without running it (unless `--load`).
     Inspect(inspect::InspectArgs),
+    /// Pack the module tree of a `.so` or `.blob` again, with new host objects and in any
+    /// layout: converts a library between TVM versions.
+    Pack(pack::PackArgs),
+    /// Build one shared library from a module tree described in JSON (see `export --help`).
+    Export(export::ExportArgs),
 }
 
 /// Runs the command line; the binary's `main`.
@@ -35,6 +42,8 @@ pub fn main() -> ExitCode {
     init_logging();
     let result = match &cli.command {
         Command::Inspect(args) => inspect::run(args),
+        Command::Pack(args) => pack::run(args),
+        Command::Export(args) => export::run(args),
     };
     match result {
         Ok(code) => code,

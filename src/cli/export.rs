@@ -1,0 +1,32 @@
+//! `mblob export`: build a shared library from a module tree described in JSON.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::pack::PackOptionsArgs;
+use crate::tree_json::read_tree_json;
+use crate::Result;
+
+/// Arguments of `mblob export`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "TREE.json describes one module per JSON object:
+  payload modules:  {\"type_key\": \"cuda\", \"payload\": \"kernels.bin\", \"imports\": [...]}
+  DSO parts:        {\"type_key\": \"llvm\" | \"c\" | \"static_library\",
+                     \"objects\": [\"lib0.o\"], \"sources\": [\"host.c\"], \"ir\": [\"host.ll\"], \"imports\": [...]}
+Paths are relative to TREE.json. A payload file holds the module's bytes as TVM writes them in a
+classic blob. Nodes with the same \"id\" are one module imported twice.")]
+pub struct ExportArgs {
+    /// The tree description.
+    #[arg(value_name = "TREE.json")]
+    pub tree: PathBuf,
+    /// Output and packing options.
+    #[command(flatten)]
+    pub options: PackOptionsArgs,
+}
+
+/// Runs `mblob export`.
+pub fn run(args: &ExportArgs) -> Result<ExitCode> {
+    let mut e = read_tree_json(&args.tree)?;
+    args.options.apply(&mut e);
+    args.options.write(&e)
+}

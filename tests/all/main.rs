@@ -5,3 +5,4 @@ mod inspect;
 mod concurrency;
 mod device;
 mod export;
+mod cli;

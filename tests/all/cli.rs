@@ -1,0 +1,238 @@
+//! `mblob pack` and `mblob export` as a user runs them, and what happens when a step fails
+//! or the process is killed: a clear error naming the step and command, nothing at the output
+//! path, nothing left in the temporary directory.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use mblob_runtime::format::{self, UnknownKeys};
+use mblob_runtime::{elf, Layout, Registry};
+
+use crate::goldens::{goldens, read};
+
+fn mblob(args: &[&str], tmpdir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mblob")).args(args).env("TMPDIR", tmpdir).output().expect("run mblob")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn blob_in(so: &Path) -> Vec<u8> {
+    let data = read(so);
+    elf::find_blob(&data, None).unwrap().unwrap().bytes(&data).unwrap().to_vec()
+}
+
+fn assert_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind in {}: {left:?}", dir.display());
+}
+
+#[test]
+fn pack_converts_between_layouts_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let g = goldens();
+    let lib0 = g.join("graph_dense_relu.lib0.o");
+    let (ffi, back) = (dir.path().join("ffi.so"), dir.path().join("back.so"));
+    let out = mblob(
+        &["pack", "--from", s(&g.join("graph_dense_relu.so")), "--host", s(&lib0), "-o", s(&ffi), "--layout", "ffi"],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = read(&ffi);
+    assert_eq!(elf::find_blob(&data, None).unwrap().unwrap().layout, Layout::Ffi);
+    for backend in ["llvm", "c", "c-tvm"] {
+        let out = mblob(
+            &["pack", "--from", s(&ffi), "--host", s(&lib0), "-o", s(&back), "--backend", backend, "-q"],
+            tmp.path(),
+        );
+        assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.stdout.is_empty(), "-q prints nothing");
+        assert!(
+            blob_in(&back) == read(&g.join("graph_dense_relu.blob")),
+            "{backend}: not TVM's blob after the round trip"
+        );
+    }
+    // A raw .blob works as input too, and the 0.21 golden converts to classic.
+    let from_blob = dir.path().join("from_blob.so");
+    let out = mblob(
+        &[
+            "pack",
+            "--from",
+            s(&g.join("relax_add_mul.blob")),
+            "--host",
+            s(&g.join("relax_add_mul.lib0.o")),
+            "-o",
+            s(&from_blob),
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(blob_in(&from_blob) == read(&g.join("relax_add_mul.blob")));
+    assert_empty(tmp.path());
+}
+
+#[test]
+fn export_reads_a_tree_description() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let golden = read(&goldens().join("graph_dense_relu.blob"));
+    let parsed = format::parse_blob(&golden, Layout::Classic, &Registry::default(), UnknownKeys::Error).unwrap();
+    std::fs::write(dir.path().join("factory.bin"), parsed.entries[0].payload).unwrap();
+    let lib0 = goldens().join("graph_dense_relu.lib0.o");
+    let tree = serde_json::json!({
+        "type_key": "GraphExecutorFactory", "payload": "factory.bin",
+        "imports": [{"type_key": "llvm", "objects": [lib0]}]
+    });
+    let json = dir.path().join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("model.so");
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(blob_in(&so) == golden);
+
+    // A bad node is named by its JSON path.
+    let bad = serde_json::json!({"type_key": "GraphExecutorFactory", "payload": "factory.bin", "imports": [{"type_key": "cuda"}]});
+    std::fs::write(&json, bad.to_string()).unwrap();
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("tree.json at $.imports[0]") && err.contains("payload"), "{err}");
+    std::fs::write(&json, "{not json").unwrap();
+    let err = String::from_utf8_lossy(&mblob(&["export", s(&json), "-o", s(&so)], tmp.path()).stderr).into_owned();
+    assert!(err.contains("not valid JSON"), "{err}");
+    assert_empty(tmp.path());
+}
+
+/// An export of a tree with a C source: the C source can be made to fail.
+fn c_tree(dir: &Path, c_source: &str) -> std::path::PathBuf {
+    std::fs::write(dir.join("host.c"), c_source).unwrap();
+    std::fs::write(dir.join("payload.bin"), b"opaque bytes").unwrap();
+    let tree = serde_json::json!({
+        "type_key": "llvm", "sources": ["host.c"],
+        "imports": [{"type_key": "example.Opaque", "payload": "payload.bin"}]
+    });
+    let json = dir.join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    json
+}
+
+#[test]
+fn failures_name_the_step_and_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let so = dir.path().join("out.so");
+
+    // A bad C source: the compile step, with its command.
+    let json = c_tree(dir.path(), "int broken( {");
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("compile") && err.contains("host.c") && err.contains(" -c "), "{err}");
+    assert!(!so.exists());
+    assert_empty(tmp.path());
+
+    // A missing object.
+    let json = c_tree(dir.path(), "int ok(void) { return 1; }");
+    let missing = serde_json::json!({"type_key": "llvm", "objects": ["nope.o"], "imports": [{"type_key": "x.Opaque", "payload": "payload.bin"}]});
+    let json2 = dir.path().join("missing.json");
+    std::fs::write(&json2, missing.to_string()).unwrap();
+    let err = String::from_utf8_lossy(&mblob(&["export", s(&json2), "-o", s(&so)], tmp.path()).stderr).into_owned();
+    assert!(err.contains("nope.o") && err.contains("cannot read host object"), "{err}");
+    assert!(!so.exists());
+
+    // A link failure (an undefined option), with the link command.
+    let out = mblob(&["export", s(&json), "-o", s(&so), "--link-arg", "-Wl,--no-such-flag"], tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("link failed") && err.contains("-shared") && err.contains("--no-such-flag"), "{err}");
+    assert!(!so.exists());
+    assert_empty(tmp.path());
+    let partials: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.contains("partial").then_some(n)
+        })
+        .collect();
+    assert!(partials.is_empty(), "{partials:?}");
+
+    // An output directory that does not exist (or cannot be written).
+    let out = mblob(&["export", s(&json), "-o", s(&dir.path().join("no/such/dir/out.so"))], tmp.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("link failed"));
+    assert_empty(tmp.path());
+
+    // The success path leaves only the output.
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(so.exists());
+    assert_empty(tmp.path());
+}
+
+#[test]
+fn a_full_disk_is_an_error_not_a_partial_file() {
+    // Simulated with a file-size limit: with SIGXFSZ ignored, every write past 256 KiB fails
+    // with EFBIG, as on a full disk.
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; 1 << 20]).unwrap();
+    let tree = serde_json::json!({"type_key": "llvm", "imports": [{"type_key": "x.Big", "payload": "big.bin"}]});
+    let json = dir.path().join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("out.so");
+    for backend in ["llvm", "c"] {
+        let script = format!(
+            "trap '' XFSZ; ulimit -f 256; exec '{}' export '{}' -o '{}' --backend {backend}",
+            env!("CARGO_BIN_EXE_mblob"),
+            s(&json),
+            s(&so)
+        );
+        let out = Command::new("sh").arg("-c").arg(&script).env("TMPDIR", tmp.path()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
+        assert!(
+            err.contains("too large") || err.contains("File too large") || err.contains("failed"),
+            "{backend}: {err}"
+        );
+        assert!(!so.exists(), "{backend}");
+        assert_empty(tmp.path());
+    }
+}
+
+#[test]
+fn a_killed_export_leaves_nothing_at_the_output_and_the_next_one_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![3u8; 96 << 20]).unwrap();
+    let tree = serde_json::json!({"type_key": "llvm", "imports": [{"type_key": "x.Big", "payload": "big.bin"}]});
+    let json = dir.path().join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("out.so");
+    for (i, ms) in [5u64, 60, 150, 300, 600].into_iter().enumerate() {
+        let backend = if i % 2 == 0 { "llvm" } else { "c" };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
+            .args(["export", s(&json), "-o", s(&so), "--backend", backend, "-q", "--linker", "default"])
+            .env("TMPDIR", tmp.path())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        if status.success() {
+            // Finished before the kill: the output is whole.
+            assert!(blob_in(&so).len() > 96 << 20);
+            std::fs::remove_file(&so).unwrap();
+        } else {
+            assert!(!so.exists(), "killed after {ms} ms, yet {} exists", so.display());
+        }
+    }
+    // The next export removes what the killed ones left (their process ids are gone).
+    let out = mblob(&["export", s(&json), "-o", s(&so), "-q"], tmp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_empty(tmp.path());
+    let names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+}

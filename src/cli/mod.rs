@@ -1,6 +1,7 @@
 //! The `mblob` command line: clap types and one file per subcommand. The binary's `main`
 //! calls [`main`]; everything here returns errors, which are printed once, at the top.
 
+pub mod demo;
 pub mod export;
 pub mod inspect;
 pub mod pack;
@@ -26,6 +27,9 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The main job, end to end: build a library with host code, a CUDA kernel and a graph
+    /// factory, export it, inspect it, load it back and run it.
+    Demo(demo::DemoArgs),
     /// Show the blob of a packed `.so` or a raw `.blob` file: symbol, layout, entries, import
     /// tree and device modules. Reads the ELF file without running it (unless `--load`).
     Inspect(inspect::InspectArgs),
@@ -41,6 +45,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let result = match &cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Export(args) => export::run(args),

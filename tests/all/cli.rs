@@ -236,3 +236,20 @@ fn a_killed_export_leaves_nothing_at_the_output_and_the_next_one_cleans_up() {
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
 }
+
+#[test]
+fn the_demo_runs_in_every_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    for extra in [
+        &["--layout", "classic"][..],
+        &["--layout", "ffi", "--backend", "c"],
+        &["--layout", "classic-0.21", "--backend", "c-tvm"],
+    ] {
+        let mut args = vec!["demo"];
+        args.extend_from_slice(extra);
+        let out = mblob(&args, tmp.path());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{extra:?}: {}{}", text, String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("all checks passed") && text.contains("└── cuda"), "{text}");
+    }
+}

@@ -1,8 +1,12 @@
 //! tests
-mod goldens;
-mod corrupt;
-mod inspect;
+mod cli;
 mod concurrency;
+mod corrupt;
+#[path = "../../examples/custom_kind.rs"]
+#[allow(unsafe_code)]
+mod custom_kind;
 mod device;
 mod export;
-mod cli;
+mod goldens;
+mod inspect;
+mod user_kind;

@@ -83,6 +83,9 @@ pub struct ExportReport {
     pub stages: Vec<(&'static str, f64)>,
 }
 
+/// A callback that receives one line per finished stage.
+type Progress = Box<dyn Fn(&str)>;
+
 /// Builds one shared library from host code and payload modules.
 pub struct Export {
     tree: ModuleTree,
@@ -90,6 +93,8 @@ pub struct Export {
     objects: Vec<PathBuf>,
     c_sources: Vec<PathBuf>,
     ir: Vec<PathBuf>,
+    /// Where objects compiled from inkwell modules live until the export is dropped.
+    #[cfg_attr(not(feature = "llvm"), allow(dead_code))]
     generated: Option<tempfile::TempDir>,
     layout: Layout,
     backend: Option<Backend>,
@@ -99,7 +104,7 @@ pub struct Export {
     link: LinkOptions,
     keep_temp: bool,
     emit_devc: Option<PathBuf>,
-    progress: Option<Box<dyn Fn(&str)>>,
+    progress: Option<Progress>,
 }
 
 impl Default for Export {

@@ -31,6 +31,7 @@ pub struct DemoArgs {
 }
 
 const N: usize = 1000;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const BLOCK: u64 = 256;
 
 /// The graph of the demo model: `out = a + b` over two parameters.

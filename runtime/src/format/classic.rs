@@ -140,8 +140,8 @@ fn parse_entries<'a>(
     Ok(tree)
 }
 
-/// An opaque payload starts at `r`: try each later position where an entry could start, in
-/// order, and keep the first from which the rest of the body parses exactly.
+/// An opaque payload starts at `r`: try each later position where an entry could start, from
+/// the last, and keep the first from which the rest of the body parses exactly.
 fn parse_opaque<'a>(
     ctx: &Ctx<'_>,
     r: Reader<'a>,
@@ -165,7 +165,11 @@ fn parse_opaque<'a>(
     if depth >= MAX_OPAQUE_DEPTH {
         return Err(fail("too many opaque payloads in a row"));
     }
-    for end in 0..rest.len() {
+    // From the end backwards: the entries after an opaque payload are small (`_lib`, the
+    // import tree), so the search touches only the blob's last pages and a large payload is
+    // never read (loading stays zero-copy and flat in payload size). Payload bytes that look
+    // like an entry are also less likely near the end of the body than inside the payload.
+    for end in (0..rest.len()).rev() {
         let Some(candidate) = rest.get(end..) else { break };
         match key_at(candidate) {
             Some(k) if !ctx.strict || k == LIB_KEY || k == IMPORT_TREE_KEY || ctx.sizer.is_known(k) => {}

@@ -93,7 +93,14 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     );
 
     step(3, "inspect it (reads the ELF file, runs nothing)");
-    let inspect = InspectArgs { paths: vec![so.clone()], json: false, load: false, layout: None, prefix: None };
+    let inspect = InspectArgs {
+        paths: vec![so.clone()],
+        json: false,
+        load: false,
+        layout: None,
+        prefix: None,
+        keep_unknown: false,
+    };
     for line in render_text(&inspect_path(&so, &inspect)?).lines() {
         println!("    {line}");
     }

@@ -52,6 +52,10 @@ pub struct InspectArgs {
     /// Only consider blob symbols with this `c_symbol_prefix`.
     #[arg(long, value_name = "PREFIX")]
     pub prefix: Option<String>,
+    /// With `--load`: keep payloads whose type key has no loader as opaque bytes instead of
+    /// failing, as TVM does.
+    #[arg(long, requires = "load")]
+    pub keep_unknown: bool,
 }
 
 /// Parses a layout name for clap.
@@ -293,7 +297,8 @@ fn tree_value(parsed: &ParsedBlob<'_>, index: usize, depth: usize) -> Value {
 #[allow(unsafe_code)]
 fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &InspectArgs) -> Result<Value> {
     let registry = Registry::default();
-    let options = LoadOptions { prefix: args.prefix.clone(), ..LoadOptions::default() };
+    let unknown = if args.keep_unknown { UnknownKeys::KeepOpaque } else { UnknownKeys::Error };
+    let options = LoadOptions { prefix: args.prefix.clone(), unknown };
     let loaded = if report.kind == "elf" {
         // SAFETY: `--load` is the user's explicit request to open the library with the real
         // loader, which runs its initialisers; its help says so.

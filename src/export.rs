@@ -5,7 +5,7 @@
 //! inkwell modules; payload modules are imported below it, or anywhere in the tree through
 //! [`Export::tree_mut`]. [`Export::write`] serializes the tree as TVM does, packs the blob (only
 //! when the root imports something, as TVM does), and links everything into one shared library
-//! that appears atomically at the output path.
+//! (or, for a `.tar` output, archives the objects) that appears atomically at the output path.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,8 @@ use mblob_runtime::{serialize, Layout, ModuleId, ModuleTree, Payload, Serialized
 use crate::link::{self, LinkOptions, Linker};
 use crate::pack::{self, BlobSource, CStyle, PackOptions};
 use crate::{Error, Result};
+
+mod tar;
 
 /// How the blob becomes an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,6 +306,10 @@ impl Export {
 
     /// Serializes, packs and links into `output`. On error nothing is left at `output` and the
     /// intermediate directory is removed (unless kept).
+    ///
+    /// An output ending in `.tar` gets the objects instead, unlinked, in a tar archive (as TVM's
+    /// `export_library("x.tar")`): the host objects as `lib0.o`, `lib1.o`... and the blob
+    /// object as `<prefix>devc.o`. The linker options do not apply to it.
     pub fn write(&self, output: impl AsRef<Path>) -> Result<ExportReport> {
         let output = output.as_ref();
         let _span = tracing::info_span!("export", output = %output.display()).entered();
@@ -343,7 +349,7 @@ impl Export {
         let serialized = serialize(&self.tree)?;
         let blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
         let blob_len = blob.blob_len();
-        stage("serialize", t, format!("{} modules, blob {blob_len} bytes", self.tree.len()));
+        stage("serialize", t, format!("{} modules, blob {}", self.tree.len(), human_size(blob_len)));
 
         let mut objects = self.objects.clone();
         for o in &objects {
@@ -356,16 +362,25 @@ impl Export {
             }
         }
         let t = Instant::now();
+        // One directory per source: two `host.c` (or a user's `devc.c`) must not collide.
+        let mut source_dir = 0usize;
+        let mut next_dir = || -> Result<PathBuf> {
+            let dir = tmp.path().join(format!("host{source_dir}"));
+            source_dir += 1;
+            fs::create_dir(&dir).map_err(Error::io(&dir, "cannot create"))?;
+            Ok(dir)
+        };
         for src in &self.c_sources {
-            objects.push(pack::c::compile(src, &opts, tmp.path())?);
+            objects.push(pack::c::compile(src, &opts, &next_dir()?)?);
         }
         for ir in &self.ir {
-            objects.push(compile_ir(ir, &opts, tmp.path())?);
+            objects.push(compile_ir(ir, &opts, &next_dir()?)?);
         }
         if !self.c_sources.is_empty() || !self.ir.is_empty() {
             stage("compile", t, format!("{} host sources", self.c_sources.len() + self.ir.len()));
         }
 
+        let host_objects = objects.len();
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         if symbol.is_some() {
             let t = Instant::now();
@@ -380,18 +395,24 @@ impl Export {
             };
             self.copy_devc(&devc)?;
             objects.push(devc);
-            stage("pack", t, format!("{blob_len} bytes through {backend:?}"));
+            stage("pack", t, format!("{} through {}", human_size(blob_len), backend_name(backend)));
         }
 
         let t = Instant::now();
         let partial = partial_path(output);
-        let linked = link::link_shared(&objects, &partial, &self.link)
-            .and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")));
-        if let Err(e) = linked {
+        let tar = is_tar(output);
+        let written = if tar {
+            tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial)
+        } else {
+            link::link_shared(&objects, &partial, &self.link)
+        };
+        let placed =
+            written.and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")));
+        if let Err(e) = placed {
             let _ = fs::remove_file(&partial);
             return Err(e);
         }
-        stage("link", t, output.display().to_string());
+        stage(if tar { "tar" } else { "link" }, t, output.display().to_string());
         let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
         Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
     }
@@ -402,6 +423,59 @@ impl Export {
         let dest = dir.join(file.file_name().unwrap_or_default());
         fs::copy(file, &dest).map_err(Error::io(&dest, "cannot write"))?;
         Ok(())
+    }
+}
+
+/// Whether `output` asks for a tar archive of the objects instead of a linked library.
+fn is_tar(output: &Path) -> bool {
+    output.extension().is_some_and(|e| e.eq_ignore_ascii_case("tar"))
+}
+
+/// Names in a `.tar` export, as TVM's: the host objects are `lib0.o`, `lib1.o`... in order
+/// (objects, then compiled C sources and IR), the blob object `<prefix>devc.o`.
+fn tar_members(objects: &[PathBuf], host_objects: usize, opts: &PackOptions) -> Vec<(String, PathBuf)> {
+    let mut members = Vec::with_capacity(objects.len());
+    for (i, path) in objects.iter().enumerate() {
+        let name = if i < host_objects {
+            // Keep an archive an archive: `lib3.a`, not `lib3.o`.
+            let ext = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .filter(|e| !e.is_empty() && e.len() <= 8 && e.bytes().all(|b| b.is_ascii_alphanumeric()))
+                .unwrap_or("o");
+            format!("lib{i}.{ext}")
+        } else {
+            format!("{}.o", opts.file_stem())
+        };
+        members.push((name, path.clone()));
+    }
+    members
+}
+
+/// `512.0 MiB`, `12.3 KiB`, `100 B`.
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for next in &UNITS[1..] {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = next;
+    }
+    format!("{value:.1} {unit}")
+}
+
+/// The backend as the CLI spells it.
+fn backend_name(b: Backend) -> &'static str {
+    match b {
+        Backend::Llvm => "llvm",
+        Backend::C(CStyle::Fast) => "c",
+        Backend::C(CStyle::Tvm) => "c-tvm",
     }
 }
 

@@ -15,7 +15,9 @@ use crate::{Error, Result};
 /// Options shared by `pack` and `export`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PackOptionsArgs {
-    /// The shared library to write (it appears only when the export succeeds).
+    /// The shared library to write (it appears only when the export succeeds). A name ending
+    /// in `.tar` gets the objects unlinked in a tar archive instead, as TVM's
+    /// `export_library("x.tar")` (for cross builds and static archives).
     #[arg(short, long, value_name = "OUT.so")]
     pub output: PathBuf,
     /// How the blob becomes an object: `llvm` (LLVM 14, the default when built in), `c` (fast

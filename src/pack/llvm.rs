@@ -79,7 +79,7 @@ pub fn write_object(blob: &dyn BlobSource, opts: &PackOptions, dir: &Path) -> Re
     let ctx = Context::create();
     let module = build_module(&ctx, &tm, opts, len)?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
-    reserve(&path, len + (1 << 16))?;
+    check_room(&path, len + (1 << 16))?;
     tm.write_to_file(&module, FileType::Object, &path).map_err(|e| llvm("emit object")(e.to_string()))?;
     drop(module);
     place_blob(&path, &opts.symbol(), blob)?;
@@ -187,37 +187,35 @@ fn add_registration<'c>(
     Ok(())
 }
 
-/// Checks that `len` bytes can be written at `path` before LLVM writes there: LLVM aborts the
-/// process on a failed write ("IO failure on output stream") instead of returning an error, so
-/// a full disk or a file-size limit must be found first, by writing zeros ourselves (about a
-/// tenth of the cost of LLVM's own emission at any size).
-fn reserve(path: &Path, len: u64) -> Result<()> {
-    let write = || -> io::Result<()> {
-        let mut f = io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-        let zeros = vec![0u8; 1 << 20];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(zeros.len() as u64) as usize;
-            f.write_all(&zeros[..n])?;
-            left -= n as u64;
-        }
-        // No fsync: file systems reserve blocks when write() returns, so ENOSPC shows here.
-        f.flush()
+/// Checks that an object of about `len` bytes can be written at `path` before LLVM writes
+/// there: LLVM aborts the process on a failed write ("IO failure on output stream") instead of
+/// returning an error, so a full disk or a file-size limit must be found first. (Writing the
+/// zeros ourselves would also find it, at the cost of one more pass over the blob.)
+fn check_room(path: &Path, len: u64) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let full = |detail: String| Error::Io {
+        path: path.to_owned(),
+        action: "cannot write the blob object",
+        source: io::Error::other(detail),
     };
-    write().map_err(|source| {
-        let _ = std::fs::remove_file(path);
-        Error::Io {
-            path: path.to_owned(),
-            action: "cannot write the blob object (disk full or file too large?)",
-            source,
+    if let Ok(avail) = fs4::available_space(dir) {
+        if avail < len {
+            return Err(full(format!("{len} bytes needed, {avail} available on the file system (disk full)")));
         }
-    })
+    }
+    if let Ok((soft, _)) = rlimit::Resource::FSIZE.get() {
+        if soft < len {
+            return Err(full(format!("{len} bytes needed, the file size limit (ulimit -f) is {soft} bytes")));
+        }
+    }
+    Ok(())
 }
 
 /// Streams the blob into the object file at the bytes of `symbol`.
 pub(crate) fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource) -> Result<()> {
     let (offset, size) = {
-        let data = std::fs::read(path).map_err(Error::io(path, "cannot read"))?;
+        // Mapped, not read: only the headers and symbol table are touched.
+        let data = mblob_runtime::map_file(path)?;
         symbol_range(&data, symbol).map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?
     };
     if size != blob.blob_len() {

@@ -195,7 +195,7 @@ fn a_full_disk_is_an_error_not_a_partial_file() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
         assert!(
-            err.contains("too large") || err.contains("File too large") || err.contains("failed"),
+            err.contains("file size limit") || err.contains("File too large") || err.contains("failed"),
             "{backend}: {err}"
         );
         assert!(!so.exists(), "{backend}");

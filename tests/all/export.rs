@@ -307,3 +307,282 @@ fn same_inputs_give_the_same_bytes() {
         assert!(read(&a) == read(&b), "{backend:?}: two exports differ");
     }
 }
+
+/// Calls `name`, a C function `int name(void)` of a library loaded in these tests.
+#[allow(unsafe_code)]
+fn call_int(loaded: &mblob_runtime::LoadedTree, name: &str) -> i32 {
+    let f = loaded.get_function(name).unwrap_or_else(|| panic!("{name} is missing"));
+    // SAFETY: every function called this way is defined in this file as `int name(void)`.
+    unsafe {
+        let f: extern "C" fn() -> i32 = std::mem::transmute(f.addr());
+        f()
+    }
+}
+
+/// An export of `graph_dense_relu` (golden payload, golden kernel object).
+fn dense_relu_export() -> Export {
+    let g = &json(&goldens().join("manifest.json"))["goldens"][0];
+    assert_eq!(g["name"], "graph_dense_relu");
+    golden_export(&goldens(), g, Layout::Classic)
+}
+
+/// Names in a tar archive, listed by the system's `tar`.
+fn tar_list(tar: &Path) -> Vec<String> {
+    let out = std::process::Command::new("tar").arg("-tf").arg(tar).output().unwrap();
+    assert!(out.status.success(), "tar -tf: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn tar_output_holds_the_objects_that_link_into_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = read(&goldens().join("graph_dense_relu.blob"));
+    for (i, backend) in backends().into_iter().enumerate() {
+        for (layout, prefix) in [(Layout::Classic, ""), (Layout::Ffi, "m1_")] {
+            let what = format!("{backend:?} {layout}");
+            let tar = dir.path().join(format!("model{i}-{layout}.tar"));
+            let report = dense_relu_export().backend(backend).layout(layout).prefix(prefix).write(&tar).unwrap();
+            assert_eq!(report.symbol.as_deref(), Some(format!("{prefix}{}", layout.symbol()).as_str()));
+            let devc = format!("{prefix}devc.o");
+            assert_eq!(tar_list(&tar), ["lib0.o", devc.as_str()], "{what}");
+            // The members are the very objects: TVM's kernel object unchanged, and a blob
+            // object that links (as TVM's load_module does with a tar) into a loadable library.
+            let x = dir.path().join(format!("x{i}-{layout}"));
+            std::fs::create_dir(&x).unwrap();
+            let st = std::process::Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&x).status().unwrap();
+            assert!(st.success());
+            assert!(read(&x.join("lib0.o")) == read(&goldens().join("graph_dense_relu.lib0.o")), "{what}");
+            let so = x.join("model.so");
+            let st = std::process::Command::new("cc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&so)
+                .arg(x.join("lib0.o"))
+                .arg(x.join(&devc))
+                .status()
+                .unwrap();
+            assert!(st.success(), "{what}");
+            let data = read(&so);
+            let found = elf::find_blob(&data, Some(prefix)).unwrap().unwrap();
+            assert_eq!(found.layout, layout);
+            if layout == Layout::Classic {
+                assert!(found.bytes(&data).unwrap() == golden, "{what}");
+            }
+            if prefix.is_empty() {
+                let loaded = load(&so);
+                let want = crate::goldens::f32_file(&goldens().join("graph_dense_relu.out.0.f32"));
+                assert_eq!(run_dense_relu(&loaded), want, "{what}");
+            }
+            // Deterministic: a second export is the same archive.
+            let again = dir.path().join("again.tar");
+            dense_relu_export().backend(backend).layout(layout).prefix(prefix).write(&again).unwrap();
+            assert!(read(&again) == read(&tar), "{what}: two tar exports differ");
+        }
+    }
+    // No imports, no blob: only the host objects.
+    let g = json(&goldens().join("manifest.json"))["goldens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "dso_add_one")
+        .cloned()
+        .unwrap();
+    let tar = dir.path().join("plain.tar");
+    golden_export(&goldens(), &g, Layout::Classic).write(&tar).unwrap();
+    assert_eq!(tar_list(&tar), ["lib0.o"]);
+}
+
+#[test]
+fn c_sources_with_the_same_name_do_not_collide() {
+    // Two `host.c` in two directories, and a user's own `devc.c` beside the packer's.
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = dense_relu_export();
+    for (sub, text) in [
+        ("a/host.c", "int host_a(void) { return 11; }"),
+        ("b/host.c", "int host_b(void) { return 22; }"),
+        ("c/devc.c", "int user_devc(void) { return 33; }"),
+    ] {
+        let p = dir.path().join(sub);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        e.c_source(p);
+    }
+    for backend in backends() {
+        let so = dir.path().join("out.so");
+        e.backend(backend).write(&so).unwrap_or_else(|err| panic!("{backend:?}: {err}"));
+        let loaded = load(&so);
+        assert_eq!(
+            [call_int(&loaded, "host_a"), call_int(&loaded, "host_b"), call_int(&loaded, "user_devc")],
+            [11, 22, 33],
+            "{backend:?}"
+        );
+        assert!(blob_of(&so).unwrap().1 == read(&goldens().join("graph_dense_relu.blob")));
+    }
+}
+
+#[cfg(feature = "llvm")]
+#[test]
+fn host_code_from_llvm_ir_files_and_inkwell_modules() {
+    use inkwell::context::Context;
+    let dir = tempfile::tempdir().unwrap();
+    let ll = dir.path().join("text.ll");
+    std::fs::write(&ll, "define i32 @from_ll() {\n  ret i32 101\n}\n").unwrap();
+    let ctx = Context::create();
+    let function = |name: &str, value: u64| {
+        let m = ctx.create_module(name);
+        let f = m.add_function(name, ctx.i32_type().fn_type(&[], false), None);
+        let b = ctx.create_builder();
+        b.position_at_end(ctx.append_basic_block(f, "entry"));
+        b.build_return(Some(&ctx.i32_type().const_int(value, false))).unwrap();
+        m
+    };
+    let bc = dir.path().join("bits.bc");
+    assert!(function("from_bc", 202).write_bitcode_to_path(&bc));
+    let handed_over = function("from_inkwell", 303);
+
+    for layout in Layout::ALL {
+        let so = dir.path().join(format!("ir-{layout}.so"));
+        let mut e = dense_relu_export();
+        e.ir(&ll).ir(&bc).inkwell_module(&handed_over).unwrap().layout(layout);
+        e.write(&so).unwrap();
+        let loaded = load(&so);
+        assert_eq!(
+            [call_int(&loaded, "from_ll"), call_int(&loaded, "from_bc"), call_int(&loaded, "from_inkwell")],
+            [101, 202, 303],
+            "{layout}"
+        );
+        assert!(loaded.get_function("tvmgen_default_fused_nn_contrib_dense_pack_add_nn_relu").is_some());
+    }
+
+    // Bad IR: an error that names the file, and nothing at the output.
+    let bad = dir.path().join("bad.ll");
+    std::fs::write(&bad, "define i32 @f( {").unwrap();
+    let so = dir.path().join("bad.so");
+    let err = dense_relu_export().ir(&bad).write(&so).unwrap_err();
+    assert!(matches!(&err, mblob::Error::Invalid { what, .. } if what.contains("bad.ll")), "{err}");
+    assert!(err.to_string().contains("not valid LLVM IR"), "{err}");
+    assert!(!so.exists());
+}
+
+#[test]
+fn tool_failures_are_typed_errors_with_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("out.so");
+    let no_partials = || {
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.contains("partial") && n != "out.so"), "{names:?}");
+    };
+
+    // A C source that does not compile: the compile step, the exact command, the compiler's words.
+    let bad = dir.path().join("broken.c");
+    std::fs::write(&bad, "int broken( {\n").unwrap();
+    let err = dense_relu_export().c_source(&bad).write(&so).unwrap_err();
+    match &err {
+        mblob::Error::Tool { step, command, stderr, status } => {
+            assert!(step.starts_with("compile") && step.contains("broken.c"), "{step}");
+            assert!(command.contains(" -c ") && command.contains("broken.c") && command.contains("-fPIC"), "{command}");
+            assert!(stderr.contains("broken.c") && stderr.contains("error"), "{stderr}");
+            assert!(status.contains('1'), "{status}");
+        }
+        other => panic!("not a tool error: {other}"),
+    }
+    no_partials();
+
+    // A link that fails: the link step and its command line.
+    let err = dense_relu_export().link_arg("-Wl,--no-such-option").write(&so).unwrap_err();
+    match &err {
+        mblob::Error::Tool { step, command, .. } => {
+            assert_eq!(step, "link");
+            assert!(command.contains("-shared") && command.contains("--no-such-option"), "{command}");
+            assert!(command.contains("graph_dense_relu.lib0.o"), "{command}");
+        }
+        other => panic!("not a tool error: {other}"),
+    }
+    no_partials();
+
+    // A driver that does not exist: ToolNotFound, naming it.
+    let err = dense_relu_export().driver(dir.path().join("no-such-cc")).write(&so).unwrap_err();
+    match &err {
+        mblob::Error::ToolNotFound { step, program, .. } => {
+            assert_eq!(step, "link");
+            assert!(program.ends_with("no-such-cc"), "{program}");
+        }
+        other => panic!("not ToolNotFound: {other}"),
+    }
+    no_partials();
+}
+
+#[test]
+fn both_linkers_give_the_same_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = read(&goldens().join("graph_dense_relu.blob"));
+    let mut linkers = vec![mblob::link::Linker::Default];
+    if mblob::link::find_lld().is_some() {
+        linkers.push(mblob::link::Linker::Lld);
+    }
+    for linker in linkers {
+        let so = dir.path().join(format!("{linker:?}.so"));
+        dense_relu_export().linker(linker.clone()).write(&so).unwrap();
+        assert!(blob_of(&so).unwrap().1 == golden, "{linker:?}");
+        let loaded = load(&so);
+        let want = crate::goldens::f32_file(&goldens().join("graph_dense_relu.out.0.f32"));
+        assert_eq!(run_dense_relu(&loaded), want, "{linker:?}");
+    }
+}
+
+#[test]
+fn kept_temp_dir_and_emitted_devc_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = read(&goldens().join("graph_dense_relu.blob"));
+    for (i, backend) in backends().into_iter().enumerate() {
+        let devc_dir = dir.path().join(format!("devc{i}"));
+        let so = dir.path().join("out.so");
+        let report = dense_relu_export().backend(backend).keep_temp(true).emit_devc(&devc_dir).write(&so).unwrap();
+        let kept = report.kept_temp_dir.clone().expect("kept temp dir reported");
+        let found = |root: &Path, name: &str| {
+            let mut stack = vec![root.to_path_buf()];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.file_name().unwrap() == name {
+                        return true;
+                    }
+                }
+            }
+            false
+        };
+        assert!(found(&kept, "devc.o"), "{backend:?}: {}", kept.display());
+        std::fs::remove_dir_all(&kept).unwrap();
+        // The emitted devc object is the one that was linked: the golden blob under its symbol.
+        let o = read(&devc_dir.join("devc.o"));
+        let b = elf::find_blob(&o, None).unwrap().unwrap();
+        assert!(b.bytes(&o).unwrap() == golden, "{backend:?}");
+        if backend == Backend::C(CStyle::Tvm) {
+            // TVM's own text, byte for byte.
+            assert!(read(&devc_dir.join("devc.c")) == read(&goldens().join("graph_dense_relu.devc.c")));
+        }
+        assert_eq!(devc_dir.join("devc.c").exists(), backend != Backend::Llvm, "{backend:?}");
+        // Without keep_temp nothing is reported.
+        assert!(dense_relu_export().backend(backend).write(&so).unwrap().kept_temp_dir.is_none());
+    }
+}
+
+#[cfg(not(feature = "llvm"))]
+#[test]
+fn without_llvm_ir_input_and_llvm_backend_are_feature_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("x.so");
+    for e in [
+        dense_relu_export().ir(dir.path().join("k.ll")).backend(Backend::C(CStyle::Fast)).write(&so),
+        dense_relu_export().backend(Backend::Llvm).write(&so),
+    ] {
+        let err = e.unwrap_err();
+        assert!(matches!(err, mblob::Error::FeatureDisabled { feature: "llvm", .. }), "{err}");
+        assert!(err.to_string().contains("--features llvm"), "{err}");
+    }
+    assert!(!so.exists());
+}

@@ -24,7 +24,7 @@ seed() { # target
   esac
 }
 for t in "${targets[@]}"; do seed "$t"; done
-cargo +nightly fuzz build -O "${targets[@]/#/}" 2>/dev/null || for t in "${targets[@]}"; do cargo +nightly fuzz build -O "$t"; done
+cargo +nightly fuzz build -O
 run() {
   cargo +nightly fuzz run -O "$1" "corpus/$1" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 \
     -max_len=65536 -print_final_stats=1 > "fuzz-$1.log" 2>&1 || echo "$1: FAILED (see fuzz/fuzz-$1.log)"

@@ -20,22 +20,22 @@ use mblob_runtime::{load_library, map_file, LoadOptions, Opaque, Registry};
 
 const MIB: u64 = 1 << 20;
 
-fn vm_hwm_kib() -> u64 {
+/// A `kB` field of `/proc/self/status` (`VmHWM`, `VmRSS`).
+fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
 
+fn vm_hwm_kib() -> u64 {
+    status_kib("VmHWM")
+}
+
 fn vm_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    status_kib("VmRSS")
 }
 
 /// Child: export the payload file through `backend` with `linker`; print
@@ -101,7 +101,9 @@ fn main() {
     if std::env::var_os("MBLOB_BENCH_HUGE").is_some() {
         sizes.push(2560);
     }
-    let dir = tempfile::tempdir_in(std::env::var_os("MBLOB_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir)).unwrap();
+    let dir =
+        tempfile::tempdir_in(std::env::var_os("MBLOB_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir))
+            .unwrap();
     let mut routes: Vec<(&str, &str)> = vec![("c", "default")];
     if find_lld().is_some() {
         routes.insert(0, ("c", "lld"));
@@ -203,6 +205,9 @@ fn tvm_text_compile(dir: &Path) {
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())))
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        })
         .unwrap_or_default()
 }

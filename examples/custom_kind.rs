@@ -47,17 +47,8 @@ impl Payload for Vocab {
     }
 }
 
-impl Module for Vocab {
-    fn type_key(&self) -> &str {
-        VOCAB
-    }
-    fn as_payload(&self) -> Option<&dyn Payload> {
-        Some(self)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+// The loaded module is the vocabulary itself.
+mblob_runtime::payload_module!(Vocab);
 
 /// The loader.
 pub struct VocabLoader;

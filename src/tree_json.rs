@@ -38,6 +38,11 @@ pub fn read_tree_json(path: &Path) -> Result<Export> {
     Ok(export)
 }
 
+/// Fields of a DSO part.
+const DSO_FIELDS: [&str; 6] = ["type_key", "id", "imports", "objects", "sources", "ir"];
+/// Fields of a payload module.
+const PAYLOAD_FIELDS: [&str; 4] = ["type_key", "id", "imports", "payload"];
+
 #[derive(Default)]
 struct Files {
     objects: Vec<PathBuf>,
@@ -68,10 +73,19 @@ impl Builder<'_> {
             .get("type_key")
             .and_then(Value::as_str)
             .ok_or_else(|| self.bad(at, "`type_key` is missing or not a string"))?;
-        let m = if DSO_TYPE_KEYS.contains(&key) {
-            if obj.contains_key("payload") {
-                return Err(self.bad(at, format!("a `{key}` DSO part takes objects, sources or ir, not a payload")));
-            }
+        let dso = DSO_TYPE_KEYS.contains(&key);
+        let allowed: &[&str] = if dso { &DSO_FIELDS } else { &PAYLOAD_FIELDS };
+        if let Some(unknown) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(self.bad(
+                at,
+                format!(
+                    "unknown field `{unknown}` for a {} module (fields: {})",
+                    if dso { "DSO" } else { "payload" },
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        let m = if dso {
             let objects = self.paths(obj.get("objects"), &format!("{at}.objects"))?;
             let sources = self.paths(obj.get("sources"), &format!("{at}.sources"))?;
             let ir = self.paths(obj.get("ir"), &format!("{at}.ir"))?;
@@ -87,7 +101,8 @@ impl Builder<'_> {
                 )
             })?;
             let path = self.base.join(file);
-            let bytes = mblob_runtime::map_file(&path)?;
+            let bytes = mblob_runtime::map_file(&path)
+                .map_err(|e| self.bad(&format!("{at}.payload"), format!("cannot read the payload file: {e}")))?;
             self.tree.add_payload(Opaque::new(key, Bytes::clone(&bytes)))
         };
         if let Some(id) = id {
@@ -114,5 +129,62 @@ impl Builder<'_> {
                     .ok_or_else(|| self.bad(&format!("{at}[{i}]"), "must be a path string"))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(json: &str, files: &[(&str, &[u8])]) -> (tempfile::TempDir, Result<Export>) {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, data) in files {
+            std::fs::write(dir.path().join(name), data).unwrap();
+        }
+        let path = dir.path().join("tree.json");
+        std::fs::write(&path, json).unwrap();
+        let e = read_tree_json(&path);
+        (dir, e)
+    }
+
+    fn message(r: Result<Export>) -> String {
+        r.map(|_| ()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_shared_module_is_one_node() {
+        let json = r#"{"type_key": "Factory", "payload": "f.bin", "imports": [
+            {"type_key": "llvm", "objects": ["a.o"], "imports": [{"id": 7, "type_key": "cuda", "payload": "k.bin"}]},
+            {"id": 7}]}"#;
+        let (_dir, e) = read(json, &[("f.bin", b"F"), ("k.bin", b"K")]);
+        let mut e = e.unwrap();
+        let tree = e.tree_mut();
+        assert_eq!(tree.len(), 3);
+        let root = tree.root().unwrap();
+        assert_eq!(tree.kind(root).type_key(), "Factory");
+        let imports = tree.imports(root).to_vec();
+        assert_eq!(tree.imports(imports[0]), &[imports[1]]);
+        assert!(format!("{e:?}").contains("a.o"));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_node() {
+        let cases = [
+            (r#"{"type_key": "llvm", "payload": "x.bin"}"#, "at $: unknown field `payload` for a DSO module"),
+            (r#"{"type_key": "llvm", "import": []}"#, "at $: unknown field `import`"),
+            (r#"{"type_key": "llvm", "imports": [{"type_key": "cuda"}]}"#, "at $.imports[0]: `cuda` is not a DSO part"),
+            (
+                r#"{"type_key": "llvm", "imports": [{"type_key": "cuda", "payload": "nope.bin"}]}"#,
+                "at $.imports[0].payload: cannot read the payload file",
+            ),
+            (r#"{"type_key": "llvm", "objects": ["a.o", 3]}"#, "at $.objects[1]: must be a path string"),
+            (r#"{"type_key": "llvm", "imports": {}}"#, "at $: `imports` must be an array"),
+            (r#"[]"#, "at $: a module must be a JSON object"),
+            (r#"{"type_key": 5}"#, "at $: `type_key` is missing"),
+        ];
+        for (json, want) in cases {
+            let m = message(read(json, &[]).1);
+            assert!(m.contains("tree.json") && m.contains(want), "{json}: {m}");
+        }
     }
 }

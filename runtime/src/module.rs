@@ -28,16 +28,26 @@ pub trait Module: Debug + Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
-impl Module for Opaque {
-    fn type_key(&self) -> &str {
-        &self.type_key
-    }
-    fn as_payload(&self) -> Option<&dyn Payload> {
-        Some(self)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+crate::payload_module!(Opaque);
+
+/// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type
+/// key is the payload's, and [`Module::as_payload`] returns it, so a loaded tree can be written
+/// again.
+#[macro_export]
+macro_rules! payload_module {
+    ($t:ty) => {
+        impl $crate::Module for $t {
+            fn type_key(&self) -> &str {
+                $crate::Payload::type_key(self)
+            }
+            fn as_payload(&self) -> Option<&dyn $crate::Payload> {
+                Some(self)
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+    };
 }
 
 /// The address of a symbol, with a handle that keeps its library loaded.

@@ -545,17 +545,7 @@ impl Payload for DeviceModule {
     }
 }
 
-impl Module for DeviceModule {
-    fn type_key(&self) -> &str {
-        &self.type_key
-    }
-    fn as_payload(&self) -> Option<&dyn Payload> {
-        Some(self)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+crate::payload_module!(DeviceModule);
 
 /// Loader of a device type key: measures by parsing and loads a [`DeviceModule`] (the bytes
 /// stay borrowed from the blob).

@@ -17,7 +17,6 @@ use super::Payload;
 use crate::error::{FormatError, FormatErrorKind};
 use crate::format::stream::{self, DataType, Reader};
 use crate::format::Layout;
-use crate::module::Module;
 use crate::Bytes;
 
 /// Type key of the graph executor factory.
@@ -248,17 +247,7 @@ impl Payload for GraphExecutorFactory {
     }
 }
 
-impl Module for GraphExecutorFactory {
-    fn type_key(&self) -> &str {
-        &self.type_key
-    }
-    fn as_payload(&self) -> Option<&dyn Payload> {
-        Some(self)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+crate::payload_module!(GraphExecutorFactory);
 
 #[cfg(test)]
 mod tests {

@@ -586,3 +586,49 @@ fn without_llvm_ir_input_and_llvm_backend_are_feature_errors() {
     }
     assert!(!so.exists());
 }
+
+/// Host code as LLVM IR text: `int32_t mblob_ir_twice(int32_t x)` returns `2 * x`.
+#[cfg(feature = "llvm")]
+const TWICE_LL: &str = r#"
+define i32 @mblob_ir_twice(i32 %x) {
+entry:
+  %y = mul i32 %x, 2
+  ret i32 %y
+}
+"#;
+
+#[cfg(feature = "llvm")]
+#[test]
+fn llvm_ir_text_and_bitcode_are_host_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let ll = dir.path().join("twice.ll");
+    std::fs::write(&ll, TWICE_LL).unwrap();
+    // The same module as bitcode, written by LLVM.
+    let bc = dir.path().join("thrice.bc");
+    {
+        let ctx = inkwell::context::Context::create();
+        let buf = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(
+            TWICE_LL.replace("mblob_ir_twice", "mblob_ir_thrice").replace("mul i32 %x, 2", "mul i32 %x, 3").as_bytes(),
+            "thrice",
+        );
+        let m = ctx.create_module_from_ir(buf).unwrap();
+        assert!(m.write_bitcode_to_path(&bc));
+    }
+    let mut e = Export::new();
+    e.ir(&ll).ir(&bc).import(mblob_runtime::Opaque::new("VMExecutable", vec![1u8, 2, 3]));
+    let so = dir.path().join("ir.so");
+    e.write(&so).unwrap();
+    let loaded = load(&so);
+    for (name, factor) in [("mblob_ir_twice", 2), ("mblob_ir_thrice", 3)] {
+        let f = loaded.get_function(name).unwrap();
+        // SAFETY: defined above as `i32 (i32)`.
+        #[allow(unsafe_code)]
+        let got = unsafe { std::mem::transmute::<*mut std::ffi::c_void, extern "C" fn(i32) -> i32>(f.addr())(21) };
+        assert_eq!(got, 21 * factor);
+    }
+    // Bad IR is an error that names the file.
+    std::fs::write(&ll, "this is not IR").unwrap();
+    let err = Export::new().ir(&ll).write(dir.path().join("bad.so")).unwrap_err().to_string();
+    assert!(err.contains("twice.ll") && err.contains("not valid LLVM IR"), "{err}");
+    assert!(!dir.path().join("bad.so").exists());
+}

@@ -339,6 +339,9 @@ impl Export {
             .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(Error::io(std::env::temp_dir(), "cannot create a temporary directory in"))?;
+        let tools_tmp = tmp.path().join("tools");
+        fs::create_dir(&tools_tmp).map_err(Error::io(&tools_tmp, "cannot create"))?;
+        let _tools_tmp = link::ToolTempDir::set(&tools_tmp);
         let mut stages = Vec::new();
         let mut stage = |name: &'static str, start: Instant, detail: String| {
             let secs = start.elapsed().as_secs_f64();
@@ -501,7 +504,17 @@ fn sweep_stale(dir: &Path, prefix: &str) {
         }
         let path = entry.path();
         tracing::debug!(path = %path.display(), "removing what a killed export left");
-        let _ = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+        if path.is_dir() {
+            // A compiler or linker that outlived its killed export may still be writing there;
+            // it cannot recreate the directory, but can race one pass of the removal.
+            for _ in 0..3 {
+                if fs::remove_dir_all(&path).is_ok() || !path.exists() {
+                    break;
+                }
+            }
+        } else {
+            let _ = fs::remove_file(&path);
+        }
     }
 }
 

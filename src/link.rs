@@ -5,6 +5,7 @@
 //! faster than GNU ld on large blobs, see `toolchain-measurements.md`) and the driver's default
 //! (GNU ld) otherwise, unless the caller chooses.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -87,9 +88,44 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     run_tool("link", &mut cmd).map(|_| ())
 }
 
+thread_local! {
+    /// The `TMPDIR` for tools this thread runs, while a [`ToolTempDir`] guard lives.
+    static TOOL_TMPDIR: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+}
+
+/// While it lives, every tool that [`run_tool`] starts on this thread gets `TMPDIR=dir`
+/// (unless its command sets `TMPDIR` itself). An export points it into its own intermediate
+/// directory: the compiler's and linker's temporary files (`ccXXXX.s`, collect2's files) then
+/// go where the export cleans up, and when the export is killed, a tool that outlives it
+/// writes there too, so the next export's sweep removes them with the directory.
+#[derive(Debug)]
+pub struct ToolTempDir {
+    previous: Option<PathBuf>,
+}
+
+impl ToolTempDir {
+    /// Sets `dir` as the tools' `TMPDIR` on this thread until the guard drops.
+    pub fn set(dir: &Path) -> ToolTempDir {
+        let previous = TOOL_TMPDIR.with(|t| t.replace(Some(dir.to_owned())));
+        ToolTempDir { previous }
+    }
+}
+
+impl Drop for ToolTempDir {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        TOOL_TMPDIR.with(|t| t.replace(previous));
+    }
+}
+
 /// Runs `cmd`, logging it first; a failure names `step`, the command line, the status and the
-/// end of stderr.
+/// end of stderr. Inside a [`ToolTempDir`], the tool's `TMPDIR` is that directory.
 pub fn run_tool(step: &str, cmd: &mut Command) -> Result<Output> {
+    if let Some(dir) = TOOL_TMPDIR.with(|t| t.borrow().clone()) {
+        if !cmd.get_envs().any(|(k, _)| k == "TMPDIR") {
+            cmd.env("TMPDIR", dir);
+        }
+    }
     let line = command_line(cmd);
     tracing::debug!(step, command = %line, "running");
     let out = cmd.output().map_err(|source| Error::ToolNotFound {

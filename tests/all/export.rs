@@ -632,3 +632,23 @@ fn llvm_ir_text_and_bitcode_are_host_code() {
     assert!(err.contains("twice.ll") && err.contains("not valid LLVM IR"), "{err}");
     assert!(!dir.path().join("bad.so").exists());
 }
+
+#[test]
+fn tools_keep_their_temporary_files_in_the_export_directory() {
+    // A driver that records the TMPDIR it was given, then links as `cc` would.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("tmpdir.log");
+    let driver = dir.path().join("cc-wrapper");
+    std::fs::write(&driver, format!("#!/bin/sh\necho \"$TMPDIR\" >> '{}'\nexec cc \"$@\"\n", log.display())).unwrap();
+    std::fs::set_permissions(&driver, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let so = dir.path().join("out.so");
+    dense_relu_export().driver(&driver).write(&so).unwrap();
+    let seen = std::fs::read_to_string(&log).unwrap();
+    let seen = Path::new(seen.trim_end());
+    let parent = seen.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    assert!(parent.starts_with(&format!("mblob-export-{}-", std::process::id())), "{}", seen.display());
+    assert_eq!(seen.file_name().unwrap(), "tools");
+    assert!(!seen.exists(), "removed with the intermediate directory");
+    assert!(blob_of(&so).unwrap().1 == read(&goldens().join("graph_dense_relu.blob")));
+}

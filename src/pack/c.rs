@@ -1,8 +1,17 @@
 //! The C route: TVM's `PackImportsToC` text, a fast `.incbin` form, and compiling either with
 //! the system C compiler (found by the `cc` crate).
+//!
+//! - [`CStyle::Tvm`] writes exactly what TVM 0.14+ writes (`tvm-format.md` §4): one `0xNN,` per
+//!   byte, 20 per line. A C compiler parses every byte as an expression: gcc 12 needs about
+//!   3 minutes and 9 GB for 64 MiB. Kept for byte-for-byte compatibility and small blobs.
+//! - [`CStyle::Fast`] writes the blob to `<stem>.bin` and a C file whose top-level `__asm__`
+//!   block defines the symbol and pulls the bytes in with `.incbin`: the compiler never looks at
+//!   them, so any size compiles in about the time of a file copy. The object holds the same
+//!   symbol (global, `STT_OBJECT`, exact size, align 1) with the same bytes.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::{BlobSource, CStyle, PackOptions};
@@ -14,12 +23,20 @@ const POSTAMBLE: &str = "#ifdef __cplusplus\n}\n#endif\n";
 
 /// Writes TVM's C text for `blob` (TVM 0.14+ style: 20 bytes per line, `0xNN,` each, the
 /// system-lib registration as a static initializer, which is valid C++ only, as in TVM).
-pub fn write_tvm_text(blob: &dyn BlobSource, opts: &PackOptions, out: &mut dyn Write) -> io::Result<()> {
+///
+/// The text is produced while the blob streams through, a few KiB at a time; `out` is written
+/// in small pieces, so give it a buffered writer.
+pub fn write_tvm_text<B: BlobSource + ?Sized>(blob: &B, opts: &PackOptions, out: &mut dyn Write) -> io::Result<()> {
     let sym = opts.symbol();
     out.write_all(PREAMBLE.as_bytes())?;
     writeln!(out, "TVM_EXPORT extern const unsigned char {sym}[];")?;
     write!(out, "const unsigned char {sym}[{}] = {{", blob.blob_len())?;
-    blob.write_blob(&mut HexLines { out, index: 0 })?;
+    let mut hex = HexLines { out: &mut *out, index: 0, text: Vec::new() };
+    blob.write_blob(&mut hex)?;
+    if hex.index != blob.blob_len() {
+        let detail = format!("the blob source wrote {} bytes but announced {}", hex.index, blob.blob_len());
+        return Err(io::Error::new(io::ErrorKind::InvalidData, detail));
+    }
     out.write_all(b"\n};\n")?;
     if opts.system_lib {
         let reg = opts.register_function();
@@ -29,24 +46,34 @@ pub fn write_tvm_text(blob: &dyn BlobSource, opts: &PackOptions, out: &mut dyn W
     out.write_all(POSTAMBLE.as_bytes())
 }
 
-/// Formats bytes as TVM does, streaming.
+/// Formats bytes as TVM does: before byte `k`, `\n  ` if `k % 20 == 0`; each byte `0xNN,`.
 struct HexLines<'a> {
     out: &'a mut dyn Write,
+    /// Bytes formatted so far.
     index: u64,
+    /// Reused text buffer (at most [`HexLines::CHUNK`] bytes of input at a time).
+    text: Vec<u8>,
+}
+
+impl HexLines<'_> {
+    /// Input bytes formatted per call, so that a multi-GiB `write_all` does not allocate
+    /// five times its size.
+    const CHUNK: usize = 16 << 10;
 }
 
 impl Write for HexLines<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut text = Vec::with_capacity(buf.len() * 5 + buf.len() / 4 + 4);
+        let buf = buf.get(..Self::CHUNK).unwrap_or(buf);
+        self.text.clear();
         for &b in buf {
             if self.index % 20 == 0 {
-                text.extend_from_slice(b"\n  ");
+                self.text.extend_from_slice(b"\n  ");
             }
-            text.extend_from_slice(&[b'0', b'x', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)], b',']);
+            self.text.extend_from_slice(&[b'0', b'x', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)], b',']);
             self.index += 1;
         }
-        self.out.write_all(&text)?;
+        self.out.write_all(&self.text)?;
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -54,68 +81,155 @@ impl Write for HexLines<'_> {
     }
 }
 
-/// Writes `<dir>/<stem>.c` (and, for [`CStyle::Fast`], the blob as `<dir>/<stem>.bin`).
+/// Writes `<dir>/<stem>.c` (and, for [`CStyle::Fast`], the blob as `<dir>/<stem>.bin`, which
+/// the source names by its absolute path) and returns the source's path.
+///
+/// # Errors
+/// [`Error::Invalid`] for a bad prefix, or for [`CStyle::Fast`] with a target that is not
+/// ELF (its assembly directives are ELF's); [`Error::Io`] when a file cannot be written (the
+/// files written so far are removed).
 pub fn write_source(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, dir: &Path) -> Result<PathBuf> {
     opts.check()?;
-    let _span = tracing::info_span!("pack", route = "c", bytes = blob.blob_len()).entered();
+    let len = blob.blob_len();
+    let _span =
+        tracing::info_span!("pack", route = "c", style = ?style, bytes = len, symbol = %opts.symbol()).entered();
     let path = dir.join(format!("{}.c", opts.file_stem()));
-    let create = |p: &Path| File::create(p).map(BufWriter::new).map_err(Error::io(p, "cannot create"));
+    let mut created = Created(Vec::new());
     match style {
         CStyle::Tvm => {
-            let mut out = create(&path)?;
+            let mut out = created.create(&path)?;
             write_tvm_text(blob, opts, &mut out).and_then(|_| out.flush()).map_err(Error::io(&path, "cannot write"))?;
         }
         CStyle::Fast => {
+            let section = opts.section_for(len).ok_or_else(|| Error::Invalid {
+                what: format!("target {}", opts.triple()),
+                detail: "the fast C form uses ELF assembly directives; use TVM's C text for other targets".into(),
+            })?;
             let bin = dir.join(format!("{}.bin", opts.file_stem()));
-            let mut b = create(&bin)?;
+            let mut b = created.create(&bin)?;
             blob.write_blob(&mut b).and_then(|_| b.flush()).map_err(Error::io(&bin, "cannot write"))?;
+            drop(b);
+            let written = std::fs::metadata(&bin).map_err(Error::io(&bin, "cannot read"))?.len();
+            if written != len {
+                return Err(Error::Invalid {
+                    what: bin.display().to_string(),
+                    detail: format!("the blob source wrote {written} bytes but announced {len}"),
+                });
+            }
             let bin = bin.canonicalize().map_err(Error::io(&bin, "cannot resolve"))?;
-            let mut out = create(&path)?;
-            write_fast_text(blob.blob_len(), &bin, opts, &mut out)
+            let mut out = created.create(&path)?;
+            write_fast_text(len, section, &bin, opts, &mut out)
                 .and_then(|_| out.flush())
                 .map_err(Error::io(&path, "cannot write"))?;
         }
     }
+    created.0.clear();
+    tracing::debug!(source = %path.display(), "wrote C source");
     Ok(path)
 }
 
-/// The fast form: a top-level `asm` block defines the symbol and `.incbin`s the blob file.
-fn write_fast_text(len: u64, bin: &Path, opts: &PackOptions, out: &mut dyn Write) -> io::Result<()> {
+/// Files created by [`write_source`], removed on drop unless the list was cleared (success).
+struct Created(Vec<PathBuf>);
+
+impl Created {
+    fn create(&mut self, path: &Path) -> Result<BufWriter<File>> {
+        let f = File::create(path).map_err(Error::io(path, "cannot create"))?;
+        self.0.push(path.to_owned());
+        Ok(BufWriter::with_capacity(1 << 16, f))
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The fast form: a top-level `__asm__` block defines the symbol in `section` and `.incbin`s
+/// the blob file `bin`. Valid C and C++, for any ELF target (`%` type prefixes, which both the
+/// x86 and the Arm assemblers accept).
+fn write_fast_text(len: u64, section: &str, bin: &Path, opts: &PackOptions, out: &mut dyn Write) -> io::Result<()> {
     let sym = opts.symbol();
-    let section = opts.section_for(len);
-    // `a` = allocatable; `l` marks x86-64 large data (SHF_X86_64_LARGE), which gold needs.
+    // `a` = allocatable; `l` marks x86-64 large data (SHF_X86_64_LARGE), which gold needs to
+    // place the section away from the small ones.
     let flags = if section == ".lrodata" { "al" } else { "a" };
-    let path = bin.to_string_lossy().replace('\\', "\\\\").replace('"', "\\\"");
-    writeln!(out, "/* The blob of a packed module tree, {len} bytes, from {}. Generated by mblob. */", bin.display())?;
+    let incbin = format!(".incbin \"{}\"", gas_string(bin.as_os_str().as_bytes()));
+    writeln!(out, "/* The blob of a packed module tree: {len} bytes, in the file named below. Generated by mblob. */")?;
     writeln!(out, "#ifdef __cplusplus\nextern \"C\" {{\n#endif")?;
     writeln!(out, "extern const unsigned char {sym}[];")?;
     writeln!(out, "__asm__(")?;
-    writeln!(out, "  \".pushsection {section},\\\"{flags}\\\",%progbits\\n\"")?;
-    writeln!(out, "  \".globl {sym}\\n\"")?;
-    writeln!(out, "  \".type {sym}, %object\\n\"")?;
-    writeln!(out, "  \".size {sym}, {len}\\n\"")?;
-    writeln!(out, "  \"{sym}:\\n\"")?;
-    writeln!(out, "  \".incbin \\\"{path}\\\"\\n\"")?;
-    writeln!(out, "  \".popsection\\n\");")?;
+    for line in [
+        format!(".pushsection {section},\"{flags}\",%progbits"),
+        format!(".globl {sym}"),
+        format!(".type {sym}, %object"),
+        format!(".size {sym}, {len}"),
+        format!("{sym}:"),
+        incbin,
+        ".popsection".to_owned(),
+    ] {
+        writeln!(out, "  \"{}\\n\"", c_string(&line))?;
+    }
+    writeln!(out, ");")?;
     if opts.system_lib {
+        // TVM's `static int x = f();` is C++ only; a constructor function is valid in both.
         let reg = opts.register_function();
         writeln!(out, "extern int {reg}(const char*, void*);")?;
-        writeln!(out, "static void __attribute__((constructor)) {sym}_register_(void) {{")?;
+        writeln!(out, "__attribute__((constructor)) static void {sym}_reg_(void) {{")?;
         writeln!(out, "  (void){reg}(\"{sym}\", (void*){sym});")?;
         writeln!(out, "}}")?;
     }
     writeln!(out, "#ifdef __cplusplus\n}}\n#endif")
 }
 
-/// Compiles a C source to an object in `out_dir` with the system compiler (`cc` crate
-/// detection: `$CC`, then `cc`), position-independent. A TVM-style system-lib text is C++ only
-/// and is compiled as C++.
+/// `bytes` as the inside of an assembler string: `"` and `\` escaped, anything not printable
+/// ASCII as a three-digit octal escape.
+fn gas_string(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'"' | b'\\' => {
+                s.push('\\');
+                s.push(char::from(b));
+            }
+            0x20..=0x7e => s.push(char::from(b)),
+            _ => s.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    s
+}
+
+/// Printable ASCII `text` as the inside of a C string literal (`?` escaped too, so that no
+/// trigraph can form under `-std=c11`).
+fn c_string(text: &str) -> String {
+    let mut s = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if matches!(c, '"' | '\\' | '?') {
+            s.push('\\');
+        }
+        s.push(c);
+    }
+    s
+}
+
+/// Compiles a C source to `<out_dir>/<source stem>.o` with the system C compiler, as the `cc`
+/// crate finds it for `opts.target` (`$CC`, `$CFLAGS`, then `cc`), position-independent, `-O0`.
+///
+/// TVM's system-lib text ([`CStyle::Tvm`] with `system_lib`) is valid C++ only, as in TVM:
+/// compile it with [`compile_with`] and `cpp = true`.
+///
+/// # Errors
+/// [`Error::Tool`] when the compiler cannot be determined or fails (with the command and the
+/// end of its stderr), [`Error::ToolNotFound`] when it cannot be started.
 pub fn compile(source: &Path, opts: &PackOptions, out_dir: &Path) -> Result<PathBuf> {
     compile_with(source, opts, out_dir, false)
 }
 
-pub(crate) fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool) -> Result<PathBuf> {
-    let _span = tracing::info_span!("compile", source = %source.display()).entered();
+/// [`compile`], as C++ when `cpp` is set (the `cc` crate's C++ compiler: `$CXX`, then `c++`).
+pub fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool) -> Result<PathBuf> {
+    let _span = tracing::info_span!("compile", source = %source.display(), cpp).entered();
+    let step = format!("compile {}", source.display());
     let triple = opts.triple();
     let host = super::host_triple();
     let mut build = cc::Build::new();
@@ -132,17 +246,97 @@ pub(crate) fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cp
         .emit_rerun_if_env_changed(false)
         .out_dir(out_dir);
     let compiler = build.try_get_compiler().map_err(|e| Error::Tool {
-        step: format!("compile {}", source.display()),
-        command: "(compiler detection)".into(),
+        step: step.clone(),
+        command: "(compiler detection by the cc crate)".into(),
         status: "not run".into(),
         stderr: e.to_string(),
     })?;
     let mut cmd = compiler.to_command();
-    let object = out_dir.join(format!(
-        "{}.o",
-        source.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "source".into())
-    ));
+    let stem = source.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "source".into());
+    let object = out_dir.join(format!("{stem}.o"));
     cmd.arg("-c").arg(source).arg("-o").arg(&object);
-    crate::link::run_tool(&format!("compile {}", source.display()), &mut cmd)?;
+    if let Err(e) = crate::link::run_tool(&step, &mut cmd) {
+        let _ = std::fs::remove_file(&object);
+        return Err(e);
+    }
     Ok(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tvm_text_streams_in_small_pieces() {
+        // One `write_all` of the whole blob must not be formatted in one piece.
+        struct Counting(Vec<u8>, usize, usize);
+        impl Write for Counting {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.1 = self.1.max(b.len());
+                self.2 += 1;
+                self.0.extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let blob: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+        let mut out = Counting(Vec::new(), 0, 0);
+        write_tvm_text(&blob[..], &PackOptions::default(), &mut out).unwrap();
+        assert!(out.1 < 6 * HexLines::CHUNK, "largest write {}", out.1);
+        let text = String::from_utf8(out.0).unwrap();
+        let body: Vec<&str> = text.lines().filter(|l| l.starts_with("  0x")).collect();
+        assert_eq!(body.len(), 10_000);
+        assert!(body.iter().all(|l| l.len() == 2 + 20 * 5));
+        assert_eq!(
+            body[1],
+            "  0x8c,0x93,0x9a,0xa1,0xa8,0xaf,0xb6,0xbd,0xc4,0xcb,0xd2,0xd9,0xe0,0xe7,0xee,0xf5,0xfc,0x03,0x0a,0x11,"
+        );
+    }
+
+    #[test]
+    fn incbin_paths_survive_both_escaping_levels() {
+        assert_eq!(gas_string(b"/t/a\"b\\c\n\xff.bin"), "/t/a\\\"b\\\\c\\012\\377.bin");
+        assert_eq!(c_string(".incbin \"a\\\"b??=\""), ".incbin \\\"a\\\\\\\"b\\?\\?=\\\"");
+    }
+
+    #[test]
+    fn fast_text_for_large_blobs_uses_large_data_flags() {
+        let mut text = Vec::new();
+        write_fast_text(5 << 30, ".lrodata", Path::new("/x/devc.bin"), &PackOptions::default(), &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains(r#"".pushsection .lrodata,\"al\",%progbits\n""#), "{text}");
+        assert!(text.contains(r#"".size __tvm_dev_mblob, 5368709120\n""#), "{text}");
+    }
+
+    #[test]
+    fn fast_form_needs_an_elf_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PackOptions { target: Some("x86_64-pc-windows-msvc".into()), ..PackOptions::default() };
+        let err = write_source(&vec![0u8; 16], &opts, CStyle::Fast, dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Invalid { .. }), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left behind");
+    }
+
+    #[test]
+    fn a_source_that_lies_about_its_length_leaves_no_files() {
+        struct Short;
+        impl BlobSource for Short {
+            fn blob_len(&self) -> u64 {
+                100
+            }
+            fn write_blob(&self, out: &mut dyn Write) -> io::Result<()> {
+                out.write_all(&[1; 10])
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for style in [CStyle::Fast, CStyle::Tvm] {
+            let err = write_source(&Short, &PackOptions::default(), style, dir.path()).unwrap_err();
+            let chain =
+                format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
+            assert!(chain.contains("wrote 10 bytes but announced 100"), "{chain}");
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{style:?}: files left behind");
+        }
+    }
 }

@@ -2,18 +2,25 @@
 //!
 //! The module (`<prefix>devc`) holds the blob symbol as a constant `[N x i8]` global: external
 //! linkage, align 1, no trailing NUL, triple and data layout of the target machine, PIC.
-//! System-lib mode adds TVM's static constructor that registers the blob by name.
+//! System-lib mode adds TVM's static constructor that registers the blob by name. For every
+//! golden blob, the object is byte for byte the `devc.o` TVM wrote.
 //!
 //! Where we differ from TVM, and why:
-//! - LLVM copies and hashes constant data (two extra copies of the blob, 2x its size in RSS).
-//!   We give the global a zero initializer of the right size, which LLVM emits as a fill
-//!   without holding the bytes, then stream the blob into the object at the symbol's file
-//!   offset. The object is the one LLVM would have written for the real initializer: same
-//!   section, symbol, size and alignment; only the section's contents differ, and we write those.
-//! - LLVM 14 takes array lengths as 32 bits: a blob of 4 GiB or more is refused with an error
-//!   instead of being silently truncated.
+//! - **Bytes placed after emission.** LLVM copies and hashes constant data (two extra copies
+//!   of the blob, 2x its size in RSS, and most of the time). We give the global a zero
+//!   initializer of the right size in an explicitly named section (`.rodata`, so it stays
+//!   `PROGBITS` and never becomes `.bss`), which LLVM emits as a fill without holding the
+//!   bytes, then stream the blob into the object at the symbol's file offset. Section, symbol,
+//!   size, alignment and every other byte are what LLVM writes for the real initializer.
+//! - **No 4 GiB ceiling.** LLVM 14 takes array lengths as 32 bits (inkwell passes `len as u32`,
+//!   which would silently truncate). A blob of 4 GiB or more becomes a packed struct
+//!   `<{ [K x [2 GiB x i8]], [R x i8] }>`: same bytes, same symbol size.
+//! - **`SHF_X86_64_LARGE` on `.lrodata`.** LLVM 14 names the section but does not flag it, and
+//!   GNU gold places large sections by flag (it fails to link a 2.5 GiB blob otherwise); we set
+//!   the flag in the section header, as GCC and the C packer's assembly do.
+//! - **`.init_array` for the system-lib constructor on ELF** (see [`build_module`]).
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -22,15 +29,20 @@ use std::sync::Once;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
-use inkwell::values::BasicValue;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValue, PointerValue};
 use inkwell::{AddressSpace, OptimizationLevel};
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::{BlobSource, PackOptions};
 use crate::{Error, Result};
 
-/// The largest blob LLVM 14 can hold in one array (its length is a `u32`).
-pub const MAX_BLOB: u64 = u32::MAX as u64;
+/// The largest blob the LLVM packer accepts: far beyond any disk, and small enough that the
+/// sizes and offsets inside LLVM (signed 64-bit in places) cannot overflow.
+pub const MAX_BLOB: u64 = 1 << 48;
+
+/// Array length of each part of a blob of 4 GiB or more (LLVM 14 array lengths are `u32`).
+const PART: u64 = 1 << 31;
 
 fn llvm(step: &'static str) -> impl Fn(String) -> Error {
     move |message| Error::Llvm { step, message }
@@ -45,7 +57,11 @@ fn init_targets() {
     });
 }
 
-/// A target machine for `triple` (PIC, generic CPU).
+/// A target machine for `triple` (PIC, generic CPU, no optimization), with the x86 and AArch64
+/// targets initialized.
+///
+/// # Errors
+/// [`Error::Llvm`] when LLVM does not know the triple.
 pub fn target_machine(triple: &str) -> Result<TargetMachine> {
     init_targets();
     let triple = TargetTriple::create(triple);
@@ -55,55 +71,132 @@ pub fn target_machine(triple: &str) -> Result<TargetMachine> {
         .ok_or_else(|| llvm("target machine")(format!("no target machine for {}", triple.as_str().to_string_lossy())))
 }
 
-/// Checks the blob fits LLVM's array length.
+/// Checks that a blob of `len` bytes is within [`MAX_BLOB`].
+///
+/// # Errors
+/// [`Error::TooLarge`] above it.
 pub fn check_len(len: u64) -> Result<()> {
     if len > MAX_BLOB {
-        return Err(Error::TooLarge {
-            what: "blob",
-            len,
-            limit: MAX_BLOB,
-            route: "the LLVM packer (LLVM 14 array lengths are 32 bits)",
-            hint: "; use `--backend c`, which has no such limit",
-        });
+        return Err(Error::TooLarge { what: "blob", len, limit: MAX_BLOB, route: "the LLVM packer", hint: "" });
     }
     Ok(())
 }
 
-/// Writes `<dir>/<stem>.o` holding `blob` under the blob symbol.
+/// The LLVM type of a blob of `len` bytes: `[len x i8]` below 4 GiB (what TVM emits), else a
+/// packed struct of 2 GiB arrays and the rest, whose size is exactly `len`.
+///
+/// # Errors
+/// [`Error::TooLarge`] above [`MAX_BLOB`].
+pub fn blob_type(ctx: &Context, len: u64) -> Result<BasicTypeEnum<'_>> {
+    check_len(len)?;
+    let i8t = ctx.i8_type();
+    if let Ok(n) = u32::try_from(len) {
+        return Ok(i8t.array_type(n).into());
+    }
+    let too_large = || Error::TooLarge { what: "blob", len, limit: MAX_BLOB, route: "the LLVM packer", hint: "" };
+    let parts = u32::try_from(len / PART).map_err(|_| too_large())?;
+    let part = i8t.array_type(u32::try_from(PART).map_err(|_| too_large())?);
+    let mut fields: Vec<BasicTypeEnum<'_>> = vec![part.array_type(parts).into()];
+    let rest = u32::try_from(len % PART).map_err(|_| too_large())?;
+    if rest > 0 {
+        fields.push(i8t.array_type(rest).into());
+    }
+    Ok(ctx.struct_type(&fields, true).into())
+}
+
+/// Writes `<dir>/<stem>.o` holding `blob` under the blob symbol (see the module docs for how).
+///
+/// # Errors
+/// [`Error::Invalid`] for a bad prefix or a target that is not ELF, [`Error::TooLarge`] above
+/// [`MAX_BLOB`],
+/// [`Error::Llvm`] when LLVM refuses the target or the emission, [`Error::Io`] when the object
+/// cannot be written (checked before LLVM writes: LLVM aborts the process on a failed write).
+/// On error no object is left at the path.
 pub fn write_object(blob: &dyn BlobSource, opts: &PackOptions, dir: &Path) -> Result<PathBuf> {
+    write_object_in(blob, opts, dir, opts.section_for(blob.blob_len()))
+}
+
+/// [`write_object`] with the section chosen by the caller (tests use `.lrodata` on small
+/// blobs).
+pub(crate) fn write_object_in(
+    blob: &dyn BlobSource,
+    opts: &PackOptions,
+    dir: &Path,
+    section: Option<&'static str>,
+) -> Result<PathBuf> {
     opts.check()?;
     let len = blob.blob_len();
-    let _span = tracing::info_span!("pack", route = "llvm", bytes = len).entered();
+    let triple = opts.triple();
+    if !opts.is_elf() {
+        // The bytes are placed by reading the object back, and mblob reads ELF only.
+        return Err(Error::Invalid {
+            what: format!("target {triple}"),
+            detail: "the LLVM packer writes ELF objects only (Linux and other ELF systems)".into(),
+        });
+    }
+    let span = tracing::info_span!(
+        "pack",
+        route = "llvm",
+        bytes = len,
+        symbol = %opts.symbol(),
+        section = section.unwrap_or("(default)"),
+        target = %triple,
+        system_lib = opts.system_lib,
+    );
+    let _span = span.entered();
     check_len(len)?;
-    let tm = target_machine(&opts.triple())?;
+    let tm = target_machine(&triple)?;
     let ctx = Context::create();
-    let module = build_module(&ctx, &tm, opts, len)?;
+    let module = build_module_in(&ctx, &tm, opts, len, section)?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
-    check_room(&path, len + (1 << 16))?;
-    tm.write_to_file(&module, FileType::Object, &path).map_err(|e| llvm("emit object")(e.to_string()))?;
+    check_room(&path, len.saturating_add(1 << 16))?;
+    let emitted = tm.write_to_file(&module, FileType::Object, &path).map_err(|e| llvm("emit object")(e.to_string()));
     drop(module);
-    place_blob(&path, &opts.symbol(), blob)?;
+    let large = section == Some(".lrodata") && opts.is_x86_64_elf();
+    let placed = emitted.and_then(|_| place_blob(&path, &opts.symbol(), blob, large));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    tracing::debug!(object = %path.display(), "wrote blob object");
     Ok(path)
 }
 
-/// The module: the blob global (zero-initialized, see the module docs) and, for system-lib,
-/// the registration constructor.
+/// The module TVM's `CodeGenBlob` builds, with a zero initializer (see the module docs): the
+/// blob global in the section [`PackOptions::section_for`] picks, and for system-lib the
+/// registration constructor.
+///
+/// TVM appends the constructor to `llvm.global_ctors`. LLVM's C API target machines emit that
+/// as `.ctors` (the `UseInitArray` option defaults to off and the C API cannot set it), which
+/// glibc's start files and lld do not run; so on ELF the constructor's pointer goes straight
+/// into `.init_array`, which is what clang emits for priority 65535. Other object formats get
+/// TVM's `llvm.global_ctors` entry.
+///
+/// # Errors
+/// [`Error::TooLarge`] above [`MAX_BLOB`], [`Error::Llvm`] when the module does not verify.
 pub fn build_module<'c>(ctx: &'c Context, tm: &TargetMachine, opts: &PackOptions, len: u64) -> Result<Module<'c>> {
-    check_len(len)?;
-    let id = opts.file_stem();
-    let module = ctx.create_module(&id);
+    build_module_in(ctx, tm, opts, len, opts.section_for(len))
+}
+
+fn build_module_in<'c>(
+    ctx: &'c Context,
+    tm: &TargetMachine,
+    opts: &PackOptions,
+    len: u64,
+    section: Option<&str>,
+) -> Result<Module<'c>> {
+    let ty = blob_type(ctx, len)?;
+    let module = ctx.create_module(&opts.file_stem());
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
-    let sym = opts.symbol();
-    let i8t = ctx.i8_type();
-    let array = i8t.array_type(len as u32);
-    let blob = module.add_global(array, None, &sym);
+    let blob = module.add_global(ty, None, &opts.symbol());
     blob.set_linkage(Linkage::External);
     blob.set_constant(true);
     blob.set_alignment(1);
-    blob.set_initializer(&array.const_zero());
-    // Explicit, so that a zero initializer can never land in `.bss`.
-    blob.set_section(Some(opts.section_for(len)));
+    blob.set_initializer(&ty.const_zero());
+    // Named explicitly, so that a zero initializer can never land in `.bss`: LLVM keeps a
+    // constant out of BSS anyway, and a named section is `PROGBITS` unless it is called `.bss`.
+    blob.set_section(section);
     if opts.triple().contains("windows") {
         blob.set_dll_storage_class(inkwell::DLLStorageClass::Export);
     }
@@ -120,9 +213,10 @@ fn add_registration<'c>(
     ctx: &'c Context,
     module: &Module<'c>,
     opts: &PackOptions,
-    blob: inkwell::values::PointerValue<'c>,
+    blob: PointerValue<'c>,
 ) -> std::result::Result<(), inkwell::builder::BuilderError> {
     let sym = opts.symbol();
+    let triple = opts.triple();
     let i32t = ctx.i32_type();
     let i8p = ctx.i8_type().ptr_type(AddressSpace::default());
     let reg = module.add_global(i32t, None, &format!("{sym}_reg_"));
@@ -139,10 +233,15 @@ fn add_registration<'c>(
     let void_fn = ctx.void_type().fn_type(&[], false);
     let init = module.add_function("__cxx_global_var_init", void_fn, Some(Linkage::Internal));
     let sub = module.add_function(&format!("_GLOBAL__sub_I_{}", opts.file_stem()), void_fn, Some(Linkage::Internal));
-    if opts.triple().contains("linux") {
-        init.set_section(Some(".text.startup"));
-        sub.set_section(Some(".text.startup"));
-    }
+    let startup = if triple.contains("apple") || triple.contains("darwin") {
+        Some("__TEXT,__StaticInit,regular,pure_instructions")
+    } else if opts.is_elf() {
+        Some(".text.startup")
+    } else {
+        None
+    };
+    init.set_section(startup);
+    sub.set_section(startup);
     let b = ctx.create_builder();
     b.position_at_end(ctx.append_basic_block(init, "entry"));
     let name_ptr = name_g.as_pointer_value().const_cast(i8p);
@@ -156,19 +255,15 @@ fn add_registration<'c>(
     b.build_return(None)?;
 
     let fn_ptr = void_fn.ptr_type(AddressSpace::default());
-    if opts.triple().contains("linux") || opts.triple().contains("elf") {
-        // TVM appends to `llvm.global_ctors`, which LLVM's C API target machines emit as
-        // `.ctors` (its `UseInitArray` option defaults to off and cannot be set through the C
-        // API). Modern start files and lld do not run `.ctors`, so on ELF the pointer goes
-        // straight into `.init_array`: what clang emits for priority 65535.
+    if opts.is_elf() {
+        // See `build_module`: `.init_array`, kept alive by `llvm.used`.
         let init = module.add_global(fn_ptr.array_type(1), None, &format!("{sym}_init_array_"));
         init.set_linkage(Linkage::Private);
         init.set_constant(true);
         init.set_section(Some(".init_array"));
         init.set_alignment(8);
         init.set_initializer(&fn_ptr.const_array(&[sub.as_global_value().as_pointer_value()]));
-        let used_t = i8p.array_type(1);
-        let used = module.add_global(used_t, None, "llvm.used");
+        let used = module.add_global(i8p.array_type(1), None, "llvm.used");
         used.set_linkage(Linkage::Appending);
         used.set_section(Some("llvm.metadata"));
         used.set_initializer(&i8p.const_array(&[init.as_pointer_value().const_cast(i8p)]));
@@ -189,8 +284,7 @@ fn add_registration<'c>(
 
 /// Checks that an object of about `len` bytes can be written at `path` before LLVM writes
 /// there: LLVM aborts the process on a failed write ("IO failure on output stream") instead of
-/// returning an error, so a full disk or a file-size limit must be found first. (Writing the
-/// zeros ourselves would also find it, at the cost of one more pass over the blob.)
+/// returning an error, so a full disk or a file-size limit must be found first.
 fn check_room(path: &Path, len: u64) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let full = |detail: String| Error::Io {
@@ -211,27 +305,49 @@ fn check_room(path: &Path, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// Streams the blob into the object file at the bytes of `symbol`.
-pub(crate) fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource) -> Result<()> {
-    let (offset, size) = {
-        // Mapped, not read: only the headers and symbol table are touched.
+/// Where the blob goes in an emitted object.
+#[derive(Debug)]
+struct Placement {
+    /// File offset of the symbol's first byte.
+    offset: u64,
+    /// File offset of the section header's `sh_flags` (ELF64 only).
+    sh_flags_at: Option<(u64, u64)>,
+}
+
+/// Streams the blob into the object file at the bytes of `symbol`, after checking that the
+/// symbol has exactly the blob's size and that its bytes are in the file (not `NOBITS`); with
+/// `large`, also sets `SHF_X86_64_LARGE` on its section.
+fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource, large: bool) -> Result<()> {
+    let place = {
+        // Mapped, not read: only the headers and the symbol table are touched.
         let data = mblob_runtime::map_file(path)?;
-        symbol_range(&data, symbol).map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?
+        locate(&data, symbol, blob.blob_len())
+            .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?
     };
-    if size != blob.blob_len() {
+    let file = OpenOptions::new().write(true).open(path).map_err(Error::io(path, "cannot open"))?;
+    let mut w = io::BufWriter::with_capacity(1 << 20, AtWriter { file: &file, pos: place.offset, written: 0 });
+    blob.write_blob(&mut w).and_then(|_| w.flush()).map_err(Error::io(path, "cannot write"))?;
+    let written = w.get_ref().written;
+    drop(w);
+    if written != blob.blob_len() {
         return Err(Error::Invalid {
             what: path.display().to_string(),
-            detail: format!("symbol `{symbol}` has {size} bytes, the blob {}", blob.blob_len()),
+            detail: format!("the blob source wrote {written} bytes but announced {}", blob.blob_len()),
         });
     }
-    let file = OpenOptions::new().write(true).open(path).map_err(Error::io(path, "cannot open"))?;
-    let mut w = io::BufWriter::with_capacity(1 << 20, AtWriter { file: &file, pos: offset });
-    blob.write_blob(&mut w).and_then(|_| w.flush()).map_err(Error::io(path, "cannot write"))?;
+    if large {
+        let (at, flags) = place.sh_flags_at.ok_or_else(|| Error::Invalid {
+            what: path.display().to_string(),
+            detail: "large data flag requested for an object that is not ELF64".into(),
+        })?;
+        let flags = flags | super::SHF_X86_64_LARGE;
+        file.write_all_at(&flags.to_le_bytes(), at).map_err(Error::io(path, "cannot write"))?;
+    }
     Ok(())
 }
 
-/// File offset and size of a defined symbol's bytes in an object file.
-fn symbol_range(data: &[u8], symbol: &str) -> std::result::Result<(u64, u64), String> {
+/// Finds the file range of the defined symbol `symbol` and checks it holds exactly `len` bytes.
+fn locate(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Placement, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
     let sym = file
         .symbols()
@@ -239,19 +355,44 @@ fn symbol_range(data: &[u8], symbol: &str) -> std::result::Result<(u64, u64), St
         .ok_or_else(|| format!("no symbol `{symbol}`"))?;
     let index = sym.section_index().ok_or_else(|| format!("symbol `{symbol}` has no section"))?;
     let section = file.section_by_index(index).map_err(|e| e.to_string())?;
-    let (start, _) = section.file_range().ok_or_else(|| format!("section of `{symbol}` holds no bytes (bss)"))?;
-    Ok((start + sym.address() - section.address(), sym.size()))
+    let (start, size) =
+        section.file_range().ok_or_else(|| format!("section of `{symbol}` holds no bytes in the file (NOBITS)"))?;
+    let within = sym.address().checked_sub(section.address()).ok_or("symbol before its section")?;
+    if sym.size() != len {
+        return Err(format!("symbol `{symbol}` has {} bytes, the blob {len}", sym.size()));
+    }
+    if within.checked_add(len).is_none_or(|end| end > size) {
+        return Err(format!("symbol `{symbol}` ({len} bytes at {within}) does not fit its section ({size} bytes)"));
+    }
+    let sh_flags_at = match (&file, section.flags()) {
+        (object::File::Elf64(elf), object::SectionFlags::Elf { sh_flags, .. }) => {
+            let header = elf.elf_header();
+            let endian = elf.endian();
+            use object::read::elf::FileHeader;
+            let shoff = header.e_shoff(endian);
+            let entsize = u64::from(header.e_shentsize(endian));
+            // `sh_flags` follows `sh_name` and `sh_type` (two u32) in an Elf64_Shdr.
+            let at =
+                u64::try_from(index.0).ok().and_then(|i| i.checked_mul(entsize)).and_then(|o| o.checked_add(shoff));
+            at.and_then(|a| a.checked_add(8)).map(|a| (a, sh_flags.0))
+        }
+        _ => None,
+    };
+    Ok(Placement { offset: start + within, sh_flags_at })
 }
 
+/// Writes at increasing offsets of a file, counting what it wrote.
 struct AtWriter<'f> {
-    file: &'f std::fs::File,
+    file: &'f File,
     pos: u64,
+    written: u64,
 }
 
 impl Write for AtWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.file.write_all_at(buf, self.pos)?;
         self.pos += buf.len() as u64;
+        self.written += buf.len() as u64;
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -263,20 +404,129 @@ impl Write for AtWriter<'_> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn blobs_of_4_gib_are_refused_not_truncated() {
-        assert!(check_len(MAX_BLOB).is_ok());
-        let err = check_len(MAX_BLOB + 1).unwrap_err();
-        assert!(matches!(err, Error::TooLarge { len, .. } if len == MAX_BLOB + 1));
-        assert!(err.to_string().contains("--backend c"));
+    /// A blob that says it is `len` bytes long and must never be written.
+    struct Huge(u64);
+    impl BlobSource for Huge {
+        fn blob_len(&self) -> u64 {
+            self.0
+        }
+        fn write_blob(&self, _: &mut dyn Write) -> io::Result<()> {
+            panic!("a blob of {} bytes was written", self.0)
+        }
+    }
+
+    fn x86() -> PackOptions {
+        PackOptions { target: Some("x86_64-unknown-linux-gnu".into()), ..PackOptions::default() }
     }
 
     #[test]
-    fn large_blobs_go_to_lrodata_on_x86_64_only() {
-        let x86 = PackOptions { target: Some("x86_64-unknown-linux-gnu".into()), ..PackOptions::default() };
-        let arm = PackOptions { target: Some("aarch64-unknown-linux-gnu".into()), ..PackOptions::default() };
-        assert_eq!(x86.section_for(super::super::LARGE_DATA_THRESHOLD + 1), ".lrodata");
-        assert_eq!(x86.section_for(1000), ".rodata");
-        assert_eq!(arm.section_for(super::super::LARGE_DATA_THRESHOLD + 1), ".rodata");
+    fn blobs_of_4_gib_and_more_keep_their_exact_size() {
+        let ctx = Context::create();
+        let tm = target_machine("x86_64-unknown-linux-gnu").unwrap();
+        let td = tm.get_target_data();
+        for len in [1, u64::from(u32::MAX), 1 << 32, (1 << 32) + 1, 5 << 30, (5 << 30) + 12345, 1 << 40, MAX_BLOB] {
+            let ty = blob_type(&ctx, len).unwrap();
+            assert_eq!(td.get_abi_size(&ty), len, "{len}: {}", ty.print_to_string());
+            assert_eq!(td.get_abi_alignment(&ty), 1, "{len}");
+        }
+        assert_eq!(blob_type(&ctx, 1987).unwrap().print_to_string().to_string(), "[1987 x i8]");
+        assert_eq!(
+            blob_type(&ctx, (5 << 30) + 7).unwrap().print_to_string().to_string(),
+            "<{ [2 x [2147483648 x i8]], [1073741831 x i8] }>"
+        );
+        // The whole module builds and verifies without touching the bytes.
+        let opts = PackOptions { system_lib: true, ..x86() };
+        let m = build_module(&ctx, &tm, &opts, 5 << 30).unwrap();
+        let ir = m.print_to_string().to_string();
+        assert!(ir.contains("@__tvm_dev_mblob = constant <{ [2 x [2147483648 x i8]], [1073741824 x i8] }> zeroinitializer, section \".lrodata\", align 1"), "{ir}");
+    }
+
+    #[test]
+    fn blobs_beyond_the_limit_are_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = write_object(&Huge(MAX_BLOB + 1), &x86(), dir.path()).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { len, limit: MAX_BLOB, .. } if len == MAX_BLOB + 1), "{err}");
+        let err = write_object(&Huge(u64::MAX), &x86(), dir.path()).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+        // Within the limit but larger than the disk: refused before LLVM writes (it would abort).
+        let err = write_object(&Huge(MAX_BLOB), &x86(), dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::Io { action: "cannot write the blob object", .. }), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn system_lib_module_has_tvms_pieces() {
+        let ctx = Context::create();
+        let opts = PackOptions { system_lib: true, prefix: "demo_".into(), ..x86() };
+        let tm = target_machine(&opts.triple()).unwrap();
+        let ir = build_module(&ctx, &tm, &opts, 598).unwrap().print_to_string().to_string();
+        for needle in [
+            "; ModuleID = 'demo_devc'",
+            "source_filename = \"demo_devc\"",
+            "target triple = \"x86_64-unknown-linux-gnu\"",
+            "target datalayout = \"e-m:e-",
+            "@demo___tvm_dev_mblob = constant [598 x i8] zeroinitializer, section \".rodata\", align 1",
+            "@demo___tvm_dev_mblob_reg_ = internal global i32 0, align 4",
+            "@demo___tvm_dev_mblob.str = private constant [21 x i8] c\"demo___tvm_dev_mblob\\00\", align 1",
+            "declare i32 @TVMBackendRegisterSystemLibSymbol(i8*, i8*)",
+            "define internal void @__cxx_global_var_init() section \".text.startup\"",
+            "define internal void @_GLOBAL__sub_I_demo_devc() section \".text.startup\"",
+            "call i32 @TVMBackendRegisterSystemLibSymbol(i8* getelementptr inbounds ([21 x i8], [21 x i8]* @demo___tvm_dev_mblob.str, i32 0, i32 0), i8* getelementptr inbounds ([598 x i8], [598 x i8]* @demo___tvm_dev_mblob, i32 0, i32 0))",
+            "store i32 %reg, i32* @demo___tvm_dev_mblob_reg_",
+            "[void ()* @_GLOBAL__sub_I_demo_devc], section \".init_array\"",
+        ] {
+            assert!(ir.contains(needle), "missing {needle:?} in\n{ir}");
+        }
+        // Not ELF: TVM's `llvm.global_ctors` with priority 65535.
+        let mac = PackOptions { target: Some("x86_64-apple-darwin".into()), ..opts };
+        let tm = target_machine(&mac.triple()).unwrap();
+        let ir = build_module(&ctx, &tm, &mac, 598).unwrap().print_to_string().to_string();
+        assert!(ir.contains("@llvm.global_ctors = appending global [1 x { i32, void ()*, i8* }] [{ i32, void ()*, i8* } { i32 65535, void ()* @_GLOBAL__sub_I_demo_devc, i8* null }]"), "{ir}");
+        assert!(ir.contains("section \"__TEXT,__StaticInit,regular,pure_instructions\""), "{ir}");
+        assert!(!ir.contains("section \".rodata\""), "{ir}");
+        // Objects are ELF only: the bytes are placed by reading the object back.
+        let dir = tempfile::tempdir().unwrap();
+        let err = write_object(&vec![0u8; 16], &mac, dir.path()).unwrap_err();
+        assert!(matches!(&err, Error::Invalid { what, .. } if what == "target x86_64-apple-darwin"), "{err}");
+    }
+
+    #[test]
+    fn lrodata_is_progbits_and_flagged_large() {
+        use object::elf;
+        let dir = tempfile::tempdir().unwrap();
+        let blob: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let path = write_object_in(&blob, &x86(), dir.path(), Some(".lrodata")).unwrap();
+        let data = std::fs::read(&path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let sec = file.section_by_name(".lrodata").unwrap();
+        let object::SectionFlags::Elf { sh_flags, sh_type } = sec.flags() else { panic!("not ELF") };
+        assert_eq!(sh_type, elf::SHT_PROGBITS);
+        assert_eq!(sh_flags.0, elf::SHF_ALLOC.0 | super::super::SHF_X86_64_LARGE);
+        assert_eq!(sec.kind(), object::SectionKind::ReadOnlyData);
+        assert!(sec.data().unwrap() == blob);
+        // The linkers take it as large data into a shared library.
+        let so = dir.path().join("x.so");
+        let out = std::process::Command::new("cc").arg("-shared").arg("-o").arg(&so).arg(&path).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let data = std::fs::read(&so).unwrap();
+        let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
+        assert!(found.bytes(&data).unwrap() == blob);
+    }
+
+    #[test]
+    fn short_sources_are_errors_and_leave_no_object() {
+        struct Short;
+        impl BlobSource for Short {
+            fn blob_len(&self) -> u64 {
+                64
+            }
+            fn write_blob(&self, out: &mut dyn Write) -> io::Result<()> {
+                out.write_all(&[7; 8])
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let err = write_object(&Short, &x86(), dir.path()).unwrap_err();
+        assert!(err.to_string().contains("wrote 8 bytes but announced 64"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

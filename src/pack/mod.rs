@@ -13,10 +13,20 @@ use std::io::{self, Write};
 
 use mblob_runtime::Layout;
 
-/// Blobs larger than this go into `.lrodata` on x86-64 ELF, as TVM does above 1 GiB. Beyond
-/// 2 GiB a blob in `.rodata` breaks the PC-relative relocations of the C runtime's start files
-/// (see `toolchain-measurements.md`, P3); 1 GiB keeps TVM's objects and ours identical below it.
+/// Blobs larger than this go into `.lrodata` on x86-64 ELF, as TVM does above 1 GiB.
+///
+/// Why this threshold: beyond about 2 GiB a blob in `.rodata` pushes the start files' code and
+/// data apart, and their 32-bit PC-relative relocations no longer fit (`relocation truncated to
+/// fit`, `toolchain-measurements.md` P3); with `.lrodata` the linkers place the blob away from
+/// the small sections and a 2.5 GiB blob links. 1 GiB leaves a margin for the host code's own
+/// `.rodata`, and below it our objects stay byte-identical to TVM's (which use `.rodata` there).
+/// "Always for x86-64" would change every small object for no gain.
 pub const LARGE_DATA_THRESHOLD: u64 = 1 << 30;
+
+/// `SHF_X86_64_LARGE`: the section flag that marks x86-64 large data (`l` in assembler
+/// section flags). GNU gold places sections by this flag rather than by name; LLVM 14 does not
+/// set it on `.lrodata`, so the LLVM packer adds it (the C packer's assembly sets it itself).
+pub const SHF_X86_64_LARGE: u64 = 0x1000_0000;
 
 /// What the packers need to know besides the blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,26 +72,39 @@ impl PackOptions {
         self.target.clone().unwrap_or_else(host_triple)
     }
 
-    /// Whether the triple is x86-64 ELF, where large blobs need `.lrodata`.
-    pub fn is_x86_64_elf(&self) -> bool {
+    /// Whether the target's objects are ELF (anything but Windows and Apple triples).
+    pub fn is_elf(&self) -> bool {
         let t = self.triple();
-        t.starts_with("x86_64") && !t.contains("windows") && !t.contains("darwin") && !t.contains("apple")
+        !["windows", "darwin", "apple", "macos", "ios", "wasm"].iter().any(|os| t.contains(os))
     }
 
-    /// The section for a blob of `len` bytes.
-    pub fn section_for(&self, len: u64) -> &'static str {
-        if len > LARGE_DATA_THRESHOLD && self.is_x86_64_elf() {
-            ".lrodata"
+    /// Whether the triple is x86-64 ELF, where large blobs need `.lrodata`.
+    pub fn is_x86_64_elf(&self) -> bool {
+        self.triple().starts_with("x86_64") && self.is_elf()
+    }
+
+    /// The ELF section for a blob of `len` bytes: `.lrodata` above [`LARGE_DATA_THRESHOLD`] on
+    /// x86-64, `.rodata` otherwise; `None` for targets that are not ELF (the compiler's default
+    /// read-only section is used there).
+    pub fn section_for(&self, len: u64) -> Option<&'static str> {
+        if !self.is_elf() {
+            None
+        } else if len > LARGE_DATA_THRESHOLD && self.is_x86_64_elf() {
+            Some(".lrodata")
         } else {
-            ".rodata"
+            Some(".rodata")
         }
     }
 
-    pub(crate) fn check(&self) -> crate::Result<()> {
-        let ok = !self.prefix.is_empty()
-            && self.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && !self.prefix.as_bytes()[0].is_ascii_digit();
-        if !self.prefix.is_empty() && !ok {
+    /// Checks the options: the prefix must be the start of a C identifier (it becomes part of
+    /// the symbol, of C source text and of file names).
+    ///
+    /// TVM also requires `system_lib` for a non-empty prefix; we do not, since a prefixed
+    /// symbol is useful on its own (several blobs in one static archive).
+    pub fn check(&self) -> crate::Result<()> {
+        let ok = self.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !self.prefix.bytes().next().is_some_and(|b| b.is_ascii_digit());
+        if !ok {
             return Err(crate::Error::Invalid {
                 what: "symbol prefix".into(),
                 detail: format!("`{}` is not a C identifier prefix (letters, digits, `_`)", self.prefix),
@@ -138,4 +161,46 @@ pub enum CStyle {
     /// compiler never parses the bytes, so any size compiles in about the time of a copy.
     #[default]
     Fast,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbols_stems_and_register_functions_follow_the_layout() {
+        let mut o = PackOptions::default();
+        assert_eq!((o.symbol(), o.file_stem()), ("__tvm_dev_mblob".into(), "devc".into()));
+        assert_eq!(o.register_function(), "TVMBackendRegisterSystemLibSymbol");
+        o.prefix = "demo_".into();
+        assert_eq!((o.symbol(), o.file_stem()), ("demo___tvm_dev_mblob".into(), "demo_devc".into()));
+        o.layout = Layout::Classic021;
+        assert_eq!(o.symbol(), "demo___tvm_ffi_library_bin");
+        assert_eq!(o.register_function(), "TVMBackendRegisterSystemLibSymbol");
+        o.layout = Layout::Ffi;
+        assert_eq!(o.symbol(), "demo___tvm_ffi__library_bin");
+        assert_eq!(o.register_function(), "TVMFFIEnvModRegisterSystemLibSymbol");
+    }
+
+    #[test]
+    fn prefixes_must_start_a_c_identifier() {
+        for good in ["", "demo_", "_x", "A9"] {
+            assert!(PackOptions { prefix: good.into(), ..PackOptions::default() }.check().is_ok(), "{good}");
+        }
+        for bad in ["9x", "a-b", "a b", "x\"", "é"] {
+            let err = PackOptions { prefix: bad.into(), ..PackOptions::default() }.check().unwrap_err();
+            assert!(matches!(&err, crate::Error::Invalid { what, .. } if what == "symbol prefix"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn large_blobs_go_to_lrodata_on_x86_64_elf_only() {
+        let on = |t: &str| PackOptions { target: Some(t.into()), ..PackOptions::default() };
+        let big = LARGE_DATA_THRESHOLD + 1;
+        assert_eq!(on("x86_64-unknown-linux-gnu").section_for(big), Some(".lrodata"));
+        assert_eq!(on("x86_64-unknown-linux-gnu").section_for(LARGE_DATA_THRESHOLD), Some(".rodata"));
+        assert_eq!(on("aarch64-unknown-linux-gnu").section_for(big), Some(".rodata"));
+        assert_eq!(on("x86_64-apple-darwin").section_for(big), None);
+        assert_eq!(on("x86_64-pc-windows-msvc").section_for(big), None);
+    }
 }

@@ -9,4 +9,5 @@ mod device;
 mod export;
 mod goldens;
 mod inspect;
+mod pack;
 mod user_kind;

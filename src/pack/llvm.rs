@@ -11,7 +11,9 @@
 //!   initializer of the right size in an explicitly named section (`.rodata`, so it stays
 //!   `PROGBITS` and never becomes `.bss`), which LLVM emits as a fill without holding the
 //!   bytes, then stream the blob into the object at the symbol's file offset. Section, symbol,
-//!   size, alignment and every other byte are what LLVM writes for the real initializer.
+//!   size, alignment and every other byte are what LLVM writes for the real initializer (a
+//!   test compares whole objects). Measured at 512 MiB: 1.0 s and a flat 29 MB peak RSS,
+//!   against 2.9 to 4.2 s and 1.05 GB with the bytes as the initializer.
 //! - **No 4 GiB ceiling.** LLVM 14 takes array lengths as 32 bits (inkwell passes `len as u32`,
 //!   which would silently truncate). A blob of 4 GiB or more becomes a packed struct
 //!   `<{ [K x [2 GiB x i8]], [R x i8] }>`: same bytes, same symbol size.
@@ -490,6 +492,7 @@ mod tests {
         assert!(matches!(&err, Error::Invalid { what, .. } if what == "target x86_64-apple-darwin"), "{err}");
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn lrodata_is_progbits_and_flagged_large() {
         use object::elf;
@@ -511,6 +514,28 @@ mod tests {
         let data = std::fs::read(&so).unwrap();
         let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
         assert!(found.bytes(&data).unwrap() == blob);
+    }
+
+    #[test]
+    fn patched_objects_equal_what_llvm_writes_with_the_real_initializer() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob: Vec<u8> = (0..70_001u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        for target in ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"] {
+            for system_lib in [false, true] {
+                let opts = PackOptions { target: Some(target.into()), system_lib, ..PackOptions::default() };
+                let ours = std::fs::read(write_object(&blob, &opts, dir.path()).unwrap()).unwrap();
+                // TVM's way: the bytes as the initializer, emitted by LLVM.
+                let ctx = Context::create();
+                let tm = target_machine(target).unwrap();
+                let module = build_module(&ctx, &tm, &opts, blob.len() as u64).unwrap();
+                let global = module.get_global(&opts.symbol()).unwrap();
+                global.set_initializer(&ctx.const_string(&blob, false));
+                let theirs_path = dir.path().join("theirs.o");
+                tm.write_to_file(&module, FileType::Object, &theirs_path).unwrap();
+                let theirs = std::fs::read(&theirs_path).unwrap();
+                assert!(ours == theirs, "{target} system_lib={system_lib}: objects differ");
+            }
+        }
     }
 
     #[test]

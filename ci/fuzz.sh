@@ -1,38 +1,71 @@
 #!/usr/bin/env bash
-# Fuzzes the readers with cargo-fuzz (nightly): seeds each target's corpus from the goldens and
-# runs it for SECONDS (default 600) each, two at a time. Prints libFuzzer's final stats.
+# Fuzzes the readers with cargo-fuzz (nightly): installs cargo-fuzz if missing, seeds each
+# target's corpus from the TVM goldens, and runs the targets one after the other for SECONDS
+# each (default 600). Each run's libFuzzer log is fuzz/fuzz-TARGET.log; crash, timeout and oom
+# inputs land in fuzz/artifacts/TARGET/. Exits non-zero when a target found something.
 #   bash ci/fuzz.sh [SECONDS] [TARGET...]
+#   MBLOB_GOLDENS=/path/to/tvm-goldens   (default: ../shared/tvm-goldens beside the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-secs=${1:-600}; shift || true
-targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(blob graph_payload device_payload elf_lookup)
+secs=${1:-600}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup)
 G=${MBLOB_GOLDENS:-$PWD/../../shared/tvm-goldens}
+[ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+
+# Copies FILES into corpus/TARGET, each prefixed with the byte PREFIX (octal, or "" for none).
+add() { # target prefix files...
+  local c=corpus/$1 prefix=$2; shift 2
+  mkdir -p "$c"
+  for f in "$@"; do
+    local name
+    name=$(echo "${f#"$G"/}" | tr / _)
+    { [ -z "$prefix" ] || printf "\\$prefix"; cat "$f"; } > "$c/seed-$name"
+  done
+}
+
+# Layout of a golden by its directory: 0.19 and unversioned dirs are classic.
+blobs() { # grep arguments
+  find "$G" -name '*.blob' | sort | grep -E "$@"
+}
+
 seed() { # target
-  local c=corpus/$1; mkdir -p "$c"
   case $1 in
-    blob)
-      for f in "$G"/*.blob "$G"/device/*.blob "$G"/other_versions/tvm-0.19.0/*.blob; do { printf '\x00'; cat "$f"; } > "$c/classic-$(basename "$f")"; done
-      for f in "$G"/other_versions/tvm-0.21.0/*.blob "$G"/device/tvm-0.21.0/*.blob; do { printf '\x01'; cat "$f"; } > "$c/v021-$(basename "$f")"; done
-      for f in "$G"/other_versions/tvm-0.27.0.post1/*.blob "$G"/device/tvm-0.27.0.post1/*.blob; do { printf '\x02'; cat "$f"; } > "$c/ffi-$(basename "$f")"; done ;;
-    graph_payload) tail -c +45 "$G/graph_dense_relu.blob" | head -c 1603 > "$c/graph_dense_relu" ;;
+    blob_classic) mapfile -t f < <(blobs -v 'tvm-0\.2[17]'); add "$1" "" "${f[@]}" ;;
+    blob_classic_021) mapfile -t f < <(blobs 'tvm-0\.21\.0'); add "$1" "" "${f[@]}" ;;
+    blob_ffi) mapfile -t f < <(blobs 'tvm-0\.27\.0'); add "$1" "" "${f[@]}" ;;
+    graph_payload)
+      # The GraphExecutorFactory payload of graph_dense_relu.blob: bytes 44 to 44 + 1603.
+      mkdir -p "corpus/$1"
+      tail -c +45 "$G/graph_dense_relu.blob" | head -c 1603 > "corpus/$1/seed-graph_dense_relu" ;;
     device_payload)
-      for f in "$G"/device/*.payload*.bin; do { printf '\x00'; cat "$f"; } > "$c/019-$(basename "$f")"; done
-      for f in "$G"/device/tvm-0.21.0/*.payload*.bin; do { printf '\x01'; cat "$f"; } > "$c/021-$(basename "$f")"; done
-      for f in "$G"/device/tvm-0.27.0.post1/*.payload*.bin; do { printf '\x02'; cat "$f"; } > "$c/027-$(basename "$f")"; done ;;
-    elf_lookup) for f in "$G"/*.so "$G"/*.devc.o "$G"/device/*.so; do cp "$f" "$c/"; done ;;
+      # First byte: layout index (0 classic, 1 classic-0.21, 2 ffi) + 3 * key index
+      # (cuda, opencl, metal, webgpu, vulkan), as the target decodes it.
+      while IFS= read -r f; do
+        case $f in */tvm-0.21.0/*) l=1 ;; */tvm-0.27.0*) l=2 ;; *) l=0 ;; esac
+        case $f in *.cuda.bin) k=0 ;; *.opencl.bin) k=1 ;; *.metal.bin) k=2 ;; *.webgpu.bin) k=3 ;; *) k=4 ;; esac
+        add "$1" "$(printf '%03o' $((l + 3 * k)))" "$f"
+      done < <(find "$G/device" -name '*.payload*.bin' | sort) ;;
+    elf_lookup) mapfile -t f < <(find "$G" -name '*.so' -o -name '*.devc.o' | sort); add "$1" "" "${f[@]}" ;;
+    *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }
+
 for t in "${targets[@]}"; do seed "$t"; done
 cargo +nightly fuzz build -O
-run() {
-  cargo +nightly fuzz run -O "$1" "corpus/$1" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 \
-    -max_len=65536 -print_final_stats=1 > "fuzz-$1.log" 2>&1 || echo "$1: FAILED (see fuzz/fuzz-$1.log)"
-  echo "== $1"; grep -E "stat::|Done|SUMMARY|crash-|timeout-" "fuzz-$1.log" || true
-}
-i=0
+
+status=0
 for t in "${targets[@]}"; do
-  run "$t" &
-  i=$((i + 1)); if [ $((i % 2)) -eq 0 ]; then wait; fi
+  mkdir -p "artifacts/$t"
+  # -max_len: the .so seeds are up to 40 KB. -timeout: one input taking 10 s is a hang.
+  if ! cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 \
+      -timeout=10 -max_len=65536 -print_final_stats=1 > "fuzz-$t.log" 2>&1; then
+    status=1
+    echo "$t: FOUND SOMETHING (see fuzz/fuzz-$t.log and fuzz/artifacts/$t/)"
+  fi
+  echo "== $t"
+  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb|slowest_unit_time_sec)|^Done|SUMMARY|Test unit written" "fuzz-$t.log" || true
 done
-wait
+exit $status

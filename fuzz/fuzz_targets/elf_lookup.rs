@@ -1,20 +1,26 @@
-//! The ELF symbol lookup of `inspect`, then the blob it finds parsed as `inspect` does.
+//! The ELF symbol lookup of `inspect` (`find_blob`), then the blob it finds parsed as `inspect`
+//! parses it (opaque unknown keys) and every module payload decoded by its loader.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use mblob_fuzz::{bounded, READ_FACTOR};
 use mblob_runtime::elf::find_blob;
-use mblob_runtime::format::{parse_blob, UnknownKeys};
-use mblob_runtime::Registry;
-
-#[path = "alloc_bound.rs"]
-mod alloc_bound;
-#[global_allocator]
-static A: alloc_bound::Counting = alloc_bound::Counting;
+use mblob_runtime::format::{parse_blob, EntryKind, UnknownKeys};
+use mblob_runtime::{Bytes, Registry};
 
 fuzz_target!(|data: &[u8]| {
-    alloc_bound::bounded(data.len(), || {
-        if let Ok(Some(found)) = find_blob(data, None) {
-            if let Some(blob) = found.bytes(data) {
-                let _ = parse_blob(blob, found.layout, &Registry::default(), UnknownKeys::KeepOpaque);
+    let registry = Registry::default();
+    let owned = Bytes::from_vec(data.to_vec());
+    let data: &[u8] = &owned;
+    bounded(data.len(), READ_FACTOR, "find_blob + parse_blob + loaders", || {
+        let Ok(Some(found)) = find_blob(data, None) else { return };
+        let blob = found.bytes(data).expect("find_blob checked the symbol lies in the file");
+        let Ok(parsed) = parse_blob(blob, found.layout, &registry, UnknownKeys::KeepOpaque) else { return };
+        for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
+            if let Some(loader) = registry.get(e.type_key) {
+                let payload = owned.slice_ref(e.payload).expect("the payload lies in the input");
+                if let Err(err) = loader.load(payload, parsed.layout) {
+                    let _ = err.to_string();
+                }
             }
         }
     });

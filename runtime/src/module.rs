@@ -155,18 +155,33 @@ impl LoadedTree {
         self.modules.iter().map(|m| m.module.type_key()).collect()
     }
 
+    /// Levels of imports [`LoadedTree::shape`] expands (TVM's trees are a few levels deep; a
+    /// blob can chain every module to the next).
+    pub const MAX_SHAPE_DEPTH: usize = 256;
+
     /// The tree as nested `(type_key, imports)`, for comparing with a description.
+    ///
+    /// A module imported by several parents appears under each of them, so a blob of `n`
+    /// modules whose imports share children could expand to `2^n` nodes. The expansion stops
+    /// (later nodes are shown without their imports) at as many nodes as the tree has modules
+    /// and import edges plus 4096, which a tree without shared modules never reaches. Nodes
+    /// deeper than [`LoadedTree::MAX_SHAPE_DEPTH`] are shown without their imports too (the
+    /// walk, the drawing and the drop recurse once per level).
     pub fn shape(&self) -> TreeShape {
-        fn walk(t: &LoadedTree, i: usize, depth: usize) -> TreeShape {
+        fn walk(t: &LoadedTree, i: usize, depth: usize, budget: &mut usize) -> TreeShape {
             let m = &t.modules[i];
-            let imports = if depth > t.modules.len() {
-                Vec::new()
+            // A node lists all of its imports or, once the budget cannot hold them, none.
+            let imports = if depth < LoadedTree::MAX_SHAPE_DEPTH && *budget >= m.imports.len() {
+                *budget -= m.imports.len();
+                m.imports.iter().map(|&c| walk(t, c, depth + 1, budget)).collect()
             } else {
-                m.imports.iter().map(|&c| walk(t, c, depth + 1)).collect()
+                Vec::new()
             };
             TreeShape { type_key: m.module.type_key().to_owned(), imports }
         }
-        walk(self, 0, 0)
+        let edges: usize = self.modules.iter().map(|m| m.imports.len()).sum();
+        let mut budget = self.modules.len().saturating_add(edges).saturating_add(1 << 12);
+        walk(self, 0, 0, &mut budget)
     }
 
     /// The tree drawn with one module per line.

@@ -13,8 +13,8 @@
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use mblob_runtime::format::{parse_blob, UnknownKeys};
-use mblob_runtime::{load_blob, Bytes, Layout, LoadOptions, Registry};
+use mblob_runtime::format::{parse_blob, ParsedBlob, UnknownKeys};
+use mblob_runtime::{load_blob, Bytes, FormatError, Layout, LoadOptions, Registry};
 
 /// Fixed allowance on top of the proportional bound.
 pub const SLACK: usize = 64 << 10;
@@ -65,27 +65,64 @@ pub fn bounded<R>(n: usize, factor: usize, what: &str, f: impl FnOnce() -> R) ->
     out
 }
 
+/// Checks what a successful parse claims against the input: the entries tile the body in
+/// order (each key's length field follows the previous payload, the last payload ends the
+/// body), every payload is the input's bytes at its offset, and every key is the string
+/// stored at its offset.
+pub fn check_parsed(data: &[u8], parsed: &ParsedBlob<'_>) {
+    let end = 8 + parsed.nbytes;
+    assert_eq!(end, data.len() as u64, "the blob does not end where the header says");
+    let mut prev_end: Option<u64> = None;
+    for e in &parsed.entries {
+        if let Some(prev) = prev_end {
+            assert_eq!(e.key_offset, prev, "entry at {} does not follow the previous payload", e.key_offset);
+        }
+        let key_at = usize::try_from(e.key_offset).expect("offset fits");
+        let key_len = data.get(key_at..key_at + 8).expect("key length inside the input");
+        assert_eq!(u64::from_le_bytes(key_len.try_into().expect("8 bytes")), e.type_key.len() as u64);
+        assert_eq!(data.get(key_at + 8..key_at + 8 + e.type_key.len()), Some(e.type_key.as_bytes()));
+        let at = usize::try_from(e.payload_offset).expect("offset fits");
+        let stored = data.get(at..at + e.payload.len()).expect("payload inside the input");
+        assert!(e.payload.is_empty() || stored.as_ptr() == e.payload.as_ptr(), "payload does not lie at its offset");
+        prev_end = Some(e.payload_offset + e.payload.len() as u64);
+    }
+    if let Some(prev) = prev_end {
+        assert_eq!(prev, end, "the last entry does not end the body");
+    }
+}
+
+/// A typed error must point into the input and format.
+pub fn check_error(n: usize, e: &FormatError) {
+    assert!(e.offset <= n as u64, "error offset {} past the input's {n} bytes: {e}", e.offset);
+    drop(e.to_string());
+}
+
 /// The blob target of one layout: strict and opaque parsing and loading, each under the bound,
-/// and the errors formatted (as `inspect` prints them).
+/// each result checked against the input, and the loaded tree drawn.
 pub fn blob(data: &[u8], layout: Layout) {
     let registry = Registry::default();
     let owned = Bytes::from_vec(data.to_vec());
     let n = data.len();
-    let strict = bounded(n, READ_FACTOR, "parse_blob(Error)", || {
-        parse_blob(data, layout, &registry, UnknownKeys::Error).map_err(|e| e.to_string())
-    });
-    let opaque = bounded(n, READ_FACTOR, "parse_blob(KeepOpaque)", || {
-        parse_blob(data, layout, &registry, UnknownKeys::KeepOpaque).map_err(|e| e.to_string())
-    });
-    // (No check that `strict` and `opaque` agree: in a legacy blob whose entries have no
-    // length, the opaque search may split the bytes differently once unknown keys are allowed.)
-    let _ = strict;
-    let loaded = bounded(n, LOAD_FACTOR, "load_blob", || {
-        load_blob(&owned, layout, &registry, &LoadOptions::keep_unknown()).map(|t| t.type_keys().len())
-    });
-    if let Err(e) = &loaded {
-        let _ = e.to_string();
+    let mut opaque_ok = false;
+    for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
+        // (The two need not agree: in a legacy blob, whose entries carry no length, the opaque
+        // search may split the bytes differently once unknown keys are allowed.)
+        let what = if unknown == UnknownKeys::Error { "parse_blob(Error)" } else { "parse_blob(KeepOpaque)" };
+        let parsed = bounded(n, READ_FACTOR, what, || parse_blob(data, layout, &registry, unknown));
+        match &parsed {
+            Ok(p) => check_parsed(data, p),
+            Err(e) => check_error(n, e),
+        }
+        opaque_ok = parsed.is_ok();
+    }
+    let loaded =
+        bounded(n, LOAD_FACTOR, "load_blob", || load_blob(&owned, layout, &registry, &LoadOptions::keep_unknown()));
+    match &loaded {
+        // Drawn as `inspect --load` and `demo` draw it; not under the bound, since the drawing
+        // indents each line by its depth, but it must neither hang nor exhaust memory.
+        Ok(tree) => drop(tree.render()),
+        Err(e) => drop(e.to_string()),
     }
     // Loading parses with the opaque reader first: it cannot succeed where that failed.
-    assert!(loaded.is_err() || opaque.is_ok(), "load_blob accepted what parse_blob refused: {opaque:?}");
+    assert!(loaded.is_err() || opaque_ok, "load_blob accepted what parse_blob refused");
 }

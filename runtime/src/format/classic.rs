@@ -27,12 +27,21 @@ const MAX_OPAQUE_DEPTH: u32 = 32;
 const MAX_OPAQUE_TRIES: u32 = 4096;
 /// Longest type key the opaque search accepts as the start of the next entry.
 const MAX_KEY_LEN: u64 = 128;
+/// Positions the opaque search may look at in one pass: this many per byte of the body, plus
+/// [`SCAN_SLACK`]. Each nested search walks back over the later payloads, so a blob of `k`
+/// opaque payloads needs about `k / 2` per byte; without a cap, a body whose candidate ends
+/// all lie before a long tail had every try walk the whole tail again (seconds per MiB).
+const SCAN_PER_BYTE: u64 = MAX_OPAQUE_DEPTH as u64;
+const SCAN_SLACK: u64 = 1 << 16;
 
 struct Ctx<'s> {
     layout: Layout,
     sizer: &'s dyn PayloadSizer,
     unknown: UnknownKeys,
     tries: Cell<u32>,
+    /// Positions looked at by the opaque search in this pass, and the most it may look at.
+    scanned: Cell<u64>,
+    max_scan: u64,
     /// First pass of the opaque search: the next entry must start with a key the reader
     /// knows (`_lib`, `_import_tree`, a registered kind), and an opaque payload may not simply
     /// run to the end. Payloads hold many strings that look like keys (a VM executable's
@@ -52,12 +61,14 @@ pub fn parse_body<'a>(
 ) -> Result<Parsed<'a>, FormatError> {
     let mut r = Reader::new(body, base);
     let count = r.read_count("count", 8)? as u64;
-    let mut ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0), strict: true };
+    let max_scan = (body.len() as u64).saturating_mul(SCAN_PER_BYTE).saturating_add(SCAN_SLACK);
+    let mut ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0), scanned: Cell::new(0), max_scan, strict: true };
     let mut entries = Vec::new();
     let tree = match parse_entries(&ctx, r.clone(), count, &mut entries, 0) {
         Err(FormatError { kind: FormatErrorKind::OpaqueEnd { .. }, .. }) => {
             ctx.strict = false;
             ctx.tries.set(0);
+            ctx.scanned.set(0);
             entries.clear();
             parse_entries(&ctx, r, count, &mut entries, 0)?
         }
@@ -170,6 +181,11 @@ fn parse_opaque<'a>(
     // never read (loading stays zero-copy and flat in payload size). Payload bytes that look
     // like an entry are also less likely near the end of the body than inside the payload.
     for end in (0..rest.len()).rev() {
+        let scanned = ctx.scanned.get() + 1;
+        ctx.scanned.set(scanned);
+        if scanned > ctx.max_scan {
+            return Err(fail("the search for its end looked at too many positions"));
+        }
         let Some(candidate) = rest.get(end..) else { break };
         match key_at(candidate) {
             Some(k) if !ctx.strict || k == LIB_KEY || k == IMPORT_TREE_KEY || ctx.sizer.is_known(k) => {}

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
-use mblob_runtime::{elf, Bytes, Layout, LoadOptions, Registry, TreeShape};
+use mblob_runtime::{elf, Bytes, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -230,7 +230,7 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
         }
         report.modules.push(Value::Object(m));
     }
-    report.tree = Some(tree_value(parsed, 0, 0));
+    report.tree = Some(tree_value(parsed));
 }
 
 /// Adds what is known about a payload kind (decoded with its loader, which runs no code).
@@ -276,22 +276,36 @@ fn describe_device(m: &mut Map<String, Value>, any: &dyn std::any::Any) {
     }
 }
 
-fn tree_value(parsed: &ParsedBlob<'_>, index: usize, depth: usize) -> Value {
-    let modules: Vec<_> = parsed.modules().collect();
-    let key = modules.get(index).map(|e| e.type_key).unwrap_or("?");
-    let imports: Vec<Value> = match &parsed.import_tree {
-        Some(t) if depth <= modules.len() => {
-            t.children(index).iter().map(|&c| tree_value(parsed, c as usize, depth + 1)).collect()
-        }
-        Some(_) => vec![],
-        // Legacy: the library imports every module.
-        None if depth == 0 => {
-            return json!({"index": null, "type_key": "library", "imports":
-                (0..modules.len()).map(|i| json!({"index": i, "type_key": modules[i].type_key, "imports": []})).collect::<Vec<_>>()});
-        }
-        None => vec![],
-    };
-    json!({"index": index, "type_key": key, "imports": imports})
+/// The import tree as nested JSON. Bounded as [`mblob_runtime::LoadedTree::shape`] is: a
+/// module imported by several parents appears under each, so the expansion stops (nodes keep
+/// no imports) at as many nodes as there are modules and edges plus 4096, and below
+/// `LoadedTree::MAX_SHAPE_DEPTH` levels; without that, a 4 KB blob of shared imports hung.
+fn tree_value(parsed: &ParsedBlob<'_>) -> Value {
+    fn walk(parsed: &ParsedBlob<'_>, modules: &[&str], index: usize, depth: usize, budget: &mut usize) -> Value {
+        let key = modules.get(index).copied().unwrap_or("?");
+        let imports: Vec<Value> = match &parsed.import_tree {
+            Some(t) => {
+                let children = t.children(index);
+                if depth < LoadedTree::MAX_SHAPE_DEPTH && *budget >= children.len() {
+                    *budget -= children.len();
+                    children.iter().map(|&c| walk(parsed, modules, c as usize, depth + 1, budget)).collect()
+                } else {
+                    vec![]
+                }
+            }
+            // Legacy: the library imports every module.
+            None if depth == 0 => {
+                return json!({"index": null, "type_key": "library", "imports":
+                    modules.iter().enumerate().map(|(i, k)| json!({"index": i, "type_key": k, "imports": []})).collect::<Vec<_>>()});
+            }
+            None => vec![],
+        };
+        json!({"index": index, "type_key": key, "imports": imports})
+    }
+    let modules: Vec<&str> = parsed.modules().map(|e| e.type_key).collect();
+    let edges = parsed.import_tree.as_ref().map_or(0, |t| t.child_indices.len());
+    let mut budget = modules.len().saturating_add(edges).saturating_add(1 << 12);
+    walk(parsed, &modules, 0, 0, &mut budget)
 }
 
 #[allow(unsafe_code)]

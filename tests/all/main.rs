@@ -7,6 +7,7 @@ mod corrupt;
 mod custom_kind;
 mod device;
 mod export;
+mod fuzz_inspect;
 mod goldens;
 mod inspect;
 mod pack;

@@ -198,7 +198,9 @@ impl GraphExecutorFactory {
                 },
             ));
         }
-        let mut params = Vec::with_capacity(n);
+        // A tensor takes at least 40 bytes (magic, reserved, device, ndim, dtype, data size):
+        // reserve no more than the rest of the input could hold.
+        let mut params = Vec::with_capacity(n.min(r.remaining() / 40));
         for name in names {
             params.push((name, Tensor::read_with(&mut r, data)?));
         }

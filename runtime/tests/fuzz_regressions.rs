@@ -341,3 +341,29 @@ fn deep_chain_shape_stops_at_max_depth() {
     assert_eq!(depth, LoadedTree::MAX_SHAPE_DEPTH);
     assert_eq!(tree.render().lines().count(), depth + 1);
 }
+
+/// Found by review against the `graph_payload` bound: a GraphExecutorFactory payload of
+/// `n` empty parameter names and no tensors reserved room for `n` parameters (96 bytes each)
+/// before reading the first tensor, 15 bytes per input byte. The reservation is now capped by
+/// the smallest tensor (40 bytes), which leaves the names (24 bytes per 8) as the peak.
+#[test]
+fn graph_param_names_without_tensors_reserve_little() {
+    use mblob_runtime::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY};
+    let count = 20_000u64;
+    let mut p = Vec::new();
+    push_str(&mut p, b"");
+    p.extend_from_slice(&u64le(count));
+    p.extend_from_slice(&u64le(count));
+    for _ in 0..count {
+        push_str(&mut p, b"");
+    }
+    let n = p.len();
+    let owned = Bytes::from_vec(p.clone());
+    let (read, peak) = peak_during(|| GraphExecutorFactory::read(&owned, 0, GRAPH_EXECUTOR_FACTORY).map(drop));
+    let (measured, measure_peak) = peak_during(|| GraphExecutorFactory::measure(&p, 0).map(drop));
+    for (err, peak) in [(read.expect_err("no tensors"), peak), (measured.expect_err("no tensors"), measure_peak)] {
+        assert_eq!(err.offset, n as u64);
+        assert!(matches!(err.kind, FormatErrorKind::Truncated { what: "tensor magic", .. }), "{err}");
+        assert!(peak <= 4 * n, "{peak} bytes held for {n}");
+    }
+}

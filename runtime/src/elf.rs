@@ -73,10 +73,12 @@ pub fn find_blob(data: &[u8], prefix: Option<&str>) -> Result<Option<ElfBlob>, S
                     "symbol `{name}` claims {size} bytes but only {room} remain in section {section_name}"
                 ));
             }
-            let file_offset = sec_off + within;
-            if file_offset.checked_add(size).is_none_or(|end| end > data.len() as u64) {
+            let file_offset = sec_off.checked_add(within);
+            let Some(file_offset) =
+                file_offset.filter(|o| o.checked_add(size).is_some_and(|end| end <= data.len() as u64))
+            else {
                 return Err(format!("symbol `{name}` lies past the end of the file"));
-            }
+            };
             found.push(ElfBlob {
                 symbol: name.to_owned(),
                 layout,

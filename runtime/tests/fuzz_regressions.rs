@@ -417,3 +417,40 @@ fn device_function_maps_stay_within_the_fuzz_bound() {
         }
     }
 }
+
+/// The TVM goldens: `../shared/tvm-goldens` beside the repository, or `MBLOB_GOLDENS`.
+fn goldens() -> std::path::PathBuf {
+    std::env::var_os("MBLOB_GOLDENS")
+        .map(Into::into)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tvm-goldens"))
+}
+
+fn le_u64(data: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn le_u16(data: &[u8], at: usize) -> usize {
+    usize::from(u16::from_le_bytes(data[at..at + 2].try_into().expect("2 bytes")))
+}
+
+/// Found by review of `find_blob` while fuzzing `elf_lookup` (the fuzz build had overflow
+/// checks off at first): a section header whose file offset is near `u64::MAX` made the
+/// symbol's file offset overflow, a panic in debug builds and a wrapped offset into unrelated
+/// bytes in release builds. It is now the typed "past the end of the file" error.
+#[test]
+fn elf_section_offset_near_u64_max_is_refused() {
+    let mut data = std::fs::read(goldens().join("graph_dense_relu.so")).expect("golden .so");
+    let found = mblob_runtime::elf::find_blob(&data, None).expect("reads").expect("has a blob");
+    // The section header that holds the blob: patch its sh_offset.
+    let (shoff, shentsize, shnum) = (le_u64(&data, 0x28) as usize, le_u16(&data, 0x3a), le_u16(&data, 0x3c));
+    let header = (0..shnum)
+        .map(|i| shoff + i * shentsize)
+        .find(|&h| {
+            let (off, size) = (le_u64(&data, h + 0x18), le_u64(&data, h + 0x20));
+            le_u16(&data, h + 4) != 8 && off <= found.file_offset && found.file_offset < off + size
+        })
+        .expect("the blob's section");
+    data[header + 0x18..header + 0x20].copy_from_slice(&u64le(0xFFFF_FFFF_FFFF_FF00));
+    let err = mblob_runtime::elf::find_blob(&data, None).expect_err("the section lies outside the file");
+    assert!(err.contains("lies past the end of the file"), "{err}");
+}

@@ -54,13 +54,14 @@ seed() { # target
 }
 
 for t in "${targets[@]}"; do seed "$t"; done
-cargo +nightly fuzz build -O
+# Default build: optimised, with debug assertions and overflow checks (`-O` would drop them).
+cargo +nightly fuzz build
 
 status=0
 for t in "${targets[@]}"; do
   mkdir -p "artifacts/$t"
   # -max_len: the .so seeds are up to 40 KB. -timeout: one input taking 10 s is a hang.
-  if ! cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 \
+  if ! cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 \
       -timeout=10 -max_len=65536 -print_final_stats=1 > "fuzz-$t.log" 2>&1; then
     status=1
     echo "$t: FOUND SOMETHING (see fuzz/fuzz-$t.log and fuzz/artifacts/$t/)"

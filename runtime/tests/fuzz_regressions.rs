@@ -8,6 +8,9 @@ use std::cell::Cell;
 use mblob_runtime::format::{parse_blob, UnknownKeys};
 use mblob_runtime::{load_blob, Bytes, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry};
 
+mod support;
+use support::blobs::{blob, ffi_chain, ffi_dense_dag, push_str, u64le};
+
 /// Counts the live bytes each thread allocated, and their peak (tests run on several threads).
 struct Counting;
 
@@ -47,22 +50,6 @@ fn peak_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
     PEAK.with(|p| p.set(base));
     let out = f();
     (out, PEAK.with(Cell::get) - base)
-}
-
-fn u64le(v: u64) -> [u8; 8] {
-    v.to_le_bytes()
-}
-
-fn push_str(out: &mut Vec<u8>, s: &[u8]) {
-    out.extend_from_slice(&u64le(s.len() as u64));
-    out.extend_from_slice(s);
-}
-
-/// Header + body.
-fn blob(body: Vec<u8>) -> Vec<u8> {
-    let mut out = u64le(body.len() as u64).to_vec();
-    out.extend(body);
-    out
 }
 
 /// A minimal `fmt, fmap, data` device payload: empty format, no kernels, no data.
@@ -256,28 +243,6 @@ fn opaque_search_cap_leaves_room_for_real_blobs() {
     }
 }
 
-/// A tvm-ffi blob of `m` modules (`_lib` first, then `m - 1` modules of `key` with empty
-/// payloads) where module `i` imports every module after it: a DAG with `m (m - 1) / 2` edges
-/// whose paths from the root number `2^(m - 1)`.
-fn ffi_dense_dag(m: usize, key: &[u8]) -> Vec<u8> {
-    let mut row_ptr = vec![0u64];
-    let mut children = Vec::new();
-    for i in 0..m {
-        children.extend((i + 1..m).map(|c| c as u64));
-        row_ptr.push(children.len() as u64);
-    }
-    let mut body = u64le(row_ptr.len() as u64).to_vec();
-    row_ptr.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    body.extend_from_slice(&u64le(children.len() as u64));
-    children.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    push_str(&mut body, b"_lib");
-    for _ in 1..m {
-        push_str(&mut body, key);
-        push_str(&mut body, b"");
-    }
-    blob(body)
-}
-
 /// Found by review of what the fuzz targets call: a 7 KB blob whose 40 modules each import
 /// every later one made `LoadedTree::shape` (and `render`, used by `inspect --load` and
 /// `demo`) expand 2^39 paths and abort on allocation failure.
@@ -311,25 +276,13 @@ fn dag_shape_is_bounded() {
 #[test]
 fn deep_chain_shape_stops_at_max_depth() {
     let m = 5000;
-    let mut row_ptr = vec![0u64];
-    let mut children = Vec::new();
-    for i in 0..m {
-        if i + 1 < m {
-            children.push(i as u64 + 1);
-        }
-        row_ptr.push(children.len() as u64);
-    }
-    let mut body = u64le(row_ptr.len() as u64).to_vec();
-    row_ptr.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    body.extend_from_slice(&u64le(children.len() as u64));
-    children.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    push_str(&mut body, b"_lib");
-    for _ in 1..m {
-        push_str(&mut body, b"x");
-        push_str(&mut body, b"");
-    }
-    let tree = load_blob(&Bytes::from_vec(blob(body)), Layout::Ffi, &Registry::default(), &LoadOptions::keep_unknown())
-        .expect("a chain loads");
+    let tree = load_blob(
+        &Bytes::from_vec(ffi_chain(m, b"x")),
+        Layout::Ffi,
+        &Registry::default(),
+        &LoadOptions::keep_unknown(),
+    )
+    .expect("a chain loads");
     assert_eq!(tree.modules().len(), m);
     let shape = tree.shape();
     let mut depth = 0;

@@ -6,37 +6,9 @@ use mblob::cli::inspect::inspect_bytes;
 use mblob_runtime::{Bytes, Layout, LoadedTree};
 use serde_json::Value;
 
-fn u64le(v: u64) -> [u8; 8] {
-    v.to_le_bytes()
-}
-
-fn push_str(out: &mut Vec<u8>, s: &[u8]) {
-    out.extend_from_slice(&u64le(s.len() as u64));
-    out.extend_from_slice(s);
-}
-
-/// A tvm-ffi blob of `m` modules, `_lib` and then `x` kinds with empty payloads, where each
-/// module imports every later one: `m (m - 1) / 2` edges and `2^(m - 1)` paths from the root.
-fn dense_dag(m: usize) -> Vec<u8> {
-    let mut row_ptr = vec![0u64];
-    let mut children = Vec::new();
-    for i in 0..m {
-        children.extend((i + 1..m).map(|c| c as u64));
-        row_ptr.push(children.len() as u64);
-    }
-    let mut body = u64le(row_ptr.len() as u64).to_vec();
-    row_ptr.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    body.extend_from_slice(&u64le(children.len() as u64));
-    children.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    push_str(&mut body, b"_lib");
-    for _ in 1..m {
-        push_str(&mut body, b"x");
-        push_str(&mut body, b"");
-    }
-    let mut blob = u64le(body.len() as u64).to_vec();
-    blob.extend(body);
-    blob
-}
+#[path = "../../runtime/tests/support/blobs.rs"]
+mod blobs;
+use blobs::{ffi_chain, ffi_dense_dag};
 
 fn nodes(v: &Value) -> usize {
     1 + v["imports"].as_array().map_or(0, |a| a.iter().map(nodes).sum())
@@ -51,7 +23,7 @@ fn depth(v: &Value) -> usize {
 /// node it expands lists all of its imports.
 #[test]
 fn inspect_bounds_the_tree_of_shared_imports() {
-    let data = dense_dag(30);
+    let data = ffi_dense_dag(30, b"x");
     assert!(data.len() < 5000);
     let report =
         inspect_bytes(&Bytes::from_vec(data), Path::new("dag.blob"), Some(Layout::Ffi), None).expect("inspect");
@@ -67,25 +39,7 @@ fn inspect_bounds_the_tree_of_shared_imports() {
 #[test]
 fn inspect_bounds_the_depth_of_a_chain() {
     let m = 3000;
-    let mut row_ptr = vec![0u64];
-    let mut children = Vec::new();
-    for i in 0..m {
-        if i + 1 < m {
-            children.push(i as u64 + 1);
-        }
-        row_ptr.push(children.len() as u64);
-    }
-    let mut body = u64le(row_ptr.len() as u64).to_vec();
-    row_ptr.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    body.extend_from_slice(&u64le(children.len() as u64));
-    children.iter().for_each(|v| body.extend_from_slice(&u64le(*v)));
-    push_str(&mut body, b"_lib");
-    for _ in 1..m {
-        push_str(&mut body, b"x");
-        push_str(&mut body, b"");
-    }
-    let mut data = u64le(body.len() as u64).to_vec();
-    data.extend(body);
+    let data = ffi_chain(m, b"x");
     let report =
         inspect_bytes(&Bytes::from_vec(data), Path::new("chain.blob"), Some(Layout::Ffi), None).expect("inspect");
     let tree = report.tree.as_ref().expect("a tree");

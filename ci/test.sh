@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command of README.md: sets up the machine, then checks formatting and lints and
-# runs every test, with the default features (LLVM, CUDA through cudarc) and without any.
+# The test command of README.md: sets up the machine, then checks formatting, lints and API
+# docs and runs every test, with the default features (LLVM, CUDA through cudarc) and without any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
@@ -8,5 +8,8 @@ export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+# The API docs: no broken or private links, with and without the optional features.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-features
 cargo test --workspace
 cargo test --workspace --no-default-features

@@ -30,7 +30,7 @@
 //! ```
 //!
 //! Parts:
-//! - [`format`]: the byte layouts ([`format::stream`], [`format::classic`], [`format::ffi`]).
+//! - [`format`](mod@format): the byte layouts ([`format::stream`], [`format::classic`], [`format::ffi`]).
 //! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's numbering of it.
 //! - [`payload`]: payload kinds ([`payload::graph`], [`payload::device`], [`payload::Opaque`]).
 //! - [`registry`]: loaders keyed by type key.

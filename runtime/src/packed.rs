@@ -6,7 +6,7 @@
 //! tensors passed as `DLTensor*` with type code 7. It reports errors through the function
 //! pointer stored in the library's data symbol `__TVMAPISetLastError`, and may call the other
 //! `__TVMBackend*` pointers; TVM's loader fills them when it opens the library, and so does
-//! [`install_context`]. mblob is not a TVM runtime: the functions it installs cover errors,
+//! `install_context`. mblob is not a TVM runtime: the functions it installs cover errors,
 //! workspace memory and parallel loops (run on the calling thread); calls back into TVM
 //! (`TVMFuncCall`, `TVMBackendGetFuncFromEnv`) fail with an error message.
 //!

@@ -1,9 +1,9 @@
 //! Packers: put a serialized blob into an object file under its blob symbol.
 //!
-//! Two routes, one per file: [`llvm`] (feature `llvm`, the default) emits the object with
-//! LLVM 14 through inkwell, as TVM's `PackImportsToLLVM` does; [`c`] generates C source (TVM's
-//! own text, or a fast form that the compiler does not parse byte by byte) and compiles it with
-//! the system compiler, as TVM's `PackImportsToC` does.
+//! Two routes, one per file: `llvm` (feature `llvm`, the default; absent without it) emits the
+//! object with LLVM 14 through inkwell, as TVM's `PackImportsToLLVM` does; [`c`] generates C
+//! source (TVM's own text, or a fast form that the compiler does not parse byte by byte) and
+//! compiles it with the system compiler, as TVM's `PackImportsToC` does.
 
 pub mod c;
 #[cfg(feature = "llvm")]

@@ -8,7 +8,7 @@
 //!
 //! The reader is defensive: every length and index is checked against what remains, no count
 //! allocates more than the input could fill, and each failure is a
-//! [`FormatError`](crate::FormatError) with its byte offset.
+//! [`FormatError`] with its byte offset.
 
 pub mod classic;
 pub mod ffi;

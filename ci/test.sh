@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md: sets up the machine, then checks formatting, lints and API
-# docs and runs every test, with the default features (LLVM, CUDA through cudarc) and without any.
+# docs and runs every test, with the default features (LLVM, CUDA through cudarc) and without
+# any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh

@@ -165,6 +165,17 @@ pub struct NotSaveable {
 }
 
 impl ModuleTree {
+    /// Adds a module that a [`crate::Loader`] built, as a payload that saves itself in whatever
+    /// layout the tree is written in (a device module read from a TVM 0.19 payload is written
+    /// with TVM 0.21's extra tags in [`crate::Layout::Classic021`], say). Fails with the type key
+    /// when the module cannot be saved ([`crate::Module::as_payload`] is `None`).
+    pub fn add_loaded(&mut self, module: Arc<dyn crate::Module>) -> Result<ModuleId, String> {
+        if module.as_payload().is_none() {
+            return Err(module.type_key().to_owned());
+        }
+        Ok(self.add_payload(LoadedPayload(module)))
+    }
+
     /// The module tree of a loaded tree, for packing it again: the library module becomes a
     /// DSO part with type key `dso_type_key` (it stands for the host objects the new export
     /// links), every other module must be saveable ([`crate::Module::as_payload`]). Module
@@ -174,10 +185,8 @@ impl ModuleTree {
         for (index, m) in loaded.modules().iter().enumerate() {
             if m.module.type_key() == crate::LIBRARY_TYPE_KEY && m.module.as_payload().is_none() {
                 tree.add_dso(dso_type_key);
-            } else if m.module.as_payload().is_some() {
-                tree.add_payload(LoadedPayload(m.module.clone()));
             } else {
-                return Err(NotSaveable { index, type_key: m.module.type_key().to_owned() });
+                tree.add_loaded(m.module.clone()).map_err(|type_key| NotSaveable { index, type_key })?;
             }
         }
         // Loaded imports are in ascending index order; the serializer's LIFO stack numbers the

@@ -10,11 +10,16 @@ use crate::Result;
 /// Arguments of `mblob export`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "TREE.json describes one module per JSON object:
-  payload modules:  {\"type_key\": \"cuda\", \"payload\": \"kernels.bin\", \"imports\": [...]}
+  payload modules:  {\"type_key\": \"GraphExecutorFactory\", \"payload\": \"factory.bin\", \"imports\": [...]}
+  device modules:   {\"type_key\": \"cuda\", \"format\": \"ptx\", \"data\": \"kernels.ptx\",
+                     \"functions\": {\"add\": {\"arg_types\": [\"handle\", \"int32\"],
+                                          \"launch_param_tags\": [\"blockIdx.x\", \"threadIdx.x\"]}}}
   DSO parts:        {\"type_key\": \"llvm\" | \"c\" | \"static_library\",
                      \"objects\": [\"lib0.o\"], \"sources\": [\"host.c\"], \"ir\": [\"host.ll\"], \"imports\": [...]}
 Paths are relative to TREE.json. A payload file holds the module's bytes as TVM writes them in a
-classic blob. Nodes with the same \"id\" are one module imported twice.")]
+classic blob; kinds mblob knows (graph factory, device kinds) are decoded and written again in
+the chosen --layout, others are copied as they are. Nodes with the same \"id\" are one module
+imported twice.")]
 pub struct ExportArgs {
     /// The tree description.
     #[arg(value_name = "TREE.json")]

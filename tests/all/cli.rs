@@ -107,6 +107,86 @@ fn export_reads_a_tree_description() {
     assert_empty(tmp.path());
 }
 
+/// The golden called `name` in the device manifest of `dir`.
+fn device_golden(dir: &Path, name: &str) -> serde_json::Value {
+    let manifest: serde_json::Value = serde_json::from_slice(&read(&dir.join("manifest.json"))).unwrap();
+    manifest["goldens"].as_array().unwrap().iter().find(|g| g["name"] == name).unwrap().clone()
+}
+
+#[test]
+fn export_writes_device_payloads_in_the_layout_asked_for() {
+    // A device payload file holds TVM 0.19's classic bytes; exported for TVM 0.21 it must gain
+    // 0.21's extra argument tags, giving the blob TVM 0.21 wrote for the same model.
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = goldens().join("device");
+    let mut checked = 0;
+    // (opencl_two_kernels is one module in 0.19 and two in 0.21; relax_opencl_add_mul's root
+    // is an executable, not the library.)
+    for name in ["opencl_vector_add", "metal_vector_add", "webgpu_vector_add"] {
+        let old = device_golden(&dev, name);
+        assert_eq!(old["module_tree_in_memory"]["type_key"], "llvm");
+        let payloads: Vec<_> = old["device_payloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| serde_json::json!({"type_key": p["type_key"], "payload": dev.join(p["payload_file"]["file"].as_str().unwrap())}))
+            .collect();
+        let tree = serde_json::json!({
+            "type_key": "llvm", "objects": [dev.join(format!("tvm-0.21.0/{name}.lib0.o"))], "imports": payloads
+        });
+        let json = dir.path().join("tree.json");
+        std::fs::write(&json, tree.to_string()).unwrap();
+        for (layout, blob) in [
+            ("classic", dev.join(format!("{name}.blob"))),
+            ("classic-0.21", dev.join(format!("tvm-0.21.0/{name}.blob"))),
+        ] {
+            let so = dir.path().join(format!("{name}.{layout}.so"));
+            let out = mblob(&["export", s(&json), "-o", s(&so), "--layout", layout, "-q"], tmp.path());
+            assert!(out.status.success(), "{name} {layout}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(blob_in(&so) == read(&blob), "{name} {layout}: not the blob of {}", blob.display());
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+
+    // A CUDA module from PTX text and a function table (the shape `inspect --json` prints)
+    // gives the blob TVM 0.27 wrote for its NVPTX build.
+    let dev27 = dev.join("tvm-0.27.0.post1");
+    let g = device_golden(&dev27, "nvptx_vector_add");
+    let fmap = &g["blob_parsed"]["entries"][1]["parsed"]["fmap"]["entries"];
+    let functions: serde_json::Map<String, serde_json::Value> = fmap
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let info = &f["info"];
+            let strings = |v: &serde_json::Value, field: &str| -> Vec<serde_json::Value> {
+                v.as_array().unwrap().iter().map(|x| x[field].clone()).collect()
+            };
+            let entry = serde_json::json!({
+                "name": info["name"]["value"],
+                "arg_types": strings(&info["arg_types"]["values"], "str"),
+                "launch_param_tags": strings(&info["launch_param_tags"]["items"], "value"),
+            });
+            (f["key"]["value"].as_str().unwrap().to_owned(), entry)
+        })
+        .collect();
+    assert_eq!(functions.len(), 1);
+    let tree = serde_json::json!({
+        "type_key": "llvm", "objects": [dev27.join("nvptx_vector_add.lib0.o")],
+        "imports": [{"type_key": "cuda", "format": "ptx", "data": dev27.join("nvptx_vector_add.dev0.source.txt"),
+                     "functions": functions}]
+    });
+    let json = dir.path().join("ptx.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("nvptx.so");
+    let out = mblob(&["export", s(&json), "-o", s(&so), "--layout", "ffi", "-q"], tmp.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(blob_in(&so) == read(&dev27.join("nvptx_vector_add.blob")), "not TVM 0.27's nvptx blob");
+    assert_empty(tmp.path());
+}
+
 /// An export of a tree with a C source: the C source can be made to fail.
 fn c_tree(dir: &Path, c_source: &str) -> std::path::PathBuf {
     std::fs::write(dir.join("host.c"), c_source).unwrap();

@@ -285,7 +285,9 @@ impl Export {
         self
     }
 
-    /// Also copies the generated devc files into `dir`.
+    /// Also writes the generated devc files into `dir`: the blob object (`devc.o`, or
+    /// `<prefix>devc.o`) and, for the C backends, the C source, which compiles on its own
+    /// (the fast form's `devc.c` includes the blob file `devc.bin` beside it).
     pub fn emit_devc(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
         self.emit_devc = Some(dir.into());
         self
@@ -394,7 +396,12 @@ impl Export {
                 Backend::Llvm => llvm_pack(&blob, &opts, tmp.path())?,
                 Backend::C(style) => {
                     let src = pack::c::write_source(&blob, &opts, style, tmp.path())?;
-                    self.copy_devc(&src)?;
+                    if let Some(dir) = &self.emit_devc {
+                        // Written there, not copied: the fast form's `.incbin` names the blob
+                        // file beside the source, which must outlive the temporary directory.
+                        fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
+                        pack::c::write_source(&blob, &opts, style, dir)?;
+                    }
                     // TVM's system-lib text uses a C++-only static initializer.
                     pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
                 }

@@ -566,6 +566,19 @@ fn kept_temp_dir_and_emitted_devc_files() {
             assert!(read(&devc_dir.join("devc.c")) == read(&goldens().join("graph_dense_relu.devc.c")));
         }
         assert_eq!(devc_dir.join("devc.c").exists(), backend != Backend::Llvm, "{backend:?}");
+        if backend != Backend::Llvm {
+            // The emitted source compiles by itself, after the export's files are gone.
+            let o = devc_dir.join("again.o");
+            let cc = std::process::Command::new("cc")
+                .args(["-c", "-fPIC", "-o"])
+                .arg(&o)
+                .arg(devc_dir.join("devc.c"))
+                .output()
+                .unwrap();
+            assert!(cc.status.success(), "{backend:?}: {}", String::from_utf8_lossy(&cc.stderr));
+            let o = read(&o);
+            assert!(elf::find_blob(&o, None).unwrap().unwrap().bytes(&o).unwrap() == golden, "{backend:?}");
+        }
         // Without keep_temp nothing is reported.
         assert!(dense_relu_export().backend(backend).write(&so).unwrap().kept_temp_dir.is_none());
     }

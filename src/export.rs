@@ -355,6 +355,7 @@ impl Export {
 
         let t = Instant::now();
         let serialized = serialize(&self.tree)?;
+        self.check_everything_is_packed(&serialized)?;
         let blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
         let blob_len = blob.blob_len();
         stage("serialize", t, format!("{} modules, blob {}", self.tree.len(), human_size(blob_len)));
@@ -428,6 +429,31 @@ impl Export {
         stage(if tar { "tar" } else { "link" }, t, output.display().to_string());
         let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
         Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
+    }
+
+    /// Refuses a tree part of which would silently be missing from the library: a module that
+    /// nothing reachable from the root imports, or a payload root that imports nothing (TVM
+    /// packs a blob only when the root imports something, so such a root has no place).
+    fn check_everything_is_packed(&self, serialized: &Serialized) -> Result<()> {
+        let invalid = |detail: String| Error::Invalid { what: "the module tree".into(), detail };
+        let key = |m: ModuleId| self.tree.kind(m).type_key().to_owned();
+        if let Some(&m) = serialized.unreachable.first() {
+            return Err(invalid(format!(
+                "module {} (`{}`) is not imported by any module reachable from the root, so it would \
+                 not be in the library ({} such modules)",
+                m.0,
+                key(m),
+                serialized.unreachable.len()
+            )));
+        }
+        match self.tree.root() {
+            Some(root) if !serialized.root_has_imports && !self.tree.kind(root).is_dso() => Err(invalid(format!(
+                "the root `{}` imports nothing: a blob is written only for a root with imports, so it \
+                 would not be in the library (import the host library below it)",
+                key(root)
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn copy_devc(&self, file: &Path) -> Result<()> {

@@ -21,7 +21,7 @@
 //! tree.import(root, host);
 //!
 //! // Serialize as TVM 0.19 would, then load the bytes back.
-//! let blob = serialize(&tree)?.to_blob(&tree, Layout::Classic);
+//! let blob = serialize(&tree)?.to_blob(&tree, Layout::Classic)?;
 //! let loaded = load_blob(&Bytes::from_vec(blob), Layout::Classic, &Registry::default(), &LoadOptions::default())?;
 //! assert_eq!(loaded.type_keys(), ["GraphExecutorFactory", "library"]);
 //! let factory = loaded.find::<GraphExecutorFactory>().unwrap();

@@ -55,6 +55,9 @@ pub struct Serialized {
     /// Whether the root imports anything. TVM packs a blob only then; a lone library gets no
     /// blob symbol at all.
     pub root_has_imports: bool,
+    /// Modules of the tree that no import path from the root reaches: they are in no group
+    /// (TVM's trees are built from imports and have none; a builder's tree can).
+    pub unreachable: Vec<ModuleId>,
 }
 
 /// Numbers the modules of `tree` and builds the import tree.
@@ -142,6 +145,7 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
         groups,
         import_tree: ImportTree { row_ptr, child_indices },
         root_has_imports: !tree.imports(root).is_empty(),
+        unreachable: tree.ids().filter(|m| !visited[m.0]).collect(),
     })
 }
 
@@ -175,11 +179,14 @@ impl Serialized {
     }
 
     /// The blob in memory.
-    pub fn to_blob(&self, tree: &ModuleTree, layout: Layout) -> Vec<u8> {
+    ///
+    /// # Errors
+    /// The error of a payload that cannot write itself (a loaded module that is not saveable,
+    /// a user's kind whose [`crate::Payload::write_payload`] fails).
+    pub fn to_blob(&self, tree: &ModuleTree, layout: Layout) -> io::Result<Vec<u8>> {
         let mut v = Vec::with_capacity(usize::try_from(self.blob_len(tree, layout)).unwrap_or(0));
-        // Writing to a Vec cannot fail.
-        let _ = self.write_blob(tree, layout, &mut v);
-        v
+        self.write_blob(tree, layout, &mut v)?;
+        Ok(v)
     }
 }
 
@@ -256,6 +263,7 @@ mod tests {
         lone.add_dso("llvm");
         let s = serialize(&lone).unwrap();
         assert!(!s.root_has_imports);
-        assert_eq!(s.to_blob(&lone, Layout::Classic), [8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(s.unreachable.is_empty());
+        assert_eq!(s.to_blob(&lone, Layout::Classic).unwrap(), [8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

@@ -261,7 +261,10 @@ fn golden_device_blobs_parse_load_and_repack() {
 
             // Packed again from the loaded tree: TVM's blob.
             let again = ModuleTree::from_loaded(&loaded, "llvm").unwrap();
-            assert!(serialize(&again).unwrap().to_blob(&again, layout) == blob, "{name}: repacked blob differs");
+            assert!(
+                serialize(&again).unwrap().to_blob(&again, layout).unwrap() == blob,
+                "{name}: repacked blob differs"
+            );
             count += 1;
         }
     }
@@ -406,7 +409,7 @@ mod cuda {
             assert_eq!(payload.function(KERNEL).unwrap().launch_param_tags, ["blockIdx.x", "threadIdx.x"]);
             // Packed again from the loaded tree, through the CUDA module: TVM's blob.
             let again = ModuleTree::from_loaded(&tree, "llvm").unwrap();
-            assert!(serialize(&again).unwrap().to_blob(&again, Layout::Ffi) == blob, "{name}");
+            assert!(serialize(&again).unwrap().to_blob(&again, Layout::Ffi).unwrap() == blob, "{name}");
         }
     }
 
@@ -512,7 +515,7 @@ mod cuda {
             let host = tree.add_dso("llvm");
             let cuda = tree.add_payload(device.clone());
             tree.import(host, cuda);
-            let blob = serialize(&tree).unwrap().to_blob(&tree, layout);
+            let blob = serialize(&tree).unwrap().to_blob(&tree, layout).unwrap();
             let loaded =
                 load_blob(&Bytes::from_vec(blob), layout, &Registry::default(), &LoadOptions::default()).unwrap();
             let m = loaded.find::<CudaModule>().unwrap();

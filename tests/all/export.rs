@@ -665,3 +665,98 @@ fn tools_keep_their_temporary_files_in_the_export_directory() {
     assert!(!seen.exists(), "removed with the intermediate directory");
     assert!(blob_of(&so).unwrap().1 == read(&goldens().join("graph_dense_relu.blob")));
 }
+
+/// The scenario of TVM's RFC "Standardize NN Module Exports into a Single DLL": a graph
+/// factory root importing the host library, which imports a CUDA module, all in one `.so`.
+#[test]
+fn rfc_factory_host_and_cuda_in_one_library() {
+    use mblob_runtime::format::stream::DataType;
+    use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
+    use mblob_runtime::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY};
+
+    let dir = tempfile::tempdir().unwrap();
+    // TVM's factory (graph JSON and params of graph_dense_relu) and kernels, and TVM 0.27's PTX.
+    let golden = read(&goldens().join("graph_dense_relu.blob"));
+    let parsed = format::parse_blob(&golden, Layout::Classic, &Registry::default(), UnknownKeys::Error).unwrap();
+    let payload = Bytes::from_vec(parsed.entries[0].payload.to_vec());
+    let (factory, _) = GraphExecutorFactory::read(&payload, 0, GRAPH_EXECUTOR_FACTORY).unwrap();
+    let dev27 = goldens().join("device/tvm-0.27.0.post1");
+    let ptx = read(&dev27.join("nvptx_vector_add.dev0.source.txt"));
+    let info = FunctionInfo::new(
+        "vector_add_kernel",
+        vec![DataType::HANDLE; 3],
+        vec!["blockIdx.x".into(), "threadIdx.x".into()],
+    );
+    let expected = TreeShape {
+        type_key: GRAPH_EXECUTOR_FACTORY.into(),
+        imports: vec![TreeShape {
+            type_key: "library".into(),
+            imports: vec![TreeShape { type_key: "cuda".into(), imports: vec![] }],
+        }],
+    };
+    let want = crate::goldens::f32_file(&goldens().join("graph_dense_relu.out.0.f32"));
+    for backend in backends() {
+        for layout in [Layout::Classic, Layout::Classic021, Layout::Ffi] {
+            let mut e = Export::new();
+            e.object(goldens().join("graph_dense_relu.lib0.o"));
+            let host = e.host();
+            let root = e.tree_mut().add_payload(factory.clone());
+            e.tree_mut().set_root(root).import(root, host);
+            e.import(DeviceModule::cuda_from_ptx(ptx.clone(), vec![("vector_add_kernel".into(), info.clone())]));
+            let so = dir.path().join(format!("deploy-{backend:?}-{layout:?}.so"));
+            e.layout(layout).backend(backend).write(&so).unwrap();
+
+            let loaded = load(&so);
+            let what = format!("{backend:?} {layout:?}");
+            assert_eq!(loaded.shape(), expected, "{what}");
+            let root = loaded.root().as_any().downcast_ref::<GraphExecutorFactory>();
+            assert!(root == Some(&factory), "{what}: the root is not the factory that was exported");
+            // The CUDA module came back with its PTX and kernel table, whatever loaded it.
+            let cuda = &loaded.modules()[2].module;
+            let device = cuda.as_any().downcast_ref::<DeviceModule>().cloned().or_else(|| cuda_device(cuda));
+            let device = device.unwrap_or_else(|| panic!("{what}: the cuda module is no device module"));
+            assert!(device.data.as_ref() == ptx.as_slice(), "{what}");
+            assert_eq!(device.function("vector_add_kernel").map(|f| &f.arg_types), Some(&info.arg_types), "{what}");
+            // And the host code under the factory computes what TVM's did.
+            assert_eq!(run_dense_relu(&loaded), want, "{what}");
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(m: &std::sync::Arc<dyn mblob_runtime::Module>) -> Option<mblob_runtime::payload::device::DeviceModule> {
+    m.as_any().downcast_ref::<mblob_runtime::cuda::CudaModule>().map(|c| c.device_module().clone())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_: &std::sync::Arc<dyn mblob_runtime::Module>) -> Option<mblob_runtime::payload::device::DeviceModule> {
+    None
+}
+
+#[test]
+fn modules_that_would_be_left_out_are_refused() {
+    use mblob_runtime::Opaque;
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("out.so");
+    let lib0 = goldens().join("graph_dense_relu.lib0.o");
+
+    // Added to the tree, imported by nothing.
+    let mut e = Export::new();
+    e.object(&lib0);
+    e.import(Opaque::new("example.Used", b"used".to_vec()));
+    e.tree_mut().add_payload(Opaque::new("example.Orphan", b"lost".to_vec()));
+    let err = e.write(&so).unwrap_err().to_string();
+    assert!(err.contains("module 2 (`example.Orphan`) is not imported"), "{err}");
+
+    // A payload root that imports nothing: TVM writes no blob for it.
+    let mut tree = mblob_runtime::ModuleTree::new();
+    tree.add_payload(Opaque::new("example.Alone", b"alone".to_vec()));
+    let mut e = Export::from_tree(tree);
+    e.object(&lib0);
+    let err = e.write(&so).unwrap_err().to_string();
+    assert!(err.contains("the root `example.Alone` imports nothing"), "{err}");
+
+    // Neither left anything behind.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "{left:?}");
+}

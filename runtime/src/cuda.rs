@@ -442,6 +442,16 @@ impl Loaded {
             });
         }
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
+        if shared >= OPT_IN_SHARED_MEMORY {
+            // Past 48 KiB a kernel must opt in to dynamic shared memory, or the launch fails
+            // with an invalid value (TVM's CUDA module sets the same attribute).
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = i32::try_from(shared).map_err(|_| format!("{shared} bytes of shared memory is too many"))?;
+            // SAFETY: `kernel` is a function of the module `self.image` keeps loaded, and its
+            // context is current (bound above).
+            unsafe { result::function::set_function_attribute(kernel.0, attr, bytes) }
+                .map_err(|e| format!("cannot allow {shared} bytes of dynamic shared memory: {e}"))?;
+        }
         let grid = (grid[0], grid[1], grid[2]);
         let block = (block[0], block[1], block[2]);
         // SAFETY: `kernel` belongs to the module `self.image` keeps loaded, in the context made
@@ -458,6 +468,10 @@ impl Loaded {
         Ok(())
     }
 }
+
+/// Dynamic shared memory from which a kernel must opt in
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): 48 KiB.
+const OPT_IN_SHARED_MEMORY: u32 = 48 << 10;
 
 /// An 8-byte slot whose first 4 bytes are `bytes`.
 fn slot4(bytes: [u8; 4]) -> u64 {

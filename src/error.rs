@@ -79,6 +79,15 @@ pub enum Error {
         /// What to do instead (starts with `; ` when present).
         hint: &'static str,
     },
+    /// A file error during a stage of an export (`pack`, `link`...), which it names.
+    #[error("{step} failed")]
+    Step {
+        /// The stage.
+        step: &'static str,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
     /// An option or input description that makes no sense.
     #[error("{what}: {detail}")]
     Invalid {
@@ -90,6 +99,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Names the export stage of a file error ([`Error::Step`]); other errors name what
+    /// failed themselves and are returned as they are.
+    pub(crate) fn in_step(self, step: &'static str) -> Error {
+        match self {
+            e @ Error::Io { .. } => Error::Step { step, source: Box::new(e) },
+            e => e,
+        }
+    }
+
     /// An [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, action: &'static str) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();

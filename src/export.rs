@@ -337,6 +337,8 @@ impl Export {
             let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
             sweep_stale(dir, &format!(".{}.partial-", name.to_string_lossy()));
         }
+        // First, so that an output directory that is missing or not writable fails at once.
+        let partial_dir = PartialDir::create(output)?;
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
             .tempdir()
@@ -380,10 +382,10 @@ impl Export {
             Ok(dir)
         };
         for src in &self.c_sources {
-            objects.push(pack::c::compile(src, &opts, &next_dir()?)?);
+            objects.push(next_dir().and_then(|d| pack::c::compile(src, &opts, &d)).map_err(|e| e.in_step("compile"))?);
         }
         for ir in &self.ir {
-            objects.push(compile_ir(ir, &opts, &next_dir()?)?);
+            objects.push(next_dir().and_then(|d| compile_ir(ir, &opts, &d)).map_err(|e| e.in_step("compile"))?);
         }
         if !self.c_sources.is_empty() || !self.ir.is_empty() {
             stage("compile", t, format!("{} host sources", self.c_sources.len() + self.ir.len()));
@@ -393,39 +395,40 @@ impl Export {
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         if symbol.is_some() {
             let t = Instant::now();
-            let devc = match backend {
-                Backend::Llvm => llvm_pack(&blob, &opts, tmp.path())?,
-                Backend::C(style) => {
-                    let src = pack::c::write_source(&blob, &opts, style, tmp.path())?;
-                    if let Some(dir) = &self.emit_devc {
-                        // Written there, not copied: the fast form's `.incbin` names the blob
-                        // file beside the source, which must outlive the temporary directory.
-                        fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
-                        pack::c::write_source(&blob, &opts, style, dir)?;
+            let pack = || -> Result<PathBuf> {
+                let devc = match backend {
+                    Backend::Llvm => llvm_pack(&blob, &opts, tmp.path())?,
+                    Backend::C(style) => {
+                        let src = pack::c::write_source(&blob, &opts, style, tmp.path())?;
+                        if let Some(dir) = &self.emit_devc {
+                            // Written there, not copied: the fast form's `.incbin` names the blob
+                            // file beside the source, which must outlive the temporary directory.
+                            fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
+                            pack::c::write_source(&blob, &opts, style, dir)?;
+                        }
+                        // TVM's system-lib text uses a C++-only static initializer.
+                        pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
                     }
-                    // TVM's system-lib text uses a C++-only static initializer.
-                    pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
-                }
+                };
+                self.copy_devc(&devc)?;
+                Ok(devc)
             };
-            self.copy_devc(&devc)?;
+            let devc = pack().map_err(|e| e.in_step("pack"))?;
             objects.push(devc);
             stage("pack", t, format!("{} through {}", human_size(blob_len), backend_name(backend)));
         }
 
         let t = Instant::now();
-        let partial = partial_path(output);
+        let partial = partial_dir.0.join(output.file_name().unwrap_or("out".as_ref()));
         let tar = is_tar(output);
         let written = if tar {
             tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial)
         } else {
             link::link_shared(&objects, &partial, &self.link)
         };
-        let placed =
-            written.and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")));
-        if let Err(e) = placed {
-            let _ = fs::remove_file(&partial);
-            return Err(e);
-        }
+        written
+            .and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")))
+            .map_err(|e| e.in_step(if tar { "tar" } else { "link" }))?;
         stage(if tar { "tar" } else { "link" }, t, output.display().to_string());
         let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
         Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
@@ -551,10 +554,30 @@ fn sweep_stale(dir: &Path, prefix: &str) {
     }
 }
 
-/// `.<name>.partial-<pid>` next to `output`: same directory, so the final rename is atomic.
-fn partial_path(output: &Path) -> PathBuf {
-    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    output.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+/// `.<name>.partial-<pid>-<n>`, the directory next to the output in which it is written
+/// before it is renamed into place (same file system, so the rename is atomic); removed with
+/// whatever is left in it when dropped. A directory rather than a file: once it is removed (by
+/// this export, or by the next one's sweep after a kill), a linker that outlived a killed
+/// export has nowhere to write. `n` counts the exports of this process, which may run at the
+/// same time.
+struct PartialDir(PathBuf);
+
+impl PartialDir {
+    fn create(output: &Path) -> Result<PartialDir> {
+        static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+        let dir = output.with_file_name(format!(".{name}.partial-{}-{n}", std::process::id()));
+        fs::create_dir(&dir)
+            .map_err(Error::io(&dir, "cannot create (the output directory must exist and be writable)"))?;
+        Ok(PartialDir(dir))
+    }
+}
+
+impl Drop for PartialDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(feature = "llvm")]

@@ -65,7 +65,12 @@ fn init_logging() {
     let filter = EnvFilter::try_from_env("MBLOB_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
+        .with_target(false)
+        .try_init();
 }
 
 /// Prints an error and its causes on one line: `mblob: a: b: c`.

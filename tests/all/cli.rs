@@ -223,6 +223,7 @@ fn failures_name_the_step_and_leave_nothing_behind() {
     let err = String::from_utf8_lossy(&mblob(&["export", s(&json2), "-o", s(&so)], tmp.path()).stderr).into_owned();
     assert!(err.contains("nope.o") && err.contains("cannot read host object"), "{err}");
     assert!(!so.exists());
+    assert_empty(tmp.path());
 
     // A link failure (an undefined option), with the link command.
     let out = mblob(&["export", s(&json), "-o", s(&so), "--link-arg", "-Wl,--no-such-flag"], tmp.path());
@@ -239,11 +240,19 @@ fn failures_name_the_step_and_leave_nothing_behind() {
         .collect();
     assert!(partials.is_empty(), "{partials:?}");
 
-    // An output directory that does not exist (or cannot be written).
-    let out = mblob(&["export", s(&json), "-o", s(&dir.path().join("no/such/dir/out.so"))], tmp.path());
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("link failed"));
-    assert_empty(tmp.path());
+    // An output directory that does not exist, or that cannot be written in (a regular file
+    // stands where the directory should: as root, permissions would not stop the write).
+    std::fs::write(dir.path().join("a-file"), b"").unwrap();
+    for (output, why) in [("no/such/dir/out.so", "No such file"), ("a-file/out.so", "Not a directory")] {
+        let out = mblob(&["export", s(&json), "-o", s(&dir.path().join(output))], tmp.path());
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let parent = dir.path().join(output).parent().unwrap().display().to_string();
+        assert!(err.contains(&parent) && err.contains("the output directory must exist and be writable"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert_empty(tmp.path());
+    }
+    assert!(!dir.path().join("no").exists());
 
     // The success path leaves only the output.
     let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
@@ -274,17 +283,28 @@ fn a_full_disk_is_an_error_not_a_partial_file() {
         let out = Command::new("sh").arg("-c").arg(&script).env("TMPDIR", tmp.path()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
-        assert!(
-            err.contains("file size limit") || err.contains("File too large") || err.contains("failed"),
-            "{backend}: {err}"
-        );
+        // The blob is written first, so the pack step is where the limit is hit, on the file
+        // it was writing.
+        let file = if backend == "llvm" { "devc.o" } else { "devc.bin" };
+        assert!(err.starts_with("mblob: pack failed: ") && err.contains(file), "{backend}: {err}");
+        assert!(err.contains("file size limit") || err.contains("File too large"), "{backend}: {err}");
         assert!(!so.exists(), "{backend}");
         assert_empty(tmp.path());
+        assert_only(dir.path(), &["big.bin", "tree.json"]);
     }
+}
+
+/// Asserts that `dir` holds exactly `names`.
+fn assert_only(dir: &Path, names: &[&str]) {
+    let mut left: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, names, "in {}", dir.display());
 }
 
 #[test]
 fn a_killed_export_leaves_nothing_at_the_output_and_the_next_one_cleans_up() {
+    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.bin"), vec![3u8; 96 << 20]).unwrap();
@@ -292,35 +312,45 @@ fn a_killed_export_leaves_nothing_at_the_output_and_the_next_one_cleans_up() {
     let json = dir.path().join("tree.json");
     std::fs::write(&json, tree.to_string()).unwrap();
     let so = dir.path().join("out.so");
-    for (i, ms) in [5u64, 60, 150, 300, 600].into_iter().enumerate() {
-        let backend = if i % 2 == 0 && cfg!(feature = "llvm") { "llvm" } else { "c" };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
-            .args(["export", s(&json), "-o", s(&so), "--backend", backend, "-q", "--linker", "default"])
-            .env("TMPDIR", tmp.path())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
-        let _ = child.kill();
-        child.wait().unwrap();
-        // Either nothing is at the output path, or (when the kill came after the final rename)
-        // a whole library: never a partial one.
-        if so.exists() {
-            assert_eq!(
-                blob_in(&so).len(),
-                // header, count, `_lib`, `x.Big` and its payload, `_import_tree`, [0,1,1], [1]
-                8 + 8 + 12 + 13 + (96 << 20) + 20 + 32 + 16,
-                "killed after {ms} ms"
-            );
-            std::fs::remove_file(&so).unwrap();
+    // header, count, `_lib`, `x.Big` and its payload, `_import_tree`, [0,1,1], [1]
+    let whole = 8 + 8 + 12 + 13 + (96 << 20) + 20 + 32 + 16;
+    let backends: &[&str] = if cfg!(feature = "llvm") { &["llvm", "c"] } else { &["c"] };
+    // Killed as a stage begins (the debug log names each stage as it starts), and a while into
+    // the stage, for every stage of each backend: serializing, packing (writing the blob; the
+    // C route also compiles), and linking (the linker already running).
+    let stages = [("serialize", 0), ("pack{", 0), ("pack{", 40), ("running", 0), ("running", 40)];
+    for &backend in backends {
+        for (marker, after_ms) in stages {
+            let what = format!("{backend}, killed {after_ms} ms after `{marker}`");
+            let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
+                .args(["export", s(&json), "-o", s(&so), "--backend", backend, "--linker", "default"])
+                .env("TMPDIR", tmp.path())
+                .env("MBLOB_LOG", "debug")
+                .stderr(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+            let seen = lines.by_ref().map_while(Result::ok).any(|l| l.contains(marker));
+            assert!(seen, "{what}: the stage never began");
+            std::thread::sleep(Duration::from_millis(after_ms));
+            let _ = child.kill();
+            child.wait().unwrap();
+            drop(lines);
+            // Either nothing is at the output path, or (when the kill came after the final
+            // rename) a whole library: never a partial one.
+            if so.exists() {
+                assert_eq!(blob_in(&so).len(), whole, "{what}");
+                std::fs::remove_file(&so).unwrap();
+            }
         }
     }
-    // The next export removes what the killed ones left (their process ids are gone).
+    // The next export removes what the killed ones left (their process ids are gone), in the
+    // temporary directory and next to the output.
     let out = mblob(&["export", s(&json), "-o", s(&so), "-q"], tmp.path());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_empty(tmp.path());
-    let names: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert!(names.iter().all(|n| !n.contains("partial")), "{names:?}");
+    assert_only(dir.path(), &["big.bin", "out.so", "tree.json"]);
 }
 
 #[test]

@@ -85,8 +85,103 @@ pub struct ExportReport {
     pub stages: Vec<(&'static str, f64)>,
 }
 
-/// A callback that receives one line per finished stage.
-type Progress = Box<dyn Fn(&str)>;
+/// What [`Export::progress`] is told while an export runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Progress<'a> {
+    /// A stage begins: `serialize`, `compile`, `pack`, then `link` (or `tar`).
+    Started {
+        /// The stage.
+        stage: &'static str,
+    },
+    /// Bytes of the blob written so far while packing, about once per 1 % (only for blobs
+    /// of [`Progress::REPORTED_BLOB`] bytes or more).
+    Packed {
+        /// Bytes written.
+        done: u64,
+        /// Bytes of the blob.
+        total: u64,
+    },
+    /// A stage ended.
+    Finished {
+        /// The stage.
+        stage: &'static str,
+        /// What it did (`1 modules, blob 512.0 MiB`, `512.0 MiB through llvm`, the output).
+        detail: &'a str,
+        /// Seconds it took.
+        seconds: f64,
+    },
+}
+
+impl Progress<'_> {
+    /// Blobs from this size on report [`Progress::Packed`] (smaller ones pack in moments).
+    pub const REPORTED_BLOB: u64 = 16 << 20;
+}
+
+impl std::fmt::Display for Progress<'_> {
+    /// `pack: 512.0 MiB through llvm (1.20 s)`, `pack: 1.2 GiB of 2.5 GiB (48 %)`, `link...`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Progress::Started { stage } => write!(f, "{stage}..."),
+            Progress::Packed { done, total } => write!(
+                f,
+                "pack: {} of {} ({} %)",
+                human_size(done),
+                human_size(total),
+                done.saturating_mul(100).checked_div(total).unwrap_or(100)
+            ),
+            Progress::Finished { stage, detail, seconds } => write!(f, "{stage}: {detail} ({seconds:.2} s)"),
+        }
+    }
+}
+
+/// The callback of [`Export::progress`].
+type ProgressFn = Box<dyn Fn(Progress<'_>)>;
+
+/// A blob source that reports the bytes written through it.
+struct Reporting<'a> {
+    inner: &'a dyn BlobSource,
+    report: &'a dyn Fn(Progress<'_>),
+}
+
+impl BlobSource for Reporting<'_> {
+    fn blob_len(&self) -> u64 {
+        self.inner.blob_len()
+    }
+    fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let total = self.inner.blob_len();
+        let step = (total / 100).max(1);
+        let mut counting = ReportingWriter { out, done: 0, next: step, step, total, report: self.report };
+        self.inner.write_blob(&mut counting)
+    }
+}
+
+struct ReportingWriter<'a> {
+    out: &'a mut dyn std::io::Write,
+    done: u64,
+    next: u64,
+    step: u64,
+    total: u64,
+    report: &'a dyn Fn(Progress<'_>),
+}
+
+impl std::io::Write for ReportingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A payload comes in one call; taking a step at a time lets the count move (the
+        // caller's `write_all` loops), at a cost of a hundred calls per blob.
+        let chunk = usize::try_from(self.step).unwrap_or(usize::MAX).max(64 << 10);
+        let n = self.out.write(&buf[..buf.len().min(chunk)])?;
+        self.done += n as u64;
+        if self.done >= self.next || (self.done == self.total && n > 0) {
+            self.next = self.done + self.step;
+            (self.report)(Progress::Packed { done: self.done, total: self.total });
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
 
 /// Builds one shared library from host code and payload modules.
 pub struct Export {
@@ -106,7 +201,7 @@ pub struct Export {
     link: LinkOptions,
     keep_temp: bool,
     emit_devc: Option<PathBuf>,
-    progress: Option<Progress>,
+    progress: Option<ProgressFn>,
 }
 
 impl Default for Export {
@@ -293,8 +388,9 @@ impl Export {
         self
     }
 
-    /// Called with a line at the end of each stage (for progress display).
-    pub fn progress(&mut self, f: impl Fn(&str) + 'static) -> &mut Self {
+    /// Called as stages begin and end, and while a large blob is written (for progress
+    /// display; [`Progress`] displays as one line).
+    pub fn progress(&mut self, f: impl Fn(Progress<'_>) + 'static) -> &mut Self {
         self.progress = Some(Box::new(f));
         self
     }
@@ -346,20 +442,27 @@ impl Export {
         let tools_tmp = tmp.path().join("tools");
         fs::create_dir(&tools_tmp).map_err(Error::io(&tools_tmp, "cannot create"))?;
         let _tools_tmp = link::ToolTempDir::set(&tools_tmp);
-        let mut stages = Vec::new();
-        let mut stage = |name: &'static str, start: Instant, detail: String| {
-            let secs = start.elapsed().as_secs_f64();
-            stages.push((name, secs));
-            if let Some(p) = &self.progress {
-                p(&format!("{name}: {detail} ({secs:.2} s)"));
+        let report = |p: Progress<'_>| {
+            if let Some(f) = &self.progress {
+                f(p);
             }
+        };
+        let mut stages = Vec::new();
+        let mut stage = |stage: &'static str, start: Instant, detail: String| {
+            let seconds = start.elapsed().as_secs_f64();
+            stages.push((stage, seconds));
+            report(Progress::Finished { stage, detail: &detail, seconds });
         };
 
         let t = Instant::now();
+        report(Progress::Started { stage: "serialize" });
         let serialized = serialize(&self.tree)?;
         self.check_everything_is_packed(&serialized)?;
-        let blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
-        let blob_len = blob.blob_len();
+        let serialized_blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
+        let blob_len = serialized_blob.blob_len();
+        let reporting = Reporting { inner: &serialized_blob, report: &report };
+        let blob: &dyn BlobSource =
+            if self.progress.is_some() && blob_len >= Progress::REPORTED_BLOB { &reporting } else { &serialized_blob };
         stage("serialize", t, format!("{} modules, blob {}", self.tree.len(), human_size(blob_len)));
 
         let mut objects = self.objects.clone();
@@ -373,6 +476,9 @@ impl Export {
             }
         }
         let t = Instant::now();
+        if !self.c_sources.is_empty() || !self.ir.is_empty() {
+            report(Progress::Started { stage: "compile" });
+        }
         // One directory per source: two `host.c` (or a user's `devc.c`) must not collide.
         let mut source_dir = 0usize;
         let mut next_dir = || -> Result<PathBuf> {
@@ -395,16 +501,17 @@ impl Export {
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         if symbol.is_some() {
             let t = Instant::now();
+            report(Progress::Started { stage: "pack" });
             let pack = || -> Result<PathBuf> {
                 let devc = match backend {
-                    Backend::Llvm => llvm_pack(&blob, &opts, tmp.path())?,
+                    Backend::Llvm => llvm_pack(blob, &opts, tmp.path())?,
                     Backend::C(style) => {
-                        let src = pack::c::write_source(&blob, &opts, style, tmp.path())?;
+                        let src = pack::c::write_source(blob, &opts, style, tmp.path())?;
                         if let Some(dir) = &self.emit_devc {
                             // Written there, not copied: the fast form's `.incbin` names the blob
                             // file beside the source, which must outlive the temporary directory.
                             fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
-                            pack::c::write_source(&blob, &opts, style, dir)?;
+                            pack::c::write_source(&serialized_blob, &opts, style, dir)?;
                         }
                         // TVM's system-lib text uses a C++-only static initializer.
                         pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
@@ -421,6 +528,7 @@ impl Export {
         let t = Instant::now();
         let partial = partial_dir.0.join(output.file_name().unwrap_or("out".as_ref()));
         let tar = is_tar(output);
+        report(Progress::Started { stage: if tar { "tar" } else { "link" } });
         let written = if tar {
             tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial)
         } else {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
 
 use super::inspect::{detect_layout, parse_layout};
-use crate::export::{Backend, Export, ExportReport};
+use crate::export::{Backend, Export, ExportReport, Progress};
 use crate::link::Linker;
 use crate::{Error, Result};
 
@@ -72,7 +72,12 @@ impl PackOptionsArgs {
         }
         e.keep_temp(self.keep_temp);
         if !self.quiet && std::io::stderr().is_terminal() {
-            e.progress(|line| eprintln!("mblob: {line}"));
+            // One line per stage, redrawn while it runs: `\r` and erase-line go back over
+            // what the stage's start (or the last count of bytes packed) wrote.
+            e.progress(|p| match p {
+                Progress::Finished { .. } => eprintln!("\r\x1b[Kmblob: {p}"),
+                _ => eprint!("\r\x1b[Kmblob: {p}"),
+            });
         }
     }
 

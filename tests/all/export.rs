@@ -760,3 +760,40 @@ fn modules_that_would_be_left_out_are_refused() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn progress_reports_each_stage_and_the_bytes_packed() {
+    use mblob::export::Progress;
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let payload = vec![5u8; Progress::REPORTED_BLOB as usize];
+    // (TVM's C text writes through the same reporting blob source, but takes gcc half a minute
+    // to compile at this size.)
+    for backend in backends().into_iter().filter(|b| *b != Backend::C(CStyle::Tvm)) {
+        let events: Arc<Mutex<Vec<String>>> = Arc::default();
+        let packed: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+        let mut e = Export::new();
+        e.object(goldens().join("graph_dense_relu.lib0.o"));
+        e.import(mblob_runtime::Opaque::new("example.Big", payload.clone()));
+        let (ev, pk) = (events.clone(), packed.clone());
+        e.backend(backend).progress(move |p| match p {
+            Progress::Packed { done, total } => pk.lock().unwrap().push((done, total)),
+            Progress::Started { stage } => ev.lock().unwrap().push(format!("start {stage}")),
+            Progress::Finished { stage, .. } => ev.lock().unwrap().push(format!("end {stage}")),
+            _ => {}
+        });
+        let report = e.write(dir.path().join("big.so")).unwrap();
+        let events = events.lock().unwrap().clone();
+        let want = ["serialize", "pack", "link"].iter().flat_map(|s| [format!("start {s}"), format!("end {s}")]);
+        assert_eq!(events, want.collect::<Vec<_>>(), "{backend:?}");
+        // About once per 1 %, rising, ending at the whole blob.
+        let packed = packed.lock().unwrap().clone();
+        assert!((90..=110).contains(&packed.len()), "{backend:?}: {} reports", packed.len());
+        assert!(packed.windows(2).all(|w| w[0].0 < w[1].0), "{backend:?}");
+        assert!(packed.iter().all(|&(_, total)| total == report.blob_len), "{backend:?}");
+        assert_eq!(packed.last().map(|p| p.0), Some(report.blob_len), "{backend:?}");
+        // Shown as one line each.
+        let line = Progress::Packed { done: report.blob_len / 2, total: report.blob_len }.to_string();
+        assert_eq!(line, "pack: 8.0 MiB of 16.0 MiB (49 %)", "{backend:?}");
+    }
+}

@@ -231,7 +231,7 @@ pub fn compile(source: &Path, opts: &PackOptions, out_dir: &Path) -> Result<Path
 pub fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool) -> Result<PathBuf> {
     let _span = tracing::info_span!("compile", source = %source.display(), cpp).entered();
     let step = format!("compile {}", source.display());
-    let triple = opts.triple();
+    let triple = cc_triple(&opts.triple());
     let host = super::host_triple();
     let mut build = cc::Build::new();
     build
@@ -256,11 +256,49 @@ pub fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool
     let stem = source.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "source".into());
     let object = out_dir.join(format!("{stem}.o"));
     cmd.arg("-c").arg(source).arg("-o").arg(&object);
-    if let Err(e) = crate::link::run_tool(&step, &mut cmd) {
+    let compiled = crate::link::run_tool(&step, &mut cmd).and_then(|_| check_machine(&object, &triple, &cmd));
+    if let Err(e) = compiled {
         let _ = std::fs::remove_file(&object);
         return Err(e);
     }
     Ok(object)
+}
+
+/// The triple as the `cc` crate knows it: GNU's short `aarch64-linux-gnu` gets Rust's vendor
+/// field (`aarch64-unknown-linux-gnu`); with the short form, `cc` would not know the target
+/// and would fall back to the host's compiler.
+fn cc_triple(triple: &str) -> String {
+    match triple.split('-').collect::<Vec<_>>()[..] {
+        [arch, "linux", env] => format!("{arch}-unknown-linux-{env}"),
+        _ => triple.to_owned(),
+    }
+}
+
+/// Checks that `object` is for the architecture of `triple`: a compiler for another one (the
+/// host's `cc` when no cross compiler was found, a `$CC` left set) must not go unnoticed.
+fn check_machine(object: &Path, triple: &str, cmd: &std::process::Command) -> Result<()> {
+    use object::{Architecture, Object};
+    let want = match triple.split('-').next().unwrap_or_default() {
+        "x86_64" => Architecture::X86_64,
+        "aarch64" | "arm64" => Architecture::Aarch64,
+        "riscv64" | "riscv64gc" => Architecture::Riscv64,
+        "i386" | "i586" | "i686" => Architecture::I386,
+        _ => return Ok(()), // not one we can tell apart; the linker will
+    };
+    let data = std::fs::read(object).map_err(Error::io(object, "cannot read"))?;
+    let found = object::File::parse(&*data).map(|f| f.architecture());
+    match found {
+        Ok(found) if found == want => Ok(()),
+        found => Err(Error::Invalid {
+            what: object.display().to_string(),
+            detail: format!(
+                "compiled for {} by `{}`, but the target is {triple} ({want:?}): set CC (or CXX) to a compiler \
+                 for the target",
+                found.map(|a| format!("{a:?}")).unwrap_or_else(|_| "an unknown machine".into()),
+                cmd.get_program().to_string_lossy()
+            ),
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -294,6 +332,14 @@ mod tests {
             body[1],
             "  0x8c,0x93,0x9a,0xa1,0xa8,0xaf,0xb6,0xbd,0xc4,0xcb,0xd2,0xd9,0xe0,0xe7,0xee,0xf5,0xfc,0x03,0x0a,0x11,"
         );
+    }
+
+    #[test]
+    fn short_gnu_triples_get_a_vendor_for_cc() {
+        assert_eq!(cc_triple("aarch64-linux-gnu"), "aarch64-unknown-linux-gnu");
+        assert_eq!(cc_triple("riscv64-linux-musl"), "riscv64-unknown-linux-musl");
+        assert_eq!(cc_triple("aarch64-unknown-linux-gnu"), "aarch64-unknown-linux-gnu");
+        assert_eq!(cc_triple("x86_64-apple-darwin"), "x86_64-apple-darwin");
     }
 
     #[test]

@@ -187,6 +187,45 @@ fn export_writes_device_payloads_in_the_layout_asked_for() {
     assert_empty(tmp.path());
 }
 
+#[test]
+fn the_c_backend_compiles_for_the_target_or_says_why_not() {
+    // GNU's short triple and Rust's: the cross compiler is used when there is one; the host's
+    // compiler (here forced through CC) is never taken for it.
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let g = goldens();
+    let (from, host) = (g.join("graph_dense_relu.so"), g.join("graph_dense_relu.lib0.o"));
+    let tar = dir.path().join("a64.tar");
+    for target in ["aarch64-linux-gnu", "aarch64-unknown-linux-gnu"] {
+        for cc in [None, Some("cc")] {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_mblob"));
+            cmd.args(["pack", "--from", s(&from), "--host", s(&host), "-o", s(&tar), "--target", target])
+                .args(["--backend", "c", "-q"])
+                .env("TMPDIR", tmp.path())
+                .env_remove("CC");
+            if let Some(cc) = cc {
+                cmd.env("CC", cc);
+            }
+            let out = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                // A cross compiler is installed: the blob object is AArch64's.
+                assert!(cc.is_none(), "{target}: the host's cc made the object");
+                let x = Command::new("tar").arg("xf").arg(&tar).arg("devc.o").current_dir(dir.path()).status();
+                assert!(x.unwrap().success());
+                let o = read(&dir.path().join("devc.o"));
+                assert_eq!(&o[18..20], &183u16.to_le_bytes(), "{target}: e_machine is not EM_AARCH64");
+            } else if cc.is_some() {
+                assert!(err.contains("compiled for X86_64 by `cc`, but the target is aarch64"), "{target}: {err}");
+            } else {
+                assert!(err.contains("cannot run `aarch64-linux-gnu-gcc`"), "{target}: {err}");
+            }
+            assert!(out.status.success() || !tar.exists(), "{target}");
+            assert_empty(tmp.path());
+        }
+    }
+}
+
 /// An export of a tree with a C source: the C source can be made to fail.
 fn c_tree(dir: &Path, c_source: &str) -> std::path::PathBuf {
     std::fs::write(dir.join("host.c"), c_source).unwrap();

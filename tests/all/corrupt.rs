@@ -182,6 +182,20 @@ fn two_lib_entries_are_refused() {
     let e = err(&blob, Layout::Classic);
     assert_eq!(e.kind, FormatErrorKind::DuplicateLib { first: 0, second: 1 });
     assert_eq!(e.offset, 28);
+
+    // The tvm-ffi layout: tree [0,1,1] / [1], then `_lib` twice (no payloads).
+    let mut body = Vec::new();
+    stream::write_vec_u64(&mut body, &[0, 1, 1]).unwrap();
+    stream::write_vec_u64(&mut body, &[1]).unwrap();
+    stream::write_str(&mut body, "_lib").unwrap();
+    let second = 8 + body.len() as u64;
+    stream::write_str(&mut body, "_lib").unwrap();
+    let mut blob = Vec::new();
+    stream::write_u64(&mut blob, body.len() as u64).unwrap();
+    blob.extend_from_slice(&body);
+    let e = err(&blob, Layout::Ffi);
+    assert_eq!(e.kind, FormatErrorKind::DuplicateLib { first: 0, second: 1 });
+    assert_eq!(e.offset, second);
 }
 
 #[test]

@@ -533,6 +533,34 @@ fn both_linkers_give_the_same_blob() {
 }
 
 #[test]
+fn the_automatic_linker_is_lld_when_installed() {
+    use object::{Object, ObjectSection};
+    use std::process::Command;
+    // lld signs its output in `.comment` (`Linker: Debian LLD 14.0.6`); GNU ld does not.
+    let linked_by_lld = |so: &Path| {
+        let data = read(so);
+        let file = object::File::parse(&*data).unwrap();
+        let comment = file.section_by_name(".comment").and_then(|s| s.data().ok().map(<[u8]>::to_vec));
+        comment.is_some_and(|c| String::from_utf8_lossy(&c).contains(" LLD "))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let lld = mblob::link::find_lld().is_some();
+    let ld_bfd = Command::new("ld.bfd").arg("--version").output().is_ok_and(|o| o.status.success());
+    let mut cases = vec![(mblob::link::Linker::Auto, lld)];
+    if ld_bfd {
+        cases.push((mblob::link::Linker::Default, false));
+    }
+    if lld {
+        cases.push((mblob::link::Linker::Lld, true));
+    }
+    for (linker, want_lld) in cases {
+        let so = dir.path().join(format!("{linker:?}.so"));
+        dense_relu_export().linker(linker.clone()).write(&so).unwrap();
+        assert_eq!(linked_by_lld(&so), want_lld, "{linker:?}");
+    }
+}
+
+#[test]
 fn kept_temp_dir_and_emitted_devc_files() {
     let dir = tempfile::tempdir().unwrap();
     let golden = read(&goldens().join("graph_dense_relu.blob"));

@@ -110,8 +110,27 @@ fn inspect_shows_device_function_tables() {
         let m = json(&goldens().join(dir).join("manifest.json"));
         for g in m["goldens"].as_array().unwrap() {
             let name = g["name"].as_str().unwrap();
-            let report = inspect_json(&goldens().join(dir).join(g["so"]["file"].as_str().unwrap()), &[]);
+            let so = goldens().join(dir).join(g["so"]["file"].as_str().unwrap());
+            let report = inspect_json(&so, &[]);
             let modules = report["modules"].as_array().unwrap();
+            // The text form: one `kernel name(arg types) launch [tags]` line per function.
+            let text = mblob(&["inspect", so.to_str().unwrap()]);
+            assert!(text.status.success(), "{dir}/{name}");
+            let text = String::from_utf8(text.stdout).unwrap();
+            let strings = |v: &Value| -> String {
+                v.as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect::<Vec<_>>().join(", ")
+            };
+            for want in g["function_info_binary"].as_array().unwrap() {
+                for f in want["fmap"].as_array().unwrap() {
+                    let line = format!(
+                        "kernel {}({}) launch [{}]",
+                        f["key"].as_str().unwrap(),
+                        strings(&f["arg_types"]),
+                        strings(&f["launch_param_tags"])
+                    );
+                    assert!(text.contains(&line), "{dir}/{name}: no `{line}` in\n{text}");
+                }
+            }
             // Each device module of the manifest, in blob order, against the next device entry.
             let mut device_entries = modules.iter().filter(|m| m.get("functions").is_some());
             for want in g["function_info_binary"].as_array().unwrap() {

@@ -63,3 +63,50 @@ fn threads_load_use_and_drop_libraries() {
         h.join().expect("thread panicked");
     }
 }
+
+#[test]
+fn threads_load_and_drop_what_mblob_exported() {
+    use mblob::export::Export;
+    use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
+    use mblob_runtime::Layout;
+
+    // The graph golden re-exported in each layout, with a CUDA module below the host library.
+    let dir = tempfile::tempdir().unwrap();
+    let ptx = std::fs::read(goldens().join("device/tvm-0.27.0.post1/nvptx_vector_add.dev0.source.txt")).unwrap();
+    let libs: Vec<_> = [Layout::Classic, Layout::Classic021, Layout::Ffi]
+        .into_iter()
+        .map(|layout| {
+            let mut e: Export = crate::export::dense_relu_export();
+            let info = FunctionInfo::new("", vec![mblob_runtime::format::stream::DataType::HANDLE; 3], vec![]);
+            let cuda = DeviceModule::cuda_from_ptx(ptx.clone(), vec![("vector_add_kernel".into(), info)]);
+            let host = e.host();
+            let id = e.tree_mut().add_payload(cuda);
+            e.tree_mut().import(host, id);
+            let so = dir.path().join(format!("{layout:?}.so"));
+            e.layout(layout).write(&so).unwrap();
+            so
+        })
+        .collect();
+    let libs = Arc::new(libs);
+    let registry = Arc::new(Registry::default());
+    let expected = f32_file(&goldens().join("graph_dense_relu.out.0.f32"));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (libs, registry, expected) = (libs.clone(), registry.clone(), expected.clone());
+            thread::spawn(move || {
+                for round in 0..ROUNDS {
+                    let so = &libs[(t + round) % libs.len()];
+                    // SAFETY: libraries this test exported from TVM's golden kernel objects.
+                    #[allow(unsafe_code)]
+                    let loaded = unsafe { load_library(so, &registry, &LoadOptions::default()) }
+                        .unwrap_or_else(|e| panic!("{}: {e}", so.display()));
+                    assert_eq!(loaded.type_keys(), ["GraphExecutorFactory", "library", "cuda"]);
+                    assert_eq!(run_dense_relu(&loaded), expected);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread panicked");
+    }
+}

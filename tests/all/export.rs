@@ -320,7 +320,7 @@ fn call_int(loaded: &mblob_runtime::LoadedTree, name: &str) -> i32 {
 }
 
 /// An export of `graph_dense_relu` (golden payload, golden kernel object).
-fn dense_relu_export() -> Export {
+pub fn dense_relu_export() -> Export {
     let g = &json(&goldens().join("manifest.json"))["goldens"][0];
     assert_eq!(g["name"], "graph_dense_relu");
     golden_export(&goldens(), g, Layout::Classic)

@@ -121,14 +121,6 @@ pub enum FormatErrorKind {
         /// The child index.
         child: u64,
     },
-    /// A module lists the same child twice (TVM's serializer deduplicates).
-    #[error("module {parent} lists child {child} twice or out of order")]
-    ChildUnsorted {
-        /// The importing module.
-        parent: u64,
-        /// The child index.
-        child: u64,
-    },
     /// A second `_lib` entry: the blob was written by TVM 0.7, which did not merge DSO modules.
     #[error(
         "second `_lib` entry (module {second}; the first is module {first}): blobs from TVM 0.7 are not supported"

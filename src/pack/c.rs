@@ -285,8 +285,9 @@ fn check_machine(object: &Path, triple: &str, cmd: &std::process::Command) -> Re
         "i386" | "i586" | "i686" => Architecture::I386,
         _ => return Ok(()), // not one we can tell apart; the linker will
     };
-    let data = std::fs::read(object).map_err(Error::io(object, "cannot read"))?;
-    let found = object::File::parse(&*data).map(|f| f.architecture());
+    // Mapped, not read: only the headers are touched, not the blob the object holds.
+    let data = mblob_runtime::map_file(object)?;
+    let found = object::File::parse(data.as_ref()).map(|f| f.architecture());
     match found {
         Ok(found) if found == want => Ok(()),
         found => Err(Error::Invalid {

@@ -100,16 +100,7 @@ impl Builder<'_> {
             .ok_or_else(|| self.bad(at, "`type_key` is missing or not a string"))?;
         let dso = DSO_TYPE_KEYS.contains(&key);
         let allowed: &[&str] = if dso { &DSO_FIELDS } else { &PAYLOAD_FIELDS };
-        if let Some(unknown) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(self.bad(
-                at,
-                format!(
-                    "unknown field `{unknown}` for a {} module (fields: {})",
-                    if dso { "DSO" } else { "payload" },
-                    allowed.join(", ")
-                ),
-            ));
-        }
+        self.known_fields(obj, allowed, at, if dso { " for a DSO module" } else { " for a payload module" })?;
         let m = if dso {
             let objects = self.paths(obj.get("objects"), &format!("{at}.objects"))?;
             let sources = self.paths(obj.get("sources"), &format!("{at}.sources"))?;
@@ -200,17 +191,8 @@ impl Builder<'_> {
     /// `name` (empty by default, as TVM up to 0.21 writes it).
     fn function(&self, key: &str, v: &Value, at: &str) -> Result<(String, FunctionInfo)> {
         let obj = v.as_object().ok_or_else(|| self.bad(at, "must be an object"))?;
-        if let Some(unknown) = obj.keys().find(|k| !FUNCTION_FIELDS.contains(&k.as_str())) {
-            return Err(self.bad(at, format!("unknown field `{unknown}` (fields: {})", FUNCTION_FIELDS.join(", "))));
-        }
-        let strings = |field: &str| -> Result<Vec<&str>> {
-            let Some(v) = obj.get(field) else { return Ok(Vec::new()) };
-            let list = v.as_array().ok_or_else(|| self.bad(&format!("{at}.{field}"), "must be an array of strings"))?;
-            list.iter()
-                .enumerate()
-                .map(|(i, s)| s.as_str().ok_or_else(|| self.bad(&format!("{at}.{field}[{i}]"), "must be a string")))
-                .collect()
-        };
+        self.known_fields(obj, &FUNCTION_FIELDS, at, "")?;
+        let strings = |field: &str| self.strings(obj.get(field), &format!("{at}.{field}"), ("strings", "a string"));
         let arg_types = strings("arg_types")?
             .into_iter()
             .enumerate()
@@ -233,17 +215,28 @@ impl Builder<'_> {
         Ok((key.to_owned(), info))
     }
 
-    fn paths(&self, v: Option<&Value>, at: &str) -> Result<Vec<PathBuf>> {
+    /// Refuses a field of `obj` that is not in `allowed` (`of` says what kind of object).
+    fn known_fields(&self, obj: &Map<String, Value>, allowed: &[&str], at: &str, of: &str) -> Result<()> {
+        match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(unknown) => {
+                Err(self.bad(at, format!("unknown field `{unknown}`{of} (fields: {})", allowed.join(", "))))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// An optional array of strings; `names` words the errors (`("paths", "a path string")`).
+    fn strings<'v>(&self, v: Option<&'v Value>, at: &str, names: (&str, &str)) -> Result<Vec<&'v str>> {
         let Some(v) = v else { return Ok(Vec::new()) };
-        let list = v.as_array().ok_or_else(|| self.bad(at, "must be an array of paths"))?;
+        let list = v.as_array().ok_or_else(|| self.bad(at, format!("must be an array of {}", names.0)))?;
         list.iter()
             .enumerate()
-            .map(|(i, p)| {
-                p.as_str()
-                    .map(|p| self.base.join(p))
-                    .ok_or_else(|| self.bad(&format!("{at}[{i}]"), "must be a path string"))
-            })
+            .map(|(i, s)| s.as_str().ok_or_else(|| self.bad(&format!("{at}[{i}]"), format!("must be {}", names.1))))
             .collect()
+    }
+
+    fn paths(&self, v: Option<&Value>, at: &str) -> Result<Vec<PathBuf>> {
+        Ok(self.strings(v, at, ("paths", "a path string"))?.into_iter().map(|p| self.base.join(p)).collect())
     }
 }
 

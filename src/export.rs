@@ -476,7 +476,8 @@ impl Export {
             }
         }
         let t = Instant::now();
-        if !self.c_sources.is_empty() || !self.ir.is_empty() {
+        let compiling = !self.c_sources.is_empty() || !self.ir.is_empty();
+        if compiling {
             report(Progress::Started { stage: "compile" });
         }
         // One directory per source: two `host.c` (or a user's `devc.c`) must not collide.
@@ -493,7 +494,7 @@ impl Export {
         for ir in &self.ir {
             objects.push(next_dir().and_then(|d| compile_ir(ir, &opts, &d)).map_err(|e| e.in_step("compile"))?);
         }
-        if !self.c_sources.is_empty() || !self.ir.is_empty() {
+        if compiling {
             stage("compile", t, format!("{} host sources", self.c_sources.len() + self.ir.len()));
         }
 
@@ -526,18 +527,18 @@ impl Export {
         }
 
         let t = Instant::now();
-        let partial = partial_dir.0.join(output.file_name().unwrap_or("out".as_ref()));
         let tar = is_tar(output);
-        report(Progress::Started { stage: if tar { "tar" } else { "link" } });
+        let last = if tar { "tar" } else { "link" };
+        report(Progress::Started { stage: last });
         let written = if tar {
-            tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial)
+            tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial_dir.file)
         } else {
-            link::link_shared(&objects, &partial, &self.link)
+            link::link_shared(&objects, &partial_dir.file, &self.link)
         };
         written
-            .and_then(|_| fs::rename(&partial, output).map_err(Error::io(output, "cannot move into place")))
-            .map_err(|e| e.in_step(if tar { "tar" } else { "link" }))?;
-        stage(if tar { "tar" } else { "link" }, t, output.display().to_string());
+            .and_then(|_| fs::rename(&partial_dir.file, output).map_err(Error::io(output, "cannot move into place")))
+            .map_err(|e| e.in_step(last))?;
+        stage(last, t, output.display().to_string());
         let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
         Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
     }
@@ -667,8 +668,11 @@ fn sweep_stale(dir: &Path, prefix: &str) {
 /// whatever is left in it when dropped. A directory rather than a file: once it is removed (by
 /// this export, or by the next one's sweep after a kill), a linker that outlived a killed
 /// export has nowhere to write. `n` counts the exports of this process, which may run at the
-/// same time.
-struct PartialDir(PathBuf);
+/// same time. `file` is where the output is written in it, under the output's own name.
+struct PartialDir {
+    dir: PathBuf,
+    file: PathBuf,
+}
 
 impl PartialDir {
     fn create(output: &Path) -> Result<PartialDir> {
@@ -678,13 +682,14 @@ impl PartialDir {
         let dir = output.with_file_name(format!(".{name}.partial-{}-{n}", std::process::id()));
         fs::create_dir(&dir)
             .map_err(Error::io(&dir, "cannot create (the output directory must exist and be writable)"))?;
-        Ok(PartialDir(dir))
+        let file = dir.join(output.file_name().unwrap_or("out".as_ref()));
+        Ok(PartialDir { dir, file })
     }
 }
 
 impl Drop for PartialDir {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 

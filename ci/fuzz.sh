@@ -4,14 +4,14 @@
 # each (default 600). Each run's libFuzzer log is fuzz/fuzz-TARGET.log; crash, timeout and oom
 # inputs land in fuzz/artifacts/TARGET/. Exits non-zero when a target found something.
 #   bash ci/fuzz.sh [SECONDS] [TARGET...]
-#   MBLOB_GOLDENS=/path/to/tvm-goldens   (default: ../shared/tvm-goldens beside the checkout)
+#   MBLOB_GOLDENS=/path/to/tvm-goldens   (default: tests/fixtures/tvm-goldens in this repository)
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup)
-G=${MBLOB_GOLDENS:-$PWD/../../shared/tvm-goldens}
+G=${MBLOB_GOLDENS:-$PWD/../tests/fixtures/tvm-goldens}
 [ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 

@@ -4,7 +4,7 @@
 # with TVM 0.19 from PyPI and runs it (ci/tvm_check.py). Needs network access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-G=${MBLOB_GOLDENS:-../shared/tvm-goldens}
+G=${MBLOB_GOLDENS:-tests/fixtures/tvm-goldens}
 venv=${TVM_VENV:-/tmp/tvmenv}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"

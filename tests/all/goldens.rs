@@ -11,11 +11,12 @@ use mblob_runtime::{
 };
 use serde_json::Value;
 
-/// `../shared/tvm-goldens` beside the repository, or `MBLOB_GOLDENS`.
+/// The TVM goldens kept in the repository (`tests/fixtures/tvm-goldens`, see its README), or
+/// `MBLOB_GOLDENS` to run the suite against another copy.
 pub fn goldens() -> PathBuf {
     std::env::var_os("MBLOB_GOLDENS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tvm-goldens"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tvm-goldens"))
 }
 
 pub fn read(path: &Path) -> Vec<u8> {

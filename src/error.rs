@@ -88,6 +88,13 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// The export was cancelled (its cancel flag was set, for example by SIGINT in the
+    /// command line); what it had written is removed.
+    #[error("cancelled during {step}")]
+    Cancelled {
+        /// The step running when it was cancelled.
+        step: String,
+    },
     /// An option or input description that makes no sense.
     #[error("{what}: {detail}")]
     Invalid {

@@ -9,15 +9,25 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use mblob_runtime::{serialize, Layout, ModuleId, ModuleTree, Payload, Serialized};
 
 use crate::link::{self, LinkOptions, Linker};
 use crate::pack::{self, BlobSource, CStyle, PackOptions};
+use crate::tool::ToolContext;
 use crate::{Error, Result};
 
-mod tar;
+mod compile;
+mod output;
+mod progress;
+
+pub use compile::{is_cxx, CXX_EXTENSIONS};
+use compile::{CompileOptions, HostInputs};
+use output::PartialDir;
+pub use progress::Progress;
+use progress::{human_size, ProgressFn, Stages, Watched};
 
 /// How the blob becomes an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,18 +62,24 @@ impl std::str::FromStr for Backend {
 }
 
 /// A serialized tree as a [`BlobSource`]: the blob is written straight from the payloads.
+/// Its length is worked out once, when it is made.
 pub struct SerializedBlob<'a> {
-    /// The numbering.
-    pub serialized: &'a Serialized,
-    /// The tree it numbers.
-    pub tree: &'a ModuleTree,
-    /// The layout to write.
-    pub layout: Layout,
+    serialized: &'a Serialized,
+    tree: &'a ModuleTree,
+    layout: Layout,
+    len: u64,
+}
+
+impl<'a> SerializedBlob<'a> {
+    /// The blob of `tree` (numbered by `serialized`) in `layout`.
+    pub fn new(serialized: &'a Serialized, tree: &'a ModuleTree, layout: Layout) -> SerializedBlob<'a> {
+        SerializedBlob { serialized, tree, layout, len: serialized.blob_len(tree, layout) }
+    }
 }
 
 impl BlobSource for SerializedBlob<'_> {
     fn blob_len(&self) -> u64 {
-        self.serialized.blob_len(self.tree, self.layout)
+        self.len
     }
     fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
         self.serialized.write_blob(self.tree, self.layout, out).map(|_| ())
@@ -85,104 +101,6 @@ pub struct ExportReport {
     pub stages: Vec<(&'static str, f64)>,
 }
 
-/// What [`Export::progress`] is told while an export runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum Progress<'a> {
-    /// A stage begins: `serialize`, `compile`, `pack`, then `link` (or `tar`).
-    Started {
-        /// The stage.
-        stage: &'static str,
-    },
-    /// Bytes of the blob written so far while packing, about once per 1 % (only for blobs
-    /// of [`Progress::REPORTED_BLOB`] bytes or more).
-    Packed {
-        /// Bytes written.
-        done: u64,
-        /// Bytes of the blob.
-        total: u64,
-    },
-    /// A stage ended.
-    Finished {
-        /// The stage.
-        stage: &'static str,
-        /// What it did (`1 modules, blob 512.0 MiB`, `512.0 MiB through llvm`, the output).
-        detail: &'a str,
-        /// Seconds it took.
-        seconds: f64,
-    },
-}
-
-impl Progress<'_> {
-    /// Blobs from this size on report [`Progress::Packed`] (smaller ones pack in moments).
-    pub const REPORTED_BLOB: u64 = 16 << 20;
-}
-
-impl std::fmt::Display for Progress<'_> {
-    /// `pack: 512.0 MiB through llvm (1.20 s)`, `pack: 1.2 GiB of 2.5 GiB (48 %)`, `link...`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            Progress::Started { stage } => write!(f, "{stage}..."),
-            Progress::Packed { done, total } => write!(
-                f,
-                "pack: {} of {} ({} %)",
-                human_size(done),
-                human_size(total),
-                done.saturating_mul(100).checked_div(total).unwrap_or(100)
-            ),
-            Progress::Finished { stage, detail, seconds } => write!(f, "{stage}: {detail} ({seconds:.2} s)"),
-        }
-    }
-}
-
-/// The callback of [`Export::progress`].
-type ProgressFn = Box<dyn Fn(Progress<'_>)>;
-
-/// A blob source that reports the bytes written through it.
-struct Reporting<'a> {
-    inner: &'a dyn BlobSource,
-    report: &'a dyn Fn(Progress<'_>),
-}
-
-impl BlobSource for Reporting<'_> {
-    fn blob_len(&self) -> u64 {
-        self.inner.blob_len()
-    }
-    fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        let total = self.inner.blob_len();
-        let step = (total / 100).max(1);
-        let mut counting = ReportingWriter { out, done: 0, next: step, step, total, report: self.report };
-        self.inner.write_blob(&mut counting)
-    }
-}
-
-struct ReportingWriter<'a> {
-    out: &'a mut dyn std::io::Write,
-    done: u64,
-    next: u64,
-    step: u64,
-    total: u64,
-    report: &'a dyn Fn(Progress<'_>),
-}
-
-impl std::io::Write for ReportingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // A payload comes in one call; taking a step at a time lets the count move (the
-        // caller's `write_all` loops), at a cost of a hundred calls per blob.
-        let chunk = usize::try_from(self.step).unwrap_or(usize::MAX).max(64 << 10);
-        let n = self.out.write(&buf[..buf.len().min(chunk)])?;
-        self.done += n as u64;
-        if self.done >= self.next || (self.done == self.total && n > 0) {
-            self.next = self.done + self.step;
-            (self.report)(Progress::Packed { done: self.done, total: self.total });
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
-}
-
 /// Builds one shared library from host code and payload modules.
 pub struct Export {
     tree: ModuleTree,
@@ -202,6 +120,9 @@ pub struct Export {
     keep_temp: bool,
     emit_devc: Option<PathBuf>,
     progress: Option<ProgressFn>,
+    compile: CompileOptions,
+    cancel: Option<Arc<AtomicBool>>,
+    force_layout: bool,
 }
 
 impl Default for Export {
@@ -244,6 +165,9 @@ impl Export {
             keep_temp: false,
             emit_devc: None,
             progress: None,
+            compile: CompileOptions::default(),
+            cancel: None,
+            force_layout: false,
         }
     }
 
@@ -284,9 +208,69 @@ impl Export {
         self
     }
 
-    /// Adds a C source for the host, compiled with the system compiler.
+    /// Adds a C or C++ source for the host, compiled with the system compiler (C++ for the
+    /// extensions in [`CXX_EXTENSIONS`]; the library then links the C++ runtime, libstdc++).
+    /// See [`Export::compiler`] for the options.
     pub fn c_source(&mut self, path: impl Into<PathBuf>) -> &mut Self {
         self.c_sources.push(path.into());
+        self
+    }
+
+    /// Adds a host source: the same as [`Export::c_source`] (C or C++ by the extension).
+    pub fn source(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.c_source(path)
+    }
+
+    /// The C compiler for host sources (default: `$CC`, then `cc`). C++ sources use `$CXX`,
+    /// then `c++`.
+    ///
+    /// Host sources compile with `-O2 -fPIC`, then the [`Export::include`] directories, the
+    /// [`Export::flag`]s and the [`Export::define`]s in the order given, then `$CFLAGS`
+    /// (`$CXXFLAGS` for C++), which come last and so override the rest.
+    ///
+    /// ```no_run
+    /// # fn main() -> mblob::Result<()> {
+    /// let mut e = mblob::export::Export::new();
+    /// e.c_source("host.c").compiler("clang").flag("-O3").include("include").define("VALUE", Some("42"));
+    /// e.write("model.so")?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn compiler(&mut self, compiler: impl Into<PathBuf>) -> &mut Self {
+        self.compile.compiler = Some(compiler.into());
+        self
+    }
+
+    /// An extra flag for the compiler of host sources (see [`Export::compiler`]).
+    pub fn flag(&mut self, flag: impl Into<String>) -> &mut Self {
+        self.compile.flags.push(flag.into());
+        self
+    }
+
+    /// An include directory for host sources (`-I`).
+    pub fn include(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.compile.includes.push(dir.into());
+        self
+    }
+
+    /// A preprocessor definition for host sources: `-DNAME` or `-DNAME=VALUE`.
+    pub fn define(&mut self, name: impl Into<String>, value: Option<&str>) -> &mut Self {
+        self.compile.defines.push((name.into(), value.map(str::to_owned)));
+        self
+    }
+
+    /// A flag that cancels the export when set (from a signal handler, another thread): the
+    /// running compiler or linker is killed with its children, the temporary and partial
+    /// files are removed, and [`Export::write`] returns [`Error::Cancelled`].
+    pub fn cancel_flag(&mut self, flag: Arc<AtomicBool>) -> &mut Self {
+        self.cancel = Some(flag);
+        self
+    }
+
+    /// Writes the layout even when the host objects use a calling convention that the layout's
+    /// TVM cannot call (see [`crate::pack::abi`]); off by default.
+    pub fn force_layout(&mut self, force: bool) -> &mut Self {
+        self.force_layout = force;
         self
     }
 
@@ -315,7 +299,7 @@ impl Export {
         };
         let name = module.get_name().to_string_lossy().replace(['/', '\\'], "_");
         let path = dir.join(format!("{}-{name}.o", self.objects.len()));
-        emit_llvm_object(module, &self.pack_options().triple(), &path)?;
+        compile::emit_llvm_object(module, &self.pack_options().triple(), &path)?;
         Ok(self.object(path))
     }
 
@@ -390,7 +374,7 @@ impl Export {
 
     /// Called as stages begin and end, and while a large blob is written (for progress
     /// display; [`Progress`] displays as one line).
-    pub fn progress(&mut self, f: impl Fn(Progress<'_>) + 'static) -> &mut Self {
+    pub fn progress(&mut self, f: impl Fn(Progress<'_>) + Send + Sync + 'static) -> &mut Self {
         self.progress = Some(Box::new(f));
         self
     }
@@ -411,10 +395,35 @@ impl Export {
     /// An output ending in `.tar` gets the objects instead, unlinked, in a tar archive (as TVM's
     /// `export_library("x.tar")`): the host objects as `lib0.o`, `lib1.o`... and the blob
     /// object as `<prefix>devc.o`. The linker options do not apply to it.
+    ///
+    /// What can be checked is checked before any work: the options, the output path (an
+    /// existing directory, a missing parent directory), the host files, and whether the host
+    /// objects' calling convention fits the layout.
     pub fn write(&self, output: impl AsRef<Path>) -> Result<ExportReport> {
         let output = output.as_ref();
         let _span = tracing::info_span!("export", output = %output.display()).entered();
         let backend = self.backend.unwrap_or_default();
+        let opts = self.pack_options();
+        self.check(output, backend, &opts)?;
+        output::sweep_stale(output);
+        let partial = PartialDir::create(output)?;
+        let tmp = output::temp_dir()?;
+        let tools_tmp = tmp.path().join("tools");
+        fs::create_dir(&tools_tmp).map_err(Error::io(&tools_tmp, "cannot create"))?;
+        let _tools = ToolContext::set(Some(&tools_tmp), self.cancel.clone());
+        let mut stages = Stages::new(self.progress.as_deref());
+        let written = self.run_stages(&mut stages, output, backend, &opts, tmp.path(), &partial);
+        let (symbol, blob_len) = match written {
+            Ok(done) => done,
+            Err(_) if ToolContext::cancelled() => return Err(Error::Cancelled { step: stages.current.into() }),
+            Err(e) => return Err(e),
+        };
+        let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
+        Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages: stages.times })
+    }
+
+    /// The checks made before any work (see [`Export::write`]).
+    fn check(&self, output: &Path, backend: Backend, opts: &PackOptions) -> Result<()> {
         if !cfg!(feature = "llvm") {
             if backend == Backend::Llvm {
                 return Err(Error::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" });
@@ -426,121 +435,104 @@ impl Export {
                 });
             }
         }
-        let opts = self.pack_options();
         opts.check()?;
-        sweep_stale(&std::env::temp_dir(), TEMP_PREFIX);
-        if let (Some(dir), Some(name)) = (output.parent(), output.file_name()) {
-            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-            sweep_stale(dir, &format!(".{}.partial-", name.to_string_lossy()));
+        output::check_output(output)?;
+        self.host_inputs().check()?;
+        if !self.force_layout {
+            pack::abi::check_layout(&self.objects, self.layout, &self.tree)?;
         }
-        // First, so that an output directory that is missing or not writable fails at once.
-        let partial_dir = PartialDir::create(output)?;
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
-            .tempdir()
-            .map_err(Error::io(std::env::temp_dir(), "cannot create a temporary directory in"))?;
-        let tools_tmp = tmp.path().join("tools");
-        fs::create_dir(&tools_tmp).map_err(Error::io(&tools_tmp, "cannot create"))?;
-        let _tools_tmp = link::ToolTempDir::set(&tools_tmp);
-        let report = |p: Progress<'_>| {
-            if let Some(f) = &self.progress {
-                f(p);
-            }
-        };
-        let mut stages = Vec::new();
-        let mut stage = |stage: &'static str, start: Instant, detail: String| {
-            let seconds = start.elapsed().as_secs_f64();
-            stages.push((stage, seconds));
-            report(Progress::Finished { stage, detail: &detail, seconds });
-        };
+        Ok(())
+    }
 
-        let t = Instant::now();
-        report(Progress::Started { stage: "serialize" });
-        let serialized = serialize(&self.tree)?;
-        self.check_everything_is_packed(&serialized)?;
-        let serialized_blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
-        let blob_len = serialized_blob.blob_len();
-        let reporting = Reporting { inner: &serialized_blob, report: &report };
-        let blob: &dyn BlobSource =
-            if self.progress.is_some() && blob_len >= Progress::REPORTED_BLOB { &reporting } else { &serialized_blob };
-        stage("serialize", t, format!("{} modules, blob {}", self.tree.len(), human_size(blob_len)));
+    fn host_inputs(&self) -> HostInputs<'_> {
+        HostInputs { objects: &self.objects, sources: &self.c_sources, ir: &self.ir }
+    }
 
+    /// The stages, in order; returns the blob symbol and the blob's length.
+    fn run_stages(
+        &self,
+        stages: &mut Stages<'_>,
+        output: &Path,
+        backend: Backend,
+        opts: &PackOptions,
+        tmp: &Path,
+        partial: &PartialDir,
+    ) -> Result<(Option<String>, u64)> {
+        // The plan: the numbering, the blob and its length, worked out once.
+        let serialized = stages.run("serialize", |_| {
+            let serialized = serialize(&self.tree)?;
+            self.check_everything_is_packed(&serialized)?;
+            let len = serialized.blob_len(&self.tree, self.layout);
+            let detail = format!("{} modules, blob {}", self.tree.len(), human_size(len));
+            Ok((serialized, detail))
+        })?;
+        let blob = SerializedBlob::new(&serialized, &self.tree, self.layout);
+        let blob_len = blob.blob_len();
+
+        let inputs = self.host_inputs();
         let mut objects = self.objects.clone();
-        for o in &objects {
-            if !o.is_file() {
-                return Err(Error::Io {
-                    path: o.clone(),
-                    action: "cannot read host object",
-                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
-                });
-            }
+        if inputs.compiles() {
+            objects.extend(stages.run("compile", |_| {
+                let compiled = inputs.compile(opts, &self.compile, tmp).map_err(|e| e.in_step("compile"))?;
+                Ok((compiled, format!("{} host sources", self.c_sources.len() + self.ir.len())))
+            })?);
         }
-        let t = Instant::now();
-        let compiling = !self.c_sources.is_empty() || !self.ir.is_empty();
-        if compiling {
-            report(Progress::Started { stage: "compile" });
-        }
-        // One directory per source: two `host.c` (or a user's `devc.c`) must not collide.
-        let mut source_dir = 0usize;
-        let mut next_dir = || -> Result<PathBuf> {
-            let dir = tmp.path().join(format!("host{source_dir}"));
-            source_dir += 1;
-            fs::create_dir(&dir).map_err(Error::io(&dir, "cannot create"))?;
-            Ok(dir)
-        };
-        for src in &self.c_sources {
-            objects.push(next_dir().and_then(|d| pack::c::compile(src, &opts, &d)).map_err(|e| e.in_step("compile"))?);
-        }
-        for ir in &self.ir {
-            objects.push(next_dir().and_then(|d| compile_ir(ir, &opts, &d)).map_err(|e| e.in_step("compile"))?);
-        }
-        if compiling {
-            stage("compile", t, format!("{} host sources", self.c_sources.len() + self.ir.len()));
-        }
-
         let host_objects = objects.len();
+
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         if symbol.is_some() {
-            let t = Instant::now();
-            report(Progress::Started { stage: "pack" });
-            let pack = || -> Result<PathBuf> {
-                let devc = match backend {
-                    Backend::Llvm => llvm_pack(blob, &opts, tmp.path())?,
-                    Backend::C(style) => {
-                        let src = pack::c::write_source(blob, &opts, style, tmp.path())?;
-                        if let Some(dir) = &self.emit_devc {
-                            // Written there, not copied: the fast form's `.incbin` names the blob
-                            // file beside the source, which must outlive the temporary directory.
-                            fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
-                            pack::c::write_source(&serialized_blob, &opts, style, dir)?;
-                        }
-                        // TVM's system-lib text uses a C++-only static initializer.
-                        pack::c::compile_with(&src, &opts, tmp.path(), style == CStyle::Tvm && self.system_lib)?
-                    }
-                };
-                self.copy_devc(&devc)?;
-                Ok(devc)
-            };
-            let devc = pack().map_err(|e| e.in_step("pack"))?;
-            objects.push(devc);
-            stage("pack", t, format!("{} through {}", human_size(blob_len), backend_name(backend)));
+            objects.push(stages.run("pack", |_| {
+                let watched = Watched { inner: &blob, len: blob_len, report: self.progress.as_deref() };
+                let devc = self.pack(&watched, &blob, backend, opts, tmp).map_err(|e| e.in_step("pack"))?;
+                Ok((devc, format!("{} through {}", human_size(blob_len), backend_name(backend))))
+            })?);
         }
 
-        let t = Instant::now();
-        let tar = is_tar(output);
-        let last = if tar { "tar" } else { "link" };
-        report(Progress::Started { stage: last });
-        let written = if tar {
-            tar::write_tar(&tar_members(&objects, host_objects, &opts), &partial_dir.file)
-        } else {
-            link::link_shared(&objects, &partial_dir.file, &self.link)
+        let tar = output::is_tar(output);
+        stages.run(if tar { "tar" } else { "link" }, |_| {
+            let step = if tar { "tar" } else { "link" };
+            let written = if tar {
+                output::write_tar(&output::tar_members(&objects, host_objects, opts), &partial.file)
+            } else {
+                let mut link = self.link.clone();
+                if inputs.has_cxx() {
+                    // C++ host code needs its runtime (exceptions, iostream) in any process
+                    // that loads the library, not only in one that has it already.
+                    link.args.push("-lstdc++".into());
+                }
+                link::link_shared(&objects, &partial.file, &link)
+            };
+            written.and_then(|_| partial.publish(output)).map_err(|e| e.in_step(step))?;
+            Ok(((), output.display().to_string()))
+        })?;
+        Ok((symbol, blob_len))
+    }
+
+    /// The pack stage: the blob object, through the backend.
+    fn pack(
+        &self,
+        watched: &dyn BlobSource,
+        blob: &SerializedBlob<'_>,
+        backend: Backend,
+        opts: &PackOptions,
+        tmp: &Path,
+    ) -> Result<PathBuf> {
+        let devc = match backend {
+            Backend::Llvm => llvm_pack(watched, opts, tmp)?,
+            Backend::C(style) => {
+                let src = pack::c::write_source(watched, opts, style, tmp)?;
+                if let Some(dir) = &self.emit_devc {
+                    // Written there, not copied: the fast form's `.incbin` names the blob
+                    // file beside the source, which must outlive the temporary directory.
+                    fs::create_dir_all(dir).map_err(Error::io(dir, "cannot create"))?;
+                    pack::c::write_source(blob, opts, style, dir)?;
+                }
+                // TVM's system-lib text uses a C++-only static initializer.
+                pack::c::compile_with(&src, opts, tmp, style == CStyle::Tvm && self.system_lib)?
+            }
         };
-        written
-            .and_then(|_| fs::rename(&partial_dir.file, output).map_err(Error::io(output, "cannot move into place")))
-            .map_err(|e| e.in_step(last))?;
-        stage(last, t, output.display().to_string());
-        let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
-        Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages })
+        self.copy_devc(&devc)?;
+        Ok(devc)
     }
 
     /// Refuses a tree part of which would silently be missing from the library: a module that
@@ -577,119 +569,12 @@ impl Export {
     }
 }
 
-/// Whether `output` asks for a tar archive of the objects instead of a linked library.
-fn is_tar(output: &Path) -> bool {
-    output.extension().is_some_and(|e| e.eq_ignore_ascii_case("tar"))
-}
-
-/// Names in a `.tar` export, as TVM's: the host objects are `lib0.o`, `lib1.o`... in order
-/// (objects, then compiled C sources and IR), the blob object `<prefix>devc.o`.
-fn tar_members(objects: &[PathBuf], host_objects: usize, opts: &PackOptions) -> Vec<(String, PathBuf)> {
-    let mut members = Vec::with_capacity(objects.len());
-    for (i, path) in objects.iter().enumerate() {
-        let name = if i < host_objects {
-            // Keep an archive an archive: `lib3.a`, not `lib3.o`.
-            let ext = path
-                .extension()
-                .and_then(|e| e.to_str())
-                .filter(|e| !e.is_empty() && e.len() <= 8 && e.bytes().all(|b| b.is_ascii_alphanumeric()))
-                .unwrap_or("o");
-            format!("lib{i}.{ext}")
-        } else {
-            format!("{}.o", opts.file_stem())
-        };
-        members.push((name, path.clone()));
-    }
-    members
-}
-
-/// `512.0 MiB`, `12.3 KiB`, `100 B`.
-fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = UNITS[0];
-    for next in &UNITS[1..] {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = next;
-    }
-    format!("{value:.1} {unit}")
-}
-
 /// The backend as the CLI spells it.
 fn backend_name(b: Backend) -> &'static str {
     match b {
         Backend::Llvm => "llvm",
         Backend::C(CStyle::Fast) => "c",
         Backend::C(CStyle::Tvm) => "c-tvm",
-    }
-}
-
-/// Prefix of an export's intermediate directory, followed by the exporting process's id.
-const TEMP_PREFIX: &str = "mblob-export-";
-
-/// Removes what exports killed before they could clean up left in `dir`: entries named
-/// `<prefix><pid>...` whose process is gone. An export that fails cleans up itself; one that is
-/// killed (SIGKILL, power loss) cannot, so the next export does it.
-fn sweep_stale(dir: &Path, prefix: &str) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(prefix) else { continue };
-        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        let Ok(pid) = pid.parse::<u32>() else { continue };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() || !Path::new("/proc/self").exists()
-        {
-            continue;
-        }
-        let path = entry.path();
-        tracing::debug!(path = %path.display(), "removing what a killed export left");
-        if path.is_dir() {
-            // A compiler or linker that outlived its killed export may still be writing there;
-            // it cannot recreate the directory, but can race one pass of the removal.
-            for _ in 0..3 {
-                if fs::remove_dir_all(&path).is_ok() || !path.exists() {
-                    break;
-                }
-            }
-        } else {
-            let _ = fs::remove_file(&path);
-        }
-    }
-}
-
-/// `.<name>.partial-<pid>-<n>`, the directory next to the output in which it is written
-/// before it is renamed into place (same file system, so the rename is atomic); removed with
-/// whatever is left in it when dropped. A directory rather than a file: once it is removed (by
-/// this export, or by the next one's sweep after a kill), a linker that outlived a killed
-/// export has nowhere to write. `n` counts the exports of this process, which may run at the
-/// same time. `file` is where the output is written in it, under the output's own name.
-struct PartialDir {
-    dir: PathBuf,
-    file: PathBuf,
-}
-
-impl PartialDir {
-    fn create(output: &Path) -> Result<PartialDir> {
-        static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-        let dir = output.with_file_name(format!(".{name}.partial-{}-{n}", std::process::id()));
-        fs::create_dir(&dir)
-            .map_err(Error::io(&dir, "cannot create (the output directory must exist and be writable)"))?;
-        let file = dir.join(output.file_name().unwrap_or("out".as_ref()));
-        Ok(PartialDir { dir, file })
-    }
-}
-
-impl Drop for PartialDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -703,31 +588,9 @@ fn llvm_pack(_: &dyn BlobSource, _: &PackOptions, _: &Path) -> Result<PathBuf> {
     Err(Error::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" })
 }
 
-#[cfg(feature = "llvm")]
-fn emit_llvm_object(module: &inkwell::module::Module<'_>, triple: &str, path: &Path) -> Result<()> {
-    let tm = pack::llvm::target_machine(triple)?;
-    module.set_triple(&tm.get_triple());
-    module.set_data_layout(&tm.get_target_data().get_data_layout());
-    tm.write_to_file(module, inkwell::targets::FileType::Object, path)
-        .map_err(|e| Error::Llvm { step: "emit host object", message: e.to_string() })
-}
-
-#[cfg(feature = "llvm")]
-fn compile_ir(path: &Path, opts: &PackOptions, dir: &Path) -> Result<PathBuf> {
-    let _span = tracing::info_span!("compile_ir", path = %path.display()).entered();
-    let ctx = inkwell::context::Context::create();
-    let buf = inkwell::memory_buffer::MemoryBuffer::create_from_file(path)
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
-    let module = ctx
-        .create_module_from_ir(buf)
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid LLVM IR: {e}") })?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "ir".into());
-    let out = dir.join(format!("{stem}.ir.o"));
-    emit_llvm_object(&module, &opts.triple(), &out)?;
-    Ok(out)
-}
-
-#[cfg(not(feature = "llvm"))]
-fn compile_ir(path: &Path, _: &PackOptions, _: &Path) -> Result<PathBuf> {
-    Err(Error::FeatureDisabled { what: format!("LLVM IR input {}", path.display()), feature: "llvm" })
+/// An export crosses threads (build systems run them on workers).
+#[allow(dead_code)]
+fn _export_is_send() {
+    fn send<T: Send>() {}
+    send::<Export>();
 }

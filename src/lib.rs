@@ -14,6 +14,7 @@ mod error;
 pub mod export;
 pub mod link;
 pub mod pack;
+pub mod tool;
 pub mod tree_json;
 
 pub use error::{Error, Result};

@@ -33,5 +33,5 @@ pub struct ExportArgs {
 pub fn run(args: &ExportArgs) -> Result<ExitCode> {
     let mut e = read_tree_json(&args.tree)?;
     args.options.apply(&mut e);
-    args.options.write(&e)
+    args.options.write(&mut e)
 }

@@ -4,6 +4,8 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
 
@@ -49,6 +51,26 @@ pub struct PackOptionsArgs {
     /// Keep the intermediate directory and print its path.
     #[arg(long)]
     pub keep_temp: bool,
+    /// Write the layout even when the host objects' calling convention is not the one the
+    /// layout's TVM calls (detected from their symbols: TVM 0.8-0.20 packed functions fit
+    /// `classic`, TVM 0.21's fit `classic-0.21`, TVM 0.22+'s `__tvm_ffi_*` functions fit
+    /// `ffi`), or a Relax executable of one side of TVM 0.20/0.21 in a layout of the other.
+    #[arg(long)]
+    pub force_layout: bool,
+    /// The C compiler for host sources (default: $CC, then `cc`; C++ sources use $CXX, then
+    /// `c++`).
+    #[arg(long, value_name = "CC")]
+    pub cc: Option<PathBuf>,
+    /// An extra flag for the compiler of host sources (repeatable; after mblob's `-O2 -fPIC`,
+    /// before $CFLAGS / $CXXFLAGS, which come last).
+    #[arg(long = "cflag", value_name = "FLAG", allow_hyphen_values = true)]
+    pub cflags: Vec<String>,
+    /// An include directory for host sources (repeatable).
+    #[arg(short = 'I', long = "include", value_name = "DIR")]
+    pub includes: Vec<PathBuf>,
+    /// A preprocessor definition for host sources, `NAME` or `NAME=VALUE` (repeatable).
+    #[arg(short = 'D', long = "define", value_name = "NAME[=VALUE]")]
+    pub defines: Vec<String>,
     /// Print nothing but errors.
     #[arg(short, long)]
     pub quiet: bool,
@@ -70,7 +92,22 @@ impl PackOptionsArgs {
         for a in &self.link_args {
             e.link_arg(a.clone());
         }
-        e.keep_temp(self.keep_temp);
+        e.keep_temp(self.keep_temp).force_layout(self.force_layout);
+        if let Some(cc) = &self.cc {
+            e.compiler(cc.clone());
+        }
+        for f in &self.cflags {
+            e.flag(f.clone());
+        }
+        for dir in &self.includes {
+            e.include(dir.clone());
+        }
+        for d in &self.defines {
+            match d.split_once('=') {
+                Some((name, value)) => e.define(name, Some(value)),
+                None => e.define(d.clone(), None),
+            };
+        }
         if !self.quiet && std::io::stderr().is_terminal() {
             // One line per stage, redrawn while it runs: `\r` and erase-line go back over
             // what the stage's start (or the last count of bytes packed) wrote.
@@ -82,12 +119,55 @@ impl PackOptionsArgs {
     }
 
     /// Writes the export and prints what came out.
-    pub fn write(&self, e: &Export) -> Result<ExitCode> {
-        let report = e.write(&self.output)?;
-        if !self.quiet {
-            print_report(&report, self.layout);
+    ///
+    /// SIGINT and SIGTERM cancel the export: the running compiler or linker is killed with its
+    /// children, the temporary and partial files are removed, and the exit status is 130 (INT)
+    /// or 143 (TERM). A second signal ends the process at once.
+    pub fn write(&self, e: &mut Export) -> Result<ExitCode> {
+        let signals = Signals::install().map_err(Error::io("<signal handlers>", "cannot install"))?;
+        e.cancel_flag(signals.cancel.clone());
+        let written = e.write(&self.output);
+        match written {
+            Ok(report) => {
+                if !self.quiet {
+                    print_report(&report, self.layout);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(err @ Error::Cancelled { .. }) => {
+                let (name, code) =
+                    if signals.term.load(Ordering::Relaxed) { ("SIGTERM", 143) } else { ("SIGINT", 130) };
+                if std::io::stderr().is_terminal() {
+                    eprintln!();
+                }
+                eprintln!("mblob: {err} by {name}: removed the temporary and partial files");
+                Ok(ExitCode::from(code))
+            }
+            Err(err) => Err(err),
         }
-        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// The handlers of SIGINT and SIGTERM during an export: the first sets `cancel` (and `term`
+/// for SIGTERM), a second one exits at once.
+struct Signals {
+    cancel: Arc<AtomicBool>,
+    term: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let cancel = Arc::new(AtomicBool::new(false));
+        let term = Arc::new(AtomicBool::new(false));
+        // They stay for the life of the process, which ends soon after the export.
+        for sig in [SIGINT, SIGTERM] {
+            // First: it exits only when the flag was set by an earlier signal.
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, cancel.clone())?;
+            signal_hook::flag::register(sig, cancel.clone())?;
+        }
+        signal_hook::flag::register(SIGTERM, term.clone())?;
+        Ok(Signals { cancel, term })
     }
 }
 
@@ -153,5 +233,5 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
     let mut e = Export::from_tree(tree);
     e.objects(args.host.iter().cloned());
     args.options.apply(&mut e);
-    args.options.write(&e)
+    args.options.write(&mut e)
 }

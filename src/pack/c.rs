@@ -229,23 +229,39 @@ pub fn compile(source: &Path, opts: &PackOptions, out_dir: &Path) -> Result<Path
 
 /// [`compile`], as C++ when `cpp` is set (the `cc` crate's C++ compiler: `$CXX`, then `c++`).
 pub fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool) -> Result<PathBuf> {
-    let _span = tracing::info_span!("compile", source = %source.display(), cpp).entered();
-    let step = format!("compile {}", source.display());
-    let triple = cc_triple(&opts.triple());
-    let host = super::host_triple();
+    let mut build = base_build(opts, cpp);
+    build.opt_level(0);
+    compile_build(&build, source, opts, out_dir)
+}
+
+/// A `cc` build for `opts`' target: position-independent, no debug information, nothing
+/// printed for cargo. The caller adds the optimisation level and its own options.
+pub(crate) fn base_build(opts: &PackOptions, cpp: bool) -> cc::Build {
     let mut build = cc::Build::new();
     build
-        .file(source)
         .pic(true)
-        .opt_level(0)
         .debug(false)
         .cpp(cpp)
-        .target(&triple)
-        .host(&host)
+        .target(&cc_triple(&opts.triple()))
+        .host(&super::host_triple())
         .cargo_metadata(false)
         .cargo_warnings(false)
-        .emit_rerun_if_env_changed(false)
-        .out_dir(out_dir);
+        .emit_rerun_if_env_changed(false);
+    build
+}
+
+/// Compiles `source` with `build`'s compiler and flags to `<out_dir>/<source stem>.o`, and
+/// checks that the object is for the target's machine.
+pub(crate) fn compile_build(build: &cc::Build, source: &Path, opts: &PackOptions, out_dir: &Path) -> Result<PathBuf> {
+    let _span = tracing::info_span!("compile", source = %source.display()).entered();
+    let step = format!("compile {}", source.display());
+    // The `cc` crate probes the compiler with files in its output directory: ours.
+    // Its probes run the compiler itself: they get the tools' `TMPDIR` too.
+    let mut build = build.clone();
+    build.out_dir(out_dir);
+    if let Some(dir) = crate::tool::ToolContext::tmpdir() {
+        build.env("TMPDIR", dir);
+    }
     let compiler = build.try_get_compiler().map_err(|e| Error::Tool {
         step: step.clone(),
         command: "(compiler detection by the cc crate)".into(),
@@ -256,7 +272,8 @@ pub fn compile_with(source: &Path, opts: &PackOptions, out_dir: &Path, cpp: bool
     let stem = source.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "source".into());
     let object = out_dir.join(format!("{stem}.o"));
     cmd.arg("-c").arg(source).arg("-o").arg(&object);
-    let compiled = crate::link::run_tool(&step, &mut cmd).and_then(|_| check_machine(&object, &triple, &cmd));
+    let triple = cc_triple(&opts.triple());
+    let compiled = crate::tool::run_tool(&step, &mut cmd).and_then(|_| check_machine(&object, &triple, &cmd));
     if let Err(e) = compiled {
         let _ = std::fs::remove_file(&object);
         return Err(e);

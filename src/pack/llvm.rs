@@ -152,7 +152,7 @@ pub(crate) fn write_object_in(
     let module = build_module_in(&ctx, &tm, opts, len, section)?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
     check_room(&path, len.saturating_add(1 << 16))?;
-    let emitted = tm.write_to_file(&module, FileType::Object, &path).map_err(|e| llvm("emit object")(e.to_string()));
+    let emitted = write_module(&tm, &module, &path, "emit object");
     drop(module);
     let large = section == Some(".lrodata") && opts.is_x86_64_elf();
     let placed = emitted.and_then(|_| place_blob(&path, &opts.symbol(), blob, large));
@@ -162,6 +162,36 @@ pub(crate) fn write_object_in(
     }
     tracing::debug!(object = %path.display(), "wrote blob object");
     Ok(path)
+}
+
+/// Writes `module` as an object file at `path` (`step` names the job in an error).
+///
+/// LLVM opens files by UTF-8 names only (inkwell panics on any other path). A path that is
+/// not UTF-8 is reached through its directory's file descriptor, `/proc/self/fd/N/name`
+/// (Linux), when the file name itself is UTF-8; otherwise the error says so.
+///
+/// # Errors
+/// [`Error::Llvm`] when LLVM fails, [`Error::Invalid`] for a path LLVM cannot be given.
+pub fn write_module(tm: &TargetMachine, module: &Module<'_>, path: &Path, step: &'static str) -> Result<()> {
+    if path.to_str().is_some() {
+        return tm.write_to_file(module, FileType::Object, path).map_err(|e| llvm(step)(e.to_string()));
+    }
+    let not_utf8 = |detail: &str| Error::Invalid { what: path.display().to_string(), detail: detail.into() };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| not_utf8("LLVM writes files by UTF-8 names only, and this file name is not UTF-8"))?;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = File::open(parent).map_err(Error::io(parent, "cannot open"))?;
+    let via = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir)));
+    if !via.is_dir() {
+        return Err(not_utf8(
+            "LLVM writes files by UTF-8 names only, and without /proc this path cannot be given to it",
+        ));
+    }
+    let written = tm.write_to_file(module, FileType::Object, &via.join(name)).map_err(|e| llvm(step)(e.to_string()));
+    drop(dir);
+    written
 }
 
 /// The module TVM's `CodeGenBlob` builds, with a zero initializer (see the module docs): the

@@ -5,6 +5,7 @@
 //! source (TVM's own text, or a fast form that the compiler does not parse byte by byte) and
 //! compiles it with the system compiler, as TVM's `PackImportsToC` does.
 
+pub mod abi;
 pub mod c;
 #[cfg(feature = "llvm")]
 pub mod llvm;

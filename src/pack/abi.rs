@@ -1,0 +1,169 @@
+//! Which TVM can call the host code: the calling convention of host objects, told from their
+//! symbols, and the blob layouts whose TVM calls that convention.
+//!
+//! Re-packing a library in another layout only rewrites the container; the host functions keep
+//! the convention their TVM compiled them for, and payload kinds keep their version's type key
+//! and bytes. So a layout is refused when its TVM cannot call the host objects, and a Relax
+//! executable is refused across the 0.20/0.21 boundary (its type key and magic differ).
+
+use std::path::{Path, PathBuf};
+
+use mblob_runtime::{Layout, ModuleTree};
+use object::{Object, ObjectSymbol};
+
+use crate::{Error, Result};
+
+/// The calling convention of compiled host functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Convention {
+    /// TVM 0.8 to 0.20: packed functions `int f(TVMValue*, int*, int, TVMValue*, int*, void*)`
+    /// under their own names, context slots `__tvm_module_ctx`, `__TVMAPISetLastError`.
+    ClassicPacked,
+    /// TVM 0.21: tvm-ffi's `int f(void*, const TVMFFIAny*, int32_t, TVMFFIAny*)` under the
+    /// functions' own names, slots `__tvm_ffi_library_ctx`, `__TVMFFIErrorSetRaisedFromCStr`.
+    Ffi021,
+    /// TVM 0.22 and later: tvm-ffi functions exported as `__tvm_ffi_<name>`, slot
+    /// `__tvm_ffi__library_ctx`, and `TVMFFIErrorSetRaisedFromCStrParts` undefined.
+    Ffi,
+}
+
+impl Convention {
+    /// The one layout whose TVM calls this convention.
+    pub fn layout(self) -> Layout {
+        match self {
+            Convention::ClassicPacked => Layout::Classic,
+            Convention::Ffi021 => Layout::Classic021,
+            Convention::Ffi => Layout::Ffi,
+        }
+    }
+
+    /// What it is, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Convention::ClassicPacked => "TVM 0.8-0.20's packed calling convention",
+            Convention::Ffi021 => "TVM 0.21's tvm-ffi calling convention (plain function names)",
+            Convention::Ffi => "TVM 0.22+'s tvm-ffi calling convention (functions named __tvm_ffi_<name>)",
+        }
+    }
+}
+
+impl std::fmt::Display for Convention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The convention of one object file's host functions, from its symbols: `Ok(None)` for an
+/// object with no TVM marker (plain C, a runtime shim), or a file that is not an object
+/// (an archive: not looked into).
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read.
+pub fn detect(path: &Path) -> Result<Option<Convention>> {
+    let data = mblob_runtime::map_file(path)?;
+    let Ok(file) = object::File::parse(data.as_ref()) else { return Ok(None) };
+    let mut classic = false;
+    let mut ffi021 = false;
+    let mut ffi = false;
+    for sym in file.symbols() {
+        let Ok(name) = sym.name() else { continue };
+        if sym.is_undefined() {
+            ffi |= name == "TVMFFIErrorSetRaisedFromCStrParts";
+            continue;
+        }
+        match name {
+            "__tvm_module_ctx" | "__TVMAPISetLastError" | "__TVMFuncCall" => classic = true,
+            "__tvm_ffi__library_ctx" => ffi = true,
+            "__tvm_ffi_library_ctx" | "__TVMFFIErrorSetRaisedFromCStr" | "__TVMFFIFunctionCall" => ffi021 = true,
+            _ => {
+                ffi |= name.starts_with("__tvm_ffi_") && sym.kind() == object::SymbolKind::Text && sym.is_global();
+            }
+        }
+    }
+    // 0.22+ keeps 0.21's slot names, so its own markers decide first.
+    Ok(if ffi {
+        Some(Convention::Ffi)
+    } else if ffi021 {
+        Some(Convention::Ffi021)
+    } else if classic {
+        Some(Convention::ClassicPacked)
+    } else {
+        None
+    })
+}
+
+/// The convention of a set of host objects: the one their markers agree on, `None` when none
+/// has a marker.
+///
+/// # Errors
+/// [`Error::Invalid`] when two objects use different conventions; [`Error::Io`].
+pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> {
+    let mut found: Option<(Convention, PathBuf)> = None;
+    for path in objects {
+        let Some(c) = detect(path)? else { continue };
+        match &found {
+            Some((first, first_path)) if *first != c => {
+                return Err(Error::Invalid {
+                    what: path.display().to_string(),
+                    detail: format!(
+                        "uses {c}, but {} uses {first}: host objects of two TVM versions cannot share a library",
+                        first_path.display()
+                    ),
+                })
+            }
+            Some(_) => {}
+            None => found = Some((c, path.clone())),
+        }
+    }
+    Ok(found)
+}
+
+/// The Relax executable's type key in each layout's TVM.
+fn relax_key(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Classic => "relax.Executable",
+        Layout::Classic021 | Layout::Ffi => "relax.VMExecutable",
+    }
+}
+
+/// Checks that the TVM of `layout` can use what the library will hold: the host objects'
+/// calling convention, and the payload kinds whose type key or bytes changed between versions
+/// (TVM 0.19's `relax.Executable`, magic `...151D`, became 0.21's `relax.VMExecutable`,
+/// magic `...151E`).
+///
+/// # Errors
+/// [`Error::Invalid`] naming the detected convention (or the payload) and the layout that
+/// fits; `Export::force_layout` skips this check.
+pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
+    if let Some((convention, path)) = detect_all(objects)? {
+        if convention.layout() != layout {
+            return Err(Error::Invalid {
+                what: format!("layout {layout}"),
+                detail: format!(
+                    "the host object {} uses {convention}, which the TVM that reads the {layout} layout \
+                     cannot call; the layout that fits is `{}` (re-packing changes the container, not \
+                     the compiled host code: build the host code with the TVM you target, or pass \
+                     --force-layout to write it anyway)",
+                    path.display(),
+                    convention.layout()
+                ),
+            });
+        }
+    }
+    let want = relax_key(layout);
+    for id in tree.ids() {
+        let key = tree.kind(id).type_key();
+        if (key == "relax.Executable" || key == "relax.VMExecutable") && key != want {
+            let fits = if key == "relax.Executable" { "classic" } else { "classic-0.21 or ffi" };
+            return Err(Error::Invalid {
+                what: format!("layout {layout}"),
+                detail: format!(
+                    "the tree holds a `{key}`, which the TVM of this layout cannot read (it expects \
+                     `{want}`, whose bytes differ: the executable's magic changed in TVM 0.21); a Relax \
+                     executable cannot be converted across TVM 0.20/0.21, keep layout {fits}"
+                ),
+            });
+        }
+    }
+    Ok(())
+}

@@ -60,7 +60,7 @@ fn blob_of(so: &Path) -> Option<(String, Vec<u8>)> {
 }
 
 #[allow(unsafe_code)]
-fn load(so: &Path) -> mblob_runtime::LoadedTree {
+pub fn load(so: &Path) -> mblob_runtime::LoadedTree {
     // SAFETY: libraries linked in this test from TVM's kernel objects and our blob objects.
     unsafe { load_library(so, &Registry::default(), &LoadOptions::default()) }
         .unwrap_or_else(|e| panic!("{}: {e}", so.display()))

@@ -7,6 +7,8 @@ mod corrupt;
 mod custom_kind;
 mod device;
 mod export;
+mod export_faults;
+mod export_options;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;

@@ -459,15 +459,14 @@ impl Export {
         partial: &PartialDir,
     ) -> Result<(Option<String>, u64)> {
         // The plan: the numbering, the blob and its length, worked out once.
-        let serialized = stages.run("serialize", |_| {
+        let (serialized, blob_len) = stages.run("serialize", |_| {
             let serialized = serialize(&self.tree)?;
             self.check_everything_is_packed(&serialized)?;
             let len = serialized.blob_len(&self.tree, self.layout);
             let detail = format!("{} modules, blob {}", self.tree.len(), human_size(len));
-            Ok((serialized, detail))
+            Ok(((serialized, len), detail))
         })?;
-        let blob = SerializedBlob::new(&serialized, &self.tree, self.layout);
-        let blob_len = blob.blob_len();
+        let blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout, len: blob_len };
 
         let inputs = self.host_inputs();
         let mut objects = self.objects.clone();

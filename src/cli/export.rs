@@ -9,7 +9,7 @@ use crate::Result;
 
 /// Arguments of `mblob export`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "TREE.json describes one module per JSON object:
+#[command(after_help = concat!("TREE.json describes one module per JSON object:
   payload modules:  {\"type_key\": \"GraphExecutorFactory\", \"payload\": \"factory.bin\", \"imports\": [...]}
   device modules:   {\"type_key\": \"cuda\", \"format\": \"ptx\", \"data\": \"kernels.ptx\",
                      \"functions\": {\"add\": {\"arg_types\": [\"handle\", \"int32\"],
@@ -19,7 +19,10 @@ use crate::Result;
 Paths are relative to TREE.json. A payload file holds the module's bytes as TVM writes them in a
 classic blob; kinds mblob knows (graph factory, device kinds) are decoded and written again in
 the chosen --layout, others are copied as they are. Nodes with the same \"id\" are one module
-imported twice.")]
+imported twice.
+Sources ending in .cc, .cpp, .cxx or .C are C++ (the library then links libstdc++).
+
+", super::pack::export_environment_help!()))]
 pub struct ExportArgs {
     /// The tree description.
     #[arg(value_name = "TREE.json")]

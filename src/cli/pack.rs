@@ -14,6 +14,20 @@ use crate::export::{Backend, Export, ExportReport, Progress};
 use crate::link::Linker;
 use crate::{Error, Result};
 
+/// The environment variables `pack` and `export` read, for their `--help`.
+macro_rules! export_environment_help {
+    () => {
+        "Environment:
+  CC, CXX           C and C++ compilers for host sources (after --cc); CC also links
+  CFLAGS, CXXFLAGS  flags added last to every C / C++ host compile (they override -O2, --cflag)
+  TMPDIR            where the intermediate directory is made (removed afterwards)
+  MBLOB_LOG         log filter (e.g. debug: each stage and every external command), else RUST_LOG
+Exit status: 0 done, 2 error (nothing written at the output), 130 / 143 interrupted by
+SIGINT / SIGTERM (temporary and partial files removed)."
+    };
+}
+pub(crate) use export_environment_help;
+
 /// Options shared by `pack` and `export`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PackOptionsArgs {
@@ -183,6 +197,7 @@ fn print_report(r: &ExportReport, layout: Layout) {
 
 /// Arguments of `mblob pack`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = export_environment_help!())]
 pub struct PackArgs {
     /// The `.so` or raw `.blob` whose module tree is packed again. It is read, never run;
     /// payload kinds mblob does not know are carried over as opaque bytes.
@@ -191,9 +206,17 @@ pub struct PackArgs {
     /// Layout of a raw `.blob` input (default: detected).
     #[arg(long, value_name = "LAYOUT", value_parser = parse_layout)]
     pub from_layout: Option<Layout>,
-    /// Host object files to link (the new library's code; the blob's `_lib` stands for them).
+    /// The host code of the library: the object files (or C/C++ sources) it was built from,
+    /// linked into the new library (the blob's `_lib` stands for them). For a TVM library,
+    /// the `lib0.o` (`lib1.o`, ...) that `export_library` compiled; `export_library("x.tar")`
+    /// gives them. A shared library cannot be linked again, so a `.so` is refused. Required
+    /// unless `--blob-only`.
     #[arg(long = "host", value_name = "OBJ", num_args = 1..)]
     pub host: Vec<PathBuf>,
+    /// Write a library that holds only the blob, without host code (no model functions: for
+    /// tools that read the blob, or to link the host code later).
+    #[arg(long, conflicts_with = "host")]
+    pub blob_only: bool,
     /// Output and packing options.
     #[command(flatten)]
     pub options: PackOptionsArgs,
@@ -201,6 +224,7 @@ pub struct PackArgs {
 
 /// Runs `mblob pack`.
 pub fn run(args: &PackArgs) -> Result<ExitCode> {
+    check_host(args)?;
     let path = &args.from;
     let data = mblob_runtime::map_file(path)?;
     let registry = Registry::default();
@@ -231,7 +255,54 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
     let tree = ModuleTree::from_loaded(&loaded, "llvm")
         .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
     let mut e = Export::from_tree(tree);
-    e.objects(args.host.iter().cloned());
+    for h in &args.host {
+        if is_source(h) {
+            e.c_source(h.clone());
+        } else {
+            e.object(h.clone());
+        }
+    }
     args.options.apply(&mut e);
     args.options.write(&mut e)
+}
+
+/// Whether a `--host` file is a source to compile (C, or C++ by its extension).
+fn is_source(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|e| e == "c") || crate::export::is_cxx(path)
+}
+
+/// Refuses a `pack` that would lose the host code: no `--host` without `--blob-only`, and a
+/// shared library given as host code (it cannot be linked into another library).
+fn check_host(args: &PackArgs) -> Result<()> {
+    if args.host.is_empty() && !args.blob_only {
+        return Err(Error::Invalid {
+            what: "--host".into(),
+            detail: format!(
+                "missing: the new library needs the host code of {} (its model functions), which the \
+                 blob does not hold. Give the object files or sources it was built from, e.g. TVM's \
+                 `lib0.o` (export_library(\"x.tar\") writes them), or pass --blob-only for a library \
+                 with the blob alone",
+                args.from.display()
+            ),
+        });
+    }
+    for h in &args.host {
+        if is_source(h) {
+            continue;
+        }
+        let data = mblob_runtime::map_file(h)?;
+        let shared = object::File::parse(data.as_ref()).is_ok_and(|f| {
+            use object::Object;
+            f.kind() == object::ObjectKind::Dynamic
+        });
+        if shared {
+            return Err(Error::Invalid {
+                what: h.display().to_string(),
+                detail: "is a shared library, which cannot be linked into another one: give --host the \
+                         object files (or sources) it was built from, e.g. TVM's `lib0.o`"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
 }

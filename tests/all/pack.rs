@@ -435,3 +435,160 @@ fn fast_c_assembly_assembles_for_aarch64() {
     assert_eq!((sym.0.as_str(), sym.2, sym.3, sym.4), (".rodata", blob.len() as u64, object::SymbolKind::Data, true));
     assert!(sym.5 == blob);
 }
+
+/// `mblob pack`, run as a user would, with a private TMPDIR.
+fn mblob_pack(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mblob")).arg("pack").args(args).env("TMPDIR", tmp.path()).output();
+    let out = out.expect("run mblob");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "files left in TMPDIR");
+    out
+}
+
+fn os<S: AsRef<std::ffi::OsStr> + ?Sized>(s: &S) -> &std::ffi::OsStr {
+    s.as_ref()
+}
+
+#[test]
+fn pack_without_host_code_refuses_unless_asked_for_a_blob_only_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = goldens().join("graph_dense_relu.so");
+    let so = dir.path().join("out.so");
+    // No --host: refused, saying what --host must be.
+    let out = mblob_pack(&[os("--from"), os(&from), os("-o"), os(&so)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--host") && err.contains("lib0.o") && err.contains("--blob-only"), "{err}");
+    assert!(!so.exists());
+    // A shared library as host code: refused, it cannot be linked into another library.
+    let out = mblob_pack(&[os("--from"), os(&from), os("--host"), os(&from), os("-o"), os(&so)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("graph_dense_relu.so") && err.contains("is a shared library"), "{err}");
+    assert!(!so.exists());
+    // --blob-only: TVM's blob and no model function.
+    let out = mblob_pack(&[os("--from"), os(&from), os("--blob-only"), os("-o"), os(&so), os("-q")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = read(&so);
+    let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
+    assert!(found.bytes(&data).unwrap() == read(&goldens().join("graph_dense_relu.blob")));
+    let file = object::File::parse(&*data).unwrap();
+    assert!(!file.symbols().any(|s| s.name() == Ok("tvmgen_default_fused_nn_contrib_dense_pack_add_nn_relu")));
+    // With --host, the model functions are there.
+    let lib0 = goldens().join("graph_dense_relu.lib0.o");
+    let out = mblob_pack(&[os("--from"), os(&from), os("--host"), os(&lib0), os("-o"), os(&so), os("-q")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = read(&so);
+    let file = object::File::parse(&*data).unwrap();
+    assert!(file.symbols().any(|s| s.name() == Ok("tvmgen_default_fused_nn_contrib_dense_pack_add_nn_relu")));
+}
+
+#[test]
+fn host_objects_tell_their_tvm_calling_convention() {
+    use mblob::pack::abi::{detect, Convention};
+    let v = goldens().join("other_versions");
+    let cases = [
+        (goldens().join("graph_dense_relu.lib0.o"), Some(Convention::ClassicPacked)),
+        (goldens().join("dso_add_one.lib0.o"), Some(Convention::ClassicPacked)),
+        (v.join("tvm-0.19.0/relax_add_mul.lib0.o"), Some(Convention::ClassicPacked)),
+        (v.join("tvm-0.21.0/relax_add_mul.lib0.o"), Some(Convention::Ffi021)),
+        (v.join("tvm-0.27.0.post1/relax_add_mul.lib0.o"), Some(Convention::Ffi)),
+        (goldens().join("device/tvm-0.21.0/opencl_vector_add.lib0.o"), Some(Convention::Ffi021)),
+        (goldens().join("device/tvm-0.27.0.post1/nvptx_vector_add.lib0.o"), Some(Convention::Ffi)),
+        // The blob object has no host functions.
+        (goldens().join("graph_dense_relu.devc.o"), None),
+    ];
+    for (path, want) in cases {
+        assert_eq!(detect(&path).unwrap(), want, "{}", path.display());
+    }
+    // What TVM itself says it links: 0.27's library exports `__tvm_ffi_*` functions and needs
+    // TVMFFIErrorSetRaisedFromCStrParts; 0.19's exports plain names and fills context slots.
+    let run = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&read(&goldens().join(format!("run/{name}.json")))).unwrap()
+    };
+    let syms = run("relax_mlp_tvm027")["dynamic_symbols"].clone();
+    assert!(syms["exported_functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f.as_str().unwrap().starts_with("__tvm_ffi_")));
+    assert!(syms["undefined_tvm"].as_array().unwrap().iter().any(|f| f == "TVMFFIErrorSetRaisedFromCStrParts"));
+    let syms = run("relax_mlp_tvm019")["dynamic_symbols"].clone();
+    assert!(syms["tvm_context_slots"].as_array().unwrap().iter().any(|f| f == "__TVMAPISetLastError"));
+    assert!(syms["exported_functions"].as_array().unwrap().iter().all(|f| !f.as_str().unwrap().starts_with("__tvm")));
+}
+
+#[test]
+fn pack_refuses_a_layout_whose_tvm_cannot_call_the_host_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("out.so");
+    let layouts = ["classic", "classic-0.21", "ffi"];
+    for (version, fits) in [("tvm-0.19.0", "classic"), ("tvm-0.21.0", "classic-0.21"), ("tvm-0.27.0.post1", "ffi")] {
+        let v = goldens().join("other_versions").join(version);
+        let (from, lib0) = (v.join("relax_add_mul.so"), v.join("relax_add_mul.lib0.o"));
+        for layout in layouts {
+            let args =
+                [os("--from"), os(&from), os("--host"), os(&lib0), os("-o"), os(&so), os("--layout"), os(layout)];
+            let out = mblob_pack(&[&args[..], &[os("-q")]].concat());
+            let err = String::from_utf8_lossy(&out.stderr);
+            if layout == fits {
+                assert!(out.status.success(), "{version} {layout}: {err}");
+                // The same blob TVM wrote.
+                let data = read(&so);
+                let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
+                assert!(found.bytes(&data).unwrap() == read(&v.join("relax_add_mul.blob")), "{version}");
+                std::fs::remove_file(&so).unwrap();
+                continue;
+            }
+            assert_eq!(out.status.code(), Some(2), "{version} {layout}: {err}");
+            assert!(
+                err.contains("calling convention") && err.contains(&format!("`{fits}`")),
+                "{version} {layout}: {err}"
+            );
+            assert!(err.contains("--force-layout"), "{err}");
+            assert!(!so.exists(), "{version} {layout}");
+        }
+    }
+}
+
+#[test]
+fn relax_executables_are_not_converted_across_tvm_0_21() {
+    // TVM 0.19's `relax.Executable` and 0.21+'s `relax.VMExecutable` differ in key and magic:
+    // even without host code (--blob-only), the other side's layouts are refused.
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("out.so");
+    let v = goldens().join("other_versions");
+    for (version, key, refused) in [
+        ("tvm-0.19.0", "relax.Executable", &["classic-0.21", "ffi"][..]),
+        ("tvm-0.27.0.post1", "relax.VMExecutable", &["classic"][..]),
+    ] {
+        let from = v.join(version).join("relax_add_mul.so");
+        for &layout in refused {
+            let out = mblob_pack(&[
+                os("--from"),
+                os(&from),
+                os("--blob-only"),
+                os("-o"),
+                os(&so),
+                os("--layout"),
+                os(layout),
+            ]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{version} {layout}: {err}");
+            assert!(err.contains(key) && err.contains("cannot be converted"), "{version} {layout}: {err}");
+            assert!(!so.exists());
+        }
+    }
+    // 0.21 to 0.27's layout keeps the key both read: allowed (blob only, the host code differs).
+    let out = mblob_pack(&[
+        os("--from"),
+        os(&v.join("tvm-0.21.0/relax_add_mul.so")),
+        os("--blob-only"),
+        os("-o"),
+        os(&so),
+        os("--layout"),
+        os("ffi"),
+        os("-q"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -174,13 +174,14 @@ impl Export {
     /// An export of a whole tree whose DSO nodes all stand for the host code added with
     /// [`Export::object`] and friends (TVM merges them into one library anyway). Its host
     /// node ([`Export::host`], where [`Export::import`] hangs payloads) is the first DSO node,
-    /// or the root in a tree without one.
+    /// or the root in a tree without one; an empty tree gives [`Export::new`]'s tree.
     pub fn from_tree(tree: ModuleTree) -> Export {
         let mut e = Export::new();
-        let host = tree.ids().find(|&id| tree.kind(id).is_dso()).or_else(|| tree.root());
-        e.tree = tree;
-        // An empty tree: the id names nothing, and imports below it are ignored by the tree.
-        e.host = host.unwrap_or(ModuleId(usize::MAX));
+        // An empty tree stays a new export's: the host library alone.
+        if let Some(host) = tree.ids().find(|&id| tree.kind(id).is_dso()).or_else(|| tree.root()) {
+            e.tree = tree;
+            e.host = host;
+        }
         e
     }
 

@@ -256,3 +256,15 @@ fn the_library_refuses_host_objects_the_layout_cannot_call() {
     assert!(!so.exists());
     e.layout(Layout::Ffi).write(&so).unwrap();
 }
+
+#[test]
+fn an_empty_tree_is_a_new_export() {
+    // `from_tree` of an empty tree once gave a host id that named nothing: imports vanished.
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = Export::from_tree(mblob_runtime::ModuleTree::new());
+    e.import(mblob_runtime::Opaque::new("x.Opaque", vec![9u8; 10]));
+    let so = dir.path().join("x.so");
+    let report = e.write(&so).unwrap();
+    assert!(report.symbol.is_some());
+    assert_eq!(crate::export_options::load(&so).type_keys(), ["library", "x.Opaque"]);
+}

@@ -34,7 +34,8 @@ pub(crate) struct CompileOptions {
 impl CompileOptions {
     fn build(&self, opts: &PackOptions, cxx: bool) -> cc::Build {
         let mut build = pack::c::base_build(opts, cxx);
-        build.opt_level(2).warnings(false).extra_warnings(false);
+        // `-Wall` (the `cc` default without CFLAGS) stays: a `-w` would silence a user's `-Werror`.
+        build.opt_level(2).extra_warnings(false);
         if let (Some(c), false) = (&self.compiler, cxx) {
             build.compiler(c);
         }

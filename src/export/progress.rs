@@ -89,6 +89,7 @@ impl<'a> Stages<'a> {
         let _span = tracing::info_span!("stage", stage).entered();
         let start = Instant::now();
         self.current = stage;
+        tracing::debug!("started");
         self.report(Progress::Started { stage });
         let (value, detail) = f(self)?;
         let seconds = start.elapsed().as_secs_f64();

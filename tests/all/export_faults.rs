@@ -187,6 +187,39 @@ fn sigint_and_sigterm_remove_what_the_export_wrote_and_kill_the_compiler() {
 }
 
 #[test]
+fn sigint_while_the_blob_is_written_removes_it() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let json = tree(dir.path(), 192 << 20, serde_json::json!({}));
+    for backend in backends().into_iter().filter(|b| *b != "c-tvm") {
+        let tmp = tempfile::tempdir().unwrap();
+        let so = dir.path().join("big.so");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
+            .args([os("export"), json.as_os_str(), os("-o"), so.as_os_str(), os("--backend"), os(backend)])
+            .env("TMPDIR", tmp.path())
+            .env("MBLOB_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let packing = lines.by_ref().map_while(Result::ok).any(|l| l.contains("stage{stage=\"pack\"}: started"));
+        assert!(packing, "{backend}: the pack stage never began");
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        // SAFETY: signals our own child, which has not been waited for.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let status = child.wait().unwrap();
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        assert_eq!(status.code(), Some(130), "{backend}: {rest:?}");
+        // Stopped while writing the blob (192 MiB take far longer than the signal to arrive).
+        assert!(rest.iter().any(|l| l.contains("cancelled during pack")), "{backend}: {rest:?}");
+        assert!(!so.exists(), "{backend}");
+        assert_eq!(entries(dir.path()), ["payload.bin", "tree.json"], "{backend}: partial files left");
+        assert!(entries(tmp.path()).is_empty(), "{backend}: left in TMPDIR: {:?}", entries(tmp.path()));
+    }
+}
+
+#[test]
 fn output_paths_are_checked_before_any_work_and_named_as_given() {
     let dir = tempfile::tempdir().unwrap();
     let tmp = tempfile::tempdir().unwrap();

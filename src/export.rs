@@ -588,9 +588,8 @@ fn llvm_pack(_: &dyn BlobSource, _: &PackOptions, _: &Path) -> Result<PathBuf> {
     Err(Error::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" })
 }
 
-/// An export crosses threads (build systems run them on workers).
-#[allow(dead_code)]
-fn _export_is_send() {
-    fn send<T: Send>() {}
-    send::<Export>();
-}
+// An export crosses threads (build systems run them on workers).
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Export>()
+};

@@ -259,9 +259,14 @@ impl WorkDir {
         &self.path
     }
 
-    /// Keeps the directory (and its files) when dropped; returns its path.
+    /// Marks a kept directory, which [`sweep`] leaves alone.
+    pub const KEPT: &'static str = ".mblob-kept";
+
+    /// Keeps the directory (and its files) when dropped, also from later sweeps; returns its
+    /// path.
     pub fn keep(mut self) -> PathBuf {
         self.keep = true;
+        let _ = File::create(self.path.join(Self::KEPT));
         self.path.clone()
     }
 }
@@ -285,7 +290,7 @@ pub fn sweep(dir: &Path, prefix: &str) {
             continue;
         }
         let path = entry.path();
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) || held(&path) {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) || held(&path) || path.join(WorkDir::KEPT).exists() {
             continue;
         }
         tracing::debug!(path = %path.display(), "removing what a killed export left");
@@ -323,12 +328,15 @@ mod tests {
     }
 
     #[test]
-    fn a_held_work_dir_survives_the_sweep_a_released_one_does_not() {
+    fn held_and_kept_work_dirs_survive_the_sweep_a_released_one_does_not() {
         let parent = tempfile::tempdir().unwrap();
         let live = WorkDir::create(parent.path(), "mblob-x-live").unwrap();
-        let dead = WorkDir::create(parent.path(), "mblob-x-dead").unwrap().keep();
+        let kept = WorkDir::create(parent.path(), "mblob-x-kept").unwrap().keep();
+        let dead = parent.path().join("mblob-x-dead");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join(WorkDir::LOCK), b"").unwrap();
         sweep(parent.path(), "mblob-x-");
-        assert!(live.path().exists());
+        assert!(live.path().exists() && kept.exists());
         assert!(!dead.exists());
         let path = live.path().to_owned();
         drop(live);

@@ -442,3 +442,21 @@ fn without_llvm_the_llvm_backend_says_how_to_enable_it() {
     assert!(err.contains("feature `llvm`") && err.contains("--features llvm"), "{err}");
     assert!(!so.exists());
 }
+
+/// The command line is the binary's: the library without default features compiles none of
+/// its crates (a build system that depends on `mblob` gets no clap, tracing-subscriber or tar).
+#[test]
+fn the_library_alone_has_no_command_line_dependencies() {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "mblob", "--no-default-features", "-e", "normal", "--prefix", "none"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(names.contains(&"mblob-runtime") && names.contains(&"serde_json"), "{tree}");
+    for cli_only in ["clap", "tracing-subscriber", "tar"] {
+        assert!(!names.contains(&cli_only), "{cli_only} in the library's tree:\n{tree}");
+    }
+}

@@ -99,7 +99,7 @@ fn export_reads_a_tree_description() {
     std::fs::write(&json, bad.to_string()).unwrap();
     let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("tree.json at $.imports[0]") && err.contains("payload"), "{err}");
     std::fs::write(&json, "{not json").unwrap();
     let err = String::from_utf8_lossy(&mblob(&["export", s(&json), "-o", s(&so)], tmp.path()).stderr).into_owned();
@@ -249,7 +249,7 @@ fn failures_name_the_step_and_leave_nothing_behind() {
     let json = c_tree(dir.path(), "int broken( {");
     let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("compile") && err.contains("host.c") && err.contains(" -c "), "{err}");
     assert!(!so.exists());
     assert_empty(tmp.path());
@@ -284,7 +284,7 @@ fn failures_name_the_step_and_leave_nothing_behind() {
     std::fs::write(dir.path().join("a-file"), b"").unwrap();
     for (output, why) in [("no/such/dir/out.so", "No such file"), ("a-file/out.so", "Not a directory")] {
         let out = mblob(&["export", s(&json), "-o", s(&dir.path().join(output))], tmp.path());
-        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
         let parent = dir.path().join(output).parent().unwrap().display().to_string();
         assert!(err.contains(&parent) && err.contains("the output directory must exist and be writable"), "{err}");
@@ -321,7 +321,7 @@ fn a_full_disk_is_an_error_not_a_partial_file() {
         );
         let out = Command::new("sh").arg("-c").arg(&script).env("TMPDIR", tmp.path()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
+        assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
         // The blob is written first, so the pack step is where the limit is hit, on the file
         // it was writing.
         let file = if backend == "llvm" { "devc.o" } else { "devc.bin" };

@@ -84,15 +84,28 @@ fn inspect_graph_params_and_load() {
 #[test]
 fn inspect_reports_bad_files_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
+    // The header says one byte follows, and one does, but it is not a blob body.
     let bad = dir.path().join("bad.blob");
-    std::fs::write(&bad, [9u8, 0, 0, 0, 0, 0, 0, 0, 1]).unwrap();
+    std::fs::write(&bad, [1u8, 0, 0, 0, 0, 0, 0, 0, 9]).unwrap();
     let missing = dir.path().join("missing.so");
+    // Text: its first 8 bytes, read as a blob length, would say 8031924123371070824.
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello world, this is not a library\n").unwrap();
     let good = goldens().join("graph_dense_relu.blob");
-    let out = mblob(&["inspect", bad.to_str().unwrap(), missing.to_str().unwrap(), good.to_str().unwrap()]);
+    let out = mblob(&[
+        "inspect",
+        bad.to_str().unwrap(),
+        missing.to_str().unwrap(),
+        text.to_str().unwrap(),
+        good.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.blob") && err.contains("at byte 0"), "{err}");
+    assert!(err.contains("bad.blob: malformed blob") && err.contains("at byte"), "{err}");
     assert!(err.contains("missing.so") && err.contains("cannot open"), "{err}");
+    assert!(err.contains("notes.txt: not an ELF file, a tar archive or a raw blob"), "{err}");
+    assert!(!err.contains("8031924123371070824"), "{err}");
+    assert_eq!(err.lines().count(), 3, "one line per failed file: {err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("GraphExecutorFactory"));
 }
 

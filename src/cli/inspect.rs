@@ -690,11 +690,10 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
     Some(HostReport { convention, context_symbols: context, functions })
 }
 
-/// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots, the
-/// module context of each era, and `__tvm_main__`.
+/// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots and the
+/// module context of each era.
 fn is_context_symbol(name: &str) -> bool {
-    name.starts_with("__TVM")
-        || matches!(name, "__tvm_module_ctx" | "__tvm_ffi_library_ctx" | "__tvm_ffi__library_ctx" | "__tvm_main__")
+    name.starts_with("__TVM") || matches!(name, "__tvm_module_ctx" | "__tvm_ffi_library_ctx" | "__tvm_ffi__library_ctx")
 }
 
 /// What a convention means, for the text form.
@@ -770,9 +769,9 @@ fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &InspectArgs) ->
     };
     let loaded = loaded.map_err(|e| match unknown_key(&e) {
         Some(key) => Error::Invalid {
-            what: e.to_string(),
+            what: path.display().to_string(),
             detail: format!(
-                "no loader knows `{key}`; pass --keep-unknown to keep such payloads as opaque bytes, as TVM does"
+                "{e}: no loader knows `{key}`; pass --keep-unknown to keep such payloads as opaque bytes, as TVM does"
             ),
         },
         None => e.into(),
@@ -780,8 +779,11 @@ fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &InspectArgs) ->
     Ok(shape_value(&loaded.shape()))
 }
 
-/// The type key of an "unknown type key" error in `e`'s causes.
+/// The type key of an "unknown type key" error in `e` or its causes.
 fn unknown_key(e: &mblob_runtime::Error) -> Option<String> {
+    if let mblob_runtime::Error::NoLoader { key, .. } = e {
+        return Some(key.clone());
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         if let Some(FormatError { kind: FormatErrorKind::UnknownTypeKey { key, .. }, .. }) = s.downcast_ref() {

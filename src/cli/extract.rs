@@ -270,8 +270,9 @@ fn device_parts(
 /// written once with an `id` and referred to by it after.
 fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
     let Some(tree) = &parsed.import_tree else {
-        // Legacy: the library imports every module.
-        return OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), imports: nodes, ..OutNode::default() };
+        // Legacy: the library imports every module (in descending order, as below).
+        let imports = nodes.into_iter().rev().collect();
+        return OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), imports, ..OutNode::default() };
     };
     let mut count = vec![0usize; nodes.len()];
     for &c in &tree.child_indices {
@@ -295,10 +296,12 @@ fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
                 self.seen[i] = true;
                 node.id = Some(i);
             }
-            // The blob parser checked the tree; the depth bound only keeps a forged one from
-            // recursing without end.
+            // The blob lists children in ascending index order, and the serializer numbers the
+            // last import first: imports in descending order number as in the blob. (The blob
+            // parser checked the tree; the depth bound only keeps a forged one from recursing
+            // without end.)
             if depth < LoadedTree::MAX_SHAPE_DEPTH {
-                node.imports = self.tree.children(i).iter().map(|&c| self.node(c as usize, depth + 1)).collect();
+                node.imports = self.tree.children(i).iter().rev().map(|&c| self.node(c as usize, depth + 1)).collect();
             }
             node
         }

@@ -6,7 +6,7 @@ use mblob_runtime::LoadedTree;
 use serde_json::Value;
 
 #[path = "../../runtime/tests/support/blobs.rs"]
-mod blobs;
+pub mod blobs;
 use blobs::{ffi_chain, ffi_dense_dag};
 
 /// `mblob inspect --json --layout ffi` on `data` written to a file: the report's text.

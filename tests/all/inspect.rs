@@ -5,11 +5,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+use crate::fuzz_inspect::blobs;
 use crate::goldens::{goldens, json};
-
-#[path = "../../runtime/tests/support/blobs.rs"]
-#[allow(dead_code)]
-mod blobs;
 
 fn mblob(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mblob")).args(args).output().expect("run mblob")

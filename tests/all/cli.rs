@@ -649,3 +649,42 @@ fn exit_statuses_and_environment_are_one_documented_convention() {
         }
     }
 }
+
+/// Every file TREE.json names is checked before any work: a missing data file is named once,
+/// as the user wrote it and as it resolved, with nothing compiled; a mistyped DSO kind says
+/// which kinds there are.
+#[test]
+fn export_checks_the_tree_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.c"), "int f(void) { return 1; }\n").unwrap();
+    let tree = serde_json::json!({
+        "type_key": "llvm", "sources": ["host.c"],
+        "imports": [{"type_key": "cuda", "format": "ptx", "data": "kernels/missing.ptx", "functions": {}}]
+    });
+    let json = dir.path().join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("out.so");
+    let out = mblob(&["export", s(&json), "-o", s(&so), "--linker", "default"], tmp.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let resolved = dir.path().join("kernels/missing.ptx").display().to_string();
+    assert!(
+        err.contains(&format!(
+            "tree.json at $.imports[0].data: cannot read device code `kernels/missing.ptx` ({resolved}): No such file"
+        )),
+        "{err}"
+    );
+    assert_eq!(err.matches("missing.ptx").count(), 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!so.exists());
+    assert_empty(tmp.path());
+
+    std::fs::write(&json, r#"{"type_key": "LLVM", "sources": ["host.c"]}"#).unwrap();
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown type_key `LLVM`") && err.contains("did you mean `llvm`?"), "{err}");
+    assert!(!err.contains("unknown field"), "{err}");
+    assert_empty(tmp.path());
+}

@@ -54,7 +54,8 @@ With --json, each file gives one line holding one JSON object:
   child_indices (the CSR import tree), modules (per entry: type_key, index, payload_len, and
   for graph factories graph_json_len, module_name, params, inputs, outputs; for device kinds
   format, functions {name: {name, arg_types, launch_param_tags, arg_extra_tags}}, data_len,
-  smap, shaders, version), tree (nested {index, type_key, imports}), host (for a shared
+  smap, shaders, version; for Relax executables relax {version, functions [{name, kind,
+  params}], externs}), tree (nested {index, type_key, imports}), host (for a shared
   library: convention, context_symbols, functions), tar (members, blob_member), and with
   --load, loaded (nested {type_key, imports}).
 The function tables are what `mblob export` takes in TREE.json.
@@ -153,6 +154,32 @@ pub struct ModuleReport {
     /// Device modules: their keys, flattened into this object.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceReport>,
+    /// `relax`: a Relax VM executable's function table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relax: Option<RelaxReport>,
+}
+
+/// The function table (global section) of a Relax VM executable; the constants and the code
+/// are not decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxReport {
+    /// `version`: the executable format's version string (`0.14`).
+    pub version: String,
+    /// `functions`: the functions the VM runs (Relax and TIR), in table order.
+    pub functions: Vec<RelaxFunction>,
+    /// `externs`: the packed functions the table names (VM builtins and kernels), in order.
+    pub externs: Vec<String>,
+}
+
+/// One VM function (JSON `relax.functions[i]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxFunction {
+    /// `name`.
+    pub name: String,
+    /// `kind`: `vm` (a Relax function) or `vm-tir`.
+    pub kind: &'static str,
+    /// `params`: the parameter names.
+    pub params: Vec<String>,
 }
 
 /// What a graph executor factory holds.
@@ -485,6 +512,7 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
             note: None,
             graph: None,
             device: None,
+            relax: None,
         };
         if e.kind != EntryKind::ImportTree {
             m.index = Some(index);
@@ -499,13 +527,16 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
     report.tree = Some(tree_value(parsed));
 }
 
-/// Type keys of Relax executables, which inspect lists without decoding.
+/// Type keys of Relax executables, whose function table inspect reads.
 const RELAX_KEYS: [&str; 3] = ["relax.VMExecutable", "relax.Executable", "VMExecutable"];
 
 /// Adds what is known about a payload kind (decoded with its loader, which runs no code).
 fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Registry) {
     if RELAX_KEYS.contains(&m.type_key.as_str()) {
-        m.note = Some("a Relax VM executable: its functions are not decoded by inspect".into());
+        match relax_table(&payload) {
+            Ok(r) => m.relax = Some(r),
+            Err(e) => m.note = Some(format!("a Relax VM executable whose function table cannot be read: {e}")),
+        }
     }
     let Some(loader) = registry.get(&m.type_key) else { return };
     let module = match loader.load(payload, layout) {
@@ -522,6 +553,62 @@ fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Reg
     if let Some(d) = any.downcast_ref::<DeviceModule>() {
         m.device = Some(describe_device(d));
     }
+}
+
+/// Magic numbers that start a Relax VM executable (TVM 0.19; 0.21 and later).
+const RELAX_MAGICS: [u64; 2] = [0xD225_DE2F_4214_151D, 0xD225_DE2F_4214_151E];
+
+/// Reads the global section of a Relax executable: magic, version string, then per function
+/// `kind:i32 name:str start:i64 end:i64 num_args:i64 register_file_size:i64
+/// param_names:vec<str>` (kind 0 packed, 1 VM, 2 VM TIR). In a classic blob the executable is
+/// itself length-prefixed.
+fn relax_table(payload: &[u8]) -> std::result::Result<RelaxReport, String> {
+    struct Cursor<'a>(&'a [u8], usize);
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: u64, what: &str) -> std::result::Result<&'a [u8], String> {
+            let end = usize::try_from(n).ok().and_then(|n| self.1.checked_add(n)).filter(|&e| e <= self.0.len());
+            let end = end.ok_or_else(|| format!("{what} at byte {} runs past the end", self.1))?;
+            let bytes = &self.0[self.1..end];
+            self.1 = end;
+            Ok(bytes)
+        }
+        fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+            Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or_default()))
+        }
+        fn str(&mut self, what: &str) -> std::result::Result<String, String> {
+            let n = self.u64(what)?;
+            Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
+        }
+    }
+    let starts = |b: &[u8]| {
+        b.get(..8).is_some_and(|m| RELAX_MAGICS.contains(&u64::from_le_bytes(m.try_into().unwrap_or_default())))
+    };
+    let body = if starts(payload) {
+        payload
+    } else {
+        payload.get(8..).filter(|b| starts(b)).ok_or("no Relax executable magic")?
+    };
+    let mut c = Cursor(body, 8);
+    let version = c.str("version")?;
+    let count = c.u64("function count")?;
+    let mut report = RelaxReport { version, functions: Vec::new(), externs: Vec::new() };
+    for _ in 0..count {
+        let kind = i32::from_le_bytes(c.take(4, "function kind")?.try_into().unwrap_or_default());
+        let name = c.str("function name")?;
+        c.take(32, "function info")?;
+        let n = c.u64("param count")?;
+        let mut params = Vec::new();
+        for _ in 0..n {
+            params.push(c.str("param name")?);
+        }
+        match kind {
+            0 => report.externs.push(name),
+            1 => report.functions.push(RelaxFunction { name, kind: "vm", params }),
+            2 => report.functions.push(RelaxFunction { name, kind: "vm-tir", params }),
+            k => return Err(format!("function `{name}` has kind {k}, none of packed (0), VM (1), VM TIR (2)")),
+        }
+    }
+    Ok(report)
 }
 
 fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
@@ -882,6 +969,15 @@ fn render_module(s: &mut String, m: &ModuleReport) {
     }
     if let Some(note) = &m.note {
         let _ = writeln!(s, "{AT}{note}");
+    }
+    if let Some(r) = &m.relax {
+        let _ = writeln!(s, "{AT}Relax executable {}", r.version);
+        for f in &r.functions {
+            let _ = writeln!(s, "{AT}function {}({}) [{}]", f.name, f.params.join(", "), f.kind);
+        }
+        if !r.externs.is_empty() {
+            let _ = writeln!(s, "{AT}calls {}", r.externs.join(", "));
+        }
     }
     if let Some(g) = &m.graph {
         let _ = writeln!(s, "{AT}module {} (graph JSON {} bytes)", g.module_name, g.graph_json_len);

@@ -333,3 +333,31 @@ fn inspect_reads_the_tar_files_mblob_writes() {
     assert!(text.contains(&format!("{blob_member} (")) && text.contains("(holds the blob)"), "{text}");
     assert!(mblob(&["inspect", "--load", tar.to_str().unwrap()]).status.code() == Some(1));
 }
+
+/// A Relax executable's function table, against what TVM printed for the same executable
+/// (`stats`: "Globals (#N): [...]") and the model's inputs.
+#[test]
+fn inspect_shows_the_function_table_of_relax_executables() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let want = json(&goldens().join(format!("run/{name}.json")));
+        let report = inspect_json(&goldens().join(format!("run/{name}.so")), &[]);
+        let relax = &report["modules"][0]["relax"];
+        assert_eq!(relax["version"], "0.14", "{name}");
+        let functions = relax["functions"].as_array().unwrap();
+        assert_eq!(functions.len(), 1, "{name}");
+        assert_eq!((&functions[0]["name"], &functions[0]["kind"]), (&want["entry"], &"vm".into()), "{name}");
+        let inputs: Vec<&Value> = want["inputs"].as_array().unwrap().iter().map(|i| &i["name"]).collect();
+        assert_eq!(functions[0]["params"].as_array().unwrap().iter().collect::<Vec<_>>(), inputs, "{name}");
+        let stats: Vec<&str> = want["relax"]["stats"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+        let globals = stats.iter().find_map(|l| l.trim().strip_prefix("Globals (#")).unwrap();
+        let list = globals.split_once(": [").unwrap().1.trim_end_matches(']');
+        let mut ours = vec![functions[0]["name"].as_str().unwrap()];
+        ours.extend(relax["externs"].as_array().unwrap().iter().map(|e| e.as_str().unwrap()));
+        assert_eq!(ours.join(", "), list, "{name}");
+        for called in ["vm_builtins_called", "kernels_called"] {
+            for f in want["relax"][called].as_array().unwrap() {
+                assert!(relax["externs"].as_array().unwrap().contains(f), "{name}: {f}");
+            }
+        }
+    }
+}

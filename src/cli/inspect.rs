@@ -384,9 +384,11 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     Ok(report)
 }
 
-/// Whether `data` is a tar archive (POSIX `ustar` or GNU magic at byte 257).
+/// Whether `data` is a tar archive: `ustar` (POSIX or GNU) at byte 257, and not a raw blob
+/// (whose first 8 bytes give the length of the rest; a tar file starts with a member name).
 fn is_tar(data: &[u8]) -> bool {
-    data.get(257..262) == Some(b"ustar")
+    let blob_len = data.get(..8).map(|h| u64::from_le_bytes(h.try_into().unwrap_or_default()));
+    data.get(257..262) == Some(b"ustar") && blob_len != Some(data.len() as u64 - 8)
 }
 
 /// A file that is neither ELF nor tar must be a raw blob: its first 8 bytes, the length of

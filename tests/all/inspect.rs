@@ -332,6 +332,11 @@ fn inspect_reads_the_tar_files_mblob_writes() {
     let text = String::from_utf8(mblob(&["inspect", tar.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains(&format!("{blob_member} (")) && text.contains("(holds the blob)"), "{text}");
     assert!(mblob(&["inspect", "--load", tar.to_str().unwrap()]).status.code() == Some(1));
+    // `extract` reads it too: the params are TVM's.
+    let x = dir.path().join("x");
+    let out = mblob(&["extract", tar.to_str().unwrap(), "-o", x.to_str().unwrap(), "-q"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(x.join("0.params")).unwrap() == std::fs::read(g.join("graph_dense_relu.params")).unwrap());
 }
 
 /// A Relax executable's function table, against what TVM printed for the same executable

@@ -1024,3 +1024,63 @@ fn tree_shape(n: &TreeNode) -> TreeShape {
 fn loaded_shape(n: &LoadedNode) -> TreeShape {
     TreeShape { type_key: n.type_key.clone(), imports: n.imports.iter().map(loaded_shape).collect() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRAPH: &str = r#"{"nodes": [{"op": "null", "name": "x", "inputs": []}, {"op": "null", "name": "w", "inputs": []},
+        {"op": "tvm_op", "name": "f", "attrs": {"num_outputs": "2"}, "inputs": [[0, 0, 0], [1, 0, 0]]}],
+        "arg_nodes": [0, 1], "heads": [[2, 1, 0]],
+        "attrs": {"dltype": ["list_str", ["float32", "int8", "float32", "float16"]],
+                  "shape": ["list_shape", [[2], [3, 4], [5], [6, 7]]]}}"#;
+
+    #[test]
+    fn graph_io_without_node_row_ptr_counts_each_nodes_outputs() {
+        let w = mblob_runtime::payload::graph::Tensor::new(
+            mblob_runtime::format::stream::DataType::parse("int8").unwrap(),
+            vec![3, 4],
+            vec![0u8; 12],
+        )
+        .unwrap();
+        let (inputs, outputs) = graph_io(GRAPH, &[("w".into(), w)]).unwrap();
+        assert_eq!(inputs, vec![GraphTensor { name: "x".into(), shape: vec![2], dtype: "float32".into() }]);
+        // Node 2's entries are 2 and 3: its second output is entry 3.
+        assert_eq!(outputs, vec![GraphTensor { name: "f".into(), shape: vec![6, 7], dtype: "float16".into() }]);
+    }
+
+    #[test]
+    fn graph_io_refuses_what_does_not_add_up() {
+        for (from, to, why) in [
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[9, 0, 0]]"#, "node 9 does not exist"),
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[2, 5, 0]]"#, "entry 7 has no shape"),
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[2]]"#, "a head is not"),
+            (r#""arg_nodes": [0, 1]"#, r#""arg_nodes": "x""#, "graph JSON: invalid type"),
+        ] {
+            let err = graph_io(&GRAPH.replace(from, to), &[]).unwrap_err();
+            assert!(err.contains(why), "{to}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_truncated_relax_table_is_an_error() {
+        let mut exe = RELAX_MAGICS[1].to_le_bytes().to_vec();
+        exe.extend_from_slice(&4u64.to_le_bytes());
+        exe.extend_from_slice(b"0.14");
+        exe.extend_from_slice(&u64::MAX.to_le_bytes());
+        exe.extend_from_slice(&1i32.to_le_bytes());
+        let err = relax_table(&exe).unwrap_err();
+        assert!(err.contains("function name at byte 32 runs past the end"), "{err}");
+        assert!(relax_table(b"not an executable").unwrap_err().contains("magic"));
+    }
+
+    #[test]
+    fn a_raw_blob_needs_a_fitting_header() {
+        let p = Path::new("f");
+        assert!(check_raw_blob(&[1, 0, 0, 0, 0, 0, 0, 0, 7], p).is_ok());
+        for bad in [&b"short"[..], b"hello world", &[2, 0, 0, 0, 0, 0, 0, 0, 7]] {
+            let e = check_raw_blob(bad, p).unwrap_err().to_string();
+            assert!(e.starts_with("f: not an ELF file, a tar archive or a raw blob"), "{e}");
+        }
+    }
+}

@@ -22,7 +22,7 @@ macro_rules! export_environment_help {
   CFLAGS, CXXFLAGS  flags added last to every C / C++ host compile (they override -O2, --cflag)
   TMPDIR            where the intermediate directory is made (removed afterwards)
   MBLOB_LOG         log filter (e.g. debug: each stage and every external command), else RUST_LOG
-Exit status: 0 done, 2 error (nothing written at the output), 130 / 143 interrupted by
+Exit status: 0 done, 1 error (nothing written at the output), 2 usage error, 130 / 143 interrupted by
 SIGINT / SIGTERM (temporary and partial files removed)."
     };
 }

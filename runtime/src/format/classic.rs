@@ -16,10 +16,11 @@
 use std::cell::Cell;
 use std::io::{self, Write};
 
+use super::error::{FormatError, FormatErrorKind};
 use super::stream::{self, Reader};
-use super::{BlobEntry, Entry, EntryKind, ImportTree, Layout, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY};
-use crate::error::{FormatError, FormatErrorKind};
-use crate::Measure;
+use super::{
+    BlobEntry, Entry, EntryKind, ImportTree, Layout, Measure, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY,
+};
 
 /// How many opaque payloads may be nested in one search, and how many candidate ends may be
 /// tried in all: bounds the work an adversarial blob can cause.
@@ -67,7 +68,7 @@ pub fn parse_body<'a>(
     let mut ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0), scanned: Cell::new(0), max_scan, strict: true };
     let mut entries = Vec::new();
     let tree = match parse_entries(&ctx, r.clone(), count, &mut entries, 0) {
-        Err(FormatError { kind: FormatErrorKind::OpaqueEnd { .. }, .. }) => {
+        Err(FormatError { kind: FormatErrorKind::UnmeasuredEnd { .. }, .. }) => {
             ctx.strict = false;
             ctx.tries.set(0);
             ctx.scanned.set(0);
@@ -132,10 +133,10 @@ fn parse_entries<'a>(
             _ => match ctx.sizer.measure(key, r.rest(), payload_offset, ctx.layout) {
                 Some(Ok(Measure::Len(len))) => (EntryKind::Module, len),
                 Some(Err(e)) => return Err(e),
-                Some(Ok(Measure::Opaque)) => {
+                Some(Ok(Measure::Unmeasured)) => {
                     return parse_opaque(ctx, r, key, key_offset, left, out, depth);
                 }
-                None if ctx.unknown == UnknownKeys::KeepOpaque => {
+                None if ctx.unknown == UnknownKeys::KeepRaw => {
                     return parse_opaque(ctx, r, key, key_offset, left, out, depth);
                 }
                 None => {
@@ -166,7 +167,7 @@ fn parse_opaque<'a>(
 ) -> Result<Option<(ImportTree, u64)>, FormatError> {
     let payload_offset = r.offset();
     let rest = r.rest();
-    let fail = |reason| FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason });
+    let fail = |reason| FormatError::new(key_offset, FormatErrorKind::UnmeasuredEnd { key: key.to_owned(), reason });
     if left == 0 {
         if ctx.strict {
             return Err(fail("it is the last entry"));
@@ -215,28 +216,23 @@ fn parse_opaque<'a>(
 fn key_at(bytes: &[u8]) -> Option<&str> {
     let mut r = Reader::new(bytes, 0);
     let len = r.read_u64("key").ok().filter(|&l| l > 0 && l <= MAX_KEY_LEN)?;
-    let k = r.read_bytes(len, "key").ok()?;
-    let plausible = k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
-    if plausible {
-        std::str::from_utf8(k).ok()
-    } else {
-        None
-    }
+    let k = std::str::from_utf8(r.read_bytes(len, "key").ok()?).ok()?;
+    super::detect::is_plausible_key(k).then_some(k)
 }
 
 /// Bytes of the classic body for these entries.
-pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
+pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     let mut n = 8;
     if let Some(tree) = tree {
         for e in entries {
             n += match e {
                 BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
-                BlobEntry::Module(p) => stream::str_len(p.type_key().len() as u64) + p.payload_len(layout),
+                BlobEntry::Module(p) => stream::str_len(p.entry_key().len() as u64) + p.entry_len(layout)?,
             };
         }
         n += stream::str_len(IMPORT_TREE_KEY.len() as u64) + tree.encoded_len();
     }
-    n
+    Ok(n)
 }
 
 /// Writes the classic body. Without a tree (a lone library) the body is `count = 0`.
@@ -255,8 +251,8 @@ pub fn write_body(
         match e {
             BlobEntry::Lib => stream::write_str(out, LIB_KEY)?,
             BlobEntry::Module(p) => {
-                stream::write_str(out, p.type_key())?;
-                p.write_payload(layout, out)?;
+                stream::write_str(out, p.entry_key())?;
+                p.write_entry(layout, out)?;
             }
         }
     }

@@ -6,6 +6,8 @@ use std::fmt::{self, Debug, Write as _};
 use std::sync::Arc;
 
 use crate::format::Layout;
+use crate::payload::device::DeviceModule;
+use crate::payload::graph::GraphExecutorFactory;
 use crate::payload::{Payload, RawPayload};
 
 /// A module after loading: the library, a payload kind's runtime object, or raw bytes.
@@ -28,7 +30,11 @@ pub trait Module: Debug + Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
+// The built-in payload kinds are their own loaded modules (implemented here, above the
+// payload codecs, so that `payload/` does not depend on this module).
 crate::payload_module!(RawPayload);
+crate::payload_module!(GraphExecutorFactory);
+crate::payload_module!(DeviceModule);
 
 /// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type
 /// key is the payload's, and [`Module::as_payload`] returns it, so a loaded tree can be written

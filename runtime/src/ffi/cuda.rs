@@ -42,8 +42,6 @@ use crate::module::Module;
 use crate::payload::device::DeviceModule;
 use crate::payload::Payload;
 
-pub use crate::registry::CudaLoader;
-
 /// A kernel argument for [`CudaModule::launch`]; each must match the kernel's `arg_types`.
 #[derive(Debug, Clone, Copy)]
 pub enum KernelArg<'a> {

@@ -262,8 +262,6 @@ impl Payload for GraphExecutorFactory {
     }
 }
 
-crate::payload_module!(GraphExecutorFactory);
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -566,8 +566,6 @@ impl Payload for DeviceModule {
     }
 }
 
-crate::payload_module!(DeviceModule);
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use crate::format::{self, EntryKind, FormatError, FormatErrorKind, Layout, Measu
 use crate::format::{UnknownKeys, SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI};
 use crate::module::{LoadedModule, LoadedTree, Module, Origin};
 use crate::payload::RawPayload;
-use crate::registry::{LoaderError, Registry};
+use crate::registry::{Decoded, LoaderError, Registry};
 
 /// Options of a load.
 #[derive(Debug, Clone, Default)]
@@ -139,7 +139,7 @@ fn load_with_library(
 struct DecodingReader<'a> {
     registry: &'a Registry,
     blob: &'a Bytes,
-    decoded: RefCell<HashMap<(u64, String), (Arc<dyn Module>, u64)>>,
+    decoded: RefCell<HashMap<(u64, String), Decoded>>,
 }
 
 impl PayloadSizer for DecodingReader<'_> {

@@ -665,7 +665,7 @@ fn check_fatbin(data: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::device::FunctionInfo;
+    use crate::payload::device::{FunctionInfo, CUDA};
 
     fn cubin_header() -> Vec<u8> {
         let mut h = vec![0u8; 64];

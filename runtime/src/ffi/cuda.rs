@@ -630,7 +630,8 @@ fn check_cubin(data: &[u8]) -> Result<(), String> {
     if machine != EM_CUDA {
         return Err(format!("the ELF image is not a CUDA cubin (e_machine {machine}, expected {EM_CUDA})"));
     }
-    for (i, section) in file.sections().enumerate() {
+    for section in file.sections() {
+        let i = section.index().0;
         // `file_range` is `None` for sections that take no bytes in the file (`SHT_NOBITS`).
         let range = section.file_range();
         if !within(range) {
@@ -691,21 +692,32 @@ mod tests {
         assert!(Image::prepare("cuda", b"__global__ void f() {}").unwrap_err().contains("NVRTC"));
         assert!(Image::prepare("spirv", b"x").unwrap_err().contains("unknown CUDA image format"));
 
-        // A cubin with one section that lies inside, then one made to run past the end.
+        // A cubin with a null section, its section name table and one section that lies
+        // inside (the whole file), then one made to run past the end.
         let mut cubin = cubin_header();
         cubin[0x28..0x30].copy_from_slice(&64u64.to_le_bytes()); // shoff
-        cubin[0x3c..0x3e].copy_from_slice(&1u16.to_le_bytes()); // shnum
-        let mut sh = vec![0u8; 64];
-        sh[4] = 1; // SHT_PROGBITS
-        sh[0x18..0x20].copy_from_slice(&0u64.to_le_bytes());
-        sh[0x20..0x28].copy_from_slice(&128u64.to_le_bytes());
-        cubin.extend_from_slice(&sh);
+        cubin[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes()); // shnum
+        cubin[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes()); // shstrndx
+        let section = |kind: u8, offset: u64, size: u64| {
+            let mut sh = vec![0u8; 64];
+            sh[4] = kind;
+            sh[0x18..0x20].copy_from_slice(&offset.to_le_bytes());
+            sh[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            sh
+        };
+        let total = 64 + 3 * 64 + 1;
+        cubin.extend_from_slice(&[0u8; 64]); // SHT_NULL
+        cubin.extend_from_slice(&section(3, total - 1, 1)); // SHT_STRTAB: one NUL
+        cubin.extend_from_slice(&section(1, 0, total)); // SHT_PROGBITS
+        cubin.push(0);
+        assert_eq!(cubin.len() as u64, total);
         assert_eq!(Image::prepare("cubin", &cubin).unwrap().kind, ImageKind::Cubin);
         let mut past = cubin.clone();
-        past[64 + 0x20..64 + 0x28].copy_from_slice(&129u64.to_le_bytes());
-        assert!(Image::prepare("cubin", &past).unwrap_err().contains("section 0"));
+        past[64 + 2 * 64 + 0x20..64 + 2 * 64 + 0x28].copy_from_slice(&(total + 1).to_le_bytes());
+        let err = Image::prepare("cubin", &past).unwrap_err();
+        assert!(err.contains("section 2"), "{err}");
         let mut table_past = cubin.clone();
-        table_past[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+        table_past[0x3c..0x3e].copy_from_slice(&4u16.to_le_bytes());
         assert!(Image::prepare("cubin", &table_past).unwrap_err().contains("the cubin is malformed"));
         let mut x86 = cubin.clone();
         x86[0x12] = 62;

@@ -214,6 +214,12 @@ pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> R
     Ok(None)
 }
 
+/// A dynamic symbol table entry (`ElfW(Sym)`).
+#[cfg(target_pointer_width = "64")]
+type ElfSym = libc::Elf64_Sym;
+#[cfg(target_pointer_width = "32")]
+type ElfSym = libc::Elf32_Sym;
+
 /// The size (`st_size`) of the symbol at `addr` in the image's symbol table, or `None` when the
 /// symbol at `addr` belongs to another object (a dependency) or is not a symbol's start.
 fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
@@ -234,8 +240,8 @@ fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
     }
     // SAFETY: dladdr1 returned a pointer to an `ElfW(Sym)` entry of the object's dynamic symbol
     // table, which stays mapped while the object is loaded (the caller holds it).
-    let st_size = unsafe { (*sym.cast::<libc::Elf64_Sym>()).st_size };
-    Some(st_size)
+    let st_size = unsafe { (*sym.cast::<ElfSym>()).st_size };
+    Some(u64::from(st_size))
 }
 
 /// The end of the loaded segment (`PT_LOAD`, in memory) that holds `addr`.

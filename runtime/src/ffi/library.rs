@@ -241,6 +241,7 @@ fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
     // SAFETY: dladdr1 returned a pointer to an `ElfW(Sym)` entry of the object's dynamic symbol
     // table, which stays mapped while the object is loaded (the caller holds it).
     let st_size = unsafe { (*sym.cast::<ElfSym>()).st_size };
+    #[allow(clippy::useless_conversion)] // `u32` on 32-bit targets
     Some(u64::from(st_size))
 }
 

@@ -74,7 +74,7 @@ impl std::fmt::Debug for Registry {
 impl Default for Registry {
     /// The built-in kinds: `GraphExecutorFactory` (and `GraphRuntimeFactory`), the device
     /// kinds (with the `cuda` feature, `cuda` payloads load as
-    /// [`CudaModule`](crate::ffi::cuda::CudaModule)s), and TVM's executables kept as raw bytes
+    /// `ffi::cuda::CudaModule`s), and TVM's executables kept as raw bytes
     /// ([`RAW_KNOWN_KEYS`]).
     fn default() -> Registry {
         let mut r = Registry::empty();

@@ -10,8 +10,9 @@
 //!
 //! With an import tree, `count` is the number of modules plus one. Without one (legacy), the
 //! entries are all imports of the library. Payloads carry no length, so the reader asks a
-//! [`PayloadSizer`] how long each one is; unknown keys are an error or, on request, opaque
-//! payloads whose end is found by looking for the next entry from which the rest parses.
+//! [`PayloadSizer`] how long each one is. A payload it cannot measure ([`Measure::Unmeasured`]:
+//! a kind kept as raw bytes, or on request an unknown key) ends where the next entry starts
+//! from which the rest of the body parses (the end search).
 
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -22,16 +23,16 @@ use super::{
     BlobEntry, Entry, EntryKind, ImportTree, Layout, Measure, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY,
 };
 
-/// How many opaque payloads may be nested in one search, and how many candidate ends may be
+/// How many unmeasured payloads may be nested in one search, and how many candidate ends may be
 /// tried in all: bounds the work an adversarial blob can cause.
-const MAX_OPAQUE_DEPTH: u32 = 32;
-const MAX_OPAQUE_TRIES: u32 = 4096;
-/// Longest type key the opaque search accepts as the start of the next entry.
+const MAX_UNMEASURED_DEPTH: u32 = 32;
+const MAX_UNMEASURED_TRIES: u32 = 4096;
+/// Longest type key the end search accepts as the start of the next entry.
 const MAX_KEY_LEN: u64 = 128;
-/// Positions the opaque search may look at in one pass: this many per byte of the body, plus
+/// Positions the end search may look at in one pass: this many per byte of the body, plus
 /// [`SCAN_SLACK`]. Each try walks back over the later payloads, and failing tries nest, so `k`
-/// opaque payloads in a row cost about `2^k / 8` positions per byte: 256 accepts the eleven of
-/// 64 KiB that [`MAX_OPAQUE_TRIES`] allowed before. Without a cap, a body whose candidate ends
+/// unmeasured payloads in a row cost about `2^k / 8` positions per byte: 256 accepts the eleven of
+/// 64 KiB that [`MAX_UNMEASURED_TRIES`] allowed before. Without a cap, a body whose candidate ends
 /// all lie before a long tail had every try walk the whole tail again (5.6 s per MiB; now
 /// 0.4 s).
 const SCAN_PER_BYTE: u64 = 256;
@@ -42,11 +43,11 @@ struct Ctx<'s> {
     sizer: &'s dyn PayloadSizer,
     unknown: UnknownKeys,
     tries: Cell<u32>,
-    /// Positions looked at by the opaque search in this pass, and the most it may look at.
+    /// Positions looked at by the end search in this pass, and the most it may look at.
     scanned: Cell<u64>,
     max_scan: u64,
-    /// First pass of the opaque search: the next entry must start with a key the reader
-    /// knows (`_lib`, `_import_tree`, a registered kind), and an opaque payload may not simply
+    /// First pass of the end search: the next entry must start with a key the reader
+    /// knows (`_lib`, `_import_tree`, a registered kind), and an unmeasured payload may not simply
     /// run to the end. Payloads hold many strings that look like keys (a VM executable's
     /// version, function names), so only if that fails is any plausible key accepted.
     strict: bool,
@@ -134,10 +135,10 @@ fn parse_entries<'a>(
                 Some(Ok(Measure::Len(len))) => (EntryKind::Module, len),
                 Some(Err(e)) => return Err(e),
                 Some(Ok(Measure::Unmeasured)) => {
-                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                    return parse_unmeasured(ctx, r, key, key_offset, left, out, depth);
                 }
                 None if ctx.unknown == UnknownKeys::KeepRaw => {
-                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                    return parse_unmeasured(ctx, r, key, key_offset, left, out, depth);
                 }
                 None => {
                     return Err(FormatError::new(
@@ -154,9 +155,9 @@ fn parse_entries<'a>(
     Ok(tree)
 }
 
-/// An opaque payload starts at `r`: try each later position where an entry could start, from
+/// An unmeasured payload starts at `r`: try each later position where an entry could start, from
 /// the last, and keep the first from which the rest of the body parses exactly.
-fn parse_opaque<'a>(
+fn parse_unmeasured<'a>(
     ctx: &Ctx<'_>,
     r: Reader<'a>,
     key: &'a str,
@@ -176,10 +177,10 @@ fn parse_opaque<'a>(
         out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload: rest });
         return Ok(None);
     }
-    if depth >= MAX_OPAQUE_DEPTH {
-        return Err(fail("too many opaque payloads in a row"));
+    if depth >= MAX_UNMEASURED_DEPTH {
+        return Err(fail("too many unmeasured payloads in a row"));
     }
-    // From the end backwards: the entries after an opaque payload are small (`_lib`, the
+    // From the end backwards: the entries after an unmeasured payload are small (`_lib`, the
     // import tree), so the search touches only the blob's last pages and a large payload is
     // never read (loading stays zero-copy and flat in payload size). Payload bytes that look
     // like an entry are also less likely near the end of the body than inside the payload.
@@ -196,7 +197,7 @@ fn parse_opaque<'a>(
         }
         let tries = ctx.tries.get() + 1;
         ctx.tries.set(tries);
-        if tries > MAX_OPAQUE_TRIES {
+        if tries > MAX_UNMEASURED_TRIES {
             return Err(fail("too many candidate ends"));
         }
         let mut tail = Vec::new();

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! The tree comes first and fixes the number of modules; every payload is framed, so a
-//! reader can keep kinds it does not know as opaque bytes. `_lib` is always written.
+//! reader can keep kinds it does not know as raw bytes. `_lib` is always written.
 
 use std::io::{self, Write};
 

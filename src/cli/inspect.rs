@@ -504,8 +504,12 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
             index += 1;
         }
         if e.kind == EntryKind::Module {
-            let payload = blob.slice_ref(e.payload).unwrap_or_else(|| Bytes::from_vec(e.payload.to_vec()));
-            describe(&mut m, payload, parsed.layout, registry);
+            // A view of the blob by offset: the parser checked that the payload lies inside it.
+            let start = usize::try_from(e.payload_offset).ok();
+            match start.and_then(|s| blob.slice(s..s.checked_add(e.payload.len())?)) {
+                Some(payload) => describe(&mut m, payload, parsed.layout, registry),
+                None => m.error = Some("the payload lies outside the blob".into()),
+            }
         }
         report.modules.push(m);
     }

@@ -36,6 +36,8 @@
 //! - [`registry`]: loaders keyed by type key.
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`].
 //! - [`elf`]: finding a blob in an ELF file without running it.
+//! - [`ffi`]: calling compiled code (both of TVM's conventions), the context functions, the
+//!   thread pool and workspace memory; [`exec`]: the graph and AOT executors.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -44,6 +46,8 @@ mod bytes;
 pub mod cuda;
 pub mod elf;
 mod error;
+pub mod exec;
+pub mod ffi;
 pub mod format;
 mod library;
 mod load;

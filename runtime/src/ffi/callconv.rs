@@ -401,3 +401,83 @@ impl LoadedTree {
         None
     }
 }
+
+/// A call whose arguments are encoded once and made many times (an executor's kernel calls).
+pub struct PreparedCall {
+    function: PackedFunction,
+    encoded: Encoded,
+}
+
+enum Encoded {
+    Classic { values: Vec<TVMValue>, codes: Vec<c_int>, _strings: Vec<CString> },
+    Ffi { values: Vec<TVMFFIAny>, _strings: Vec<CString> },
+    Rust(Vec<Value>),
+}
+
+impl fmt::Debug for PreparedCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PreparedCall({:?})", self.function)
+    }
+}
+
+impl PreparedCall {
+    /// Encodes `args` for `function`'s convention.
+    pub fn new(function: PackedFunction, args: Vec<Value>) -> Result<PreparedCall, CallError> {
+        let encoded = match function.abi() {
+            Some(Abi::Packed) => {
+                let (values, codes, strings) = encode_classic(&args)?;
+                Encoded::Classic { values, codes, _strings: strings }
+            }
+            Some(Abi::Ffi) => {
+                let (values, strings) = encode_ffi(&args)?;
+                Encoded::Ffi { values, _strings: strings }
+            }
+            None => Encoded::Rust(args),
+        };
+        Ok(PreparedCall { function, encoded })
+    }
+
+    /// Makes the call; the return value is dropped.
+    ///
+    /// # Safety
+    ///
+    /// As [`PackedFunction::call`], for the arguments given to [`PreparedCall::new`], which
+    /// must still be valid.
+    pub unsafe fn invoke(&mut self) -> Result<(), CallError> {
+        let addr = self.function.symbol().map(|s| s.addr());
+        match (&mut self.encoded, addr) {
+            (Encoded::Classic { values, codes, .. }, Some(addr)) => {
+                let mut ret = TVMValue { v_int64: 0 };
+                let mut ret_code: c_int = K_NULL;
+                super::context::clear_last_error();
+                // SAFETY: per the contract; the arrays live in `self`.
+                let code = unsafe {
+                    let f = std::mem::transmute::<*mut c_void, PackedCFn>(addr);
+                    f(values.as_mut_ptr(), codes.as_mut_ptr(), values.len() as c_int, &mut ret, &mut ret_code, std::ptr::null_mut())
+                };
+                if code != 0 {
+                    return Err(call_error(code));
+                }
+                Ok(())
+            }
+            (Encoded::Ffi { values, .. }, Some(addr)) => {
+                let mut result = TVMFFIAny::none();
+                super::context::clear_last_error();
+                // SAFETY: per the contract; the values live in `self`.
+                let code = unsafe {
+                    let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
+                    f(std::ptr::null_mut(), values.as_ptr(), values.len() as i32, &mut result)
+                };
+                if code != 0 {
+                    return Err(call_error(code));
+                }
+                Ok(())
+            }
+            (Encoded::Rust(args), _) => {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.function.call(args) }.map(|_| ())
+            }
+            _ => Err(CallError { code: -1, message: "internal: prepared call without an address".into() }),
+        }
+    }
+}

@@ -108,12 +108,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
         };
         println!(
-            "{} runs, {} threads: mean {:.4} ms, median {:.4} ms, min {:.4} ms",
+            "{} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
             times.len(),
             threadpool::num_threads(),
-            mean * 1e3,
-            median * 1e3,
-            sorted[0] * 1e3
+            mean * 1e6,
+            median * 1e6,
+            sorted[0] * 1e6
         );
     }
     Ok(ExitCode::SUCCESS)

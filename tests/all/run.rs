@@ -88,3 +88,147 @@ fn add_is_found_and_called_on_every_version() {
         assert!(!err.message.is_empty(), "{}", dir.display());
     }
 }
+
+// ---- models against TVM's outputs -------------------------------------------------------
+
+use mblob_runtime::exec::{self, Device, ExecError, Tensor};
+use mblob_runtime::format::stream::DataType;
+
+/// Reads a `.npy` file (little-endian float32 / int8, what the goldens hold) into a tensor.
+fn npy(path: &Path) -> Tensor {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape: Vec<i64> = f.shape().iter().map(|&d| d as i64).collect();
+    let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
+    let (dtype, data): (DataType, Vec<u8>) = match ts.to_string().as_str() {
+        "<f4" => (DataType::F32, f.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        "|i1" => (DataType { code: 0, bits: 8, lanes: 1 }, f.into_vec::<i8>().unwrap().iter().map(|&v| v as u8).collect()),
+        other => panic!("{}: dtype {other}", path.display()),
+    };
+    Tensor::new(dtype, shape, data).unwrap()
+}
+
+/// (model file, [(input name, .npy)], [output .npy]) for every runnable golden.
+fn models() -> Vec<(std::path::PathBuf, Vec<(String, std::path::PathBuf)>, Vec<std::path::PathBuf>)> {
+    let g = goldens();
+    let run = g.join("run");
+    let mut out = Vec::new();
+    for name in ["graph_mlp", "graph_cnn", "graph_two_outputs", "graph_int8", "aot_mlp"] {
+        let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join(format!("{name}.json"))).unwrap()).unwrap();
+        let inputs = meta["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i["name"].as_str().unwrap().to_owned(), run.join(i["file"].as_str().unwrap())))
+            .collect();
+        let outputs = meta["outputs"].as_array().unwrap().iter().map(|o| run.join(o["file"].as_str().unwrap())).collect();
+        out.push((run.join(format!("{name}.so")), inputs, outputs));
+    }
+    for name in ["graph_dense_relu", "graph_two_dso_merged"] {
+        out.push((
+            g.join(format!("{name}.so")),
+            vec![("x".to_owned(), g.join("graph_dense_relu.in.x.npy"))],
+            vec![g.join("graph_dense_relu.out.0.npy")],
+        ));
+    }
+    out
+}
+
+/// Every graph and AOT golden through the library API, at 1 and at 4 threads: outputs equal
+/// TVM's bit for bit (the README says TVM's own results are bit-exact across thread counts),
+/// and a second run of the same executor gives them again.
+#[test]
+fn models_give_tvms_outputs_bit_for_bit_at_1_and_4_threads() {
+    for (so, inputs, outputs) in models() {
+        let tree = load(&so);
+        for threads in [1, 4] {
+            mblob_runtime::ffi::threadpool::set_num_threads(threads);
+            let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap_or_else(|e| panic!("{}: {e}", so.display()));
+            assert_eq!(m.num_outputs(), outputs.len(), "{}", so.display());
+            assert_eq!(m.inputs().iter().map(|i| i.name.clone()).collect::<Vec<_>>(), inputs.iter().map(|i| i.0.clone()).collect::<Vec<_>>());
+            for (name, file) in &inputs {
+                m.set_input_by_name(name, &npy(file)).unwrap();
+            }
+            for round in 0..2 {
+                m.run().unwrap_or_else(|e| panic!("{} at {threads} threads: {e}", so.display()));
+                for (i, file) in outputs.iter().enumerate() {
+                    let got = m.get_output(i).unwrap();
+                    let want = npy(file);
+                    assert_eq!((got.dtype, &got.shape), (want.dtype, &want.shape), "{} output {i}", so.display());
+                    assert!(
+                        got.data == want.data,
+                        "{} output {i} at {threads} threads, run {round}: differs from TVM's {}",
+                        so.display(),
+                        file.display()
+                    );
+                }
+            }
+        }
+        mblob_runtime::ffi::threadpool::set_num_threads(0);
+    }
+}
+
+/// Wrong input name, shape, dtype or index: typed errors naming what was expected; TVM would
+/// ignore the name silently.
+#[test]
+fn wrong_inputs_are_typed_errors() {
+    let run = goldens().join("run");
+    for so in ["graph_mlp.so", "aot_mlp.so"] {
+        let tree = load(&run.join(so));
+        let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap();
+        let x = npy(&run.join("graph_mlp.in.x.npy"));
+        match m.set_input_by_name("y", &x).unwrap_err() {
+            ExecError::UnknownInput { name, known } => assert_eq!((name.as_str(), known), ("y", vec!["x".to_owned()])),
+            e => panic!("{so}: {e}"),
+        }
+        let int8 = npy(&run.join("graph_int8.in.x.npy"));
+        let err = m.set_input_by_name("x", &int8).unwrap_err();
+        assert!(matches!(err, ExecError::InputMismatch { .. }), "{so}: {err}");
+        assert!(err.to_string().contains("expected float32 [2, 64], got int8 [4, 32]"), "{so}: {err}");
+        let reshaped = Tensor::new(DataType::F32, vec![64, 2], x.data.clone()).unwrap();
+        let err = m.set_input_by_name("x", &reshaped).unwrap_err();
+        assert!(err.to_string().contains("[64, 2]"), "{so}: {err}");
+        assert!(matches!(m.get_output(5), Err(ExecError::Index { what: "output", index: 5, count: 1 })));
+        assert!(exec::executor(&tree, &[Device { device_type: 2, device_id: 0 }]).is_err(), "{so}: CUDA device refused");
+    }
+    // A library with no factory has no executor.
+    let err = exec::executor(&load(&goldens().join("dso_add_one.so")), &[Device::cpu(0)]).err().unwrap();
+    assert!(matches!(err, ExecError::NoFactory(_)), "{err}");
+}
+
+/// A kernel's own argument check reaches the caller as an error naming the node, the
+/// function and the kernel's assert text: graph_dense_relu's graph, with its input declared
+/// [1, 5] instead of [1, 4], exported with TVM's kernel object and run.
+#[test]
+fn a_failing_kernel_names_its_node_function_and_assert_text() {
+    use mblob::export::Export;
+    use mblob_runtime::payload::graph::GraphExecutorFactory;
+    let g = goldens();
+    let golden = load(&g.join("graph_dense_relu.so"));
+    let mut forged = golden.find::<GraphExecutorFactory>().unwrap().clone();
+    let json = forged.graph_json.replacen("[1, 4]", "[1, 5]", 1);
+    assert_ne!(json, forged.graph_json, "the graph JSON changed");
+    forged.graph_json = json;
+    let mut tree = mblob_runtime::ModuleTree::new();
+    let root = tree.add_payload(forged);
+    let host = tree.add_dso("llvm");
+    tree.import(root, host);
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("forged.so");
+    let mut e = Export::from_tree(tree);
+    e.object(g.join("graph_dense_relu.lib0.o"));
+    e.write(&so).unwrap();
+    let tree = load(&so);
+    let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap();
+    let x = Tensor::new(DataType::F32, vec![1, 5], vec![0u8; 20]).unwrap();
+    m.set_input_by_name("x", &x).unwrap();
+    let err = m.run().unwrap_err();
+    match &err {
+        ExecError::Kernel { node, function, message } => {
+            assert_eq!(node, "tvmgen_default_fused_nn_contrib_dense_pack_add_nn_relu");
+            assert_eq!(function, node);
+            assert!(message.contains("Assert") || message.contains("shape"), "{message}");
+        }
+        e => panic!("{e}"),
+    }
+}

@@ -232,3 +232,111 @@ fn a_failing_kernel_names_its_node_function_and_assert_text() {
         e => panic!("{e}"),
     }
 }
+
+// ---- calls into imported modules: a user-defined kind ----------------------------------
+
+mod fake_opencl {
+    use std::sync::{Arc, Mutex};
+
+    use mblob_runtime::ffi::{PackedFunction, Value};
+    use mblob_runtime::format::Layout;
+    use mblob_runtime::registry::{Loader, LoaderError, Measure};
+    use mblob_runtime::{Bytes, FormatError, Module, Registry};
+
+    /// A user-defined kind standing in for OpenCL: its "kernel" runs on the CPU, and every
+    /// launch is recorded (the extents the host code passes included).
+    #[derive(Debug, Default)]
+    pub struct FakeCl {
+        pub launches: Arc<Mutex<Vec<(String, usize, Vec<i64>)>>>,
+    }
+
+    impl Module for FakeCl {
+        fn type_key(&self) -> &str {
+            "opencl"
+        }
+        fn packed_function(&self, name: &str) -> Option<PackedFunction> {
+            if name != "vector_add_kernel" {
+                return None;
+            }
+            let launches = self.launches.clone();
+            Some(PackedFunction::from_fn(move |args| {
+                let ptrs: Vec<*mut f32> = args
+                    .iter()
+                    .filter_map(|a| match a {
+                        Value::Handle(p) => Some(p.cast::<f32>()),
+                        _ => None,
+                    })
+                    .collect();
+                let extents: Vec<i64> = args.iter().filter_map(|a| if let Value::Int(i) = a { Some(*i) } else { None }).collect();
+                let [a, b, c] = ptrs[..] else { return Err(format!("expected 3 buffers, got {args:?}")) };
+                let n = (extents.iter().product::<i64>()) as usize;
+                // SAFETY: the host code passes the data pointers of the three tensors the test
+                // gave it, each of `grid * block` floats (the kernel's launch covers them).
+                #[allow(unsafe_code)]
+                unsafe {
+                    for i in 0..n {
+                        *c.add(i) = *a.add(i) + *b.add(i);
+                    }
+                }
+                launches.lock().unwrap().push(("vector_add_kernel".into(), ptrs.len(), extents));
+                Ok(Value::None)
+            }))
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    pub struct FakeClLoader;
+
+    impl Loader for FakeClLoader {
+        fn type_key(&self) -> &str {
+            "opencl"
+        }
+        fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+            Registry::default().get("opencl").unwrap().measure(bytes, base, layout)
+        }
+        fn load(&self, _payload: Bytes, _layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+            Ok(Arc::new(FakeCl::default()))
+        }
+    }
+}
+
+/// TVM 0.19, 0.21 and 0.27 host code of an OpenCL vector add looks its kernel up by name in
+/// the library's imports (`GetFuncFromEnv`, or `EnvModLookupFromImports` + `HandleInitOnce`
+/// on 0.27) and calls it with the buffers and launch extents (`FuncCall` /
+/// `TVMFFIFunctionCall`): here the import is a user-defined kind, found through
+/// `Module::packed_function`, and the result is `A + B`.
+#[test]
+fn host_code_calls_a_user_defined_kind_through_get_func_from_env() {
+    let dev = goldens().join("device");
+    let mut registry = Registry::default();
+    registry.register(fake_opencl::FakeClLoader);
+    for dir in [dev.clone(), dev.join("tvm-0.21.0"), dev.join("tvm-0.27.0.post1")] {
+        let so = dir.join("opencl_vector_add.so");
+        // SAFETY: TVM's export of a tiny model, trusted to run.
+        let tree = unsafe { load_library(&so, &registry, &LoadOptions::default()) }.unwrap();
+        let f = tree.packed_function("vector_add").unwrap();
+        // The entry named by `__tvm_main__` (a string on 0.19/0.21, a function on 0.27).
+        assert!(tree.get_function("__tvm_main__").is_some() || tree.get_function("main").is_some(), "{}", so.display());
+        let n = 1024;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+        let (mut ba, mut bb, mut bc) = (Buf::f32(&a, &[n as i64]), Buf::f32(&b, &[n as i64]), Buf::f32(&vec![0.0; n], &[n as i64]));
+        // The host code checks device_type == OpenCL (4) before launching.
+        let mut args = [ba.dl(2), bb.dl(2), bc.dl(2)];
+        for t in &mut args {
+            t.device = DLDevice { device_type: 4, device_id: 0 };
+        }
+        // SAFETY: vector_add takes three float32 [n] tensors on an OpenCL device; the fake
+        // device's memory is host memory.
+        unsafe { f.call_tensors(&mut args) }.unwrap_or_else(|e| panic!("{}: {e}", so.display()));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(bc.to_f32(), want, "{}", so.display());
+        let fake = tree.find::<fake_opencl::FakeCl>().unwrap();
+        let launches = fake.launches.lock().unwrap().clone();
+        assert_eq!(launches.len(), 1, "{}", so.display());
+        assert_eq!(launches[0].1, 3);
+        assert_eq!(launches[0].2.iter().product::<i64>(), n as i64, "grid * block covers the vector: {:?}", launches[0].2);
+    }
+}

@@ -321,3 +321,95 @@ pub(crate) fn barrier(_task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
     }
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicI32;
+
+    struct Probe {
+        ran: Vec<AtomicUsize>,
+        threads: Mutex<Vec<std::thread::ThreadId>>,
+        num_task: AtomicI32,
+        before: AtomicUsize,
+        after_ok: AtomicBool,
+        fail: Option<usize>,
+    }
+
+    unsafe extern "C" fn lambda(task: c_int, env: *mut ParallelGroupEnv, cdata: *mut c_void) -> c_int {
+        // SAFETY: `cdata` is the test's `Probe`, alive for the launch; `env` is the launch's.
+        let (p, env_ref) = unsafe { (&*(cdata as *const Probe), &*env) };
+        p.ran[task as usize].fetch_add(1, Ordering::SeqCst);
+        p.num_task.store(env_ref.num_task, Ordering::SeqCst);
+        p.threads.lock().unwrap().push(std::thread::current().id());
+        p.before.fetch_add(1, Ordering::SeqCst);
+        barrier(task, env);
+        // After the barrier every task has arrived.
+        if p.before.load(Ordering::SeqCst) != env_ref.num_task as usize {
+            p.after_ok.store(false, Ordering::SeqCst);
+        }
+        if p.fail == Some(task as usize) {
+            super::super::context::set_last_error("boom");
+            return -1;
+        }
+        0
+    }
+
+    fn probe(n: usize, fail: Option<usize>) -> Probe {
+        Probe {
+            ran: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            threads: Mutex::new(Vec::new()),
+            num_task: AtomicI32::new(0),
+            before: AtomicUsize::new(0),
+            after_ok: AtomicBool::new(true),
+            fail,
+        }
+    }
+
+    #[test]
+    fn tasks_run_once_each_on_their_own_threads_with_a_real_barrier() {
+        set_num_threads(4);
+        for requested in [0, 3, 4] {
+            let p = probe(4, None);
+            assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), requested), 0);
+            let n = if requested == 0 { 4 } else { requested as usize };
+            assert_eq!(p.num_task.load(Ordering::SeqCst), n as i32);
+            for (i, r) in p.ran.iter().enumerate() {
+                assert_eq!(r.load(Ordering::SeqCst), usize::from(i < n), "task {i} of {n}");
+            }
+            let mut ids = p.threads.lock().unwrap().clone();
+            ids.sort_by_key(|t| format!("{t:?}"));
+            ids.dedup();
+            assert_eq!(ids.len(), n, "each task on its own thread");
+            assert!(p.after_ok.load(Ordering::SeqCst), "the barrier waited for every task");
+        }
+        // More tasks than threads: TVM's error.
+        let p = probe(8, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 8), -1);
+        assert!(super::super::context::last_error().contains("workers=4 request=8"));
+        set_num_threads(0);
+    }
+
+    #[test]
+    fn errors_set_on_worker_threads_reach_the_launcher() {
+        set_num_threads(3);
+        let p = probe(3, Some(2));
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), -1);
+        assert_eq!(super::super::context::last_error(), "Task 2 error: boom\n");
+        // The pool still works after a failed launch.
+        let p = probe(3, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+        set_num_threads(0);
+    }
+
+    #[test]
+    fn one_thread_runs_one_task_on_the_caller() {
+        set_num_threads(1);
+        let p = probe(4, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+        assert_eq!(p.num_task.load(Ordering::SeqCst), 1);
+        assert_eq!(*p.threads.lock().unwrap(), vec![std::thread::current().id()]);
+        assert_eq!(launch(None, std::ptr::null_mut(), 0), -1);
+        set_num_threads(0);
+    }
+}

@@ -340,3 +340,99 @@ fn host_code_calls_a_user_defined_kind_through_get_func_from_env() {
         assert_eq!(launches[0].2.iter().product::<i64>(), n as i64, "grid * block covers the vector: {:?}", launches[0].2);
     }
 }
+
+// ---- mblob run ---------------------------------------------------------------------------
+
+fn mblob_run(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mblob")).arg("run").args(args).output().expect("run mblob")
+}
+
+/// `mblob run` on every graph/AOT golden at 1 and 4 threads writes TVM's outputs, bit for bit;
+/// `--repeat` prints the timing line.
+#[test]
+fn mblob_run_writes_tvms_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (k, (so, inputs, outputs)) in models().into_iter().enumerate() {
+        for threads in ["1", "4"] {
+            let out = dir.path().join(format!("{k}-{threads}"));
+            let mut args: Vec<std::ffi::OsString> = vec![so.clone().into()];
+            for (name, file) in &inputs {
+                args.push("--input".into());
+                args.push(format!("{name}={}", file.display()).into());
+            }
+            args.extend(["--threads".into(), threads.into(), "--repeat".into(), "3".into(), "--output-dir".into(), out.clone().into()]);
+            let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+            let o = mblob_run(&args);
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{}: {}", so.display(), String::from_utf8_lossy(&o.stderr));
+            assert!(stdout.contains(&format!("3 runs, {threads} threads: mean")), "{stdout}");
+            for (i, want) in outputs.iter().enumerate() {
+                let got = npy(&out.join(format!("out.{i}.npy")));
+                let want = npy(want);
+                assert!(got == want, "{} output {i} at {threads} threads differs from TVM's", so.display());
+            }
+        }
+    }
+}
+
+/// `--function` calls one host function of a plain library (dso_add_one: B = A + 1).
+#[test]
+fn mblob_run_function_of_a_plain_library() {
+    let g = goldens();
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("A={}", g.join("dso_add_one.in.A.npy").display());
+    let o = mblob_run(&[
+        g.join("dso_add_one.so").as_os_str(),
+        "--function".as_ref(),
+        "add_one".as_ref(),
+        "--input".as_ref(),
+        a.as_ref(),
+        "--output".as_ref(),
+        "B=float32[4]".as_ref(),
+        "-o".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(npy(&dir.path().join("out.0.npy")) == npy(&g.join("dso_add_one.out.B.npy")));
+    // A wrong output shape is the kernel's own error, reported, not a crash.
+    let o = mblob_run(&[
+        g.join("dso_add_one.so").as_os_str(),
+        "--function".as_ref(),
+        "add_one".as_ref(),
+        "--input".as_ref(),
+        a.as_ref(),
+        "--output".as_ref(),
+        "B=float32[5]".as_ref(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("add_one") && err.contains("failed"), "{err}");
+}
+
+/// Inputs are checked against the model before anything runs: unknown name, wrong dtype or
+/// shape, missing input, a file that is not .npy; nothing is written.
+#[test]
+fn mblob_run_checks_inputs_first() {
+    let run = goldens().join("run");
+    let dir = tempfile::tempdir().unwrap();
+    let so = run.join("graph_mlp.so");
+    let x = run.join("graph_mlp.in.x.npy");
+    let int8 = run.join("graph_int8.in.x.npy");
+    let cases: Vec<(Vec<std::ffi::OsString>, &str)> = vec![
+        (vec!["--input".into(), format!("y={}", x.display()).into()], "no input named `y` (inputs: x)"),
+        (vec!["--input".into(), format!("x={}", int8.display()).into()], "expected float32 [2, 64], got int8 [4, 32]"),
+        (vec![], "missing inputs: x (float32 [2, 64])"),
+        (vec!["--input".into(), format!("x={}", so.display()).into()], "not a .npy file"),
+        (vec!["--input".into(), "x".into()], "expected NAME=FILE.npy"),
+    ];
+    for (extra, want) in cases {
+        let mut args: Vec<std::ffi::OsString> = vec![so.clone().into(), "-o".into(), dir.path().into()];
+        args.extend(extra);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let o = mblob_run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{want}: {err}");
+        assert!(err.contains(want), "want {want:?}, got {err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+    }
+}

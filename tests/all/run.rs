@@ -436,3 +436,17 @@ fn mblob_run_checks_inputs_first() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
     }
 }
+
+/// TVM's `save_param_dict` file of graph_dense_relu reads as the factory's params.
+#[test]
+fn params_file_reads_as_the_factorys_params() {
+    use mblob_runtime::exec::graph::read_params;
+    use mblob_runtime::payload::graph::GraphExecutorFactory;
+    let g = goldens();
+    let mut file = read_params(&mblob_runtime::Bytes::from_vec(std::fs::read(g.join("graph_dense_relu.params")).unwrap())).unwrap();
+    let tree = load(&g.join("graph_dense_relu.so"));
+    let mut factory = tree.find::<GraphExecutorFactory>().unwrap().params.clone();
+    file.sort_by(|a, b| a.0.cmp(&b.0));
+    factory.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(file, factory);
+}

@@ -5,6 +5,8 @@
 
 pub mod callconv;
 pub mod context;
+#[cfg(feature = "cuda")]
+pub mod cuda_packed;
 pub(crate) mod shim;
 pub mod threadpool;
 pub mod workspace;

@@ -450,3 +450,48 @@ fn params_file_reads_as_the_factorys_params() {
     factory.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(file, factory);
 }
+
+/// Host code that imports runtime functions by name (TVM's C host target, system-lib builds):
+/// the ones mblob provides bind to its shim; a library importing one it does not provide is
+/// refused before it is opened, with the names.
+#[test]
+fn libraries_importing_runtime_functions_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let build = |name: &str, src: &str| {
+        let c = dir.path().join(format!("{name}.c"));
+        let so = dir.path().join(format!("{name}.so"));
+        std::fs::write(&c, src).unwrap();
+        let st = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).status().unwrap();
+        assert!(st.success());
+        so
+    };
+    let ok = build(
+        "imports_ok",
+        r#"#include <stdint.h>
+void* TVMBackendAllocWorkspace(int, int, uint64_t, int, int);
+int TVMBackendFreeWorkspace(int, int, void*);
+void TVMAPISetLastError(const char*);
+int uses_workspace(void* args, int* codes, int n, void* ret, int* rc, void* h) {
+  void* p = TVMBackendAllocWorkspace(1, 0, 100, 2, 32);
+  if (p == 0 || ((uintptr_t)p) % 64 != 0) { TVMAPISetLastError("bad workspace"); return -1; }
+  if (TVMBackendFreeWorkspace(1, 0, p) != 0) return -1;
+  if (n != 0) { TVMAPISetLastError("no arguments wanted"); return -1; }
+  return 0;
+}"#,
+    );
+    let tree = load(&ok);
+    let f = tree.packed_function("uses_workspace").unwrap();
+    // SAFETY: the function above reads no argument.
+    unsafe { f.call(&[]) }.unwrap();
+    // SAFETY: as above.
+    let err = unsafe { f.call(&[Value::Int(1)]) }.unwrap_err();
+    assert_eq!(err.message, "no arguments wanted");
+
+    let refused = build(
+        "imports_missing",
+        "int TVMBackendRegisterSystemLibSymbol(const char*, void*);\nint f(void) { return TVMBackendRegisterSystemLibSymbol(\"x\", 0); }\n",
+    );
+    // SAFETY: refused before it is opened.
+    let err = unsafe { load_library(&refused, &Registry::default(), &LoadOptions::default()) }.unwrap_err();
+    assert!(matches!(err, mblob_runtime::Error::MissingRuntimeSymbols { ref symbols, .. } if symbols == &["TVMBackendRegisterSystemLibSymbol"]), "{err}");
+}

@@ -12,8 +12,7 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target = std::env::var("TARGET").unwrap_or_default();
     let so = out.join("mblob_shim.so");
-    let built = (target.contains("linux") || target.contains("android") || target.contains("bsd"))
-        && build_shim(&so);
+    let built = (target.contains("linux") || target.contains("android") || target.contains("bsd")) && build_shim(&so);
     if !built {
         println!("cargo:warning=mblob-runtime: no C compiler for the runtime-symbol shim; libraries that import TVM runtime functions will be refused");
         println!("cargo:rustc-cfg=mblob_no_shim");

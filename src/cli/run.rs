@@ -93,7 +93,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         println!("out.{i}: {} {:?}", t.dtype, t.shape);
     }
     if let Some(dir) = &args.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), action: "cannot create", source })?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            action: "cannot create",
+            source,
+        })?;
         for (i, t) in outputs.iter().enumerate() {
             write_npy(&dir.join(format!("out.{i}.npy")), t)?;
         }
@@ -121,7 +125,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 type Outcome = (Vec<Tensor>, Vec<f64>);
 
-fn run_model(tree: &mblob_runtime::LoadedTree, model: &str, inputs: &[(String, Tensor)], repeat: Option<usize>) -> Result<Outcome> {
+fn run_model(
+    tree: &mblob_runtime::LoadedTree,
+    model: &str,
+    inputs: &[(String, Tensor)],
+    repeat: Option<usize>,
+) -> Result<Outcome> {
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
     let mut m = exec::executor(tree, &[Device::cpu(0)]).map_err(fail)?;
     // Every input is checked (names, shapes, dtypes) and every one the model needs is given,
@@ -130,10 +139,16 @@ fn run_model(tree: &mblob_runtime::LoadedTree, model: &str, inputs: &[(String, T
     for (name, t) in inputs {
         m.set_input_by_name(name, t).map_err(fail)?;
     }
-    let missing: Vec<String> =
-        wanted.iter().filter(|w| !inputs.iter().any(|(n, _)| n == &w.name)).map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape)).collect();
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|w| !inputs.iter().any(|(n, _)| n == &w.name))
+        .map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape))
+        .collect();
     if !missing.is_empty() {
-        return Err(invalid(model, format!("missing inputs: {} (give them with --input NAME=FILE.npy)", missing.join(", "))));
+        return Err(invalid(
+            model,
+            format!("missing inputs: {} (give them with --input NAME=FILE.npy)", missing.join(", ")),
+        ));
     }
     m.run().map_err(fail)?;
     let mut times = Vec::new();
@@ -175,7 +190,9 @@ fn run_function(
     repeat: Option<usize>,
 ) -> Result<Outcome> {
     let f = tree.packed_function(name).ok_or_else(|| invalid(model, format!("no function `{name}`")))?;
-    let alloc = |bytes: usize| AlignedBuffer::zeroed(bytes).ok_or_else(|| invalid(model, format!("cannot allocate {bytes} bytes")));
+    let alloc = |bytes: usize| {
+        AlignedBuffer::zeroed(bytes).ok_or_else(|| invalid(model, format!("cannot allocate {bytes} bytes")))
+    };
     let mut args: Vec<Arg> = Vec::new();
     for (_, t) in inputs {
         let mut buf = alloc(t.data.len())?;
@@ -184,8 +201,12 @@ fn run_function(
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;
-        let bytes = shape.iter().try_fold((u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8), |a, &d| a.checked_mul(d as u64));
-        let bytes = bytes.and_then(|b| usize::try_from(b).ok()).ok_or_else(|| invalid(format!("--output {spec}"), "too large"))?;
+        let bytes = shape
+            .iter()
+            .try_fold((u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8), |a, &d| a.checked_mul(d as u64));
+        let bytes = bytes
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| invalid(format!("--output {spec}"), "too large"))?;
         args.push(Arg { buf: alloc(bytes)?, shape, dtype });
     }
     let mut tensors: Vec<DLTensor> = args
@@ -217,7 +238,12 @@ fn run_function(
     }
     let outs = args[inputs.len()..]
         .iter()
-        .map(|a| Tensor { dtype: a.dtype, shape: a.shape.clone(), device: (1, 0), data: a.buf.as_slice().to_vec().into() })
+        .map(|a| Tensor {
+            dtype: a.dtype,
+            shape: a.shape.clone(),
+            device: (1, 0),
+            data: a.buf.as_slice().to_vec().into(),
+        })
         .collect();
     Ok((outs, times))
 }
@@ -234,7 +260,8 @@ macro_rules! npy_types {
 
 /// Reads a `.npy` file (C order; float, signed and unsigned integers of any byte order).
 pub fn read_npy(path: &Path) -> Result<Tensor> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot read", source })?;
+    let bytes =
+        std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot read", source })?;
     let what = path.display().to_string();
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| invalid(&what, format!("not a .npy file: {e}")))?;
     if npy.order() != npyz::Order::C {

@@ -102,7 +102,9 @@ fn npy(path: &Path) -> Tensor {
     let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
     let (dtype, data): (DataType, Vec<u8>) = match ts.to_string().as_str() {
         "<f4" => (DataType::F32, f.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "|i1" => (DataType { code: 0, bits: 8, lanes: 1 }, f.into_vec::<i8>().unwrap().iter().map(|&v| v as u8).collect()),
+        "|i1" => {
+            (DataType { code: 0, bits: 8, lanes: 1 }, f.into_vec::<i8>().unwrap().iter().map(|&v| v as u8).collect())
+        }
         other => panic!("{}: dtype {other}", path.display()),
     };
     Tensor::new(dtype, shape, data).unwrap()
@@ -114,14 +116,16 @@ fn models() -> Vec<(std::path::PathBuf, Vec<(String, std::path::PathBuf)>, Vec<s
     let run = g.join("run");
     let mut out = Vec::new();
     for name in ["graph_mlp", "graph_cnn", "graph_two_outputs", "graph_int8", "aot_mlp"] {
-        let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join(format!("{name}.json"))).unwrap()).unwrap();
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join(format!("{name}.json"))).unwrap()).unwrap();
         let inputs = meta["inputs"]
             .as_array()
             .unwrap()
             .iter()
             .map(|i| (i["name"].as_str().unwrap().to_owned(), run.join(i["file"].as_str().unwrap())))
             .collect();
-        let outputs = meta["outputs"].as_array().unwrap().iter().map(|o| run.join(o["file"].as_str().unwrap())).collect();
+        let outputs =
+            meta["outputs"].as_array().unwrap().iter().map(|o| run.join(o["file"].as_str().unwrap())).collect();
         out.push((run.join(format!("{name}.so")), inputs, outputs));
     }
     for name in ["graph_dense_relu", "graph_two_dso_merged"] {
@@ -145,7 +149,10 @@ fn models_give_tvms_outputs_bit_for_bit_at_1_and_4_threads() {
             mblob_runtime::ffi::threadpool::set_num_threads(threads);
             let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap_or_else(|e| panic!("{}: {e}", so.display()));
             assert_eq!(m.num_outputs(), outputs.len(), "{}", so.display());
-            assert_eq!(m.inputs().iter().map(|i| i.name.clone()).collect::<Vec<_>>(), inputs.iter().map(|i| i.0.clone()).collect::<Vec<_>>());
+            assert_eq!(
+                m.inputs().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
+                inputs.iter().map(|i| i.0.clone()).collect::<Vec<_>>()
+            );
             for (name, file) in &inputs {
                 m.set_input_by_name(name, &npy(file)).unwrap();
             }
@@ -189,7 +196,10 @@ fn wrong_inputs_are_typed_errors() {
         let err = m.set_input_by_name("x", &reshaped).unwrap_err();
         assert!(err.to_string().contains("[64, 2]"), "{so}: {err}");
         assert!(matches!(m.get_output(5), Err(ExecError::Index { what: "output", index: 5, count: 1 })));
-        assert!(exec::executor(&tree, &[Device { device_type: 2, device_id: 0 }]).is_err(), "{so}: CUDA device refused");
+        assert!(
+            exec::executor(&tree, &[Device { device_type: 2, device_id: 0 }]).is_err(),
+            "{so}: CUDA device refused"
+        );
     }
     // A library with no factory has no executor.
     let err = exec::executor(&load(&goldens().join("dso_add_one.so")), &[Device::cpu(0)]).err().unwrap();
@@ -267,7 +277,8 @@ mod fake_opencl {
                         _ => None,
                     })
                     .collect();
-                let extents: Vec<i64> = args.iter().filter_map(|a| if let Value::Int(i) = a { Some(*i) } else { None }).collect();
+                let extents: Vec<i64> =
+                    args.iter().filter_map(|a| if let Value::Int(i) = a { Some(*i) } else { None }).collect();
                 let [a, b, c] = ptrs[..] else { return Err(format!("expected 3 buffers, got {args:?}")) };
                 let n = (extents.iter().product::<i64>()) as usize;
                 // SAFETY: the host code passes the data pointers of the three tensors the test
@@ -322,7 +333,8 @@ fn host_code_calls_a_user_defined_kind_through_get_func_from_env() {
         let n = 1024;
         let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
-        let (mut ba, mut bb, mut bc) = (Buf::f32(&a, &[n as i64]), Buf::f32(&b, &[n as i64]), Buf::f32(&vec![0.0; n], &[n as i64]));
+        let (mut ba, mut bb, mut bc) =
+            (Buf::f32(&a, &[n as i64]), Buf::f32(&b, &[n as i64]), Buf::f32(&vec![0.0; n], &[n as i64]));
         // The host code checks device_type == OpenCL (4) before launching.
         let mut args = [ba.dl(2), bb.dl(2), bc.dl(2)];
         for t in &mut args {
@@ -337,7 +349,12 @@ fn host_code_calls_a_user_defined_kind_through_get_func_from_env() {
         let launches = fake.launches.lock().unwrap().clone();
         assert_eq!(launches.len(), 1, "{}", so.display());
         assert_eq!(launches[0].1, 3);
-        assert_eq!(launches[0].2.iter().product::<i64>(), n as i64, "grid * block covers the vector: {:?}", launches[0].2);
+        assert_eq!(
+            launches[0].2.iter().product::<i64>(),
+            n as i64,
+            "grid * block covers the vector: {:?}",
+            launches[0].2
+        );
     }
 }
 
@@ -360,7 +377,14 @@ fn mblob_run_writes_tvms_outputs() {
                 args.push("--input".into());
                 args.push(format!("{name}={}", file.display()).into());
             }
-            args.extend(["--threads".into(), threads.into(), "--repeat".into(), "3".into(), "--output-dir".into(), out.clone().into()]);
+            args.extend([
+                "--threads".into(),
+                threads.into(),
+                "--repeat".into(),
+                "3".into(),
+                "--output-dir".into(),
+                out.clone().into(),
+            ]);
             let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
             let o = mblob_run(&args);
             let stdout = String::from_utf8_lossy(&o.stdout);
@@ -443,7 +467,9 @@ fn params_file_reads_as_the_factorys_params() {
     use mblob_runtime::exec::graph::read_params;
     use mblob_runtime::payload::graph::GraphExecutorFactory;
     let g = goldens();
-    let mut file = read_params(&mblob_runtime::Bytes::from_vec(std::fs::read(g.join("graph_dense_relu.params")).unwrap())).unwrap();
+    let mut file =
+        read_params(&mblob_runtime::Bytes::from_vec(std::fs::read(g.join("graph_dense_relu.params")).unwrap()))
+            .unwrap();
     let tree = load(&g.join("graph_dense_relu.so"));
     let mut factory = tree.find::<GraphExecutorFactory>().unwrap().params.clone();
     file.sort_by(|a, b| a.0.cmp(&b.0));
@@ -493,5 +519,8 @@ int uses_workspace(void* args, int* codes, int n, void* ret, int* rc, void* h) {
     );
     // SAFETY: refused before it is opened.
     let err = unsafe { load_library(&refused, &Registry::default(), &LoadOptions::default()) }.unwrap_err();
-    assert!(matches!(err, mblob_runtime::Error::MissingRuntimeSymbols { ref symbols, .. } if symbols == &["TVMBackendRegisterSystemLibSymbol"]), "{err}");
+    assert!(
+        matches!(err, mblob_runtime::Error::MissingRuntimeSymbols { ref symbols, .. } if symbols == &["TVMBackendRegisterSystemLibSymbol"]),
+        "{err}"
+    );
 }

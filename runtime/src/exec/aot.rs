@@ -75,17 +75,13 @@ impl AotFactory {
     /// The first `AotExecutorFactory` of `tree` (kept as opaque bytes by the registry; decoded
     /// here).
     pub fn from_tree(tree: &LoadedTree) -> Result<AotFactory, ExecError> {
-        let (index, m) = tree
-            .modules()
-            .iter()
-            .enumerate()
-            .find(|(_, m)| m.module.type_key() == AOT_EXECUTOR_FACTORY)
-            .ok_or_else(|| ExecError::NoFactory(format!("no AotExecutorFactory in the tree ({})", tree.type_keys().join(", "))))?;
-        let opaque = m
-            .module
-            .as_any()
-            .downcast_ref::<Opaque>()
-            .ok_or_else(|| ExecError::NoFactory("the AotExecutorFactory module is not the opaque payload kind".into()))?;
+        let (index, m) =
+            tree.modules().iter().enumerate().find(|(_, m)| m.module.type_key() == AOT_EXECUTOR_FACTORY).ok_or_else(
+                || ExecError::NoFactory(format!("no AotExecutorFactory in the tree ({})", tree.type_keys().join(", "))),
+            )?;
+        let opaque = m.module.as_any().downcast_ref::<Opaque>().ok_or_else(|| {
+            ExecError::NoFactory("the AotExecutorFactory module is not the opaque payload kind".into())
+        })?;
         let payload = AotFactoryPayload::read(&opaque.bytes)?;
         Ok(AotFactory { tree: tree.clone(), index, payload })
     }
@@ -218,8 +214,10 @@ impl AotExecutor {
         let _span = tracing::info_span!("aot_executor_init").entered();
         check_devices(devices)?;
         let tree = &factory.tree;
-        let get_md = find(tree, factory.index, "get_c_metadata")
-            .ok_or_else(|| ExecError::MissingFunction { node: "metadata_module".into(), function: "get_c_metadata".into() })?;
+        let get_md = find(tree, factory.index, "get_c_metadata").ok_or_else(|| ExecError::MissingFunction {
+            node: "metadata_module".into(),
+            function: "get_c_metadata".into(),
+        })?;
         // SAFETY: `get_c_metadata` is the packed function TVM's AOT codegen emits: no
         // arguments, returns a handle.
         #[allow(unsafe_code)]
@@ -334,10 +332,11 @@ impl Executor for AotExecutor {
     }
 
     fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
-        let index = self.metadata.inputs.iter().position(|i| i.name == name).ok_or_else(|| ExecError::UnknownInput {
-            name: name.to_owned(),
-            known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
-        })?;
+        let index =
+            self.metadata.inputs.iter().position(|i| i.name == name).ok_or_else(|| ExecError::UnknownInput {
+                name: name.to_owned(),
+                known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
+            })?;
         self.set_input(index, tensor)
     }
 

@@ -131,9 +131,10 @@ fn attr_uint(attrs: &HashMap<String, serde_json::Value>, key: &str, node: &str) 
             .parse::<u64>()
             .map(Some)
             .map_err(|_| bad(format!("node `{node}`: attrs.{key} = {s:?} is not a non-negative integer"))),
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(Some).ok_or_else(|| bad(format!("node `{node}`: attrs.{key} = {n} is not a non-negative integer")))
-        }
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(format!("node `{node}`: attrs.{key} = {n} is not a non-negative integer"))),
         Some(other) => Err(bad(format!("node `{node}`: attrs.{key} = {other} is not an integer"))),
     }
 }
@@ -149,7 +150,10 @@ impl Graph {
         let row_ptr: Vec<usize> =
             g.node_row_ptr.iter().map(|&v| to_usize(v, "node_row_ptr entry")).collect::<Result<_, _>>()?;
         if row_ptr.len() != n_nodes + 1 {
-            return Err(bad(format!("node_row_ptr has {} entries for {n_nodes} nodes (expected nodes + 1)", row_ptr.len())));
+            return Err(bad(format!(
+                "node_row_ptr has {} entries for {n_nodes} nodes (expected nodes + 1)",
+                row_ptr.len()
+            )));
         }
         if row_ptr.first() != Some(&0) || row_ptr.windows(2).any(|w| w[0] > w[1]) {
             return Err(bad("node_row_ptr must start at 0 and never decrease"));
@@ -158,7 +162,9 @@ impl Graph {
         let (dkind, dltype) = g.attrs.dltype;
         let (skind, storage_id) = g.attrs.storage_id;
         let (hkind, shape) = g.attrs.shape;
-        for (k, want, key) in [(&dkind, "list_str", "dltype"), (&skind, "list_int", "storage_id"), (&hkind, "list_shape", "shape")] {
+        for (k, want, key) in
+            [(&dkind, "list_str", "dltype"), (&skind, "list_int", "storage_id"), (&hkind, "list_shape", "shape")]
+        {
             if k != want {
                 return Err(bad(format!("attrs.{key} has type tag {k:?}, expected {want:?}")));
             }
@@ -171,7 +177,9 @@ impl Graph {
         let dltype = dltype
             .iter()
             .enumerate()
-            .map(|(i, s)| DataType::parse(s).ok_or_else(|| bad(format!("attrs.dltype[{i}] = {s:?} is not a data type"))))
+            .map(|(i, s)| {
+                DataType::parse(s).ok_or_else(|| bad(format!("attrs.dltype[{i}] = {s:?} is not a data type")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let storage_id = storage_id
             .iter()
@@ -216,7 +224,10 @@ impl Graph {
                 .map(|(k, e)| {
                     let ne = entry(e, &format!("nodes[{nid}].inputs[{k}]"))?;
                     if ne.node >= nid {
-                        return Err(bad(format!("nodes[{nid}] (`{}`) takes an input from node {}, which does not run before it", n.name, ne.node)));
+                        return Err(bad(format!(
+                            "nodes[{nid}] (`{}`) takes an input from node {}, which does not run before it",
+                            n.name, ne.node
+                        )));
                     }
                     Ok(ne)
                 })
@@ -227,7 +238,14 @@ impl Graph {
                     if outputs != 1 {
                         return Err(bad(format!("input node `{}` has {outputs} entries, expected 1", n.name)));
                     }
-                    Node { op: n.op.clone(), name: n.name.clone(), inputs, func_name: String::new(), num_outputs: 1, flatten_data: false }
+                    Node {
+                        op: n.op.clone(),
+                        name: n.name.clone(),
+                        inputs,
+                        func_name: String::new(),
+                        num_outputs: 1,
+                        flatten_data: false,
+                    }
                 }
                 "tvm_op" => {
                     let empty = HashMap::new();
@@ -238,17 +256,33 @@ impl Graph {
                     };
                     let num_outputs = attr_uint(attrs, "num_outputs", &n.name)?.unwrap_or(1);
                     if num_outputs != outputs as u64 {
-                        return Err(bad(format!("op node `{}` says num_outputs {num_outputs} but node_row_ptr gives it {outputs}", n.name)));
+                        return Err(bad(format!(
+                            "op node `{}` says num_outputs {num_outputs} but node_row_ptr gives it {outputs}",
+                            n.name
+                        )));
                     }
                     if let Some(ni) = attr_uint(attrs, "num_inputs", &n.name)? {
                         if ni != inputs.len() as u64 {
-                            return Err(bad(format!("op node `{}` says num_inputs {ni} but lists {}", n.name, inputs.len())));
+                            return Err(bad(format!(
+                                "op node `{}` says num_inputs {ni} but lists {}",
+                                n.name,
+                                inputs.len()
+                            )));
                         }
                     }
                     let flatten_data = attr_uint(attrs, "flatten_data", &n.name)?.unwrap_or(0) != 0;
-                    Node { op: n.op.clone(), name: n.name.clone(), inputs, func_name, num_outputs: outputs, flatten_data }
+                    Node {
+                        op: n.op.clone(),
+                        name: n.name.clone(),
+                        inputs,
+                        func_name,
+                        num_outputs: outputs,
+                        flatten_data,
+                    }
                 }
-                other => return Err(bad(format!("node `{}` has op {other:?}: only \"null\" and \"tvm_op\" exist", n.name))),
+                other => {
+                    return Err(bad(format!("node `{}` has op {other:?}: only \"null\" and \"tvm_op\" exist", n.name)))
+                }
             };
             nodes.push(node);
         }
@@ -263,7 +297,8 @@ impl Graph {
                 Ok(a)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let heads = g.heads.iter().enumerate().map(|(i, h)| entry(h, &format!("heads[{i}]"))).collect::<Result<_, _>>()?;
+        let heads =
+            g.heads.iter().enumerate().map(|(i, h)| entry(h, &format!("heads[{i}]"))).collect::<Result<_, _>>()?;
         Ok(Graph { nodes, arg_nodes, heads, node_row_ptr: row_ptr, dltype, shape, storage_id, device_index })
     }
 
@@ -315,7 +350,9 @@ impl GraphFactory {
             .modules()
             .iter()
             .position(|m| m.module.as_any().downcast_ref::<GraphExecutorFactory>().is_some())
-            .ok_or_else(|| ExecError::NoFactory(format!("no GraphExecutorFactory in the tree ({})", tree.type_keys().join(", "))))?;
+            .ok_or_else(|| {
+                ExecError::NoFactory(format!("no GraphExecutorFactory in the tree ({})", tree.type_keys().join(", ")))
+            })?;
         Ok(GraphFactory { tree: tree.clone(), index })
     }
 
@@ -371,7 +408,10 @@ unsafe impl Send for GraphExecutor {}
 
 impl std::fmt::Debug for GraphExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GraphExecutor").field("nodes", &self.graph.nodes.len()).field("pools", &self.pools.len()).finish()
+        f.debug_struct("GraphExecutor")
+            .field("nodes", &self.graph.nodes.len())
+            .field("pools", &self.pools.len())
+            .finish()
     }
 }
 
@@ -379,8 +419,11 @@ impl GraphExecutor {
     fn new(tree: &LoadedTree, index: usize, devices: &[Device]) -> Result<GraphExecutor, ExecError> {
         let _span = tracing::info_span!("graph_executor_init").entered();
         check_devices(devices)?;
-        let factory: &GraphExecutorFactory =
-            tree.modules()[index].module.as_any().downcast_ref().ok_or_else(|| ExecError::NoFactory("not a graph factory".into()))?;
+        let factory: &GraphExecutorFactory = tree.modules()[index]
+            .module
+            .as_any()
+            .downcast_ref()
+            .ok_or_else(|| ExecError::NoFactory("not a graph factory".into()))?;
         let graph = Graph::parse(&factory.graph_json)?;
         if let Some(d) = graph.device_index.as_ref().and_then(|v| v.iter().find(|&&d| d != 1)) {
             return Err(ExecError::UnsupportedDevice {
@@ -400,7 +443,8 @@ impl GraphExecutor {
                 pool_size.resize(sid + 1, 0);
             }
             pool_size[sid] = pool_size[sid].max(bytes);
-            entry_bytes.push(usize::try_from(bytes).map_err(|_| ExecError::Alloc { bytes, what: format!("entry {e}") })?);
+            entry_bytes
+                .push(usize::try_from(bytes).map_err(|_| ExecError::Alloc { bytes, what: format!("entry {e}") })?);
         }
         let pools = pool_size
             .iter()
@@ -448,13 +492,18 @@ impl GraphExecutor {
                         return Err(bad(format!("`__copy` node `{}` must have one input and one output", node.name)));
                     }
                     if entry_bytes[entries[0]] != entry_bytes[entries[1]] {
-                        return Err(bad(format!("`__copy` node `{}` copies between entries of different sizes", node.name)));
+                        return Err(bad(format!(
+                            "`__copy` node `{}` copies between entries of different sizes",
+                            node.name
+                        )));
                     }
                     OpKind::Copy { from: entries[0], to: entries[1] }
                 }
                 name => {
-                    let f = find_function(tree, index, name)
-                        .ok_or_else(|| ExecError::MissingFunction { node: node.name.clone(), function: name.to_owned() })?;
+                    let f = find_function(tree, index, name).ok_or_else(|| ExecError::MissingFunction {
+                        node: node.name.clone(),
+                        function: name.to_owned(),
+                    })?;
                     let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
                     OpKind::Call(PreparedCall::new(f, args).map_err(|e| ExecError::Kernel {
                         node: node.name.clone(),
@@ -463,7 +512,13 @@ impl GraphExecutor {
                     })?)
                 }
             };
-            ops.push(Op { node: node.name.clone(), function: node.func_name.clone(), kind, _tensors: tensors, _shapes: shapes });
+            ops.push(Op {
+                node: node.name.clone(),
+                function: node.func_name.clone(),
+                kind,
+                _tensors: tensors,
+                _shapes: shapes,
+            });
         }
         let input_index = graph.arg_nodes.iter().map(|&nid| (graph.nodes[nid].name.clone(), nid)).collect();
         let mut exec = GraphExecutor {
@@ -495,7 +550,11 @@ impl GraphExecutor {
 
     fn input_info(&self, nid: usize) -> TensorInfo {
         let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
-        TensorInfo { name: self.graph.nodes[nid].name.clone(), shape: self.graph.shape[e].clone(), dtype: self.graph.dltype[e] }
+        TensorInfo {
+            name: self.graph.nodes[nid].name.clone(),
+            shape: self.graph.shape[e].clone(),
+            dtype: self.graph.dltype[e],
+        }
     }
 
     /// Copies `tensor` into input `index` (an index into the graph's `arg_nodes`, params
@@ -537,7 +596,11 @@ impl GraphExecutor {
 
     /// The bytes of output `index`, without a copy.
     pub fn output_data(&self, index: usize) -> Result<&[u8], ExecError> {
-        let h = *self.graph.heads.get(index).ok_or(ExecError::Index { what: "output", index, count: self.graph.heads.len() })?;
+        let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
+            what: "output",
+            index,
+            count: self.graph.heads.len(),
+        })?;
         let e = self.graph.entry_id(h);
         Ok(&self.pools[self.graph.storage_id[e]].as_slice()[..self.entry_bytes[e]])
     }
@@ -578,7 +641,11 @@ impl Executor for GraphExecutor {
             .enumerate()
             .map(|(i, &h)| {
                 let e = self.graph.entry_id(h);
-                TensorInfo { name: format!("output_{i}"), shape: self.graph.shape[e].clone(), dtype: self.graph.dltype[e] }
+                TensorInfo {
+                    name: format!("output_{i}"),
+                    shape: self.graph.shape[e].clone(),
+                    dtype: self.graph.dltype[e],
+                }
             })
             .collect()
     }
@@ -622,10 +689,19 @@ impl Executor for GraphExecutor {
     }
 
     fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
-        let h = *self.graph.heads.get(index).ok_or(ExecError::Index { what: "output", index, count: self.graph.heads.len() })?;
+        let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
+            what: "output",
+            index,
+            count: self.graph.heads.len(),
+        })?;
         let e = self.graph.entry_id(h);
         let data = self.output_data(index)?.to_vec();
-        Ok(Tensor { dtype: self.graph.dltype[e], shape: self.graph.shape[e].clone(), device: (1, 0), data: data.into() })
+        Ok(Tensor {
+            dtype: self.graph.dltype[e],
+            shape: self.graph.shape[e].clone(),
+            device: (1, 0),
+            data: data.into(),
+        })
     }
 }
 

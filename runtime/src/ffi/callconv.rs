@@ -235,7 +235,10 @@ pub(crate) fn encode_classic(args: &[Value]) -> Result<(Vec<TVMValue>, Vec<c_int
                 (v, K_STR)
             }
             Value::Object { .. } => {
-                return Err(CallError { code: -1, message: "tvm-ffi objects cannot be passed to a classic function".into() })
+                return Err(CallError {
+                    code: -1,
+                    message: "tvm-ffi objects cannot be passed to a classic function".into(),
+                })
             }
         };
         values.push(v);
@@ -453,7 +456,14 @@ impl PreparedCall {
                 // SAFETY: per the contract; the arrays live in `self`.
                 let code = unsafe {
                     let f = std::mem::transmute::<*mut c_void, PackedCFn>(addr);
-                    f(values.as_mut_ptr(), codes.as_mut_ptr(), values.len() as c_int, &mut ret, &mut ret_code, std::ptr::null_mut())
+                    f(
+                        values.as_mut_ptr(),
+                        codes.as_mut_ptr(),
+                        values.len() as c_int,
+                        &mut ret,
+                        &mut ret_code,
+                        std::ptr::null_mut(),
+                    )
                 };
                 if code != 0 {
                     return Err(call_error(code));

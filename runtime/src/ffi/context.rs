@@ -264,7 +264,13 @@ extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *con
     })
 }
 
-extern "C" fn backend_alloc_workspace(_dev_type: c_int, _dev_id: c_int, nbytes: u64, _code: c_int, _bits: c_int) -> *mut c_void {
+extern "C" fn backend_alloc_workspace(
+    _dev_type: c_int,
+    _dev_id: c_int,
+    nbytes: u64,
+    _code: c_int,
+    _bits: c_int,
+) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         let p = workspace::alloc(nbytes);
         if p.is_null() {

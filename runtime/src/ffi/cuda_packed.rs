@@ -14,7 +14,11 @@ use crate::format::stream::DataType;
 /// Splits packed arguments into kernel arguments (typed by `types`) and launch extents.
 pub fn kernel_args(types: &[DataType], args: &[Value]) -> Result<(Vec<KernelArg<'static>>, Vec<u64>), String> {
     if args.len() < types.len() {
-        return Err(format!("the kernel takes {} arguments and its launch extents, {} values given", types.len(), args.len()));
+        return Err(format!(
+            "the kernel takes {} arguments and its launch extents, {} values given",
+            types.len(),
+            args.len()
+        ));
     }
     let (kernel, rest) = args.split_at(types.len());
     let mut out = Vec::with_capacity(kernel.len());
@@ -22,8 +26,12 @@ pub fn kernel_args(types: &[DataType], args: &[Value]) -> Result<(Vec<KernelArg<
         let arg = match (t.to_string().as_str(), a) {
             ("handle", Value::Handle(p)) => KernelArg::DevicePtr(*p as u64),
             ("handle", Value::None) => KernelArg::DevicePtr(0),
-            ("int32", Value::Int(v)) => KernelArg::I32(i32::try_from(*v).map_err(|_| format!("argument {i}: {v} is not an int32"))?),
-            ("uint32", Value::Int(v)) => KernelArg::U32(u32::try_from(*v).map_err(|_| format!("argument {i}: {v} is not a uint32"))?),
+            ("int32", Value::Int(v)) => {
+                KernelArg::I32(i32::try_from(*v).map_err(|_| format!("argument {i}: {v} is not an int32"))?)
+            }
+            ("uint32", Value::Int(v)) => {
+                KernelArg::U32(u32::try_from(*v).map_err(|_| format!("argument {i}: {v} is not a uint32"))?)
+            }
             ("int64", Value::Int(v)) => KernelArg::I64(*v),
             ("float32", Value::Float(v)) => KernelArg::F32(*v as f32),
             ("float64", Value::Float(v)) => KernelArg::F64(*v),

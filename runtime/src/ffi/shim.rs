@@ -142,11 +142,8 @@ fn load_shim() -> std::result::Result<(), String> {
     let _span = tracing::debug_span!("load_runtime_shim").entered();
     let dir = std::env::temp_dir();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let path = dir.join(format!(
-        "mblob-shim-{}-{nanos}-{}.so",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let path =
+        dir.join(format!("mblob-shim-{}-{nanos}-{}.so", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -219,8 +219,7 @@ pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_tas
     // One thread, or a launch from inside a task: one task covering the whole loop, here.
     if threads <= 1 || IN_TASK.with(|t| t.get()) {
         let barrier = SpinBarrier::default();
-        let mut env =
-            ParallelGroupEnv { sync_handle: (&barrier as *const SpinBarrier).cast_mut().cast(), num_task: 1 };
+        let mut env = ParallelGroupEnv { sync_handle: (&barrier as *const SpinBarrier).cast_mut().cast(), num_task: 1 };
         // SAFETY: compiled code passes a lambda of this signature; `env` and its barrier live
         // until the call returns.
         return unsafe { f(0, &mut env, cdata) };
@@ -256,10 +255,8 @@ fn run_launch(s: &Shared, f: ParallelLambda, cdata: *mut c_void, n: usize) -> c_
     // SAFETY: no task of a previous launch runs any more (we waited for them), so this thread
     // is the only one touching `env` until the epoch below publishes it.
     unsafe {
-        *s.env.get() = ParallelGroupEnv {
-            sync_handle: (&s.barrier as *const SpinBarrier).cast_mut().cast(),
-            num_task: n as i32,
-        };
+        *s.env.get() =
+            ParallelGroupEnv { sync_handle: (&s.barrier as *const SpinBarrier).cast_mut().cast(), num_task: n as i32 };
     }
     s.lambda.store(f as usize, Ordering::Release);
     s.cdata.store(cdata as usize, Ordering::Release);

@@ -36,6 +36,7 @@
 //! - [`registry`]: loaders keyed by type key.
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`].
 //! - [`elf`]: finding a blob in an ELF file without running it.
+//! - [`exec`]: executors ([`exec::relax`]: TVM's Relax VM).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -44,6 +45,7 @@ mod bytes;
 pub mod cuda;
 pub mod elf;
 mod error;
+pub mod exec;
 pub mod format;
 mod library;
 mod load;

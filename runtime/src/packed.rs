@@ -144,7 +144,7 @@ pub fn last_error() -> String {
     LAST_ERROR.with(|e| e.borrow().clone())
 }
 
-fn set_last_error(msg: &str) {
+pub(crate) fn set_last_error(msg: &str) {
     LAST_ERROR.with(|e| *e.borrow_mut() = msg.to_owned());
 }
 

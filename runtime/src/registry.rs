@@ -63,6 +63,7 @@ impl Default for Registry {
             r.register(OpaqueLoader(key));
         }
         device::register_loaders(&mut r);
+        crate::exec::relax::register_loaders(&mut r); // replaces the opaque relax keys
         r
     }
 }

@@ -325,4 +325,36 @@ fn corrupt_bytes_are_errors() {
     let err = RelaxExecutable::read_payload(&Bytes::from_vec(out), layout, key).unwrap_err();
     assert!(err.to_string().contains("constant index"), "{err}");
     assert!(matches!(exec.constants[0], Constant::Str(_) | Constant::DataType(_)));
+
+    // Two instructions forged to start at the same word (which would let a short input decode
+    // into a large program) are refused at the second offset.
+    let (no, nd) = (exec.instr_offsets().len(), exec.instr_data().len());
+    let offsets_at = bytes.len() - (16 + 8 * (no + nd)) + 8;
+    let mut b = bytes.clone();
+    b[offsets_at + 8..offsets_at + 16].copy_from_slice(&0i64.to_le_bytes());
+    let err = RelaxExecutable::read_payload(&Bytes::from_vec(b), layout, key).unwrap_err();
+    assert_eq!(err.offset, offsets_at as u64 + 8, "{err}");
+    assert!(err.to_string().contains("instr_offset"), "{err}");
+}
+
+/// Constant tensors stay borrowed from the blob (a model's weights are not copied on load),
+/// and the relax MLP's blob, found in the ELF file without running it, loads from memory.
+#[test]
+fn constant_tensors_are_borrowed() {
+    let so = read(&goldens().join("run/relax_mlp_tvm019.so"));
+    let found = mblob_runtime::elf::find_blob(&so, None).unwrap().expect("blob symbol");
+    let blob = Bytes::from_vec(found.bytes(&so).unwrap().to_vec());
+    let tree = load_blob(&blob, found.layout, &Registry::default(), &LoadOptions::default()).unwrap();
+    let exec = executable(&tree);
+    let range = blob.as_ptr() as usize..blob.as_ptr() as usize + blob.len();
+    let tensors: Vec<_> = exec
+        .constants
+        .iter()
+        .filter_map(|c| match c {
+            Constant::Tensor(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tensors.len(), 4, "W1, b1, W2, b2");
+    assert!(tensors.iter().all(|t| range.contains(&(t.data.as_ptr() as usize))));
 }

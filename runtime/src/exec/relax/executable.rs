@@ -159,11 +159,12 @@ pub struct FuncInfo {
     pub param_names: Vec<String>,
 }
 
-/// A value of the constant pool.
-#[derive(Debug, Clone, PartialEq)]
+/// A value of the constant pool. Floats compare by their bits (a NaN equals itself), so that
+/// an executable read back equals what was written.
+#[derive(Debug, Clone)]
 pub enum Constant {
     /// A tensor (the model's weights), its data borrowed from the payload.
-    Tensor(Tensor),
+    Tensor(Box<Tensor>),
     /// A data type.
     DataType(DataType),
     /// A shape tuple.
@@ -185,6 +186,20 @@ pub(crate) enum ConstKind {
     Str,
     Int,
     Float,
+}
+
+impl PartialEq for Constant {
+    fn eq(&self, other: &Constant) -> bool {
+        match (self, other) {
+            (Constant::Tensor(a), Constant::Tensor(b)) => a == b,
+            (Constant::DataType(a), Constant::DataType(b)) => a == b,
+            (Constant::Shape(a), Constant::Shape(b)) => a == b,
+            (Constant::Str(a), Constant::Str(b)) => a == b,
+            (Constant::Int(a), Constant::Int(b)) => a == b,
+            (Constant::Float(a), Constant::Float(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
 }
 
 impl Constant {
@@ -649,7 +664,7 @@ fn read_constants(r: &mut Reader<'_>, src: &Bytes, dialect: Dialect) -> Result<V
             )
         })?;
         let c = match kind {
-            ConstKind::Tensor => Constant::Tensor(Tensor::read(r, src)?),
+            ConstKind::Tensor => Constant::Tensor(Box::new(Tensor::read(r, src)?)),
             ConstKind::DataType => Constant::DataType(r.read_dtype("dtype constant")?),
             ConstKind::Shape => Constant::Shape(read_vec_i64(r, "shape constant")?),
             ConstKind::Str => Constant::Str(r.read_str_bytes("string constant")?.to_vec()),
@@ -672,12 +687,18 @@ fn decode(
 ) -> Result<Vec<Instruction>, FormatError> {
     let word_at = |w: usize| data_at + 8 * w as u64;
     let mut out = Vec::with_capacity(offsets.len());
+    // Instructions follow each other: each starts at or after the end of the previous one (as
+    // TVM writes them), so the decoded program is never larger than `instr_data`.
+    let mut next_free = 0usize;
     for (i, &off) in offsets.iter().enumerate() {
-        let Some(start) = usize::try_from(off).ok().filter(|&o| o < data.len()) else {
+        let Some(start) = usize::try_from(off).ok().filter(|&o| o < data.len() && o >= next_free) else {
             return Err(invalid(
                 offsets_at + 8 * i as u64,
                 "instr_offset",
-                format!("instruction {i} starts at word {off}, but instr_data has {} words", data.len()),
+                format!(
+                    "instruction {i} starts at word {off}, but instr_data has {} words and the previous instruction ends at {next_free}",
+                    data.len()
+                ),
             ));
         };
         // The words of this instruction after the opcode, or an error if they run past the end.
@@ -759,6 +780,12 @@ fn decode(
                 ))
             }
         };
+        next_free = start
+            + match &ins {
+                Instruction::Call { args, .. } => 4 + args.len(),
+                Instruction::Ret { .. } | Instruction::Goto { .. } => 2,
+                Instruction::If { .. } => 3,
+            };
         out.push(ins);
     }
     Ok(out)

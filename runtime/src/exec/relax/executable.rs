@@ -330,10 +330,39 @@ impl RelaxExecutable {
     /// Reads a payload as it sits in a blob of `layout` (for the classic layouts, the
     /// executable wrapped in a string; for tvm-ffi, the executable itself), under `type_key`.
     /// The payload must be read whole. Tensor data stays borrowed from `payload`.
+    ///
+    /// The form and constant tags of `layout`'s TVM version are tried first. A payload that
+    /// does not read that way (the bytes of another version, copied verbatim into this
+    /// layout by a tool) is read in the other forms and dialects, and [`RelaxExecutable::dialect`]
+    /// says which one fitted; when none does, the error is the one of `layout`'s own form.
     pub fn read_payload(payload: &Bytes, layout: Layout, type_key: &str) -> Result<RelaxExecutable, FormatError> {
         let _span = tracing::debug_span!("relax_executable", layout = layout.name(), bytes = payload.len()).entered();
-        let dialect = Dialect::of_layout(layout);
-        if layout.frames_payloads() {
+        let own = Dialect::of_layout(layout);
+        let wrapped = !layout.frames_payloads();
+        let first = RelaxExecutable::read_form(payload, wrapped, own, type_key);
+        if first.is_ok() {
+            return first;
+        }
+        let dialects = [Dialect::Tvm019, Dialect::Tvm021, Dialect::Tvm022];
+        for (w, d) in [wrapped, !wrapped].into_iter().flat_map(|w| dialects.into_iter().map(move |d| (w, d))) {
+            if (w, d) == (wrapped, own) {
+                continue;
+            }
+            if let Ok(exec) = RelaxExecutable::read_form(payload, w, d, type_key) {
+                tracing::debug!(dialect = ?d, wrapped = w, "relax executable read in another version's form");
+                return Ok(exec);
+            }
+        }
+        first
+    }
+
+    fn read_form(
+        payload: &Bytes,
+        wrapped: bool,
+        dialect: Dialect,
+        type_key: &str,
+    ) -> Result<RelaxExecutable, FormatError> {
+        if !wrapped {
             return RelaxExecutable::read(payload, 0, dialect, type_key);
         }
         let mut r = Reader::new(payload, 0);

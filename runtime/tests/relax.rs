@@ -260,7 +260,7 @@ fn wrong_inputs_get_tvms_messages() {
             err.to_string(),
             "ValueError: Invoking function main expects 1 arguments (x), but 2 arguments were provided."
         );
-        let err = vm.invoke("softmax", &[x.clone()]).unwrap_err();
+        let err = vm.invoke("softmax", std::slice::from_ref(&x)).unwrap_err();
         assert!(matches!(err, VmError::UnknownFunction { .. }), "{err}");
         // The VM still works after the errors.
         assert_eq!(vm.invoke("main", &[x]).unwrap().len(), 1);

@@ -15,8 +15,8 @@
 //!               | n:u64 u8{n} (string) | i64 | f64
 //! ```
 //!
-//! The tag numbering depends on the version: [`v019`](super::v019) (TVM's own `ConstantType`)
-//! and [`v021`](super::v021) (tvm-ffi type indices). Instructions are words of `instr_data`
+//! The tag numbering depends on the version: [`super::v019`] (TVM's own `ConstantType`)
+//! and [`super::v021`] (tvm-ffi type indices). Instructions are words of `instr_data`
 //! starting at `instr_offset[i]`:
 //!
 //! ```text

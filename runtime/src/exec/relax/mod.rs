@@ -3,7 +3,7 @@
 //!
 //! Since TVM 0.21 every model TVM builds is a Relax model: `tvm.compile` / `relax.build`
 //! gives a VM executable (`relax.Executable` in 0.19, `relax.VMExecutable` from 0.20) that
-//! imports the host library. The [`Registry`](crate::Registry)'s default loaders turn those
+//! imports the host library. The [`Registry`](crate::Registry::default)'s default loaders turn those
 //! payloads into a [`RelaxExecutable`], and a [`VirtualMachine`] runs its functions with the
 //! library's kernels:
 //!
@@ -24,8 +24,8 @@
 
 pub mod executable;
 mod ffi;
-mod v019;
-mod v021;
+pub mod v019;
+pub mod v021;
 pub mod vm;
 
 use std::any::Any;

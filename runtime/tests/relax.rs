@@ -47,6 +47,11 @@ fn npy(path: &Path) -> Tensor {
         "|i1" => {
             (DataType { code: 0, bits: 8, lanes: 1 }, arr.into_vec::<i8>().unwrap().iter().map(|v| *v as u8).collect())
         }
+        // tvm-ffi's kDLBool (TVM 0.22+); TVM 0.19 calls bool `uint1`.
+        "|b1" => (
+            DataType { code: 6, bits: 8, lanes: 1 },
+            arr.into_vec::<bool>().unwrap().into_iter().map(u8::from).collect(),
+        ),
         d => panic!("{}: dtype {d} not handled by this test", path.display()),
     };
     Tensor::new(dtype, shape, data).unwrap()
@@ -364,4 +369,57 @@ fn constant_tensors_are_borrowed() {
         .collect();
     assert_eq!(tensors.len(), 4, "W1, b1, W2, b2");
     assert!(tensors.iter().all(|t| range.contains(&(t.data.as_ptr() as usize))));
+}
+
+/// Models built and run by TVM 0.27 for this test (`tests/fixtures/tvm-goldens/relax/make.py`):
+/// tuple outputs, `vm.builtin.reshape` views, a fused kernel, a symbolic batch (shape heap,
+/// `shape_func`, `make_shape`), `If`/`Goto` on a boolean tensor, and a call of a second VM
+/// function. Each executable reads as TVM describes it, and every run gives TVM's outputs.
+#[test]
+fn tvm_027_feature_models() {
+    let dir = goldens().join("relax/tvm-0.27");
+    for name in ["relax_tuple_reshape", "relax_dynamic", "relax_fused", "relax_branch", "relax_two_functions"] {
+        let meta = json(&dir.join(format!("{name}.json")));
+        let tree = load(&dir.join(format!("{name}.so")));
+        let exec = executable(&tree);
+        let lines = |k: &str| -> Vec<String> {
+            meta[k].as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(exec.as_text().split('\n').collect::<Vec<_>>(), lines("as_text"), "{name}: as_text");
+        assert_eq!(exec.stats().split('\n').collect::<Vec<_>>(), lines("stats"), "{name}: stats");
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (k, run) in meta["runs"].as_array().unwrap().iter().enumerate() {
+            let inputs: Vec<Tensor> =
+                run["inputs"].as_array().unwrap().iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
+            let names: Vec<&str> =
+                run["inputs"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+            let main = vm.functions().into_iter().find(|f| f.name == "main").unwrap();
+            assert_eq!(main.params, names, "{name}");
+            let outs = vm.invoke("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
+            let want = run["outputs"].as_array().unwrap();
+            assert_eq!(outs.len(), want.len(), "{name} run {k}");
+            for (o, w) in outs.iter().zip(want) {
+                let w = npy(&dir.join(w["file"].as_str().unwrap()));
+                assert_eq!((&o.shape, o.dtype), (&w.shape, w.dtype), "{name} run {k}");
+                assert!(o.data[..] == w.data[..], "{name} run {k}: output differs from TVM's");
+            }
+        }
+    }
+}
+
+/// A symbolic dimension that disagrees with one bound earlier gets TVM's message (the shape
+/// heap's "previous populated value").
+#[test]
+fn dynamic_shape_mismatch_gets_tvms_message() {
+    let dir = goldens().join("relax/tvm-0.27");
+    let tree = load(&dir.join("relax_dynamic.so"));
+    let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+    let x = Tensor::new(DataType::F32, vec![3, 4], vec![0; 48]).unwrap();
+    let w = Tensor::new(DataType::F32, vec![5, 3], vec![0; 60]).unwrap();
+    let err = vm.invoke("main", &[x, w]).unwrap_err();
+    let ctx = r#"ErrorContext(fn=main, loc=param[1], param=w, annotation=R.Tensor((4, 3), dtype="float32")) "#;
+    assert_eq!(
+        err.root().to_string(),
+        format!("RuntimeError: {ctx} match_cast error,  shape[0] mismatch to specified constant.")
+    );
 }

@@ -575,7 +575,7 @@ impl RelaxExecutable {
                 Constant::Str(s) => pool.push_str(&format!("\"{}\", ", String::from_utf8_lossy(s))),
                 Constant::Int(v) => pool.push_str(&format!("{v}, ")),
                 Constant::Float(v) => pool.push_str(&format!("{v}, ")),
-                Constant::DataType(t) => pool.push_str(&format!("{t}, ")),
+                Constant::DataType(t) => pool.push_str(&format!("{}, ", dtype_name(*t))),
             }
         }
         let pool = pool.strip_suffix(", ").unwrap_or(&pool);
@@ -636,6 +636,14 @@ impl RelaxExecutable {
         }
         s
     }
+}
+
+/// A data type as TVM spells it, with tvm-ffi's `bool` (DLPack's `kDLBool`, code 6, 8 bits).
+pub fn dtype_name(t: DataType) -> String {
+    if t == (DataType { code: 6, bits: 8, lanes: 1 }) {
+        return "bool".to_owned();
+    }
+    t.to_string()
 }
 
 fn read_vec_i64(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<i64>, FormatError> {

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::executable::{Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
+use super::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
 use super::ffi::{self, data_size, Buffer, CallArg, CallFailure, Convention};
 use crate::format::stream::DataType;
 use crate::format::Layout;
@@ -518,7 +518,7 @@ impl VirtualMachine {
                     if t.dtype != d {
                         return Err(check(
                             "ValueError",
-                            format!("{ctx} expect Tensor with dtype {d} but get {}", t.dtype),
+                            format!("{ctx} expect Tensor with dtype {} but get {}", dtype_name(d), dtype_name(t.dtype)),
                         ));
                     }
                 }
@@ -742,7 +742,7 @@ impl VirtualMachine {
             }
             Builtin::ReadIfCond => match a.get(0)? {
                 Value::Int(v) => Ok(Value::Int(i64::from(*v != 0))),
-                Value::Tensor(t) if matches!(t.dtype.code, 0 | 1) && t.len() >= 1 => {
+                Value::Tensor(t) if matches!(t.dtype.code, 0 | 1 | 6) && t.len() >= 1 => {
                     let bytes = usize::from(t.dtype.bits).div_ceil(8);
                     let raw = t.buf.read(t.offset, bytes).unwrap_or_default();
                     Ok(Value::Int(i64::from(raw.iter().any(|&b| b != 0))))

@@ -7,8 +7,12 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
 
 use crate::format::stream::DataType;
 use crate::module::Symbol;
@@ -17,10 +21,66 @@ use crate::packed::{self, DLDataType, DLDevice, DLTensor};
 /// Alignment of every buffer (TVM's `kAllocAlignment`).
 pub(crate) const ALIGN: usize = 64;
 
-/// A zero-initialised, 64-byte-aligned block of host memory.
+/// A 64-byte-aligned block of host memory: zero-initialised when new, or a block of the same
+/// size reused from a [`Pool`] (holding what its last user wrote).
 pub(crate) struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Where the block goes when the buffer is dropped (freed when `None`).
+    pool: Option<Arc<Pool>>,
+}
+
+/// Blocks of freed buffers, by size, for the next allocation of the same size (the VM's
+/// storages have the same sizes on every run, as TVM's pooled allocator exploits).
+#[derive(Default)]
+pub(crate) struct Pool {
+    free: Mutex<HashMap<usize, Vec<Block>>>,
+}
+
+/// An owned, unused block of `Buffer::layout(len)`.
+struct Block(NonNull<u8>);
+
+// SAFETY: a `Block` is exclusively owned memory that nothing else references.
+unsafe impl Send for Block {}
+
+impl Pool {
+    fn take(&self, len: usize) -> Option<NonNull<u8>> {
+        self.free.lock().ok()?.get_mut(&len)?.pop().map(|b| b.0)
+    }
+
+    fn put(&self, ptr: NonNull<u8>, len: usize) -> Result<(), NonNull<u8>> {
+        match self.free.lock() {
+            Ok(mut free) => {
+                free.entry(len).or_default().push(Block(ptr));
+                Ok(())
+            }
+            Err(_) => Err(ptr),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let free = match self.free.get_mut() {
+            Ok(f) => std::mem::take(f),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
+        };
+        for (len, blocks) in free {
+            if let Some(layout) = Buffer::layout(len) {
+                for b in blocks {
+                    // SAFETY: every block was allocated by `Buffer::zeroed` with this layout
+                    // and is owned by the pool alone.
+                    unsafe { alloc::dealloc(b.0.as_ptr(), layout) };
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pool")
+    }
 }
 
 // SAFETY: a `Buffer` owns its block exclusively (like a `Box<[u8]>`); the VM writes to it only
@@ -46,7 +106,18 @@ impl Buffer {
         let layout = Buffer::layout(len)?;
         // SAFETY: `layout` has a non-zero size; the block is freed in `drop` with the same layout.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        NonNull::new(ptr).map(|ptr| Buffer { ptr, len })
+        NonNull::new(ptr).map(|ptr| Buffer { ptr, len, pool: None })
+    }
+
+    /// `len` bytes from `pool` (a block of that size freed earlier, with its old contents), or
+    /// new zeroed memory; returned to `pool` when dropped.
+    pub(crate) fn pooled(len: usize, pool: &Arc<Pool>) -> Option<Buffer> {
+        let mut b = match pool.take(len) {
+            Some(ptr) => Buffer { ptr, len, pool: None },
+            None => Buffer::zeroed(len)?,
+        };
+        b.pool = Some(pool.clone());
+        Some(b)
     }
 
     /// A copy of `bytes`.
@@ -92,9 +163,17 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        let ptr = match self.pool.take() {
+            Some(pool) => match pool.put(self.ptr, self.len) {
+                Ok(()) => return,
+                Err(ptr) => ptr,
+            },
+            None => self.ptr,
+        };
         if let Some(layout) = Buffer::layout(self.len) {
-            // SAFETY: allocated in `zeroed` with this very layout, freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+            // SAFETY: allocated in `zeroed` with this very layout; freed once, here or (for
+            // a pooled block) by the pool.
+            unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
         }
     }
 }
@@ -184,7 +263,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     }
     // The DLTensors first, in a vector that is not resized afterwards, so that their addresses
     // stay valid for the call.
-    let mut tensors: Vec<DLTensor> = args
+    let mut tensors: SmallVec<[DLTensor; 8]> = args
         .iter()
         .filter_map(|a| match *a {
             CallArg::Tensor { buf, offset, shape, dtype } => Some(DLTensor {
@@ -203,8 +282,8 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     packed::set_last_error("");
     let code = match convention {
         Convention::Packed => {
-            let mut values = Vec::with_capacity(args.len());
-            let mut codes = Vec::with_capacity(args.len());
+            let mut values: SmallVec<[TVMValue; 8]> = SmallVec::with_capacity(args.len());
+            let mut codes: SmallVec<[c_int; 8]> = SmallVec::with_capacity(args.len());
             for a in args {
                 let (v, c) = match *a {
                     CallArg::Tensor { .. } => {
@@ -236,7 +315,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
         }
         Convention::Ffi => {
             let any = |type_index: i32, value: u64| TVMFFIAny { type_index, zero_padding: 0, value };
-            let values: Vec<TVMFFIAny> = args
+            let values: SmallVec<[TVMFFIAny; 8]> = args
                 .iter()
                 .map(|a| match *a {
                     CallArg::Tensor { .. } => any(7, next_tensor.next().map_or(0, |p| p as u64)),

@@ -16,8 +16,10 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
-use super::ffi::{self, data_size, Buffer, CallArg, CallFailure, Convention};
+use super::ffi::{self, data_size, Buffer, CallArg, CallFailure, Convention, Pool};
 use crate::format::stream::DataType;
 use crate::format::Layout;
 use crate::module::{LoadedTree, Symbol};
@@ -311,6 +313,7 @@ pub struct VirtualMachine {
     exec_index: usize,
     callees: Vec<Callee>,
     constants: Vec<Value>,
+    pool: Arc<Pool>,
 }
 
 impl VirtualMachine {
@@ -351,7 +354,7 @@ impl VirtualMachine {
             callees.push(callee);
         }
         let constants = exec.constants.iter().map(constant_value).collect::<Result<_, _>>()?;
-        Ok(VirtualMachine { tree: tree.clone(), exec_index, callees, constants })
+        Ok(VirtualMachine { tree: tree.clone(), exec_index, callees, constants, pool: Arc::default() })
     }
 
     /// The executable the VM runs.
@@ -402,7 +405,14 @@ impl VirtualMachine {
                         ),
                     });
                 }
-                NdArray::from_bytes(&t.data, &t.shape, t.dtype).map(Value::Tensor)
+                let buf = Buffer::pooled(t.data.len(), &self.pool).ok_or(VmError::Alloc(t.data.len() as u64))?;
+                buf.write(0, &t.data);
+                Ok(Value::Tensor(NdArray {
+                    buf: Arc::new(buf),
+                    offset: 0,
+                    shape: t.shape.as_slice().into(),
+                    dtype: t.dtype,
+                }))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let result = self.call_vm(index, args, 0)?;
@@ -437,13 +447,34 @@ impl VirtualMachine {
             }
             match &exec.instructions[pc as usize] {
                 Instruction::Call { dst, func, args } => {
-                    let values: Vec<Value> = args.iter().map(|a| self.arg(&regs, a)).collect();
-                    let ret = self.call(*func as usize, values, depth).map_err(|e| VmError::At {
+                    // Immediates and special registers as values of their own, then every
+                    // argument by reference (registers and constants are not cloned).
+                    let mut own: SmallVec<[Value; 8]> = SmallVec::new();
+                    for a in args.iter() {
+                        match *a {
+                            Arg::Reg(Reg::Index(_)) | Arg::Const(_) => {}
+                            Arg::Reg(Reg::Void) => own.push(Value::Null),
+                            Arg::Reg(Reg::Vm) => own.push(Value::Vm),
+                            Arg::Imm(v) => own.push(Value::Int(v)),
+                            Arg::Func(f) => own.push(Value::Func(f)),
+                        }
+                    }
+                    let mut owned = own.iter();
+                    let values: SmallVec<[&Value; 8]> = args
+                        .iter()
+                        .map(|a| match *a {
+                            Arg::Reg(Reg::Index(i)) => &regs[i as usize],
+                            Arg::Const(c) => &self.constants[c as usize],
+                            _ => owned.next().unwrap_or(&Value::Null),
+                        })
+                        .collect();
+                    let ret = self.call(*func as usize, &values, depth).map_err(|e| VmError::At {
                         function: f.name.clone(),
                         pc: pc as usize,
                         callee: exec.functions[*func as usize].name.clone(),
                         source: Box::new(e),
                     })?;
+                    drop(values);
                     if let Reg::Index(r) = dst {
                         regs[*r as usize] = ret;
                     }
@@ -469,19 +500,10 @@ impl VirtualMachine {
         }
     }
 
-    fn arg(&self, regs: &[Value], a: &Arg) -> Value {
-        match *a {
-            Arg::Reg(r) => read(regs, r),
-            Arg::Imm(v) => Value::Int(v),
-            Arg::Const(c) => self.constants[c as usize].clone(),
-            Arg::Func(f) => Value::Func(f),
-        }
-    }
-
-    fn call(&self, func: usize, args: Vec<Value>, depth: usize) -> Result<Value, VmError> {
+    fn call(&self, func: usize, args: &[&Value], depth: usize) -> Result<Value, VmError> {
         let name = &self.executable().functions[func].name;
         match &self.callees[func] {
-            Callee::Vm(i) => self.call_vm(*i, args, depth + 1),
+            Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
             Callee::Builtin(b) => self.builtin(*b, name, &args, depth),
             Callee::Kernel(sym, conv) => {
                 call_kernel(name, sym, *conv, &args, 0)?;
@@ -490,7 +512,7 @@ impl VirtualMachine {
         }
     }
 
-    fn builtin(&self, b: Builtin, name: &str, args: &[Value], depth: usize) -> Result<Value, VmError> {
+    fn builtin(&self, b: Builtin, name: &str, args: &[&Value], depth: usize) -> Result<Value, VmError> {
         let a = Args { callee: name, args };
         match b {
             Builtin::CheckTensorInfo => {
@@ -647,7 +669,8 @@ impl VirtualMachine {
                 let size = a.int(1)?;
                 let n = usize::try_from(size).map_err(|_| VmError::Program(format!("{name}: size {size}")))?;
                 let bytes = n.checked_mul(8).ok_or(VmError::Alloc(u64::MAX))?;
-                let buf = Buffer::zeroed(bytes).ok_or(VmError::Alloc(bytes as u64))?;
+                let buf = Buffer::pooled(bytes, &self.pool).ok_or(VmError::Alloc(bytes as u64))?;
+                buf.write(0, &vec![0; bytes]);
                 Ok(Value::Tensor(NdArray {
                     buf: Arc::new(buf),
                     offset: 0,
@@ -675,7 +698,7 @@ impl VirtualMachine {
                 }
                 let size = data_size(&shape, dtype).ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
-                Ok(Value::Storage(Arc::new(Buffer::zeroed(len).ok_or(VmError::Alloc(size))?)))
+                Ok(Value::Storage(Arc::new(Buffer::pooled(len, &self.pool).ok_or(VmError::Alloc(size))?)))
             }
             Builtin::AllocTensor => {
                 let Value::Storage(buf) = a.get(0)? else { return Err(a.type_err(0, "a storage", a.get(0)?)) };
@@ -706,7 +729,7 @@ impl VirtualMachine {
                 }
                 Ok(Value::Null)
             }
-            Builtin::MakeTuple => Ok(Value::Tuple(args.to_vec().into())),
+            Builtin::MakeTuple => Ok(Value::Tuple(args.iter().map(|v| (*v).clone()).collect())),
             Builtin::TupleGetItem => {
                 let Value::Tuple(t) = a.get(0)? else { return Err(a.type_err(0, "a tuple", a.get(0)?)) };
                 let i = a.int(1)?;
@@ -752,15 +775,15 @@ impl VirtualMachine {
             Builtin::CallTirDyn => {
                 let Value::Func(f) = a.get(0)? else { return Err(a.type_err(0, "a function", a.get(0)?)) };
                 let shape = a.shape(args.len().saturating_sub(1))?;
-                let mut call_args: Vec<Value> = args[1..args.len() - 1].to_vec();
-                call_args.extend(shape.iter().map(|&d| Value::Int(d)));
+                let extents: Vec<Value> = shape.iter().map(|&d| Value::Int(d)).collect();
+                let call_args: Vec<&Value> = args[1..args.len() - 1].iter().copied().chain(extents.iter()).collect();
                 let f = *f as usize;
                 match &self.callees[f] {
                     Callee::Kernel(sym, conv) => {
                         call_kernel(&self.executable().functions[f].name, sym, *conv, &call_args, 0)?;
                         Ok(Value::Null)
                     }
-                    _ => self.call(f, call_args, depth),
+                    _ => self.call(f, &call_args, depth),
                 }
             }
         }
@@ -843,7 +866,7 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 }
 
 /// Calls a kernel with the VM values as arguments.
-fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[Value], _depth: usize) -> Result<(), VmError> {
+fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[&Value], _depth: usize) -> Result<(), VmError> {
     let call_args = args
         .iter()
         .enumerate()
@@ -859,7 +882,7 @@ fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[Value], _dept
                 got: v.kind(),
             }),
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<SmallVec<[_; 8]>, _>>()?;
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
     ffi::call(sym, conv, &call_args).map_err(|e| match e {
         CallFailure::View(index) => {
@@ -869,15 +892,24 @@ fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[Value], _dept
     })
 }
 
+/// An error context string, turned into text only when an error is reported.
+struct Ctx<'a>(&'a [u8]);
+
+impl std::fmt::Display for Ctx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.0))
+    }
+}
+
 /// Argument access for builtins, with typed errors.
 struct Args<'a> {
     callee: &'a str,
-    args: &'a [Value],
+    args: &'a [&'a Value],
 }
 
 impl Args<'_> {
     fn get(&self, i: usize) -> Result<&Value, VmError> {
-        self.args.get(i).ok_or_else(|| {
+        self.args.get(i).copied().ok_or_else(|| {
             VmError::Program(format!("`{}` needs argument {i}, but was given {}", self.callee, self.args.len()))
         })
     }
@@ -923,10 +955,10 @@ impl Args<'_> {
     }
 
     /// The error context string (or empty for null).
-    fn ctx(&self, i: usize) -> Result<String, VmError> {
+    fn ctx(&self, i: usize) -> Result<Ctx<'_>, VmError> {
         match self.get(i)? {
-            Value::Str(s) => Ok(String::from_utf8_lossy(s).into_owned()),
-            Value::Null => Ok(String::new()),
+            Value::Str(s) => Ok(Ctx(s)),
+            Value::Null => Ok(Ctx(&[])),
             v => Err(self.type_err(i, "an error context string", v)),
         }
     }

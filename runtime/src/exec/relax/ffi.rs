@@ -7,7 +7,6 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -34,7 +33,7 @@ pub(crate) struct Buffer {
 /// storages have the same sizes on every run, as TVM's pooled allocator exploits).
 #[derive(Default)]
 pub(crate) struct Pool {
-    free: Mutex<HashMap<usize, Vec<Block>>>,
+    free: Mutex<Vec<(usize, Vec<Block>)>>,
 }
 
 /// An owned, unused block of `Buffer::layout(len)`.
@@ -45,13 +44,17 @@ unsafe impl Send for Block {}
 
 impl Pool {
     fn take(&self, len: usize) -> Option<NonNull<u8>> {
-        self.free.lock().ok()?.get_mut(&len)?.pop().map(|b| b.0)
+        let mut free = self.free.lock().ok()?;
+        free.iter_mut().find(|(l, _)| *l == len)?.1.pop().map(|b| b.0)
     }
 
     fn put(&self, ptr: NonNull<u8>, len: usize) -> Result<(), NonNull<u8>> {
         match self.free.lock() {
             Ok(mut free) => {
-                free.entry(len).or_default().push(Block(ptr));
+                match free.iter_mut().find(|(l, _)| *l == len) {
+                    Some((_, blocks)) => blocks.push(Block(ptr)),
+                    None => free.push((len, vec![Block(ptr)])),
+                }
                 Ok(())
             }
             Err(_) => Err(ptr),
@@ -263,7 +266,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     }
     // The DLTensors first, in a vector that is not resized afterwards, so that their addresses
     // stay valid for the call.
-    let mut tensors: SmallVec<[DLTensor; 8]> = args
+    let mut tensors: SmallVec<[DLTensor; 4]> = args
         .iter()
         .filter_map(|a| match *a {
             CallArg::Tensor { buf, offset, shape, dtype } => Some(DLTensor {
@@ -282,8 +285,8 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     packed::set_last_error("");
     let code = match convention {
         Convention::Packed => {
-            let mut values: SmallVec<[TVMValue; 8]> = SmallVec::with_capacity(args.len());
-            let mut codes: SmallVec<[c_int; 8]> = SmallVec::with_capacity(args.len());
+            let mut values: SmallVec<[TVMValue; 4]> = SmallVec::with_capacity(args.len());
+            let mut codes: SmallVec<[c_int; 4]> = SmallVec::with_capacity(args.len());
             for a in args {
                 let (v, c) = match *a {
                     CallArg::Tensor { .. } => {
@@ -315,7 +318,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
         }
         Convention::Ffi => {
             let any = |type_index: i32, value: u64| TVMFFIAny { type_index, zero_padding: 0, value };
-            let values: SmallVec<[TVMFFIAny; 8]> = args
+            let values: SmallVec<[TVMFFIAny; 4]> = args
                 .iter()
                 .map(|a| match *a {
                     CallArg::Tensor { .. } => any(7, next_tensor.next().map_or(0, |p| p as u64)),

@@ -313,6 +313,8 @@ pub struct VirtualMachine {
     exec_index: usize,
     callees: Vec<Callee>,
     constants: Vec<Value>,
+    /// Per instruction, the values of its immediate, special-register and function arguments.
+    immediates: Vec<Box<[Value]>>,
     pool: Arc<Pool>,
 }
 
@@ -354,7 +356,24 @@ impl VirtualMachine {
             callees.push(callee);
         }
         let constants = exec.constants.iter().map(constant_value).collect::<Result<_, _>>()?;
-        Ok(VirtualMachine { tree: tree.clone(), exec_index, callees, constants, pool: Arc::default() })
+        let immediates = exec
+            .instructions
+            .iter()
+            .map(|ins| match ins {
+                Instruction::Call { args, .. } => args
+                    .iter()
+                    .filter_map(|a| match *a {
+                        Arg::Reg(Reg::Index(_)) | Arg::Const(_) => None,
+                        Arg::Reg(Reg::Void) => Some(Value::Null),
+                        Arg::Reg(Reg::Vm) => Some(Value::Vm),
+                        Arg::Imm(v) => Some(Value::Int(v)),
+                        Arg::Func(f) => Some(Value::Func(f)),
+                    })
+                    .collect(),
+                _ => Box::default(),
+            })
+            .collect();
+        Ok(VirtualMachine { tree: tree.clone(), exec_index, callees, constants, immediates, pool: Arc::default() })
     }
 
     /// The executable the VM runs.
@@ -447,19 +466,9 @@ impl VirtualMachine {
             }
             match &exec.instructions[pc as usize] {
                 Instruction::Call { dst, func, args } => {
-                    // Immediates and special registers as values of their own, then every
-                    // argument by reference (registers and constants are not cloned).
-                    let mut own: SmallVec<[Value; 8]> = SmallVec::new();
-                    for a in args.iter() {
-                        match *a {
-                            Arg::Reg(Reg::Index(_)) | Arg::Const(_) => {}
-                            Arg::Reg(Reg::Void) => own.push(Value::Null),
-                            Arg::Reg(Reg::Vm) => own.push(Value::Vm),
-                            Arg::Imm(v) => own.push(Value::Int(v)),
-                            Arg::Func(f) => own.push(Value::Func(f)),
-                        }
-                    }
-                    let mut owned = own.iter();
+                    // Every argument by reference: registers, constants, and the values of
+                    // immediates made when the VM was created (nothing is cloned).
+                    let mut owned = self.immediates[pc as usize].iter();
                     let values: SmallVec<[&Value; 8]> = args
                         .iter()
                         .map(|a| match *a {
@@ -882,7 +891,7 @@ fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[&Value], _dep
                 got: v.kind(),
             }),
         })
-        .collect::<Result<SmallVec<[_; 8]>, _>>()?;
+        .collect::<Result<SmallVec<[_; 4]>, _>>()?;
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
     ffi::call(sym, conv, &call_args).map_err(|e| match e {
         CallFailure::View(index) => {

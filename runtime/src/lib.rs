@@ -36,7 +36,9 @@
 //! - [`registry`]: loaders keyed by type key.
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`].
 //! - [`elf`]: finding a blob in an ELF file without running it.
-//! - [`exec`]: executors ([`exec::relax`]: TVM's Relax VM).
+//! - [`ffi`]: calling compiled code (both of TVM's conventions), the context functions, the
+//!   thread pool and workspace memory; [`exec`]: the graph and AOT executors and
+//!   ([`exec::relax`]) TVM's Relax VM.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -46,6 +48,7 @@ pub mod cuda;
 pub mod elf;
 mod error;
 pub mod exec;
+pub mod ffi;
 pub mod format;
 mod library;
 mod load;

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::ffi::callconv::{Abi, PackedFunction};
+use crate::ffi::context::LibraryContext;
 use crate::module::{Module, Symbol};
 use crate::Bytes;
 
@@ -21,16 +23,49 @@ pub const LIBRARY_TYPE_KEY: &str = "library";
 pub struct LibraryModule {
     lib: Option<Arc<libloading::Library>>,
     path: PathBuf,
+    // (run) the context compiled code calls back with, and what `__tvm_main__` names.
+    ctx: Option<Arc<LibraryContext>>,
+    main_entry: Option<String>,
 }
 
 impl LibraryModule {
     /// A library module with no shared object behind it (for blobs loaded from memory).
     pub fn detached() -> LibraryModule {
-        LibraryModule { lib: None, path: PathBuf::from("<memory>") }
+        LibraryModule { lib: None, path: PathBuf::from("<memory>"), ctx: None, main_entry: None }
     }
 
-    pub(crate) fn new(lib: Arc<libloading::Library>, path: PathBuf) -> LibraryModule {
-        LibraryModule { lib: Some(lib), path }
+    pub(crate) fn new(
+        lib: Arc<libloading::Library>,
+        path: PathBuf,
+        ctx: Arc<LibraryContext>,
+        main_entry: Option<String>,
+    ) -> LibraryModule {
+        LibraryModule { lib: Some(lib), path, ctx: Some(ctx), main_entry }
+    }
+
+    /// The context compiled code of this library calls back with (`None` when detached).
+    pub fn context(&self) -> Option<&Arc<LibraryContext>> {
+        self.ctx.as_ref()
+    }
+
+    /// The calling convention of the library's functions (classic when detached).
+    pub fn abi(&self) -> Abi {
+        self.ctx.as_ref().map_or(Abi::Packed, |c| c.abi())
+    }
+
+    /// The address of exactly the symbol `name`, with no naming rule applied.
+    fn raw_symbol(&self, name: &str) -> Option<Symbol> {
+        let lib = self.lib.as_ref()?;
+        // SAFETY: the symbol is read as a plain address (`*mut c_void`), which is what dlsym
+        // returns for any symbol, so no type is asserted about what it points to. The address
+        // is handed out inside a `Symbol` that holds the library (and its context), so it
+        // cannot dangle.
+        let addr = unsafe { lib.get::<*mut c_void>(name.as_bytes()) }.ok().map(|s| *s)?;
+        let owner: Arc<dyn Any + Send + Sync> = match &self.ctx {
+            Some(ctx) => Arc::new((lib.clone(), ctx.clone())),
+            None => lib.clone(),
+        };
+        (!addr.is_null()).then(|| Symbol::new(addr, owner))
     }
 
     /// The file it was opened from (`<memory>` when detached).
@@ -49,13 +84,25 @@ impl Module for LibraryModule {
         LIBRARY_TYPE_KEY
     }
 
+    /// Each ABI's naming: on a tvm-ffi library (TVM 0.22+) `name` is exported as
+    /// `__tvm_ffi_<name>` (tried first), and `__tvm_main__` on a classic library is a string
+    /// naming the entry function, which is what it finds.
     fn get_function(&self, name: &str) -> Option<Symbol> {
-        let lib = self.lib.as_ref()?;
-        // SAFETY: the symbol is read as a plain address (`*mut c_void`), which is what dlsym
-        // returns for any symbol, so no type is asserted about what it points to. The address
-        // is handed out inside a `Symbol` that holds the library, so it cannot dangle.
-        let addr = unsafe { lib.get::<*mut c_void>(name.as_bytes()) }.ok().map(|s| *s)?;
-        (!addr.is_null()).then(|| Symbol::new(addr, lib.clone() as Arc<dyn Any + Send + Sync>))
+        if self.abi() == Abi::Ffi && !name.starts_with("__tvm_ffi_") {
+            if let Some(s) = self.raw_symbol(&format!("__tvm_ffi_{name}")) {
+                return Some(s);
+            }
+        }
+        if name == "__tvm_main__" {
+            if let Some(entry) = &self.main_entry {
+                return self.raw_symbol(entry);
+            }
+        }
+        self.raw_symbol(name)
+    }
+
+    fn packed_function(&self, name: &str) -> Option<PackedFunction> {
+        self.get_function(name).map(|s| PackedFunction::native(s, self.abi()))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -72,9 +119,28 @@ impl Module for LibraryModule {
 /// open files you trust to run.
 pub(crate) unsafe fn open(path: &Path) -> Result<Arc<libloading::Library>> {
     // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
-    let lib =
-        unsafe { libloading::Library::new(path) }.map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
+    let lib = unsafe { open_now(path) }.map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
     Ok(Arc::new(lib))
+}
+
+/// `dlopen` with immediate binding where the platform has it: an unresolved symbol fails the
+/// open instead of killing the process at its first call.
+///
+/// # Safety
+///
+/// As [`open`].
+unsafe fn open_now(path: &Path) -> std::result::Result<libloading::Library, libloading::Error> {
+    #[cfg(unix)]
+    {
+        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+        // SAFETY: forwarded from the caller.
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map(Into::into)
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: forwarded from the caller.
+        unsafe { libloading::Library::new(path) }
+    }
 }
 
 /// The mapped bytes of a data symbol, kept alive by the library handle.

@@ -76,15 +76,17 @@ pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &Lo
 #[allow(unsafe_code)]
 pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let _span = tracing::info_span!("load", path = %path.display()).entered();
-    let found = {
+    let (found, pre) = {
         let file = map_file(path)?;
-        crate::elf::find_blob(&file, options.prefix.as_deref())
-            .map_err(|detail| Error::Elf { path: path.to_owned(), detail })?
+        let found = crate::elf::find_blob(&file, options.prefix.as_deref())
+            .map_err(|detail| Error::Elf { path: path.to_owned(), detail })?;
+        (found, crate::ffi::shim::preflight(&file, path)?)
     };
     // SAFETY: the caller accepts that the library's initialisers run.
     let lib = unsafe { library::open(path) }?;
-    let library_module = Arc::new(LibraryModule::new(lib.clone(), path.to_owned()));
-    crate::packed::install_context(&lib, Arc::as_ptr(&library_module) as *mut std::ffi::c_void);
+    let ctx = crate::ffi::context::LibraryContext::new(path.to_owned(), pre.abi);
+    crate::ffi::context::install(&lib, &ctx);
+    let library_module = Arc::new(LibraryModule::new(lib.clone(), path.to_owned(), ctx, pre.main_entry));
     let Some(found) = found else {
         tracing::debug!("no blob symbol: a single library module");
         return Ok(LoadedTree {
@@ -94,7 +96,9 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
     };
     tracing::debug!(symbol = %found.symbol, layout = found.layout.name(), size = found.size, "blob found");
     let blob = library::symbol_bytes(&lib, path, &found.symbol, found.size)?;
-    load_with_library(&blob, found.layout, registry, options, library_module, path, Some(found.symbol))
+    let tree = load_with_library(&blob, found.layout, registry, options, library_module, path, Some(found.symbol))?;
+    crate::ffi::context::link_imports(&tree);
+    Ok(tree)
 }
 
 fn load_with_library(

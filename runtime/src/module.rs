@@ -19,6 +19,16 @@ pub trait Module: Debug + Send + Sync + Any {
         None
     }
 
+    /// A function of this module callable with packed arguments, for compiled code that asks
+    /// for it by name (`TVMBackendGetFuncFromEnv`, `TVMFFIEnvModLookupFromImports`) and for
+    /// [`LoadedTree::packed_function`]. The default offers the native functions of
+    /// [`Module::get_function`] in the classic convention; a kind whose functions are Rust
+    /// code (a device module launching kernels) returns a
+    /// [`PackedFunction::from_fn`](crate::ffi::PackedFunction::from_fn).
+    fn packed_function(&self, name: &str) -> Option<crate::ffi::PackedFunction> {
+        self.get_function(name).map(|s| crate::ffi::PackedFunction::native(s, crate::ffi::Abi::Packed))
+    }
+
     /// The module as a payload, for modules that can be written back into a blob.
     fn as_payload(&self) -> Option<&dyn Payload> {
         None

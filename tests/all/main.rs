@@ -11,4 +11,5 @@ mod fuzz_inspect;
 mod goldens;
 mod inspect;
 mod pack;
+mod run;
 mod user_kind;

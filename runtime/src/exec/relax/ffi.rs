@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use crate::ffi::context;
 use crate::format::stream::DataType;
 use crate::module::Symbol;
-use crate::packed::{self, DLDataType, DLDevice, DLTensor};
+use crate::packed::{DLDataType, DLDevice, DLTensor};
 
 /// Alignment of every buffer (TVM's `kAllocAlignment`).
 pub(crate) const ALIGN: usize = 64;
@@ -282,7 +283,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
         })
         .collect();
     let mut next_tensor = tensors.iter_mut().map(|t| (t as *mut DLTensor).cast::<c_void>());
-    packed::set_last_error("");
+    context::clear_last_error();
     let code = match convention {
         Convention::Packed => {
             let mut values: SmallVec<[TVMValue; 4]> = SmallVec::with_capacity(args.len());
@@ -342,6 +343,6 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     if code == 0 {
         Ok(())
     } else {
-        Err(CallFailure::Kernel(code, packed::last_error()))
+        Err(CallFailure::Kernel(code, context::last_error()))
     }
 }

@@ -1,5 +1,6 @@
-//! `mblob run`: run a TVM-compiled model (graph or AOT factory) or one host function of a plain
-//! library with `mblob-runtime` alone, inputs and outputs as `.npy` files.
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable: see
+//! `run_relax.rs`) or one host function of a plain library with `mblob-runtime` alone, inputs
+//! and outputs as `.npy` files.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,7 +30,8 @@ pub struct RunArgs {
     pub model: PathBuf,
     /// An input, as NAME=FILE.npy (repeatable). The names, shapes and dtypes are checked
     /// against the model's before anything runs. With `--function`, the inputs are the
-    /// function's first arguments, in the order given.
+    /// function's first arguments, in the order given. A Relax model takes NAME=FILE.npy by
+    /// parameter name or FILE.npy in parameter order.
     #[arg(short, long = "input", value_name = "NAME=FILE.npy")]
     pub inputs: Vec<String>,
     /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
@@ -46,7 +48,8 @@ pub struct RunArgs {
     pub repeat: Option<usize>,
     /// Call this host function of the library instead of a graph/AOT factory (for plain
     /// libraries such as TVM's `tvm.build` output). Its arguments are the inputs, then the
-    /// outputs given with `--output`.
+    /// outputs given with `--output`. For a Relax model: the VM function to call (default
+    /// `main`).
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
     /// With `--function`: an output argument, as NAME=DTYPE[SHAPE], e.g. `B=float32[4]` or
@@ -61,6 +64,9 @@ fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
 
 /// Runs `mblob run`.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    if super::run_relax::is_relax_model(&args.model)? {
+        return super::run_relax::run(args);
+    }
     if let Some(n) = args.threads {
         if n == 0 {
             return Err(invalid("--threads", "must be at least 1"));

@@ -12,4 +12,5 @@ mod goldens;
 mod inspect;
 mod pack;
 mod run;
+mod run_relax;
 mod user_kind;

@@ -423,3 +423,27 @@ fn dynamic_shape_mismatch_gets_tvms_message() {
         format!("RuntimeError: {ctx} match_cast error,  shape[0] mismatch to specified constant.")
     );
 }
+
+/// VMs over one loaded library run at the same time on several threads (one moved into each
+/// thread), each giving TVM's output every time.
+#[test]
+fn vms_run_concurrently() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let dir = goldens().join("run");
+        let tree = load(&dir.join(format!("{name}.so")));
+        let x = npy(&dir.join(format!("{name}.in.x.npy")));
+        let expected = npy(&dir.join(format!("{name}.out.0.npy")));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+                let (x, expected) = (&x, &expected);
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        let out = vm.invoke("main", std::slice::from_ref(x)).unwrap();
+                        assert!(out[0].data[..] == expected.data[..], "{name}");
+                    }
+                });
+            }
+        });
+    }
+}

@@ -513,9 +513,9 @@ impl VirtualMachine {
         let name = &self.executable().functions[func].name;
         match &self.callees[func] {
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
-            Callee::Builtin(b) => self.builtin(*b, name, &args, depth),
+            Callee::Builtin(b) => self.builtin(*b, name, args, depth),
             Callee::Kernel(sym, conv) => {
-                call_kernel(name, sym, *conv, &args, 0)?;
+                call_kernel(name, sym, *conv, args, 0)?;
                 Ok(Value::Null)
             }
         }

@@ -20,9 +20,11 @@ use crate::{Error, Result};
 ///
 /// Examples:
 ///
-///   mblob run model.so --input x=x.npy --output-dir out/          (graph or AOT model)
-///   mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
-///   mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
+/// ```text
+/// mblob run model.so --input x=x.npy --output-dir out/          (graph or AOT model)
+/// mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
+/// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
+/// ```
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// The shared library TVM exported (`export_library`) or mblob wrote.
@@ -52,7 +54,7 @@ pub struct RunArgs {
     /// `main`).
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
-    /// With `--function`: an output argument, as NAME=DTYPE[SHAPE], e.g. `B=float32[4]` or
+    /// With `--function`: an output argument, as `NAME=DTYPE[SHAPE]`, e.g. `B=float32[4]` or
     /// `y=int8[2,16]` (repeatable, in argument order).
     #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]")]
     pub outputs: Vec<String>,

@@ -110,8 +110,11 @@ fn npy(path: &Path) -> Tensor {
     Tensor::new(dtype, shape, data).unwrap()
 }
 
-/// (model file, [(input name, .npy)], [output .npy]) for every runnable golden.
-fn models() -> Vec<(std::path::PathBuf, Vec<(String, std::path::PathBuf)>, Vec<std::path::PathBuf>)> {
+/// (model file, [(input name, .npy)], [output .npy]).
+type Model = (std::path::PathBuf, Vec<(String, std::path::PathBuf)>, Vec<std::path::PathBuf>);
+
+/// Every runnable golden.
+fn models() -> Vec<Model> {
     let g = goldens();
     let run = g.join("run");
     let mut out = Vec::new();
@@ -253,11 +256,14 @@ mod fake_opencl {
     use mblob_runtime::registry::{Loader, LoaderError, Measure};
     use mblob_runtime::{Bytes, FormatError, Module, Registry};
 
+    /// (kernel, buffers, extents) of one launch.
+    pub type Launch = (String, usize, Vec<i64>);
+
     /// A user-defined kind standing in for OpenCL: its "kernel" runs on the CPU, and every
     /// launch is recorded (the extents the host code passes included).
     #[derive(Debug, Default)]
     pub struct FakeCl {
-        pub launches: Arc<Mutex<Vec<(String, usize, Vec<i64>)>>>,
+        pub launches: Arc<Mutex<Vec<Launch>>>,
     }
 
     impl Module for FakeCl {

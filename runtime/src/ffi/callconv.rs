@@ -212,8 +212,11 @@ fn call_error(code: c_int) -> CallError {
     CallError { code, message: super::context::last_error() }
 }
 
+/// Classic values, their type codes, and the strings they point to.
+pub(crate) type ClassicArgs = (Vec<TVMValue>, Vec<c_int>, Vec<CString>);
+
 /// Encodes `args` as classic values; strings are kept alive in the returned vector.
-pub(crate) fn encode_classic(args: &[Value]) -> Result<(Vec<TVMValue>, Vec<c_int>, Vec<CString>), CallError> {
+pub(crate) fn encode_classic(args: &[Value]) -> Result<ClassicArgs, CallError> {
     let mut values = Vec::with_capacity(args.len());
     let mut codes = Vec::with_capacity(args.len());
     let mut strings = Vec::new();

@@ -1,7 +1,7 @@
 //! The context functions a TVM-compiled library calls back into, and the per-library context
 //! behind `__tvm_module_ctx` / `__tvm_ffi_library_ctx` / `__tvm_ffi__library_ctx`.
 //!
-//! After `dlopen`, [`install`] writes the address of each function below into the library's
+//! After `dlopen`, the loader writes the address of each function below into the library's
 //! pointer-sized data symbol of that name, where the symbol exists (TVM's loader does the same
 //! writes). Every slot any TVM version defines gets a function; none is left null:
 //!

@@ -140,7 +140,7 @@ pub fn alloc(nbytes: u64) -> *mut c_void {
     }
 }
 
-/// Frees workspace from [`alloc`] on this thread. `Err` for a pointer this thread did not
+/// Frees workspace from [`alloc()`] on this thread. `Err` for a pointer this thread did not
 /// allocate (TVM reports the same mistake).
 pub fn free(ptr: *mut c_void) -> Result<(), String> {
     let addr = ptr as usize;

@@ -1,7 +1,7 @@
 //! `mblob run` on Relax models: TVM 0.19 and 0.27 MLPs and the 0.27 feature models, at 1 and 4
 //! threads, inputs by name and by position; every output equals TVM's, array for array.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::goldens::goldens;
@@ -24,11 +24,14 @@ fn run(args: &[&Path], extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_mblob")).arg("run").args(args).args(extra).output().expect("run mblob")
 }
 
+/// A library, its inputs by name, and TVM's output files.
+type Case = (PathBuf, Vec<(String, PathBuf)>, Vec<PathBuf>);
+
 #[test]
 fn mblob_run_relax_models_give_tvms_outputs() {
     let g = goldens();
     let out = tempfile::tempdir().unwrap();
-    let mut cases: Vec<(std::path::PathBuf, Vec<(String, std::path::PathBuf)>, Vec<std::path::PathBuf>)> = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
     for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
         let d = g.join("run");
         cases.push((

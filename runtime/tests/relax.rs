@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::{
-    Constant, Dialect, FuncKind, Instruction, RelaxExecutable, VirtualMachine, VmError, RELAX_EXECUTABLE,
+    Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, RELAX_EXECUTABLE,
     RELAX_VM_EXECUTABLE,
 };
 use mblob_runtime::format::stream::DataType;
@@ -445,5 +445,81 @@ fn vms_run_concurrently() {
                 });
             }
         });
+    }
+}
+
+/// A program built with `RelaxExecutable::from_parts` that calls a kernel with no argument
+/// checks in front: with the right shapes it computes `x + y` (TVM's output halved, exactly),
+/// and with a wrong shape the kernel's own check fails and its message comes back as an error,
+/// in each version's convention (0.19 `TVMAPISetLastError`, 0.21 `TVMFFIErrorSetRaisedFromCStr`,
+/// 0.27 `TVMFFIErrorSetRaisedFromCStrParts`).
+#[test]
+fn kernel_errors_come_back_in_every_convention() {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    for (version, layout, _) in VERSIONS {
+        let dir = add_mul_dir(version);
+        let tree = load(&dir.join("relax_add_mul.so"));
+        let packed = |name: &str| FuncInfo {
+            kind: FuncKind::Packed,
+            name: name.into(),
+            start: 0,
+            end: 0,
+            num_args: -2,
+            register_file_size: 0,
+            param_names: vec![],
+        };
+        let main = FuncInfo {
+            kind: FuncKind::Vm,
+            name: "main".into(),
+            start: 0,
+            end: 4,
+            num_args: 2,
+            register_file_size: 4,
+            param_names: vec!["x".into(), "y".into()],
+        };
+        let functions =
+            vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
+        let constants = vec![
+            Constant::Shape(vec![24]),
+            Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
+            Constant::Str(b"global".to_vec()),
+            Constant::Shape(vec![2, 3]),
+            Constant::DataType(DataType::F32),
+        ];
+        let r = |i| Reg::Index(i);
+        let code = vec![
+            Instruction::Call {
+                dst: r(2),
+                func: 1,
+                args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(0), Arg::Const(1), Arg::Const(2)],
+            },
+            Instruction::Call {
+                dst: r(3),
+                func: 2,
+                args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)],
+            },
+            Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
+            Instruction::Ret { result: r(3) },
+        ];
+        let exec =
+            RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
+                .unwrap();
+        let mut vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
+        let x = npy(&dir.join("relax_add_mul.in.x.npy"));
+        let y = npy(&dir.join("relax_add_mul.in.y.npy"));
+        let out = vm.invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+        let twice: Vec<f32> = out[0].to_f32().unwrap().iter().map(|v| v * 2.0).collect();
+        assert_eq!(twice, npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap(), "{version}");
+
+        let wrong = Tensor::new(DataType::F32, vec![3, 2], x.data.clone()).unwrap();
+        let err = vm.invoke("main", &[wrong, y]).unwrap_err();
+        match err.root() {
+            VmError::Kernel { name, code, message } => {
+                assert_eq!(name, "add");
+                assert_ne!(*code, 0);
+                assert!(message.contains("shape"), "{version}: {message}");
+            }
+            e => panic!("{version}: {e}"),
+        }
     }
 }

@@ -425,6 +425,47 @@ impl RelaxExecutable {
         Ok(exec)
     }
 
+    /// An executable from its parts (for tools and tests that build programs): the
+    /// instructions are encoded as TVM lays them out, and the result is checked as a read
+    /// executable is (indices, registers, jumps), in `dialect` with its default magic.
+    pub fn from_parts(
+        type_key: &str,
+        dialect: Dialect,
+        functions: Vec<FuncInfo>,
+        constants: Vec<Constant>,
+        instructions: Vec<Instruction>,
+    ) -> Result<RelaxExecutable, FormatError> {
+        let mut instr_offset = Vec::with_capacity(instructions.len());
+        let mut instr_data = Vec::new();
+        for ins in &instructions {
+            instr_offset.push(instr_data.len() as i64);
+            match ins {
+                Instruction::Call { dst, func, args } => {
+                    instr_data.extend([1, reg_value(*dst), i64::from(*func), args.len() as i64]);
+                    instr_data.extend(args.iter().map(|a| encode_arg(*a)));
+                }
+                Instruction::Ret { result } => instr_data.extend([2, reg_value(*result)]),
+                Instruction::Goto { offset } => instr_data.extend([3, *offset]),
+                Instruction::If { cond, false_offset } => instr_data.extend([4, reg_value(*cond), *false_offset]),
+            }
+        }
+        let exec = RelaxExecutable {
+            type_key: type_key.to_owned(),
+            dialect,
+            magic: dialect.default_magic(),
+            functions,
+            memory_scopes: Vec::new(),
+            constants,
+            instructions,
+            instr_offset,
+            instr_data,
+        };
+        let mut bytes = Vec::new();
+        exec.write_executable(dialect, &mut bytes)
+            .map_err(|e| invalid(0, "executable", format!("cannot be encoded: {e}")))?;
+        RelaxExecutable::read(&Bytes::from_vec(bytes), 0, dialect, type_key)
+    }
+
     /// The index of the function named `name`.
     pub fn function_index(&self, name: &str) -> Option<usize> {
         self.functions.iter().position(|f| f.name == name)

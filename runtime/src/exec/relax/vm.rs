@@ -309,8 +309,9 @@ pub struct FunctionSignature {
 /// The Relax virtual machine over a loaded tree.
 #[derive(Debug)]
 pub struct VirtualMachine {
-    tree: LoadedTree,
-    exec_index: usize,
+    /// Keeps the library (and every module the kernels may reach) loaded.
+    _tree: LoadedTree,
+    exec: Arc<RelaxExecutable>,
     callees: Vec<Callee>,
     constants: Vec<Value>,
     /// Per instruction, the values of its immediate, special-register and function arguments.
@@ -323,20 +324,26 @@ impl VirtualMachine {
     /// (the CPU: device type 1). Resolves every function of the executable's table, as TVM
     /// does when it creates its VM, and copies the constant tensors to aligned memory.
     pub fn new(tree: &LoadedTree, device: DLDevice) -> Result<VirtualMachine, VmError> {
+        let exec = tree
+            .modules()
+            .iter()
+            .find_map(|m| m.module.as_any().downcast_ref::<RelaxExecutable>())
+            .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
+        VirtualMachine::with_executable(tree, Arc::new(exec.clone()), device)
+    }
+
+    /// A VM that runs `exec` with the kernels of `tree` (its library and the imports), for an
+    /// executable that is not part of the tree (built with [`RelaxExecutable::from_parts`], or
+    /// read on its own). Kernels are looked up as for `tree`'s own TVM version.
+    pub fn with_executable(
+        tree: &LoadedTree,
+        exec: Arc<RelaxExecutable>,
+        device: DLDevice,
+    ) -> Result<VirtualMachine, VmError> {
         let _span = tracing::debug_span!("relax_vm_new").entered();
         if device.device_type != 1 {
             return Err(VmError::UnsupportedDevice(device));
         }
-        let exec_index = tree
-            .modules()
-            .iter()
-            .position(|m| m.module.as_any().is::<RelaxExecutable>())
-            .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
-        let exec = tree.modules()[exec_index]
-            .module
-            .as_any()
-            .downcast_ref::<RelaxExecutable>()
-            .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
         if let Some((index, scope)) = exec.memory_scopes.iter().find(|(_, s)| s != "global") {
             return Err(VmError::Unsupported(format!("memory scope `{scope}` of constant {index}")));
         }
@@ -373,17 +380,12 @@ impl VirtualMachine {
                 _ => Box::default(),
             })
             .collect();
-        Ok(VirtualMachine { tree: tree.clone(), exec_index, callees, constants, immediates, pool: Arc::default() })
+        Ok(VirtualMachine { _tree: tree.clone(), exec, callees, constants, immediates, pool: Arc::default() })
     }
 
     /// The executable the VM runs.
     pub fn executable(&self) -> &RelaxExecutable {
-        // `new` checked the type; a failed downcast cannot happen.
-        self.tree.modules()[self.exec_index]
-            .module
-            .as_any()
-            .downcast_ref::<RelaxExecutable>()
-            .expect("the module checked in VirtualMachine::new")
+        &self.exec
     }
 
     /// The VM functions a caller can invoke, with their parameter names.

@@ -523,3 +523,52 @@ fn kernel_errors_come_back_in_every_convention() {
         }
     }
 }
+
+/// Programs the VM refuses before running: an unknown builtin and a missing kernel are named
+/// when the VM is created (as TVM's `InitFuncPool` does), a VM TIR function is unsupported, and
+/// a jump to itself is refused when the executable is built.
+#[test]
+fn unsupported_programs_are_named() {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    let tree = load(&add_mul_dir("tvm-0.27.0.post1").join("relax_add_mul.so"));
+    let func = |kind, name: &str, end| FuncInfo {
+        kind,
+        name: name.into(),
+        start: 0,
+        end,
+        num_args: if kind == FuncKind::Packed { -2 } else { 0 },
+        register_file_size: if kind == FuncKind::Packed { 0 } else { 1 },
+        param_names: vec![],
+    };
+    let build = |callee: FuncInfo| {
+        let code = vec![
+            Instruction::Call { dst: Reg::Index(0), func: 1, args: vec![Arg::Imm(1)] },
+            Instruction::Ret { result: Reg::Index(0) },
+        ];
+        let exec = RelaxExecutable::from_parts(
+            RELAX_VM_EXECUTABLE,
+            Dialect::Tvm022,
+            vec![func(FuncKind::Vm, "main", 2), callee],
+            vec![],
+            code,
+        )
+        .unwrap();
+        VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap_err()
+    };
+    let err = build(func(FuncKind::Packed, "vm.builtin.frobnicate", 0));
+    assert!(matches!(&err, VmError::UnknownBuiltin { name } if name == "vm.builtin.frobnicate"), "{err}");
+    let err = build(func(FuncKind::Packed, "no_such_kernel", 0));
+    assert!(matches!(&err, VmError::MissingFunction { name } if name == "no_such_kernel"), "{err}");
+    let err = build(func(FuncKind::VmTir, "compiled", 0));
+    assert!(matches!(&err, VmError::Unsupported(what) if what.contains("compiled")), "{err}");
+
+    let spin = RelaxExecutable::from_parts(
+        RELAX_VM_EXECUTABLE,
+        Dialect::Tvm022,
+        vec![func(FuncKind::Vm, "main", 2)],
+        vec![],
+        vec![Instruction::Goto { offset: 0 }, Instruction::Ret { result: Reg::Void }],
+    )
+    .unwrap_err();
+    assert!(spin.to_string().contains("jump to itself"), "{spin}");
+}

@@ -525,6 +525,10 @@ impl RelaxExecutable {
                         None,
                     ),
                     Instruction::Ret { result } => (vec![*result], None),
+                    Instruction::Goto { offset: 0 } => {
+                        // TVM never writes it: the VM would spin on it forever.
+                        return Err(bad("a jump to itself".to_owned()));
+                    }
                     Instruction::Goto { offset } => (vec![], Some(*offset)),
                     Instruction::If { cond, false_offset } => {
                         if *false_offset <= 1 {

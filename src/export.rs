@@ -63,7 +63,8 @@ pub struct SerializedBlob<'a> {
 
 impl BlobSource for SerializedBlob<'_> {
     fn blob_len(&self) -> u64 {
-        self.serialized.blob_len(self.tree, self.layout)
+        // `Export::write` checks that every payload can say its length before packing.
+        self.serialized.blob_len(self.tree, self.layout).unwrap_or(0)
     }
     fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
         self.serialized.write_blob(self.tree, self.layout, out).map(|_| ())
@@ -253,7 +254,7 @@ impl Export {
     /// or the root in a tree without one.
     pub fn from_tree(tree: ModuleTree) -> Export {
         let mut e = Export::new();
-        let host = tree.ids().find(|&id| tree.kind(id).is_dso()).or_else(|| tree.root());
+        let host = tree.ids().find(|&id| tree.kind(id).is_some_and(|k| k.is_dso())).or_else(|| tree.root());
         e.tree = tree;
         // An empty tree: the id names nothing, and imports below it are ignored by the tree.
         e.host = host.unwrap_or(ModuleId(usize::MAX));
@@ -459,7 +460,9 @@ impl Export {
         let serialized = serialize(&self.tree)?;
         self.check_everything_is_packed(&serialized)?;
         let serialized_blob = SerializedBlob { serialized: &serialized, tree: &self.tree, layout: self.layout };
-        let blob_len = serialized_blob.blob_len();
+        let blob_len = serialized
+            .blob_len(&self.tree, self.layout)
+            .map_err(|e| Error::Invalid { what: "the module tree".into(), detail: e.to_string() })?;
         let reporting = Reporting { inner: &serialized_blob, report: &report };
         let blob: &dyn BlobSource =
             if self.progress.is_some() && blob_len >= Progress::REPORTED_BLOB { &reporting } else { &serialized_blob };
@@ -548,7 +551,7 @@ impl Export {
     /// packs a blob only when the root imports something, so such a root has no place).
     fn check_everything_is_packed(&self, serialized: &Serialized) -> Result<()> {
         let invalid = |detail: String| Error::Invalid { what: "the module tree".into(), detail };
-        let key = |m: ModuleId| self.tree.kind(m).type_key().to_owned();
+        let key = |m: ModuleId| self.tree.kind(m).map(|k| k.type_key().to_owned()).unwrap_or_default();
         if let Some(&m) = serialized.unreachable.first() {
             return Err(invalid(format!(
                 "module {} (`{}`) is not imported by any module reachable from the root, so it would \
@@ -559,11 +562,13 @@ impl Export {
             )));
         }
         match self.tree.root() {
-            Some(root) if !serialized.root_has_imports && !self.tree.kind(root).is_dso() => Err(invalid(format!(
-                "the root `{}` imports nothing: a blob is written only for a root with imports, so it \
+            Some(root) if !serialized.root_has_imports && !self.tree.kind(root).is_some_and(|k| k.is_dso()) => {
+                Err(invalid(format!(
+                    "the root `{}` imports nothing: a blob is written only for a root with imports, so it \
                  would not be in the library (import the host library below it)",
-                key(root)
-            ))),
+                    key(root)
+                )))
+            }
             _ => Ok(()),
         }
     }

@@ -6,27 +6,22 @@ use std::fmt::{self, Debug, Write as _};
 use std::sync::Arc;
 
 use crate::format::Layout;
-use crate::payload::{Opaque, Payload};
+use crate::payload::device::DeviceModule;
+use crate::payload::graph::GraphExecutorFactory;
+use crate::payload::{Payload, RawPayload};
 
-/// A module after loading: the library, a payload kind's runtime object, or opaque bytes.
+/// A module after loading: the library, a payload kind's runtime object, or raw bytes.
 pub trait Module: Debug + Send + Sync + Any {
     /// The type key after loading (`library` for the library module).
     fn type_key(&self) -> &str;
 
     /// The address of an exported function of this module, for modules backed by native
-    /// code. The default has none.
+    /// code, or a Rust function made callable by `ffi::callconv::function_symbol` (what
+    /// compiled code finds through `TVMBackendGetFuncFromEnv`, e.g. a device kernel launcher).
+    /// Functions of modules other than the library are called in TVM's classic packed
+    /// convention. The default has none.
     fn get_function(&self, _name: &str) -> Option<Symbol> {
         None
-    }
-
-    /// A function of this module callable with packed arguments, for compiled code that asks
-    /// for it by name (`TVMBackendGetFuncFromEnv`, `TVMFFIEnvModLookupFromImports`) and for
-    /// [`LoadedTree::packed_function`]. The default offers the native functions of
-    /// [`Module::get_function`] in the classic convention; a kind whose functions are Rust
-    /// code (a device module launching kernels) returns a
-    /// [`PackedFunction::from_fn`](crate::ffi::PackedFunction::from_fn).
-    fn packed_function(&self, name: &str) -> Option<crate::ffi::PackedFunction> {
-        self.get_function(name).map(|s| crate::ffi::PackedFunction::native(s, crate::ffi::Abi::Packed))
     }
 
     /// The module as a payload, for modules that can be written back into a blob.
@@ -38,7 +33,12 @@ pub trait Module: Debug + Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
-crate::payload_module!(Opaque);
+// The built-in payload kinds are their own loaded modules (implemented here, above the
+// payload codecs, so that `payload/` does not depend on this module).
+crate::payload_module!(RawPayload);
+crate::payload_module!(GraphExecutorFactory);
+crate::payload_module!(DeviceModule);
+crate::payload_module!(crate::payload::relax::RelaxExecutable);
 
 /// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type
 /// key is the payload's, and [`Module::as_payload`] returns it, so a loaded tree can be written
@@ -46,11 +46,11 @@ crate::payload_module!(Opaque);
 #[macro_export]
 macro_rules! payload_module {
     ($t:ty) => {
-        impl $crate::Module for $t {
+        impl $crate::module::Module for $t {
             fn type_key(&self) -> &str {
-                $crate::Payload::type_key(self)
+                $crate::payload::Payload::type_key(self)
             }
-            fn as_payload(&self) -> Option<&dyn $crate::Payload> {
+            fn as_payload(&self) -> Option<&dyn $crate::payload::Payload> {
                 Some(self)
             }
             fn as_any(&self) -> &dyn std::any::Any {
@@ -65,6 +65,8 @@ macro_rules! payload_module {
 pub struct Symbol {
     addr: *mut c_void,
     _owner: Arc<dyn Any + Send + Sync>,
+    // (run) passed to the function as its `resource_handle` (classic) or `self` (tvm-ffi).
+    resource: *mut c_void,
 }
 
 // SAFETY: a `Symbol` is an address plus a reference count on the library that maps it; the
@@ -77,7 +79,19 @@ unsafe impl Sync for Symbol {}
 
 impl Symbol {
     pub(crate) fn new(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>) -> Symbol {
-        Symbol { addr, _owner: owner }
+        Symbol { addr, _owner: owner, resource: std::ptr::null_mut() }
+    }
+
+    /// A function at `addr` that is called with `resource` as its resource handle (the last
+    /// argument of TVM's packed signature), kept valid by `owner`: what a module kind whose
+    /// functions are Rust code hands out (see `ffi::callconv::function_symbol`).
+    pub fn with_resource(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>, resource: *mut c_void) -> Symbol {
+        Symbol { addr, _owner: owner, resource }
+    }
+
+    /// The resource handle the function is called with (null for library functions).
+    pub fn resource(&self) -> *mut c_void {
+        self.resource
     }
 
     /// The address. It stays valid while this `Symbol` (or its library) is alive. Calling it
@@ -155,9 +169,14 @@ impl LoadedTree {
         None
     }
 
-    /// The first module of concrete type `T`, depth first from the root.
-    pub fn find<T: Module>(&self) -> Option<&T> {
-        self.modules.iter().find_map(|m| m.module.as_any().downcast_ref::<T>())
+    /// The first module, in index order (the blob's order; the root first), that is of type
+    /// `T` or whose payload ([`Module::as_payload`]) is. So `find::<DeviceModule>()` finds a
+    /// `cuda` payload whether or not the `cuda` feature made it a `CudaModule`.
+    pub fn find<T: Any>(&self) -> Option<&T> {
+        self.modules.iter().find_map(|m| {
+            let module = &*m.module;
+            (module.as_any().downcast_ref::<T>()).or_else(|| module.as_payload()?.as_any().downcast_ref::<T>())
+        })
     }
 
     /// The type keys in index order.

@@ -164,14 +164,9 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     let blob_error = |source| Error::Runtime(mblob_runtime::Error::Blob { path: path.to_owned(), source });
     let (blob, layout) = if data.starts_with(b"\x7fELF") {
         report.kind = "elf";
-        let found = elf::find_blob(data, prefix)
+        let found = elf::slice_blob(data, prefix)
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?;
-        let Some(found) = found else { return Ok(report) };
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let blob =
-            data.slice(start..start.saturating_add(usize::try_from(found.size).unwrap_or(usize::MAX))).ok_or_else(
-                || mblob_runtime::Error::Elf { path: path.to_owned(), detail: "blob symbol lies past the end".into() },
-            )?;
+        let Some((found, blob)) = found else { return Ok(report) };
         report.symbol = Some(found.symbol.clone());
         report.section = Some(found.section.clone());
         report.file_offset = Some(found.file_offset);
@@ -179,26 +174,14 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     } else {
         let layout = match layout {
             Some(l) => l,
-            None => detect_layout(data, &registry).map_err(blob_error)?,
+            None => Layout::detect(data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
         };
         (data.clone(), layout)
     };
     let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque).map_err(blob_error)?;
     fill(&mut report, &parsed, &blob, &registry);
     Ok(report)
-}
-
-/// The layout of a raw blob: the one that parses. Classic and classic-0.21 share their bytes,
-/// so a classic blob reads as `classic`.
-pub fn detect_layout(data: &[u8], registry: &Registry) -> std::result::Result<Layout, mblob_runtime::FormatError> {
-    let classic = format::parse_blob(data, Layout::Classic, registry, UnknownKeys::KeepOpaque);
-    match classic {
-        Ok(_) => Ok(Layout::Classic),
-        Err(classic_err) => match format::parse_blob(data, Layout::Ffi, registry, UnknownKeys::KeepOpaque) {
-            Ok(_) => Ok(Layout::Ffi),
-            Err(_) => Err(classic_err),
-        },
-    }
 }
 
 fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &Registry) {

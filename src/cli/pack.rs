@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
 
-use super::inspect::{detect_layout, parse_layout};
+use super::inspect::parse_layout;
 use crate::export::{Backend, Export, ExportReport, Progress};
 use crate::link::Linker;
 use crate::{Error, Result};
@@ -125,22 +125,18 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
     let data = mblob_runtime::map_file(path)?;
     let registry = Registry::default();
     let (blob, layout) = if data.starts_with(b"\x7fELF") {
-        let found = elf::find_blob(&data, None)
+        let (found, bytes) = elf::slice_blob(&data, None)
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.clone(), detail })?
             .ok_or_else(|| Error::Invalid {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let bytes = usize::try_from(found.size).ok().and_then(|n| data.slice(start..start.saturating_add(n)));
-        let bytes = bytes
-            .ok_or_else(|| mblob_runtime::Error::Elf { path: path.clone(), detail: "blob past the end".into() })?;
         (bytes, found.layout)
     } else {
         let layout = match args.from_layout {
             Some(l) => l,
-            None => detect_layout(&data, &registry)
-                .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?,
+            None => Layout::detect(&data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.clone(), source })?,
         };
         (data.clone(), layout)
     };

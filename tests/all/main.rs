@@ -5,11 +5,13 @@ mod corrupt;
 #[path = "../../examples/custom_kind.rs"]
 #[allow(unsafe_code)]
 mod custom_kind;
+mod detect;
 mod device;
 mod export;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;
+mod library;
 mod pack;
 mod run;
 mod run_relax;

@@ -251,10 +251,11 @@ fn a_failing_kernel_names_its_node_function_and_assert_text() {
 mod fake_opencl {
     use std::sync::{Arc, Mutex};
 
-    use mblob_runtime::ffi::{PackedFunction, Value};
+    use mblob_runtime::ffi::callconv::function_symbol;
+    use mblob_runtime::ffi::Value;
     use mblob_runtime::format::Layout;
     use mblob_runtime::registry::{Loader, LoaderError, Measure};
-    use mblob_runtime::{Bytes, FormatError, Module, Registry};
+    use mblob_runtime::{Bytes, FormatError, Module, Registry, Symbol};
 
     /// (kernel, buffers, extents) of one launch.
     pub type Launch = (String, usize, Vec<i64>);
@@ -270,12 +271,12 @@ mod fake_opencl {
         fn type_key(&self) -> &str {
             "opencl"
         }
-        fn packed_function(&self, name: &str) -> Option<PackedFunction> {
+        fn get_function(&self, name: &str) -> Option<Symbol> {
             if name != "vector_add_kernel" {
                 return None;
             }
             let launches = self.launches.clone();
-            Some(PackedFunction::from_fn(move |args| {
+            Some(function_symbol(move |args| {
                 let ptrs: Vec<*mut f32> = args
                     .iter()
                     .filter_map(|a| match a {
@@ -323,7 +324,8 @@ mod fake_opencl {
 /// the library's imports (`GetFuncFromEnv`, or `EnvModLookupFromImports` + `HandleInitOnce`
 /// on 0.27) and calls it with the buffers and launch extents (`FuncCall` /
 /// `TVMFFIFunctionCall`): here the import is a user-defined kind, found through
-/// `Module::packed_function`, and the result is `A + B`.
+/// `Module::get_function` (a Rust function made callable by `function_symbol`), and the
+/// result is `A + B`.
 #[test]
 fn host_code_calls_a_user_defined_kind_through_get_func_from_env() {
     let dev = goldens().join("device");

@@ -18,10 +18,11 @@ use std::ffi::{c_char, c_void, CStr};
 
 use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::ffi::callconv::{PreparedCall, Value};
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
 use crate::ffi::workspace::AlignedBuffer;
-use crate::format::stream::{DataType, Reader};
+use crate::format::stream::Reader;
+use crate::format::DataType;
 use crate::module::LoadedTree;
-use crate::packed::{DLDataType, DLDevice, DLTensor};
 use crate::payload::graph::Tensor as PayloadTensor;
 use crate::payload::Opaque;
 
@@ -42,8 +43,9 @@ pub struct AotFactoryPayload {
 
 impl AotFactoryPayload {
     /// Reads the payload (exactly its bytes).
-    pub fn read(bytes: &crate::Bytes) -> Result<AotFactoryPayload, ExecError> {
-        let fail = |e: crate::FormatError| ExecError::NoFactory(format!("malformed AotExecutorFactory payload: {e}"));
+    pub fn read(bytes: &crate::bytes::Bytes) -> Result<AotFactoryPayload, ExecError> {
+        let fail =
+            |e: crate::format::FormatError| ExecError::NoFactory(format!("malformed AotExecutorFactory payload: {e}"));
         let mut r = Reader::new(bytes, 0);
         let count = r.read_count("param count", 40).map_err(fail)?;
         let names = r.read_vec_str("param names").map_err(fail)?;
@@ -314,7 +316,7 @@ fn find(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::Packe
         if std::mem::replace(seen.get_mut(i)?, true) {
             continue;
         }
-        if let Some(f) = modules[i].module.packed_function(name) {
+        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
             return Some(f);
         }
         stack.extend(modules[i].imports.iter().rev());

@@ -21,13 +21,14 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::bytes::Bytes;
 use crate::ffi::callconv::{PreparedCall, Value};
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
 use crate::ffi::workspace::AlignedBuffer;
-use crate::format::stream::{DataType, Reader};
+use crate::format::stream::Reader;
+use crate::format::DataType;
 use crate::module::LoadedTree;
-use crate::packed::{DLDataType, DLDevice, DLTensor};
 use crate::payload::graph::{GraphExecutorFactory, Tensor as PayloadTensor};
-use crate::Bytes;
 
 /// An input of an op: `[node id, output index, version?]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +315,7 @@ pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
 /// Reads a params file as `relay.save_param_dict` writes it (and `extract` exports):
 /// `magic u64, reserved u64, names vec<str>, count u64, tensor{count}`.
 pub fn read_params(bytes: &Bytes) -> Result<Vec<(String, PayloadTensor)>, ExecError> {
-    let fail = |e: crate::FormatError| ExecError::Params(e.to_string());
+    let fail = |e: crate::format::FormatError| ExecError::Params(e.to_string());
     let mut r = Reader::new(bytes, 0);
     let magic = r.read_u64("params magic").map_err(fail)?;
     if magic != PARAMS_MAGIC {
@@ -616,7 +617,7 @@ fn find_function(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::f
         if std::mem::replace(seen.get_mut(i)?, true) {
             continue;
         }
-        if let Some(f) = modules[i].module.packed_function(name) {
+        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
             return Some(f);
         }
         stack.extend(modules[i].imports.iter().rev());

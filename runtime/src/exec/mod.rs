@@ -23,7 +23,7 @@ pub mod aot;
 pub mod graph;
 pub mod relax;
 
-use crate::format::stream::DataType;
+use crate::format::DataType;
 pub use crate::payload::graph::Tensor;
 
 /// A device, as `tvm.cpu(0)` names it.
@@ -163,7 +163,7 @@ pub trait Executor {
 }
 
 /// Builds the executor for what `tree` holds: a graph factory or an AOT factory.
-pub fn executor(tree: &crate::LoadedTree, devices: &[Device]) -> Result<Box<dyn Executor + Send>, ExecError> {
+pub fn executor(tree: &crate::module::LoadedTree, devices: &[Device]) -> Result<Box<dyn Executor + Send>, ExecError> {
     if tree.find::<crate::payload::graph::GraphExecutorFactory>().is_some() {
         return Ok(Box::new(graph::GraphFactory::from_tree(tree)?.default(devices)?));
     }

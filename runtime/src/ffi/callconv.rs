@@ -8,8 +8,8 @@
 //!   int32_t n, TVMFFIAny* result)`, 16-byte values that carry their type index.
 //!
 //! A [`PackedFunction`] is either such a native function (with its convention) or a Rust
-//! closure (what a module kind offers to compiled code through `GetFuncFromEnv`, e.g. a CUDA
-//! kernel launcher). [`LoadedTree::packed_function`] finds one by name as TVM's
+//! closure. A module kind offers Rust functions to compiled code (`GetFuncFromEnv`, e.g. a CUDA
+//! kernel launcher) through [`Module::get_function`] with [`function_symbol`]. [`LoadedTree::packed_function`] finds one by name as TVM's
 //! `GetFunction(name, query_imports = true)` does; on a tvm-ffi library `add` finds
 //! `__tvm_ffi_add`.
 #![allow(unsafe_code)]
@@ -18,8 +18,8 @@ use std::ffi::{c_int, c_void, CStr, CString};
 use std::fmt;
 use std::sync::Arc;
 
-use crate::module::{LoadedTree, Symbol};
-use crate::packed::{CallError, DLDataType, DLDevice, DLTensor};
+use crate::ffi::packed::{CallError, DLDataType, DLDevice, DLTensor};
+use crate::module::{LoadedTree, Module, Symbol};
 
 /// The calling convention of a library's compiled functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,9 +185,11 @@ impl PackedFunction {
     pub unsafe fn call(&self, args: &[Value]) -> Result<Value, CallError> {
         match &self.inner {
             // SAFETY: forwarded from the caller.
-            Inner::Native { symbol, abi: Abi::Packed } => unsafe { call_classic(symbol.addr(), args) },
+            Inner::Native { symbol, abi: Abi::Packed } => unsafe {
+                call_classic(symbol.addr(), symbol.resource(), args)
+            },
             // SAFETY: forwarded from the caller.
-            Inner::Native { symbol, abi: Abi::Ffi } => unsafe { call_ffi(symbol.addr(), args) },
+            Inner::Native { symbol, abi: Abi::Ffi } => unsafe { call_ffi(symbol.addr(), symbol.resource(), args) },
             Inner::Rust(f) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(args))) {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(message)) => Err(CallError { code: -1, message }),
@@ -346,7 +348,11 @@ pub(crate) unsafe fn decode_ffi(a: &TVMFFIAny) -> Value {
 /// # Safety
 ///
 /// `addr` must be a `TVMBackendPackedCFunc`; see [`PackedFunction::call`].
-pub(crate) unsafe fn call_classic(addr: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
+pub(crate) unsafe fn call_classic(
+    addr: *mut c_void,
+    resource: *mut c_void,
+    args: &[Value],
+) -> Result<Value, CallError> {
     let (mut values, mut codes, _strings) = encode_classic(args)?;
     let mut ret = TVMValue { v_int64: 0 };
     let mut ret_code: c_int = K_NULL;
@@ -355,7 +361,7 @@ pub(crate) unsafe fn call_classic(addr: *mut c_void, args: &[Value]) -> Result<V
     // they point to) live until it returns.
     let code = unsafe {
         let f = std::mem::transmute::<*mut c_void, PackedCFn>(addr);
-        f(values.as_mut_ptr(), codes.as_mut_ptr(), values.len() as c_int, &mut ret, &mut ret_code, std::ptr::null_mut())
+        f(values.as_mut_ptr(), codes.as_mut_ptr(), values.len() as c_int, &mut ret, &mut ret_code, resource)
     };
     if code != 0 {
         return Err(call_error(code));
@@ -369,7 +375,7 @@ pub(crate) unsafe fn call_classic(addr: *mut c_void, args: &[Value]) -> Result<V
 /// # Safety
 ///
 /// `addr` must be a `TVMFFISafeCallType`; see [`PackedFunction::call`].
-pub(crate) unsafe fn call_ffi(addr: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
+pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
     let (values, _strings) = encode_ffi(args)?;
     let mut result = TVMFFIAny::none();
     super::context::clear_last_error();
@@ -377,7 +383,7 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, args: &[Value]) -> Result<Value
     // convention requires; the arguments live until it returns.
     let code = unsafe {
         let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
-        f(std::ptr::null_mut(), values.as_ptr(), values.len() as i32, &mut result)
+        f(resource, values.as_ptr(), values.len() as i32, &mut result)
     };
     if code != 0 {
         return Err(call_error(code));
@@ -388,9 +394,9 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, args: &[Value]) -> Result<Value
 
 impl LoadedTree {
     /// Finds a function by name from the root, depth first through the imports (as TVM's
-    /// `GetFunction(name, query_imports = true)`), through [`crate::Module::packed_function`]:
+    /// `GetFunction(name, query_imports = true)`), through [`Module::get_function`]:
     /// native functions of the library with their convention (on a tvm-ffi library, `add`
-    /// finds `__tvm_ffi_add`), and functions that other module kinds offer.
+    /// finds `__tvm_ffi_add`), and functions that other module kinds offer (classic).
     pub fn packed_function(&self, name: &str) -> Option<PackedFunction> {
         let mut seen = vec![false; self.modules.len()];
         let mut stack = vec![0usize];
@@ -399,7 +405,7 @@ impl LoadedTree {
                 continue;
             }
             let m = &self.modules[i];
-            if let Some(f) = m.module.packed_function(name) {
+            if let Some(f) = module_function(m.module.as_ref(), name) {
                 return Some(f);
             }
             stack.extend(m.imports.iter().rev());
@@ -451,6 +457,7 @@ impl PreparedCall {
     /// must still be valid.
     pub unsafe fn invoke(&mut self) -> Result<(), CallError> {
         let addr = self.function.symbol().map(|s| s.addr());
+        let resource = self.function.symbol().map_or(std::ptr::null_mut(), |s| s.resource());
         match (&mut self.encoded, addr) {
             (Encoded::Classic { values, codes, .. }, Some(addr)) => {
                 let mut ret = TVMValue { v_int64: 0 };
@@ -479,7 +486,7 @@ impl PreparedCall {
                 // SAFETY: per the contract; the values live in `self`.
                 let code = unsafe {
                     let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
-                    f(std::ptr::null_mut(), values.as_ptr(), values.len() as i32, &mut result)
+                    f(resource, values.as_ptr(), values.len() as i32, &mut result)
                 };
                 if code != 0 {
                     return Err(call_error(code));
@@ -491,6 +498,77 @@ impl PreparedCall {
                 unsafe { self.function.call(args) }.map(|_| ())
             }
             _ => Err(CallError { code: -1, message: "internal: prepared call without an address".into() }),
+        }
+    }
+}
+
+/// A module's function `name` with its calling convention: the library's own convention
+/// (each ABI's naming applied by [`crate::ffi::library::LibraryModule`]), classic packed for
+/// every other kind.
+pub fn module_function(module: &dyn Module, name: &str) -> Option<PackedFunction> {
+    let abi = module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>().map_or(Abi::Packed, |l| l.abi());
+    module.get_function(name).map(|s| PackedFunction::native(s, abi))
+}
+
+/// Holds a Rust function behind a [`Symbol`] made by [`function_symbol`].
+struct RustHolder(Box<RustFunction>);
+
+/// Makes a Rust function callable as a native classic packed function, for a module kind's
+/// [`Module::get_function`]: compiled code that looks it up by name (`GetFuncFromEnv`) and
+/// calls it (`TVMFuncCall`) reaches `f` with the decoded arguments. Errors and panics come
+/// back to the caller as an error return with the message.
+pub fn function_symbol(f: impl Fn(&[Value]) -> Result<Value, String> + Send + Sync + 'static) -> Symbol {
+    let holder = Arc::new(RustHolder(Box::new(f)));
+    let resource = Arc::as_ptr(&holder).cast_mut().cast::<c_void>();
+    Symbol::with_resource(rust_trampoline as *mut c_void, holder, resource)
+}
+
+extern "C" fn rust_trampoline(
+    values: *mut TVMValue,
+    codes: *mut c_int,
+    n: c_int,
+    ret: *mut TVMValue,
+    ret_code: *mut c_int,
+    resource: *mut c_void,
+) -> c_int {
+    let run = || -> Result<Value, String> {
+        if resource.is_null() {
+            return Err("a Rust function was called without its resource handle".into());
+        }
+        // SAFETY: `resource` is the `RustHolder` of the `Symbol` this address was handed out
+        // with, which the caller keeps alive while it calls.
+        let holder = unsafe { &*(resource as *const RustHolder) };
+        let n = n.max(0) as usize;
+        let args: Vec<Value> = if n == 0 || values.is_null() || codes.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the caller passes `n` values and `n` type codes.
+            (0..n).map(|i| unsafe { decode_classic(*values.add(i), *codes.add(i)) }).collect()
+        };
+        (holder.0)(&args)
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(v)) => {
+            if !ret.is_null() && !ret_code.is_null() {
+                if let Ok((vals, codes, _)) = encode_classic(std::slice::from_ref(&v)) {
+                    if !matches!(v, Value::Str(_)) {
+                        // SAFETY: the caller's return slots are valid for writes.
+                        unsafe {
+                            *ret = vals[0];
+                            *ret_code = codes[0];
+                        }
+                    }
+                }
+            }
+            0
+        }
+        Ok(Err(msg)) => {
+            super::context::set_last_error(&msg);
+            -1
+        }
+        Err(_) => {
+            super::context::set_last_error("a Rust function panicked");
+            -1
         }
     }
 }

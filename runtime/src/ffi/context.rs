@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
-use super::callconv::{self, Abi, PackedFunction, TVMFFIAny, TVMValue, Value};
+use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
 use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
 use super::workspace;
 use crate::module::{LoadedTree, Module};
@@ -86,7 +86,6 @@ unsafe fn c_str<'a>(p: *const c_char) -> Option<std::borrow::Cow<'a, str>> {
 #[derive(Debug)]
 pub struct LibraryContext {
     path: PathBuf,
-    abi: Abi,
     /// The library's imports and their imports, depth first (set once the tree is built).
     imports: RwLock<Vec<Weak<dyn Module>>>,
     /// Functions already found for compiled code, by name.
@@ -112,20 +111,14 @@ pub struct FunctionHandle {
 }
 
 impl LibraryContext {
-    pub(crate) fn new(path: PathBuf, abi: Abi) -> Arc<LibraryContext> {
+    pub(crate) fn new(path: PathBuf) -> Arc<LibraryContext> {
         Arc::new(LibraryContext {
             path,
-            abi,
             imports: RwLock::new(Vec::new()),
             found: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             handle: OnceLock::new(),
         })
-    }
-
-    /// The calling convention of the library's functions.
-    pub fn abi(&self) -> Abi {
-        self.abi
     }
 
     fn context_handle(self: &Arc<Self>) -> &'static ContextHandle {
@@ -138,7 +131,7 @@ impl LibraryContext {
             return Some(f.clone());
         }
         let imports = self.imports.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| m.packed_function(name))?;
+        let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
         self.found.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
         Some(f)
     }
@@ -179,7 +172,7 @@ impl FunctionHandle {
 /// `GetFuncFromEnv` searches.
 pub(crate) fn link_imports(tree: &LoadedTree) {
     for (i, m) in tree.modules().iter().enumerate() {
-        let Some(lib) = m.module.as_any().downcast_ref::<crate::LibraryModule>() else { continue };
+        let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
         let Some(ctx) = lib.context() else { continue };
         let mut order = Vec::new();
         let mut seen = vec![false; tree.modules().len()];
@@ -510,7 +503,7 @@ pub(crate) fn context_functions() -> [(&'static str, *const c_void); 13] {
 
 /// Writes the context functions into the library's `__<name>` data symbols where they exist,
 /// and the context handle into its context symbols, as TVM's `InitContextFunctions` does.
-pub(crate) fn install(lib: &libloading::Library, ctx: &Arc<LibraryContext>) {
+pub(crate) fn install(lib: &libloading::os::unix::Library, ctx: &Arc<LibraryContext>) {
     let handle = ctx.context_handle() as *const ContextHandle as *const c_void;
     let contexts = ["__tvm_module_ctx", "__tvm_ffi_library_ctx", "__tvm_ffi__library_ctx"];
     let functions = context_functions();
@@ -572,7 +565,7 @@ mod tests {
         let name = CString::new("f").unwrap();
         assert_eq!(backend_get_func_from_env(std::ptr::null_mut(), name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("null"));
-        let ctx = LibraryContext::new("x.so".into(), Abi::Packed);
+        let ctx = LibraryContext::new("x.so".into());
         let h = ctx.context_handle() as *const ContextHandle as *mut c_void;
         assert_eq!(backend_get_func_from_env(h, name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("Cannot find function f"), "{}", last_error());

@@ -5,9 +5,9 @@
 //! type code 3, or null (4); scalars as int or float), as many as the function table's
 //! `arg_types`, then the launch extents as ints (the `launch_param_tags` order, then the
 //! dynamic shared memory). [`kernel_args`] turns that list into a [`KernelArg`] list and the
-//! extents that [`crate::cuda::CudaModule::launch`] takes.
+//! extents that [`crate::ffi::cuda::CudaModule::launch`] takes.
 
-use crate::cuda::KernelArg;
+use crate::ffi::cuda::KernelArg;
 use crate::ffi::Value;
 use crate::format::stream::DataType;
 

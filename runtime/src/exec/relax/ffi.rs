@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::ffi::context;
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
 use crate::format::stream::DataType;
 use crate::module::Symbol;
-use crate::packed::{DLDataType, DLDevice, DLTensor};
 
 /// Alignment of every buffer (TVM's `kAllocAlignment`).
 pub(crate) const ALIGN: usize = 64;

@@ -18,14 +18,14 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
 use super::ffi::{self, data_size, Buffer, CallArg, CallFailure, Convention, Pool};
+use crate::bytes::Bytes;
+use crate::ffi::packed::DLDevice;
 use crate::format::stream::DataType;
 use crate::format::Layout;
 use crate::module::{LoadedTree, Symbol};
-use crate::packed::DLDevice;
 use crate::payload::graph::Tensor;
-use crate::Bytes;
+use crate::payload::relax::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;

@@ -8,12 +8,12 @@
 //! pointers stored in the library's `__TVM*` data symbols, which the loader fills
 //! ([`crate::ffi::context`]). [`crate::ffi::PackedFunction`] calls either convention.
 //!
-//! This file, `library.rs` and `ffi/` are the FFI edge of the load side.
+//! This file is part of the FFI edge ([`crate::ffi`]).
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 
-use crate::format::stream::DataType;
+use crate::format::DataType;
 use crate::module::Symbol;
 
 /// `DLDevice`.

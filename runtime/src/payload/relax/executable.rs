@@ -38,11 +38,11 @@
 use std::io::{self, Write};
 
 use super::{v019, v021};
+use crate::bytes::Bytes;
 use crate::error::{FormatError, FormatErrorKind};
 use crate::format::stream::{self, DataType, Reader};
 use crate::format::Layout;
 use crate::payload::graph::Tensor;
-use crate::Bytes;
 
 /// Type key of the executable in TVM 0.19 (and earlier Relax releases).
 pub const RELAX_EXECUTABLE: &str = "relax.Executable";

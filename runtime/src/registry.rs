@@ -165,7 +165,11 @@ impl Loader for RelaxLoader {
     fn type_key(&self) -> &str {
         self.0
     }
-    fn measure(&self, bytes: &[u8], base: u64, _layout: Layout) -> Result<Measure, FormatError> {
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        if layout.frames_payloads() {
+            // The frame is the length; the executable has none of its own.
+            return Ok(Measure::Unmeasured);
+        }
         RelaxExecutable::measure_classic(bytes, base).map(Measure::Len)
     }
     fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {

@@ -38,7 +38,7 @@ pub struct ParallelGroupEnv {
 pub type ParallelLambda = unsafe extern "C" fn(c_int, *mut ParallelGroupEnv, *mut c_void) -> c_int;
 
 /// How long an idle worker spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_millis(2);
 
 thread_local! {
     /// The calling thread's choice of thread count (0: the process default).
@@ -186,7 +186,7 @@ fn worker(s: &Shared, id: usize) {
                 break;
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins % 2 == 0 {
                 if start.elapsed() > SPIN {
                     let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
                     s.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -271,7 +271,7 @@ fn run_launch(s: &Shared, f: ParallelLambda, cdata: *mut c_void, n: usize) -> c_
     let mut spins = 0u32;
     while s.pending.load(Ordering::Acquire) != 0 {
         spins = spins.wrapping_add(1);
-        if spins % 64 == 0 {
+        if spins % 2 == 0 {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -309,7 +309,7 @@ pub(crate) fn barrier(_task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
         let mut spins = 0u32;
         while b.generation.load(Ordering::Acquire) == generation {
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 {
+            if spins % 2 == 0 {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

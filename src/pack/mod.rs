@@ -7,6 +7,7 @@
 
 pub mod abi;
 pub mod c;
+pub mod direct;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 

@@ -16,6 +16,7 @@ pub fn backends() -> Vec<Backend> {
     if cfg!(feature = "llvm") {
         b.insert(0, Backend::Llvm);
     }
+    b.insert(0, Backend::Direct);
     b
 }
 
@@ -815,7 +816,9 @@ fn progress_reports_each_stage_and_the_bytes_packed() {
         });
         let report = e.write(dir.path().join("big.so")).unwrap();
         let events = events.lock().unwrap().clone();
-        let want = ["serialize", "pack", "link"].iter().flat_map(|s| [format!("start {s}"), format!("end {s}")]);
+        // The direct route writes the blob into the linked library: after the link.
+        let order = if backend == Backend::Direct { ["serialize", "link", "pack"] } else { ["serialize", "pack", "link"] };
+        let want = order.iter().flat_map(|s| [format!("start {s}"), format!("end {s}")]);
         assert_eq!(events, want.collect::<Vec<_>>(), "{backend:?}");
         // About once per 1 %, rising, ending at the whole blob.
         let packed = packed.lock().unwrap().clone();

@@ -6,6 +6,7 @@ mod corrupt;
 #[allow(unsafe_code)]
 mod custom_kind;
 mod device;
+mod direct;
 mod export;
 mod export_faults;
 mod export_options;

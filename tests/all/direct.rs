@@ -40,7 +40,7 @@ fn export(extra: usize) -> Export {
     let mut e = crate::export::golden_export(&goldens(), g, Layout::Classic);
     if extra > 0 {
         let bytes: Vec<u8> = (0..extra as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
-        e.import(Opaque::new("example.Extra", bytes));
+        e.import(Opaque::new("metadata", bytes));
     }
     e
 }

@@ -13,7 +13,9 @@ use crate::tool::ToolContext;
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Progress<'a> {
-    /// A stage begins: `serialize`, `compile`, `pack`, then `link` (or `tar`).
+    /// A stage begins: `serialize`, `compile`, `pack`, then `link` (or `tar`); on the direct
+    /// route (the default) `link` comes before `pack`, which writes the blob into the linked
+    /// library.
     Started {
         /// The stage.
         stage: &'static str,

@@ -8,11 +8,11 @@ cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-gnu
 if [ "${MBLOB_VALGRIND:-0}" = 1 ]; then
   command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
-  bin=$(cargo test --no-default-features --test all --no-run --message-format=json 2>/dev/null \
+  bin=$(cargo test --no-default-features --features cli --test all --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -n1 | cut -d'"' -f4)
   valgrind --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \
     "$bin" concurrency --test-threads=1
 else
   RUSTFLAGS="-Zsanitizer=leak" LSAN_OPTIONS="exitcode=23" \
-    cargo +nightly test --no-default-features --target "$target" --test all concurrency -- --test-threads=1
+    cargo +nightly test --no-default-features --features cli --target "$target" --test all concurrency -- --test-threads=1
 fi

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 bash ci/setup.sh
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
+# The library without its default features must not pull in the command line's crates.
+if cargo tree -p mblob --no-default-features -e normal | grep -E " (clap|tracing-subscriber) v"; then exit 1; fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings
 # The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly); checking
@@ -16,4 +18,5 @@ cargo check --manifest-path fuzz/Cargo.toml --all-targets
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-features
 cargo test --workspace
-cargo test --workspace --no-default-features
+# Without LLVM and CUDA, but with the command line that most of the integration tests run.
+cargo test --workspace --no-default-features --features cli

@@ -5,11 +5,13 @@
 //! byte for byte as TVM does, packed into an object (with LLVM, or through generated C), and
 //! linked with the host objects into one shared library that TVM and
 //! [`mblob_runtime::load_library`] both load.
+//!
+//! The `mblob` command-line program is built from this package's binary (the `cli` feature,
+//! on by default); it is not part of the library, so a crate that depends on `mblob` with
+//! `default-features = false` compiles neither clap nor tracing-subscriber.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod cli;
-pub mod demo;
 mod error;
 pub mod export;
 pub mod link;

@@ -1,5 +1,12 @@
-//! The `mblob` binary: all of it lives in [`mblob::cli`].
+//! The `mblob` command line (built with the `cli` feature, on by default): clap types and one
+//! module per subcommand under `cli/`. It uses the library through its public API only.
+#![deny(unsafe_code)]
+
+mod cli;
+
+// `crate::` paths in the command modules name the library's items.
+use mblob::{export, link, tree_json, Error, Result};
 
 fn main() -> std::process::ExitCode {
-    mblob::cli::main()
+    cli::main()
 }

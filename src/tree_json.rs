@@ -9,34 +9,57 @@
 //! `SaveToBinary` bytes). A kind that mblob knows (the graph factory, the device kinds) is
 //! decoded from it, so it is written again in the layout of the export (a device payload gains
 //! TVM 0.21's extra argument tags in `classic-0.21` and `ffi`); other kinds are copied as they
-//! are. A device module can also be made from its code and a function table, the shape that
-//! `mblob inspect --json` prints:
+//! are. A device module can also be made from its parts and a function table, the shape that
+//! `mblob inspect --json` prints and `mblob extract` writes:
 //!
 //! ```json
 //! {"type_key": "cuda", "format": "ptx", "data": "kernels.ptx", "functions": {
-//!     "vector_add": {"arg_types": ["handle", "handle", "handle", "int32"],
-//!                    "launch_param_tags": ["blockIdx.x", "threadIdx.x"]}}}
+//!     "vector_add": {"name": "vector_add", "arg_types": ["handle", "handle", "handle", "int32"],
+//!                    "launch_param_tags": ["blockIdx.x", "threadIdx.x"],
+//!                    "arg_extra_tags": [0, 0, 0, 0]}}}
 //! ```
+//! `data` holds the code (PTX, cubin, fatbin, OpenCL C, ...). Modules that keep one source per
+//! kernel name them in `smap` instead (`{"kernel": "kernel.metal"}`: WebGPU, and Metal in the
+//! tvm-ffi era), Metal's `MetalModule` form adds `"version": "0.1.0"`, and Vulkan lists its
+//! SPIR-V in `shaders` (`{"kernel": {"flag": 0, "data": "kernel.spv"}}`). A function's fields
+//! are those of [`FunctionInfo`]; `name` defaults to empty (what TVM up to 0.21 writes) and
+//! `arg_extra_tags` to one 0 per argument (none for WebGPU), as TVM 0.21 writes them.
 //!
 //! DSO parts (`llvm`, `c`, `static_library`) list object files, C sources and LLVM IR files.
 //! Paths are relative to the JSON file. A node may carry an `"id"`: nodes with the same id are
 //! one module (imported twice).
+//!
+//! Unknown fields are refused, and errors name the JSON path of the field
+//! (`tree.json at $.imports[0].functions.add.arg_types[1]: ...`). Every file the tree names is
+//! opened while it is read, so a missing file is reported before any work starts.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::device::{DeviceModule, FunctionInfo, DEVICE_TYPE_KEYS};
+use mblob_runtime::payload::device::{DeviceForm, DeviceModule, FunctionInfo, SpirvShader, DEVICE_TYPE_KEYS};
 use mblob_runtime::tree::DSO_TYPE_KEYS;
 use mblob_runtime::{Bytes, Layout, ModuleId, ModuleTree, Opaque, Registry};
-use serde_json::{Map, Value};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::export::Export;
 use crate::{Error, Result};
 
-/// Reads `TREE.json` into an [`Export`] (tree and host files).
+/// Reads `TREE.json` into an [`Export`] (tree and host files). Every file it names is opened
+/// here, so a missing one is found before the export does any work.
 pub fn read_tree_json(path: &Path) -> Result<Export> {
     let text = std::fs::read(path).map_err(Error::io(path, "cannot read"))?;
-    let root: Value = serde_json::from_slice(&text)
+    let mut de = serde_json::Deserializer::from_slice(&text);
+    let root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = json_path(&e.path().to_string());
+        let inner = e.into_inner();
+        let detail =
+            if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
+        Error::Invalid { what: format!("{} at {at}", path.display()), detail }
+    })?;
+    de.end()
         .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
     let base = path.parent().unwrap_or(Path::new("."));
     let mut b = Builder {
@@ -59,12 +82,223 @@ pub fn read_tree_json(path: &Path) -> Result<Export> {
     Ok(export)
 }
 
+/// A serde path (`imports[0].data`, `.` for the root) as the JSON path in messages (`$.imports[0].data`).
+fn json_path(serde_path: &str) -> String {
+    match serde_path {
+        "." | "" => "$".to_owned(),
+        p => format!("$.{p}"),
+    }
+}
+
+/// One module of `TREE.json`: every field any kind may have; which ones a kind allows is
+/// checked after reading (see [`Builder::node`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a module (a JSON object with a `type_key`)")]
+struct NodeJson {
+    type_key: Option<String>,
+    id: Option<serde_json::Value>,
+    imports: Option<Vec<NodeJson>>,
+    // DSO parts.
+    objects: Option<Vec<String>>,
+    sources: Option<Vec<String>>,
+    ir: Option<Vec<String>>,
+    // Payload modules.
+    payload: Option<String>,
+    // Device modules from their parts.
+    format: Option<String>,
+    data: Option<String>,
+    functions: Option<FunctionTable>,
+    version: Option<String>,
+    smap: Option<Ordered<String>>,
+    shaders: Option<Ordered<ShaderJson>>,
+}
+
 /// Fields of a DSO part.
 const DSO_FIELDS: [&str; 6] = ["type_key", "id", "imports", "objects", "sources", "ir"];
-/// Fields of a payload module: `payload`, or (device kinds) `format`, `data` and `functions`.
-const PAYLOAD_FIELDS: [&str; 7] = ["type_key", "id", "imports", "payload", "format", "data", "functions"];
-/// Fields of one function in `functions`.
-const FUNCTION_FIELDS: [&str; 3] = ["name", "arg_types", "launch_param_tags"];
+/// Fields of a payload module.
+const PAYLOAD_FIELDS: [&str; 4] = ["type_key", "id", "imports", "payload"];
+/// Fields of a device module made from its parts.
+const DEVICE_FIELDS: [&str; 9] =
+    ["type_key", "id", "imports", "format", "data", "functions", "version", "smap", "shaders"];
+
+impl NodeJson {
+    /// The fields present, by name.
+    fn present(&self) -> Vec<&'static str> {
+        let NodeJson {
+            type_key,
+            id,
+            imports,
+            objects,
+            sources,
+            ir,
+            payload,
+            format,
+            data,
+            functions,
+            version,
+            smap,
+            shaders,
+        } = self;
+        let all = [
+            ("type_key", type_key.is_some()),
+            ("id", id.is_some()),
+            ("imports", imports.is_some()),
+            ("objects", objects.is_some()),
+            ("sources", sources.is_some()),
+            ("ir", ir.is_some()),
+            ("payload", payload.is_some()),
+            ("format", format.is_some()),
+            ("data", data.is_some()),
+            ("functions", functions.is_some()),
+            ("version", version.is_some()),
+            ("smap", smap.is_some()),
+            ("shaders", shaders.is_some()),
+        ];
+        all.into_iter().filter(|(_, p)| *p).map(|(n, _)| n).collect()
+    }
+}
+
+/// A Vulkan shader of `shaders`: TVM's flag word and a file of SPIR-V words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShaderJson {
+    /// `SPIRVShader.flag`.
+    pub flag: u32,
+    /// The file holding the SPIR-V words (little-endian), relative to the JSON file.
+    pub data: String,
+}
+
+/// A JSON object read with its keys in file order (TVM's maps keep the order they were
+/// written in, and the blob must come out the same); a key given twice is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ordered<V>(Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V_<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for V_<V> {
+            type Value = Ordered<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut out: Vec<(String, V)> = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.iter().any(|(k, _)| *k == key) {
+                        return Err(de::Error::custom(format!("`{key}` appears twice")));
+                    }
+                    let value = map.next_value()?;
+                    out.push((key, value));
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_map(V_(std::marker::PhantomData))
+    }
+}
+
+impl<V: Serialize> Serialize for Ordered<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// A device module's function table as JSON: kernel name to [`FunctionJson`], in payload order
+/// (TVM writes an unordered map; the order read is the order written back). `mblob inspect
+/// --json` prints it, `mblob extract` writes it, and `TREE.json` takes it as `functions`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FunctionTable(pub Vec<(String, FunctionJson)>);
+
+impl FunctionTable {
+    /// The table of a device module, as the module holds it.
+    pub fn of(functions: &[(String, FunctionInfo)]) -> FunctionTable {
+        FunctionTable(functions.iter().map(|(k, info)| (k.clone(), FunctionJson::from_info(info))).collect())
+    }
+}
+
+impl Serialize for FunctionTable {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for FunctionTable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Ordered::<FunctionJson>::deserialize(d).map(|o| FunctionTable(o.0))
+    }
+}
+
+/// One kernel of a function table: the fields of [`FunctionInfo`], under the same names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionJson {
+    /// [`FunctionInfo::name`]: empty in what TVM up to 0.21 writes for most kinds, the kernel
+    /// name in TVM 0.27 (default: empty).
+    #[serde(default)]
+    pub name: String,
+    /// [`FunctionInfo::arg_types`], in TVM's spelling (`handle`, `int32`, `float32x4`, ...).
+    #[serde(default)]
+    pub arg_types: Vec<TypeName>,
+    /// [`FunctionInfo::launch_param_tags`]: thread axes, then optional flags.
+    #[serde(default)]
+    pub launch_param_tags: Vec<String>,
+    /// [`FunctionInfo::arg_extra_tags`] (TVM 0.21 and later). When absent: one 0 per argument
+    /// (WebGPU: none), as TVM 0.21 writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arg_extra_tags: Option<Vec<i32>>,
+}
+
+impl FunctionJson {
+    /// The JSON form of a function info (every field, `arg_extra_tags` included).
+    pub fn from_info(info: &FunctionInfo) -> FunctionJson {
+        FunctionJson {
+            name: info.name.clone(),
+            arg_types: info.arg_types.iter().map(|&t| TypeName(t)).collect(),
+            launch_param_tags: info.launch_param_tags.clone(),
+            arg_extra_tags: Some(info.arg_extra_tags.clone()),
+        }
+    }
+
+    /// The function info of a `type_key` module (which decides the default extra tags).
+    pub fn to_info(&self, type_key: &str) -> FunctionInfo {
+        let arg_types: Vec<DataType> = self.arg_types.iter().map(|t| t.0).collect();
+        let mut info = FunctionInfo::new(self.name.clone(), arg_types, self.launch_param_tags.clone());
+        match &self.arg_extra_tags {
+            Some(tags) => info.arg_extra_tags = tags.clone(),
+            None if type_key == mblob_runtime::payload::device::WEBGPU => info.arg_extra_tags.clear(),
+            None => {}
+        }
+        info
+    }
+}
+
+/// A TVM data type written as TVM spells it (`float32`, `handle`, ...); reading refuses any
+/// other spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypeName(pub DataType);
+
+impl Serialize for TypeName {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for TypeName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        DataType::parse(&s)
+            .map(TypeName)
+            .ok_or_else(|| de::Error::custom(format!("`{s}` is not a TVM type (float32, int8, handle...)")))
+    }
+}
 
 #[derive(Default)]
 struct Files {
@@ -88,156 +322,204 @@ impl Builder<'_> {
         Error::Invalid { what: format!("{} at {at}", self.json.display()), detail: detail.into() }
     }
 
-    fn node(&mut self, v: &Value, at: &str) -> Result<ModuleId> {
-        let obj = v.as_object().ok_or_else(|| self.bad(at, "a module must be a JSON object"))?;
-        let id = obj.get("id").map(|i| i.to_string());
+    fn node(&mut self, n: &NodeJson, at: &str) -> Result<ModuleId> {
+        let id = n.id.as_ref().map(|i| i.to_string());
         if let Some((_, m)) = id.as_ref().and_then(|id| self.ids.iter().find(|(i, _)| i == id)) {
             return Ok(*m);
         }
-        let key = obj
-            .get("type_key")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.bad(at, "`type_key` is missing or not a string"))?;
+        let key = n.type_key.as_deref().ok_or_else(|| self.bad(at, "`type_key` is missing"))?;
         let dso = DSO_TYPE_KEYS.contains(&key);
-        let allowed: &[&str] = if dso { &DSO_FIELDS } else { &PAYLOAD_FIELDS };
-        self.known_fields(obj, allowed, at, if dso { " for a DSO module" } else { " for a payload module" })?;
         let m = if dso {
-            let objects = self.paths(obj.get("objects"), &format!("{at}.objects"))?;
-            let sources = self.paths(obj.get("sources"), &format!("{at}.sources"))?;
-            let ir = self.paths(obj.get("ir"), &format!("{at}.ir"))?;
+            self.only(n, &DSO_FIELDS, at, &format!("a DSO module (`{key}`)"))?;
+            let objects = self.paths(n.objects.as_deref(), &format!("{at}.objects"), "host object")?;
+            let sources = self.paths(n.sources.as_deref(), &format!("{at}.sources"), "C source")?;
+            let ir = self.paths(n.ir.as_deref(), &format!("{at}.ir"), "LLVM IR file")?;
             self.files.objects.extend(objects);
             self.files.sources.extend(sources);
             self.files.ir.extend(ir);
             self.tree.add_dso(key)
-        } else if obj.contains_key("payload") {
-            for field in ["format", "data", "functions"] {
-                if obj.contains_key(field) {
-                    return Err(self.bad(at, format!("`{field}` and `payload` exclude each other")));
-                }
-            }
-            self.payload_file(key, obj, at)?
-        } else if obj.contains_key("data") {
-            self.device_module(key, obj, at)?
         } else {
-            return Err(self.bad(
-                at,
-                format!(
-                    "`{key}` is not a DSO part ({}), so it needs a `payload` file (or, for a device kind, `data`)",
+            let dso_fields: Vec<&str> =
+                n.present().into_iter().filter(|f| ["objects", "sources", "ir"].contains(f)).collect();
+            if let Some(field) = dso_fields.first() {
+                return Err(self.bad(at, self.not_dso(key, field)));
+            }
+            if n.payload.is_some() {
+                self.only(n, &PAYLOAD_FIELDS, at, "a module read from a `payload` file")?;
+                self.payload_file(key, n, at)?
+            } else if n.data.is_some() || n.smap.is_some() || n.shaders.is_some() {
+                self.only(n, &DEVICE_FIELDS, at, "a device module")?;
+                self.device_module(key, n, at)?
+            } else {
+                let mut detail = format!(
+                    "`{key}` is not a DSO kind ({}), so it needs a `payload` file (or, for a device kind, `data`)",
                     DSO_TYPE_KEYS.join(", ")
-                ),
-            ));
+                );
+                if let Some(s) = self.suggest(key) {
+                    detail.push_str(&format!("; did you mean `{s}`?"));
+                }
+                return Err(self.bad(at, detail));
+            }
         };
         if let Some(id) = id {
             self.ids.push((id, m));
         }
-        if let Some(imports) = obj.get("imports") {
-            let list = imports.as_array().ok_or_else(|| self.bad(at, "`imports` must be an array"))?;
-            for (i, child) in list.iter().enumerate() {
-                let c = self.node(child, &format!("{at}.imports[{i}]"))?;
-                self.tree.import(m, c);
-            }
+        for (i, child) in n.imports.iter().flatten().enumerate() {
+            let c = self.node(child, &format!("{at}.imports[{i}]"))?;
+            self.tree.import(m, c);
         }
         Ok(m)
     }
 
-    /// Reads the file a field names (mapped, not copied).
-    fn file(&self, obj: &Map<String, Value>, field: &str, at: &str) -> Result<Bytes> {
-        let at = format!("{at}.{field}");
-        let name = obj.get(field).and_then(Value::as_str).ok_or_else(|| self.bad(&at, "must be a path string"))?;
-        mblob_runtime::map_file(&self.base.join(name)).map_err(|e| self.bad(&at, format!("cannot read {name}: {e}")))
+    /// Why a non-DSO `key` cannot have the DSO field `field`.
+    fn not_dso(&self, key: &str, field: &str) -> String {
+        let kinds = DSO_TYPE_KEYS.join(", ");
+        let known = self.registry.get(key).is_some() || DEVICE_TYPE_KEYS.contains(&key);
+        let mut s = if known {
+            format!("`{field}` belongs to DSO modules ({kinds}), and `{key}` is a payload kind")
+        } else {
+            format!("unknown type_key `{key}` for a module with `{field}`: DSO kinds are {kinds}")
+        };
+        if let Some(near) = nearest(key, DSO_TYPE_KEYS.iter().copied()) {
+            s.push_str(&format!("; did you mean `{near}`?"));
+        }
+        s
+    }
+
+    /// A known type key that `key` is likely a typo of.
+    fn suggest(&self, key: &str) -> Option<String> {
+        let registered = self.registry.keys();
+        let known = DSO_TYPE_KEYS.iter().chain(DEVICE_TYPE_KEYS).copied().chain(registered.iter().map(String::as_str));
+        nearest(key, known).map(str::to_owned)
+    }
+
+    /// Refuses a field that `what` does not take.
+    fn only(&self, n: &NodeJson, allowed: &[&str], at: &str, what: &str) -> Result<()> {
+        match n.present().into_iter().find(|f| !allowed.contains(f)) {
+            Some(f) => {
+                Err(self.bad(at, format!("`{f}` does not belong to {what} (its fields: {})", allowed.join(", "))))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Opens a file the JSON names (mapped, not copied); an error names the path as written in
+    /// the JSON, and the path it resolved to when that differs.
+    fn open(&self, name: &str, at: &str, what: &str) -> Result<Bytes> {
+        let path = self.base.join(name);
+        let shown =
+            if Path::new(name) == path { format!("`{name}`") } else { format!("`{name}` ({})", path.display()) };
+        // Opened first so that the error is the system's, with the path named once (here).
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(self.bad(at, format!("cannot read {what} {shown}: {e}")));
+        }
+        mblob_runtime::map_file(&path).map_err(|e| self.bad(at, format!("cannot read {what} {shown}: {e}")))
     }
 
     /// A payload file in classic bytes: decoded when the kind is known, else kept opaque.
-    fn payload_file(&mut self, key: &str, obj: &Map<String, Value>, at: &str) -> Result<ModuleId> {
-        let bytes = self.file(obj, "payload", at)?;
+    fn payload_file(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
+        let at = format!("{at}.payload");
+        let bytes = self.open(n.payload.as_deref().unwrap_or_default(), &at, "payload file")?;
         let Some(loader) = self.registry.get(key) else {
             return Ok(self.tree.add_payload(Opaque::new(key, bytes)));
         };
-        let module = loader.load(bytes, Layout::Classic).map_err(|e| {
-            self.bad(&format!("{at}.payload"), format!("not a `{key}` payload as a classic blob holds it: {e}"))
-        })?;
-        self.tree
-            .add_loaded(module)
-            .map_err(|k| self.bad(&format!("{at}.payload"), format!("a `{k}` module cannot be saved again")))
+        let module = loader
+            .load(bytes, Layout::Classic)
+            .map_err(|e| self.bad(&at, format!("not a `{key}` payload as a classic blob holds it: {e}")))?;
+        self.tree.add_loaded(module).map_err(|k| self.bad(&at, format!("a `{k}` module cannot be saved again")))
     }
 
-    /// A device module from its code (`data`), `format` and `functions`.
-    fn device_module(&mut self, key: &str, obj: &Map<String, Value>, at: &str) -> Result<ModuleId> {
+    /// A device module from its parts: `format`, `functions`, and its code in `data`, `smap`
+    /// or `shaders`. The field order of the payload follows from the kind and the fields.
+    fn device_module(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
         if !DEVICE_TYPE_KEYS.contains(&key) {
             return Err(self.bad(
                 at,
                 format!("`data` makes a device module, and `{key}` is none of {}", DEVICE_TYPE_KEYS.join(", ")),
             ));
         }
-        let format = obj
-            .get("format")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.bad(at, "a device module needs `format` (`ptx`, `cubin`, `fatbin`, `cl`, ...)"))?;
-        let data = self.file(obj, "data", at)?;
-        let functions = match obj.get("functions") {
-            None => Vec::new(),
-            Some(v) => {
-                let at = format!("{at}.functions");
-                let map = v.as_object().ok_or_else(|| self.bad(&at, "must be an object of kernel name to info"))?;
-                map.iter()
-                    .map(|(name, info)| self.function(name, info, &format!("{at}.{name}")))
-                    .collect::<Result<_>>()?
+        let webgpu = key == mblob_runtime::payload::device::WEBGPU;
+        let vulkan = key == mblob_runtime::payload::device::VULKAN;
+        let form = if let Some(version) = &n.version {
+            DeviceForm::VersionSmapFmapFmt { version: version.clone() }
+        } else if webgpu {
+            DeviceForm::FmapSmap
+        } else if vulkan {
+            DeviceForm::FmtFmapShaders
+        } else if n.smap.is_some() {
+            DeviceForm::FmtFmapSmap
+        } else {
+            DeviceForm::FmtFmapData
+        };
+        let needs = |field: &str, present: bool| -> Result<()> {
+            if present {
+                Ok(())
+            } else {
+                Err(self.bad(at, format!("a `{key}` module of this form needs `{field}`")))
             }
         };
-        Ok(self.tree.add_payload(DeviceModule::new(key, format, functions, data)))
-    }
-
-    /// One kernel's info: `arg_types` (TVM's spelling), `launch_param_tags` and an optional
-    /// `name` (empty by default, as TVM up to 0.21 writes it).
-    fn function(&self, key: &str, v: &Value, at: &str) -> Result<(String, FunctionInfo)> {
-        let obj = v.as_object().ok_or_else(|| self.bad(at, "must be an object"))?;
-        self.known_fields(obj, &FUNCTION_FIELDS, at, "")?;
-        let strings = |field: &str| self.strings(obj.get(field), &format!("{at}.{field}"), ("strings", "a string"));
-        let arg_types = strings("arg_types")?
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                DataType::parse(t).ok_or_else(|| {
-                    self.bad(
-                        &format!("{at}.arg_types[{i}]"),
-                        format!("`{t}` is not a TVM type (float32, int8, handle...)"),
-                    )
-                })
-            })
-            .collect::<Result<_>>()?;
-        let tags = strings("launch_param_tags")?.into_iter().map(str::to_owned).collect();
-        let name = match obj.get("name") {
-            None => "",
-            Some(n) => n.as_str().ok_or_else(|| self.bad(&format!("{at}.name"), "must be a string"))?,
+        let wants_smap =
+            matches!(form, DeviceForm::VersionSmapFmapFmt { .. } | DeviceForm::FmapSmap | DeviceForm::FmtFmapSmap);
+        needs("smap", !wants_smap || n.smap.is_some())?;
+        needs("shaders", !vulkan || n.shaders.is_some())?;
+        needs("data", form != DeviceForm::FmtFmapData || n.data.is_some())?;
+        if form != DeviceForm::FmtFmapData && n.data.is_some() {
+            return Err(self.bad(at, format!("`data` does not belong to a `{key}` module with `smap` or `shaders`")));
+        }
+        if !webgpu && n.format.is_none() {
+            return Err(self.bad(at, "a device module needs `format` (`ptx`, `cubin`, `fatbin`, `cl`, ...)"));
+        }
+        let data = match &n.data {
+            Some(name) => self.open(name, &format!("{at}.data"), "device code")?,
+            None => Bytes::from_vec(Vec::new()),
         };
-        let info = FunctionInfo::new(name, arg_types, tags);
-        info.launch_params().map_err(|e| self.bad(&format!("{at}.launch_param_tags"), e.to_string()))?;
-        Ok((key.to_owned(), info))
+        let mut functions = Vec::new();
+        for (name, f) in n.functions.iter().flat_map(|t| &t.0) {
+            let info = f.to_info(key);
+            info.launch_params()
+                .map_err(|e| self.bad(&format!("{at}.functions.{name}.launch_param_tags"), e.to_string()))?;
+            functions.push((name.clone(), info));
+        }
+        let mut m = DeviceModule::new(key, n.format.clone().unwrap_or_default(), functions, data);
+        for (name, file) in n.smap.iter().flat_map(|s| &s.0) {
+            m.sources.push((name.clone(), self.open(file, &format!("{at}.smap.{name}"), "kernel source")?));
+        }
+        for (name, s) in n.shaders.iter().flat_map(|s| &s.0) {
+            let words = self.open(&s.data, &format!("{at}.shaders.{name}.data"), "SPIR-V file")?;
+            if words.len() % 4 != 0 {
+                return Err(self.bad(&format!("{at}.shaders.{name}.data"), "SPIR-V is a whole number of 4-byte words"));
+            }
+            m.shaders.push((name.clone(), SpirvShader { flag: s.flag, words }));
+        }
+        m.form = form;
+        Ok(self.tree.add_payload(m))
     }
 
-    /// Refuses a field of `obj` that is not in `allowed` (`of` says what kind of object).
-    fn known_fields(&self, obj: &Map<String, Value>, allowed: &[&str], at: &str, of: &str) -> Result<()> {
-        match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(unknown) => {
-                Err(self.bad(at, format!("unknown field `{unknown}`{of} (fields: {})", allowed.join(", "))))
-            }
-            None => Ok(()),
+    /// Files of a DSO part, each opened to check it can be read.
+    fn paths(&self, names: Option<&[String]>, at: &str, what: &str) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for (i, name) in names.unwrap_or_default().iter().enumerate() {
+            self.open(name, &format!("{at}[{i}]"), what)?;
+            out.push(self.base.join(name));
+        }
+        Ok(out)
+    }
+}
+
+/// The candidate `key` most likely mistyped: equal but for case, or within two edits.
+fn nearest<'k>(key: &str, candidates: impl Iterator<Item = &'k str>) -> Option<&'k str> {
+    let lower = key.to_lowercase();
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        if c == key {
+            return None;
+        }
+        let d = if c.to_lowercase() == lower { 0 } else { strsim::levenshtein(&lower, &c.to_lowercase()) };
+        if d <= 2 && best.is_none_or(|(bd, _)| d < bd) {
+            best = Some((d, c));
         }
     }
-
-    /// An optional array of strings; `names` words the errors (`("paths", "a path string")`).
-    fn strings<'v>(&self, v: Option<&'v Value>, at: &str, names: (&str, &str)) -> Result<Vec<&'v str>> {
-        let Some(v) = v else { return Ok(Vec::new()) };
-        let list = v.as_array().ok_or_else(|| self.bad(at, format!("must be an array of {}", names.0)))?;
-        list.iter()
-            .enumerate()
-            .map(|(i, s)| s.as_str().ok_or_else(|| self.bad(&format!("{at}[{i}]"), format!("must be {}", names.1))))
-            .collect()
-    }
-
-    fn paths(&self, v: Option<&Value>, at: &str) -> Result<Vec<PathBuf>> {
-        Ok(self.strings(v, at, ("paths", "a path string"))?.into_iter().map(|p| self.base.join(p)).collect())
-    }
+    best.map(|(_, c)| c)
 }
 
 #[cfg(test)]
@@ -264,54 +546,154 @@ mod tests {
         let json = r#"{"type_key": "Factory", "payload": "f.bin", "imports": [
             {"type_key": "llvm", "objects": ["a.o"], "imports": [{"id": 7, "type_key": "example.Kernels", "payload": "k.bin"}]},
             {"id": 7}]}"#;
-        let (_dir, e) = read(json, &[("f.bin", b"F"), ("k.bin", b"K")]);
+        let (_dir, e) = read(json, &[("f.bin", b"F"), ("k.bin", b"K"), ("a.o", b"")]);
         let mut e = e.unwrap();
         let tree = e.tree_mut();
         assert_eq!(tree.len(), 3);
         let root = tree.root().unwrap();
-        assert_eq!(tree.kind(root).type_key(), "Factory");
-        let imports = tree.imports(root).to_vec();
-        assert_eq!(tree.imports(imports[0]), &[imports[1]]);
+        assert_eq!(tree.kind(root).unwrap().type_key(), "Factory");
+        let imports = tree.imports(root).unwrap().to_vec();
+        assert_eq!(tree.imports(imports[0]), Some(&[imports[1]][..]));
         assert!(format!("{e:?}").contains("a.o"));
     }
 
     #[test]
     fn errors_name_the_file_and_the_node() {
+        let ptx = r#""type_key": "cuda", "format": "ptx", "data": "k.ptx""#;
         let cases = [
-            (r#"{"type_key": "llvm", "payload": "x.bin"}"#, "at $: unknown field `payload` for a DSO module"),
-            (r#"{"type_key": "llvm", "import": []}"#, "at $: unknown field `import`"),
-            (r#"{"type_key": "llvm", "imports": [{"type_key": "cuda"}]}"#, "at $.imports[0]: `cuda` is not a DSO part"),
             (
-                r#"{"type_key": "llvm", "imports": [{"type_key": "cuda", "payload": "nope.bin"}]}"#,
-                "at $.imports[0].payload: cannot read nope.bin",
+                r#"{"type_key": "llvm", "payload": "x.bin"}"#.to_owned(),
+                "at $: `payload` does not belong to a DSO module",
             ),
-            (r#"{"type_key": "cuda", "payload": "k.ptx", "data": "k.ptx"}"#, "at $: `data` and `payload` exclude"),
-            (r#"{"type_key": "cuda", "payload": "k.ptx"}"#, "at $.payload: not a `cuda` payload as a classic blob"),
-            (r#"{"type_key": "Factory", "format": "ptx", "data": "k.ptx"}"#, "at $: `data` makes a device module"),
-            (r#"{"type_key": "cuda", "data": "k.ptx"}"#, "at $: a device module needs `format`"),
-            (r#"{"type_key": "cuda", "format": "ptx", "data": 1}"#, "at $.data: must be a path string"),
+            (r#"{"type_key": "llvm", "import": []}"#.into(), "at $.import: unknown field `import`, expected one of"),
             (
-                r#"{"type_key": "cuda", "format": "ptx", "data": "k.ptx", "functions": {"f": {"arg_types": ["f32"]}}}"#,
+                r#"{"type_key": "llvm", "imports": [{"type_key": "cuda"}]}"#.into(),
+                "at $.imports[0]: `cuda` is not a DSO kind",
+            ),
+            (
+                r#"{"type_key": "llvm", "imports": [{"type_key": "cuda", "payload": "nope.bin"}]}"#.into(),
+                "at $.imports[0].payload: cannot read payload file `nope.bin` (",
+            ),
+            (
+                r#"{"type_key": "cuda", "payload": "k.ptx", "data": "k.ptx"}"#.into(),
+                "at $: `data` does not belong to a module read from a `payload` file",
+            ),
+            (
+                r#"{"type_key": "cuda", "payload": "k.ptx"}"#.into(),
+                "at $.payload: not a `cuda` payload as a classic blob",
+            ),
+            (
+                r#"{"type_key": "Factory", "format": "ptx", "data": "k.ptx"}"#.into(),
+                "at $: `data` makes a device module",
+            ),
+            (r#"{"type_key": "cuda", "data": "k.ptx"}"#.into(), "at $: a device module needs `format`"),
+            (
+                r#"{"type_key": "cuda", "format": "ptx", "data": 1}"#.into(),
+                "at $.data: invalid type: integer `1`, expected a string",
+            ),
+            (
+                format!(r#"{{{ptx}, "functions": {{"f": {{"arg_types": ["f32"]}}}}}}"#),
                 "at $.functions.f.arg_types[0]: `f32` is not a TVM type",
             ),
             (
-                r#"{"type_key": "cuda", "format": "ptx", "data": "k.ptx", "functions": {"f": {"tags": []}}}"#,
-                "at $.functions.f: unknown field `tags`",
+                format!(
+                    r#"{{"type_key": "llvm", "imports": [{{{ptx}, "functions": {{"f": {{}}, "g": {{"arg_types": ["handle", "f32"]}}}}}}]}}"#
+                ),
+                "at $.imports[0].functions.g.arg_types[1]: `f32` is not a TVM type",
             ),
             (
-                r#"{"type_key": "cuda", "format": "ptx", "data": "k.ptx", "functions": {"f": {"launch_param_tags": ["warp.x"]}}}"#,
+                format!(r#"{{{ptx}, "functions": {{"f": {{"tags": []}}}}}}"#),
+                "at $.functions.f.tags: unknown field `tags`",
+            ),
+            (
+                format!(r#"{{{ptx}, "functions": {{"f": {{"launch_param_tags": ["warp.x"]}}}}}}"#),
                 "at $.functions.f.launch_param_tags",
             ),
-            (r#"{"type_key": "llvm", "objects": ["a.o", 3]}"#, "at $.objects[1]: must be a path string"),
-            (r#"{"type_key": "llvm", "imports": {}}"#, "at $: `imports` must be an array"),
-            (r#"[]"#, "at $: a module must be a JSON object"),
-            (r#"{"type_key": 5}"#, "at $: `type_key` is missing"),
+            (format!(r#"{{{ptx}, "functions": {{"f": {{}}, "f": {{}}}}}}"#), "at $.functions: `f` appears twice"),
+            (r#"{"type_key": "llvm", "objects": ["k.ptx", 3]}"#.into(), "at $.objects[1]: invalid type: integer `3`"),
+            (r#"{"type_key": "llvm", "imports": {}}"#.into(), "at $.imports: invalid type: map, expected a sequence"),
+            (
+                r#""llvm""#.into(),
+                "at $: invalid type: string \"llvm\", expected a module (a JSON object with a `type_key`)",
+            ),
+            (r#"{"type_key": 5}"#.into(), "at $.type_key: invalid type: integer `5`, expected a string"),
+            (r#"{"id": 1}"#.into(), "at $: `type_key` is missing"),
+            (r#"{"type_key": "llvm"} x"#.into(), "not valid JSON: trailing characters"),
+            (r#"{"type_key": "llvm""#.into(), "not valid JSON: EOF while parsing"),
+            (r#"{"type_key": "webgpu", "data": "k.ptx"}"#.into(), "a `webgpu` module of this form needs `smap`"),
         ];
+        let mut wrong = Vec::new();
         for (json, want) in cases {
-            let r = read(json, &[("k.ptx", b".version 7.0")]).1;
-            assert!(r.is_err(), "{json}: accepted");
-            let m = message(r);
-            assert!(m.contains("tree.json") && m.contains(want), "{json}: {m}");
+            let r = read(&json, &[("k.ptx", b".version 7.0")]).1;
+            let m = if r.is_err() { message(r) } else { "accepted".into() };
+            if !(m.contains("tree.json") && m.contains(want)) {
+                wrong.push(format!("{json}: {m}"));
+            }
         }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// A mistyped DSO kind is named as such, with the kinds there are and the likely one,
+    /// instead of "unknown field `sources` for a payload module".
+    #[test]
+    fn a_mistyped_kind_gets_a_suggestion() {
+        let files: &[(&str, &[u8])] = &[("host.c", b"int f(void) { return 1; }\n")];
+        let m = message(read(r#"{"type_key": "LLVM", "sources": ["host.c"]}"#, files).1);
+        assert!(
+            m.contains("at $: unknown type_key `LLVM` for a module with `sources`: DSO kinds are llvm, c, static_library; did you mean `llvm`?"),
+            "{m}"
+        );
+        let m = message(read(r#"{"type_key": "static_libary", "objects": ["host.c"]}"#, files).1);
+        assert!(m.contains("did you mean `static_library`?"), "{m}");
+        let m = message(read(r#"{"type_key": "cuda", "objects": ["host.c"]}"#, files).1);
+        assert!(
+            m.contains("`objects` belongs to DSO modules (llvm, c, static_library), and `cuda` is a payload kind"),
+            "{m}"
+        );
+        assert!(!m.contains("did you mean"), "{m}");
+        let m = message(read(r#"{"type_key": "Cuda"}"#, files).1);
+        assert!(m.contains("`Cuda` is not a DSO kind") && m.contains("did you mean `cuda`?"), "{m}");
+        // A kind far from every known one is a user's own kind: no guess.
+        let m = message(read(r#"{"type_key": "example.Kernels"}"#, files).1);
+        assert!(!m.contains("did you mean"), "{m}");
+    }
+
+    /// A missing file is named once, as the JSON wrote it and as it resolved, before any work.
+    #[test]
+    fn a_missing_file_is_named_once_with_the_users_path() {
+        let (dir, r) = read(
+            r#"{"type_key": "llvm", "objects": ["sub/../lib0.o"], "imports": [{"type_key": "x.K", "payload": "k.bin"}]}"#,
+            &[("k.bin", b"K")],
+        );
+        let m = message(r);
+        let resolved = dir.path().join("sub/../lib0.o").display().to_string();
+        assert!(m.contains(&format!("at $.objects[0]: cannot read host object `sub/../lib0.o` ({resolved}): ")), "{m}");
+        assert!(m.contains("No such file"), "{m}");
+        assert_eq!(m.matches("lib0.o").count(), 2, "{m}");
+        for (field, what) in [("sources", "C source"), ("ir", "LLVM IR file")] {
+            let m = message(read(&format!(r#"{{"type_key": "c", "{field}": ["gone"]}}"#), &[]).1);
+            assert!(m.contains(&format!("at $.{field}[0]: cannot read {what} `gone` (")), "{m}");
+        }
+    }
+
+    /// What `inspect --json` prints for a kernel reads back as the same function info.
+    #[test]
+    fn function_tables_read_back_what_they_print() {
+        let info = FunctionInfo {
+            name: "k".into(),
+            arg_types: vec![DataType::HANDLE, DataType::parse("float32x4").unwrap()],
+            launch_param_tags: vec!["blockIdx.x".into()],
+            arg_extra_tags: vec![1, 0],
+        };
+        let table = FunctionTable::of(&[("z".into(), info.clone()), ("a".into(), FunctionInfo::default())]);
+        let text = serde_json::to_string(&table).unwrap();
+        assert!(text.starts_with(r#"{"z":{"name":"k","arg_types":["handle","float32x4"],"launch_param_tags":["blockIdx.x"],"arg_extra_tags":[1,0]},"a":"#), "{text}");
+        let back: FunctionTable = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, table);
+        assert_eq!(back.0[0].1.to_info("cuda"), info);
+        // Without extra tags: one 0 per argument, none for WebGPU.
+        let bare: FunctionJson = serde_json::from_str(r#"{"arg_types": ["handle", "int32"]}"#).unwrap();
+        assert_eq!(bare.to_info("cuda").arg_extra_tags, vec![0, 0]);
+        assert!(bare.to_info("webgpu").arg_extra_tags.is_empty());
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod demo;
 pub mod export;
+pub mod extract;
 pub mod inspect;
 pub mod pack;
 
@@ -11,13 +12,44 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Exit status of a command that failed: bad input, or an operation that did not succeed.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status of a usage error (clap's, for unknown options and missing arguments).
+pub const EXIT_USAGE: u8 = 2;
+
+/// The end of `mblob --help`: exit statuses and environment variables.
+const AFTER_HELP: &str = "\
+Exit status (every command):
+  0  success
+  1  failure: an input could not be read or is malformed, or the operation failed (a compile
+     or link step, a check of the demo); the message names the file and what was wrong.
+     `inspect` reports every file it can and exits 1 when any could not be read.
+  2  usage error: unknown option, missing or malformed argument
+
+Environment:
+  MBLOB_LOG          log filter for stderr (`debug` shows each stage and external command;
+                     tracing-subscriber's syntax, e.g. `mblob=debug`); default `warn`
+  RUST_LOG           the same, when MBLOB_LOG is unset
+  CC                 C compiler for C sources and the C packer, and the link driver
+                     (default `cc`; for a --target, the cc crate's target-specific names such
+                     as CC_aarch64_unknown_linux_gnu and TARGET_CC come first)
+  CXX                C++ compiler for C++ sources (default `c++`)
+  CFLAGS, CXXFLAGS   extra compiler flags, read by the cc crate (also CFLAGS_<target>,
+                     TARGET_CFLAGS and the same for CXXFLAGS)
+  PATH               where compilers and ld.lld are looked for (ld.lld also in
+                     /usr/lib/llvm-14/bin)
+  TMPDIR             where intermediate files go during an export (removed after)
+  MBLOB_NUM_THREADS  threads for running models (`mblob run`); else TVM_NUM_THREADS, as
+                     TVM's runtime reads it
+  LD_LIBRARY_PATH    where the CUDA driver library (libcuda.so) is found, for CUDA payloads";
+
 /// Pack a tree of TVM runtime modules into one shared library, byte for byte as TVM does,
 /// and load it back.
 ///
 /// Logs go to stderr; set `MBLOB_LOG=debug` (or `RUST_LOG`) to see each stage and each
 /// external command.
 #[derive(Debug, Parser)]
-#[command(name = "mblob", version, about, long_about)]
+#[command(name = "mblob", version, about, long_about, after_help = AFTER_HELP)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -30,9 +62,14 @@ pub enum Command {
     /// The main job, end to end: build a library with host code, a CUDA kernel and a graph
     /// factory, export it, inspect it, load it back and run it.
     Demo(demo::DemoArgs),
-    /// Show the blob of a packed `.so` or a raw `.blob` file: symbol, layout, entries, import
-    /// tree and device modules. Reads the ELF file without running it (unless `--load`).
+    /// Show what a packed `.so`, a raw `.blob` or an exported `.tar` holds: symbol, layout,
+    /// entries, import tree, graph inputs and outputs, device kernels, and the host functions
+    /// with their calling convention. Reads the file without running it (unless `--load`).
     Inspect(inspect::InspectArgs),
+    /// Write the contents of a `.so`, `.blob` or `.tar` into a directory: each payload, the
+    /// parts of the kinds mblob knows (graph JSON, params, kernel code, function tables), and
+    /// a TREE.json that `mblob export` builds the same blob from.
+    Extract(extract::ExtractArgs),
     /// Pack the module tree of a `.so` or `.blob` again, with new host objects and in any
     /// layout: converts a library between TVM versions.
     Pack(pack::PackArgs),
@@ -42,11 +79,19 @@ pub enum Command {
 
 /// Runs the command line; the binary's `main`.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with status 0; usage errors to stderr with 2.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
     init_logging();
     let result = match &cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Extract(args) => extract::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Export(args) => export::run(args),
     };
@@ -55,7 +100,7 @@ pub fn main() -> ExitCode {
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             report(&e);
-            ExitCode::from(2)
+            ExitCode::from(EXIT_FAILURE)
         }
     }
 }

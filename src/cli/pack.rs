@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
 
-use super::inspect::{detect_layout, parse_layout};
+use super::inspect::parse_layout;
 use crate::export::{Backend, Export, ExportReport, Progress};
 use crate::link::Linker;
 use crate::{Error, Result};
@@ -22,7 +22,7 @@ macro_rules! export_environment_help {
   CFLAGS, CXXFLAGS  flags added last to every C / C++ host compile (they override -O2, --cflag)
   TMPDIR            where the intermediate directory is made (removed afterwards)
   MBLOB_LOG         log filter (e.g. debug: each stage and every external command), else RUST_LOG
-Exit status: 0 done, 2 error (nothing written at the output), 130 / 143 interrupted by
+Exit status: 0 done, 1 error (nothing written at the output), 2 usage error, 130 / 143 interrupted by
 SIGINT / SIGTERM (temporary and partial files removed)."
     };
 }
@@ -232,22 +232,18 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
     let data = mblob_runtime::map_file(path)?;
     let registry = Registry::default();
     let (blob, layout) = if data.starts_with(b"\x7fELF") {
-        let found = elf::find_blob(&data, None)
+        let (found, bytes) = elf::slice_blob(&data, None)
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.clone(), detail })?
             .ok_or_else(|| Error::Invalid {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let bytes = usize::try_from(found.size).ok().and_then(|n| data.slice(start..start.saturating_add(n)));
-        let bytes = bytes
-            .ok_or_else(|| mblob_runtime::Error::Elf { path: path.clone(), detail: "blob past the end".into() })?;
         (bytes, found.layout)
     } else {
         let layout = match args.from_layout {
             Some(l) => l,
-            None => detect_layout(&data, &registry)
-                .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?,
+            None => Layout::detect(&data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.clone(), source })?,
         };
         (data.clone(), layout)
     };

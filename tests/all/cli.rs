@@ -112,7 +112,7 @@ fn export_reads_a_tree_description() {
     std::fs::write(&json, bad.to_string()).unwrap();
     let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("tree.json at $.imports[0]") && err.contains("payload"), "{err}");
     std::fs::write(&json, "{not json").unwrap();
     let err = String::from_utf8_lossy(&mblob(&["export", s(&json), "-o", s(&so)], tmp.path()).stderr).into_owned();
@@ -264,7 +264,7 @@ fn failures_name_the_step_and_leave_nothing_behind() {
     let json = c_tree(dir.path(), "int broken( {");
     let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("compile") && err.contains("host.c") && err.contains(" -c "), "{err}");
     assert!(!so.exists());
     assert_empty(tmp.path());
@@ -299,7 +299,7 @@ fn failures_name_the_step_and_leave_nothing_behind() {
     std::fs::write(dir.path().join("a-file"), b"").unwrap();
     for (output, why) in [("no/such/dir/out.so", "No such file"), ("a-file/out.so", "Not a directory")] {
         let out = mblob(&["export", s(&json), "-o", s(&dir.path().join(output))], tmp.path());
-        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
         let parent = dir.path().join(output).parent().unwrap().display().to_string();
         assert!(err.contains(&parent) && err.contains("the output directory must exist and be writable"), "{err}");
@@ -336,7 +336,7 @@ fn a_full_disk_is_an_error_not_a_partial_file() {
         );
         let out = Command::new("sh").arg("-c").arg(&script).env("TMPDIR", tmp.path()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{backend}: {err}");
+        assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
         // The blob is written first, so the pack step is where the limit is hit, on the file
         // it was writing.
         let file = if backend == "llvm" { "devc.o" } else { "devc.bin" };
@@ -456,4 +456,250 @@ fn without_llvm_the_llvm_backend_says_how_to_enable_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("feature `llvm`") && err.contains("--features llvm"), "{err}");
     assert!(!so.exists());
+}
+
+/// The command line is the binary's: the library without default features compiles none of
+/// its crates (a build system that depends on `mblob` gets no clap or tracing-subscriber).
+#[test]
+fn the_library_alone_has_no_command_line_dependencies() {
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "mblob", "--no-default-features", "-e", "normal", "--prefix", "none"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(names.contains(&"mblob-runtime") && names.contains(&"serde_json"), "{tree}");
+    for cli_only in ["clap", "clap_builder", "tracing-subscriber"] {
+        assert!(!names.contains(&cli_only), "{cli_only} in the library's tree:\n{tree}");
+    }
+}
+
+/// The files `mblob extract` writes for a TVM golden are TVM's own: the graph JSON, the params
+/// as `save_param_dict` wrote them, the PTX the NVPTX backend made, and the payload bytes.
+#[test]
+fn extract_writes_the_parts_as_tvm_wrote_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let g = goldens();
+    let out = dir.path().join("dense");
+    let so = g.join("graph_dense_relu.so");
+    let o = mblob(&["extract", s(&so), "-o", s(&out)], tmp.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(read(&out.join("0.params")) == read(&g.join("graph_dense_relu.params")), "params differ from TVM's");
+    assert!(read(&out.join("0.graph.json")) == read(&g.join("graph_dense_relu.graph.json")), "graph JSON differs");
+    let golden = read(&g.join("graph_dense_relu.blob"));
+    let parsed = format::parse_blob(&golden, Layout::Classic, &Registry::default(), UnknownKeys::Error).unwrap();
+    assert!(read(&out.join("0.GraphExecutorFactory.bin")) == parsed.entries[0].payload);
+
+    let dev27 = g.join("device/tvm-0.27.0.post1");
+    let ptx = dir.path().join("ptx");
+    let o = mblob(&["extract", s(&dev27.join("nvptx_vector_add.so")), "-o", s(&ptx), "-q"], tmp.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout.is_empty());
+    assert!(read(&ptx.join("1.cuda.ptx")) == read(&dev27.join("nvptx_vector_add.dev0.source.txt")), "not TVM's PTX");
+    // The function table file is what inspect prints for the module.
+    let table: serde_json::Value = serde_json::from_slice(&read(&ptx.join("1.functions.json"))).unwrap();
+    let o = mblob(&["inspect", "--json", s(&dev27.join("nvptx_vector_add.so"))], tmp.path());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["modules"][1]["functions"], table);
+    assert_eq!(table["vector_add_kernel"]["name"], "vector_add_kernel");
+
+    // An output directory that holds files is refused before anything is written; a plain
+    // library has nothing to extract, and no directory appears.
+    let before = std::fs::read_dir(&ptx).unwrap().count();
+    let o = mblob(&["extract", s(&so), "-o", s(&ptx)], tmp.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exists and is not empty"));
+    assert_eq!(std::fs::read_dir(&ptx).unwrap().count(), before);
+    let none = dir.path().join("none");
+    let o = mblob(&["extract", s(&g.join("dso_add_one.so")), "-o", s(&none)], tmp.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("holds no blob"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!none.exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert_empty(tmp.path());
+}
+
+/// The function tables of an `inspect --json` line, in the order printed.
+#[derive(serde::Deserialize)]
+struct InspectTables {
+    modules: Vec<ModuleTable>,
+}
+
+#[derive(serde::Deserialize)]
+struct ModuleTable {
+    functions: Option<mblob::tree_json::FunctionTable>,
+}
+
+/// The function tables of a TREE.json, read in file order.
+#[derive(serde::Deserialize)]
+struct TreeTables {
+    functions: Option<mblob::tree_json::FunctionTable>,
+    #[serde(default)]
+    imports: Vec<TreeTables>,
+}
+
+impl TreeTables {
+    fn collect<'a>(&'a self, out: &mut Vec<&'a mblob::tree_json::FunctionTable>) {
+        out.extend(&self.functions);
+        self.imports.iter().for_each(|c| c.collect(out));
+    }
+}
+
+/// inspect -> extract -> export gives back TVM's blob byte for byte, for every device golden
+/// in the layout its TVM wrote (0.19 classic, 0.21 classic-0.21, 0.27 ffi); the function
+/// tables in the tree are the ones `inspect --json` prints, in the same order.
+#[test]
+fn inspect_extract_export_gives_back_every_device_golden() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for (sub, layout) in
+        [("device", "classic"), ("device/tvm-0.21.0", "classic-0.21"), ("device/tvm-0.27.0.post1", "ffi")]
+    {
+        let gdir = goldens().join(sub);
+        let manifest: serde_json::Value = serde_json::from_slice(&read(&gdir.join("manifest.json"))).unwrap();
+        for g in manifest["goldens"].as_array().unwrap() {
+            let name = g["name"].as_str().unwrap();
+            let what = format!("{sub}/{name}");
+            let so = gdir.join(format!("{name}.so"));
+            let out = dir.path().join(format!("{layout}.{name}"));
+            let o = mblob(&["extract", s(&so), "-o", s(&out), "-q"], tmp.path());
+            assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+            let tree_path = out.join("tree.json");
+            let text = String::from_utf8(read(&tree_path)).unwrap();
+
+            // The tables in tree.json are inspect's, in inspect's order.
+            let o = mblob(&["inspect", "--json", s(&so)], tmp.path());
+            let printed: InspectTables = serde_json::from_slice(&o.stdout).unwrap();
+            let tables: Vec<_> = printed.modules.into_iter().filter_map(|m| m.functions).collect();
+            assert!(!tables.is_empty(), "{what}");
+            let in_tree: TreeTables = serde_json::from_str(&text).unwrap();
+            let mut found = Vec::new();
+            in_tree.collect(&mut found);
+            assert_eq!(found.len(), tables.len(), "{what}");
+            for t in &tables {
+                assert!(found.contains(&t), "{what}: tree.json lacks inspect's table {t:?}\nin\n{text}");
+            }
+
+            // The host objects go into the `_lib` part (edited as text: serde_json's maps would
+            // sort the kernels, and their order is part of the blob).
+            let lib0 = serde_json::json!([gdir.join(format!("{name}.lib0.o"))]).to_string();
+            assert_eq!(text.matches("\"objects\": []").count(), 1, "{what}: {text}");
+            std::fs::write(&tree_path, text.replace("\"objects\": []", &format!("\"objects\": {lib0}"))).unwrap();
+            let back = dir.path().join(format!("{layout}.{name}.so"));
+            let o = mblob(&["export", s(&tree_path), "-o", s(&back), "--layout", layout, "-q"], tmp.path());
+            assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                blob_in(&back) == read(&gdir.join(format!("{name}.blob"))),
+                "{what}: not TVM's blob after the round trip"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 17);
+    assert_empty(tmp.path());
+}
+
+/// Every command follows one exit-status convention (0 success, 1 failure, 2 usage), and
+/// `--help` and README document it with every environment variable the code reads.
+#[test]
+fn exit_statuses_and_environment_are_one_documented_convention() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.so");
+    let out = dir.path().join("out.so");
+    let x = dir.path().join("x");
+    let usage: [&[&str]; 4] =
+        [&["inspect"], &["export", "--bogus"], &["no-such-command"], &["pack", "--layout", "classic-0.99"]];
+    for args in usage {
+        assert_eq!(mblob(args, tmp.path()).status.code(), Some(2), "{args:?}");
+    }
+    let failures: [&[&str]; 4] = [
+        &["inspect", s(&missing)],
+        &["export", s(&missing), "-o", s(&out)],
+        &["pack", "--from", s(&missing), "-o", s(&out)],
+        &["extract", s(&missing), "-o", s(&x)],
+    ];
+    for args in failures {
+        let o = mblob(args, tmp.path());
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("missing.so"), "{args:?}");
+    }
+    for ok in [&["--help"][..], &["--version"], &["inspect", "--help"], &["extract", "--help"]] {
+        assert_eq!(mblob(ok, tmp.path()).status.code(), Some(0), "{ok:?}");
+    }
+
+    // The variables the code reads, found in the sources.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut vars = vec!["CFLAGS".to_owned(), "CXX".into(), "TMPDIR".into(), "RUST_LOG".into()];
+    for src in [root.join("src"), root.join("runtime/src")] {
+        let mut stack = vec![src];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = String::from_utf8(read(&p)).unwrap();
+                    for call in ["var_os(\"", "var(\"", "from_env(\""] {
+                        for part in text.split(call).skip(1) {
+                            vars.push(part.split('"').next().unwrap().to_owned());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(vars.iter().any(|v| v == "MBLOB_LOG") && vars.iter().any(|v| v == "CC"), "{vars:?}");
+    let help = String::from_utf8(mblob(&["--help"], tmp.path()).stdout).unwrap();
+    let readme = String::from_utf8(read(&root.join("README.md"))).unwrap();
+    for doc in [&help, &readme] {
+        assert!(doc.contains("Exit status") && doc.contains("usage error"), "{doc}");
+        for v in &vars {
+            assert!(doc.contains(&format!("{v} ")) || doc.contains(&format!("`{v}`")), "{v} undocumented in\n{doc}");
+        }
+    }
+}
+
+/// Every file TREE.json names is checked before any work: a missing data file is named once,
+/// as the user wrote it and as it resolved, with nothing compiled; a mistyped DSO kind says
+/// which kinds there are.
+#[test]
+fn export_checks_the_tree_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.c"), "int f(void) { return 1; }\n").unwrap();
+    let tree = serde_json::json!({
+        "type_key": "llvm", "sources": ["host.c"],
+        "imports": [{"type_key": "cuda", "format": "ptx", "data": "kernels/missing.ptx", "functions": {}}]
+    });
+    let json = dir.path().join("tree.json");
+    std::fs::write(&json, tree.to_string()).unwrap();
+    let so = dir.path().join("out.so");
+    let out = mblob(&["export", s(&json), "-o", s(&so), "--linker", "default"], tmp.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let resolved = dir.path().join("kernels/missing.ptx").display().to_string();
+    assert!(
+        err.contains(&format!(
+            "tree.json at $.imports[0].data: cannot read device code `kernels/missing.ptx` ({resolved}): No such file"
+        )),
+        "{err}"
+    );
+    assert_eq!(err.matches("missing.ptx").count(), 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!so.exists());
+    assert_empty(tmp.path());
+
+    std::fs::write(&json, r#"{"type_key": "LLVM", "sources": ["host.c"]}"#).unwrap();
+    let out = mblob(&["export", s(&json), "-o", s(&so)], tmp.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown type_key `LLVM`") && err.contains("did you mean `llvm`?"), "{err}");
+    assert!(!err.contains("unknown field"), "{err}");
+    assert_empty(tmp.path());
 }

@@ -5,6 +5,7 @@ mod corrupt;
 #[path = "../../examples/custom_kind.rs"]
 #[allow(unsafe_code)]
 mod custom_kind;
+mod detect;
 mod device;
 mod direct;
 mod export;
@@ -13,5 +14,6 @@ mod export_options;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;
+mod library;
 mod pack;
 mod user_kind;

@@ -457,13 +457,13 @@ fn pack_without_host_code_refuses_unless_asked_for_a_blob_only_library() {
     // No --host: refused, saying what --host must be.
     let out = mblob_pack(&[os("--from"), os(&from), os("-o"), os(&so)]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--host") && err.contains("lib0.o") && err.contains("--blob-only"), "{err}");
     assert!(!so.exists());
     // A shared library as host code: refused, it cannot be linked into another library.
     let out = mblob_pack(&[os("--from"), os(&from), os("--host"), os(&from), os("-o"), os(&so)]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("graph_dense_relu.so") && err.contains("is a shared library"), "{err}");
     assert!(!so.exists());
     // --blob-only: TVM's blob and no model function.
@@ -540,7 +540,7 @@ fn pack_refuses_a_layout_whose_tvm_cannot_call_the_host_code() {
                 std::fs::remove_file(&so).unwrap();
                 continue;
             }
-            assert_eq!(out.status.code(), Some(2), "{version} {layout}: {err}");
+            assert_eq!(out.status.code(), Some(1), "{version} {layout}: {err}");
             assert!(
                 err.contains("calling convention") && err.contains(&format!("`{fits}`")),
                 "{version} {layout}: {err}"
@@ -574,7 +574,7 @@ fn relax_executables_are_not_converted_across_tvm_0_21() {
                 os(layout),
             ]);
             let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{version} {layout}: {err}");
+            assert_eq!(out.status.code(), Some(1), "{version} {layout}: {err}");
             assert!(err.contains(key) && err.contains("cannot be converted"), "{version} {layout}: {err}");
             assert!(!so.exists());
         }

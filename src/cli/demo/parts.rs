@@ -1,10 +1,10 @@
 //! The pieces of `mblob demo`: a host part with real functions (built with inkwell when the
 //! `llvm` feature is on, from C otherwise), a vector-add PTX kernel, and the graph factory
-//! that roots the tree. The orchestration lives in `cli/demo.rs`.
+//! that roots the tree. The orchestration lives in `cli/demo/mod.rs`.
 
 /// The demo's CUDA kernel, hand-written PTX: `mblob_vector_add(a, b, out, n)` sets
 /// `out[i] = a[i] + b[i]` for `i < n`, one thread per element.
-pub const VECTOR_ADD_PTX: &str = include_str!("../data/vector_add.ptx");
+pub const VECTOR_ADD_PTX: &str = include_str!("../../../data/vector_add.ptx");
 
 /// Name of the kernel in [`VECTOR_ADD_PTX`].
 pub const KERNEL_NAME: &str = "mblob_vector_add";
@@ -18,6 +18,7 @@ pub const HOST_ADD: &str = "mblob_demo_add";
 pub const HOST_DOT: &str = "mblob_demo_dot";
 
 /// The host functions in C, for builds without LLVM.
+#[cfg(not(feature = "llvm"))]
 pub const HOST_C_SOURCE: &str = r#"#include <stdint.h>
 
 void mblob_demo_add(const float* a, const float* b, float* out, int64_t n) {

@@ -11,10 +11,12 @@ use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
 use mblob_runtime::payload::graph::{GraphExecutorFactory, Tensor};
 use mblob_runtime::{load_library, Layout, LoadOptions, Registry};
 
+mod parts;
+
 use super::inspect::{inspect_path, parse_layout, render_text, InspectArgs};
-use crate::demo::{HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
 use crate::export::{Backend, Export};
 use crate::{Error, Result};
+use parts::{HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
 
 /// Arguments of `mblob demo`.
 #[derive(Debug, clap::Args)]
@@ -172,7 +174,7 @@ fn host_origin() -> &'static str {
 #[cfg(feature = "llvm")]
 fn add_host_code(export: &mut Export, _dir: &std::path::Path) -> Result<()> {
     let ctx = inkwell::context::Context::create();
-    let module = crate::demo::host_llvm_module(&ctx)?;
+    let module = parts::host_llvm_module(&ctx)?;
     export.inkwell_module(&module)?;
     Ok(())
 }
@@ -180,7 +182,7 @@ fn add_host_code(export: &mut Export, _dir: &std::path::Path) -> Result<()> {
 #[cfg(not(feature = "llvm"))]
 fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
     let src = dir.join("demo_host.c");
-    std::fs::write(&src, crate::demo::HOST_C_SOURCE).map_err(Error::io(&src, "cannot write"))?;
+    std::fs::write(&src, parts::HOST_C_SOURCE).map_err(Error::io(&src, "cannot write"))?;
     export.c_source(src);
     Ok(())
 }

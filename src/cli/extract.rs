@@ -1,0 +1,360 @@
+//! `mblob extract`: the contents of a packed `.so`, a raw `.blob` or an exported `.tar`, as
+//! files.
+//!
+//! For each module (blob index `I`, type key `K`) it writes `I.K.bin`, the payload as the blob
+//! holds it, and for the kinds it knows their parts:
+//! - graph factories: `I.graph.json` (the graph JSON as stored) and `I.params`, the
+//!   parameters in the format of TVM's `save_param_dict` (what `load_param_dict` reads);
+//! - device modules: the code (`I.K.ptx`, `.cubin`, `.fatbin`, `.cl`, `.metal`, `.cu`, ...),
+//!   per-kernel sources (`I.<kernel>.metal`, `.wgsl`) or SPIR-V (`I.<kernel>.spv`), and the
+//!   function table `I.functions.json` (the shape `inspect --json` prints).
+//!
+//! It also writes `tree.json`, a TREE.json from which `mblob export` builds the same blob:
+//! device modules from their parts, other modules from their payload files, and each `_lib`
+//! as an `llvm` part with no objects (add the host objects to link). The directory appears
+//! only when everything was written.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use mblob::tree_json::{FunctionTable, ShaderJson};
+use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
+use mblob_runtime::payload::device::{DeviceForm, DeviceModule};
+use mblob_runtime::payload::graph::GraphExecutorFactory;
+use mblob_runtime::{Bytes, ImportTree, Layout, LoadedTree, Registry};
+use serde::Serialize;
+
+use super::inspect::{inspect_bytes, parse_layout};
+use crate::{Error, Result};
+
+/// Arguments of `mblob extract`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Files written, for the module at blob index I with type key K:
+  I.K.bin             the payload as the blob holds it
+  I.graph.json        graph factories: the graph JSON
+  I.params            graph factories: the params, as TVM's save_param_dict writes them
+  I.K.ptx|cubin|...   device modules: the code, named by its format
+  I.<kernel>.metal|wgsl|spv   device modules with per-kernel sources or shaders
+  I.functions.json    device modules: the function table
+  tree.json           a TREE.json for `mblob export` that gives back the same blob")]
+pub struct ExtractArgs {
+    /// A packed `.so`, a raw `.blob`, or a `.tar` written by `mblob export`.
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+    /// The directory to write (created; it must not exist, or be empty).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: PathBuf,
+    /// Read a raw `.blob` as this layout instead of detecting it.
+    #[arg(long, value_name = "LAYOUT", value_parser = parse_layout)]
+    pub layout: Option<Layout>,
+    /// Only consider blob symbols with this `c_symbol_prefix`.
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Magic number of TVM's params file (`kTVMNDArrayListMagic`).
+pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
+
+/// Runs `mblob extract`.
+pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
+    let path = &args.path;
+    let out = &args.output;
+    check_output_dir(out)?;
+    let data = mblob_runtime::map_file(path)?;
+    let report = inspect_bytes(&data, path, args.layout, args.prefix.as_deref())?;
+    let (Some(blob), Some(layout)) = (report.blob.clone(), report.layout.and_then(Layout::from_name)) else {
+        return Err(Error::Invalid {
+            what: path.display().to_string(),
+            detail: "holds no blob: a plain library has no modules to extract".into(),
+        });
+    };
+    let registry = Registry::default();
+    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque)
+        .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?;
+    let files = plan(&parsed, &blob, &registry)
+        .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
+
+    // Written into a fresh directory beside the output, renamed into place when complete.
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let partial = tempfile::Builder::new()
+        .prefix(".mblob-extract-")
+        .tempdir_in(&parent)
+        .map_err(Error::io(&parent, "cannot create a directory in"))?;
+    for (name, bytes) in &files {
+        let p = partial.path().join(name);
+        let mut f = std::fs::File::create(&p).map_err(Error::io(out.join(name), "cannot create"))?;
+        f.write_all(bytes).map_err(Error::io(out.join(name), "cannot write"))?;
+    }
+    if out.exists() {
+        // Checked empty above; a directory that gained files since is not replaced.
+        std::fs::remove_dir(out).map_err(Error::io(out, "cannot replace"))?;
+    }
+    let kept = partial.keep();
+    if let Err(e) = std::fs::rename(&kept, out) {
+        let _ = std::fs::remove_dir_all(&kept);
+        return Err(Error::io(out, "cannot create")(e));
+    }
+    if !args.quiet {
+        println!("wrote {} files to {} ({} layout)", files.len(), out.display(), layout.name());
+        for (name, bytes) in &files {
+            println!("  {name:<32} {:>10} bytes", bytes.len());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The output directory must not exist, or be an empty directory, and its parent must exist.
+fn check_output_dir(out: &Path) -> Result<()> {
+    match std::fs::read_dir(out) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(Error::Invalid {
+                    what: out.display().to_string(),
+                    detail: "exists and is not empty: extract writes into a new or empty directory".into(),
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(out, "cannot use as the output directory")(e)),
+    }
+}
+
+/// A node of the `tree.json` that extract writes (the fields `mblob export` reads), serialized
+/// with every map in the order of the payload.
+#[derive(Debug, Clone, Default, Serialize)]
+struct OutNode {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    type_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    objects: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    functions: Option<FunctionTable>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    smap: Option<InOrder<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shaders: Option<InOrder<ShaderJson>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    imports: Vec<OutNode>,
+}
+
+/// A JSON object whose keys keep this order.
+#[derive(Debug, Clone, Default)]
+struct InOrder<V>(Vec<(String, V)>);
+
+impl<V: Serialize> Serialize for InOrder<V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// Every file to write, name and bytes, with `tree.json` last.
+fn plan(
+    parsed: &ParsedBlob<'_>,
+    blob: &Bytes,
+    registry: &Registry,
+) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut used = HashSet::new();
+    let mut name = |wanted: String| -> String {
+        let mut n = wanted.clone();
+        let mut k = 1;
+        while !used.insert(n.clone()) {
+            k += 1;
+            n = format!("{k}.{wanted}");
+        }
+        n
+    };
+    let modules: Vec<_> = parsed.modules().collect();
+    let mut nodes: Vec<OutNode> = Vec::with_capacity(modules.len());
+    for (i, e) in modules.iter().enumerate() {
+        if e.kind == EntryKind::Lib {
+            nodes.push(OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), ..OutNode::default() });
+            continue;
+        }
+        let mut node = OutNode { type_key: Some(e.type_key.to_owned()), ..OutNode::default() };
+        let payload_file = name(format!("{i}.{}.bin", safe(e.type_key)));
+        files.push((payload_file.clone(), e.payload.to_vec()));
+        let payload = blob.slice_ref(e.payload).unwrap_or_else(|| Bytes::from_vec(e.payload.to_vec()));
+        let module = registry.get(e.type_key).and_then(|l| l.load(payload, parsed.layout).ok());
+        let any = module.as_ref().and_then(|m| m.as_payload()).map(|p| p.as_any());
+        if let Some(g) = any.and_then(|a| a.downcast_ref::<GraphExecutorFactory>()) {
+            files.push((name(format!("{i}.graph.json")), g.graph_json.as_bytes().to_vec()));
+            files.push((name(format!("{i}.params")), params_file(g)));
+        }
+        match any.and_then(|a| a.downcast_ref::<DeviceModule>()) {
+            Some(d) => device_parts(i, d, &mut node, &mut files, &mut name)?,
+            None => node.payload = Some(payload_file),
+        }
+        nodes.push(node);
+    }
+    let tree = tree_json(parsed, nodes);
+    let mut text = serde_json::to_vec_pretty(&tree).map_err(|e| e.to_string())?;
+    text.push(b'\n');
+    files.push((name("tree.json".into()), text));
+    Ok(files)
+}
+
+/// A device module's parts as files, and its TREE.json fields.
+fn device_parts(
+    i: usize,
+    d: &DeviceModule,
+    node: &mut OutNode,
+    files: &mut Vec<(String, Vec<u8>)>,
+    name: &mut dyn FnMut(String) -> String,
+) -> std::result::Result<(), String> {
+    if d.type_key != mblob_runtime::payload::device::WEBGPU {
+        node.format = Some(d.format.clone());
+    }
+    if let DeviceForm::VersionSmapFmapFmt { version } = &d.form {
+        node.version = Some(version.clone());
+    }
+    let table = FunctionTable::of(&d.functions);
+    let mut text = serde_json::to_vec_pretty(&table).map_err(|e| e.to_string())?;
+    text.push(b'\n');
+    files.push((name(format!("{i}.functions.json")), text));
+    node.functions = Some(table);
+    match &d.form {
+        DeviceForm::FmtFmapData => {
+            let f = name(format!("{i}.{}.{}", safe(&d.type_key), code_extension(&d.format)));
+            files.push((f.clone(), d.data.to_vec()));
+            node.data = Some(f);
+        }
+        DeviceForm::FmtFmapShaders => {
+            let mut shaders = Vec::new();
+            for (kernel, s) in &d.shaders {
+                let f = name(format!("{i}.{}.spv", safe(kernel)));
+                files.push((f.clone(), s.words.to_vec()));
+                shaders.push((kernel.clone(), ShaderJson { flag: s.flag, data: f }));
+            }
+            node.shaders = Some(InOrder(shaders));
+        }
+        _ => {
+            let ext = source_extension(&d.type_key);
+            let mut smap = Vec::new();
+            for (kernel, src) in &d.sources {
+                let f = name(format!("{i}.{}.{ext}", safe(kernel)));
+                files.push((f.clone(), src.to_vec()));
+                smap.push((kernel.clone(), f));
+            }
+            node.smap = Some(InOrder(smap));
+        }
+    }
+    Ok(())
+}
+
+/// The nested TREE.json of the blob's import tree; a module imported more than once is
+/// written once with an `id` and referred to by it after.
+fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
+    let Some(tree) = &parsed.import_tree else {
+        // Legacy: the library imports every module (in descending order, as below).
+        let imports = nodes.into_iter().rev().collect();
+        return OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), imports, ..OutNode::default() };
+    };
+    let mut count = vec![0usize; nodes.len()];
+    for &c in &tree.child_indices {
+        if let Some(n) = count.get_mut(c as usize) {
+            *n += 1;
+        }
+    }
+    struct Walk<'a> {
+        tree: &'a ImportTree,
+        nodes: &'a [OutNode],
+        count: &'a [usize],
+        seen: Vec<bool>,
+    }
+    impl Walk<'_> {
+        fn node(&mut self, i: usize, depth: usize) -> OutNode {
+            let mut node = self.nodes.get(i).cloned().unwrap_or_default();
+            if self.count.get(i).copied().unwrap_or(0) > 1 {
+                if self.seen[i] {
+                    return OutNode { id: Some(i), ..OutNode::default() };
+                }
+                self.seen[i] = true;
+                node.id = Some(i);
+            }
+            // The blob lists children in ascending index order, and the serializer numbers the
+            // last import first: imports in descending order number as in the blob. (The blob
+            // parser checked the tree; the depth bound only keeps a forged one from recursing
+            // without end.)
+            if depth < LoadedTree::MAX_SHAPE_DEPTH {
+                node.imports = self.tree.children(i).iter().rev().map(|&c| self.node(c as usize, depth + 1)).collect();
+            }
+            node
+        }
+    }
+    let mut walk = Walk { tree, nodes: &nodes, count: &count, seen: vec![false; nodes.len()] };
+    walk.node(0, 0)
+}
+
+/// TVM's params file (`save_param_dict`): magic, reserved, the names (a count, then each),
+/// the count again, then each tensor in TVM's tensor format.
+fn params_file(g: &GraphExecutorFactory) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&PARAMS_MAGIC.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&(g.params.len() as u64).to_le_bytes());
+    for (name, _) in &g.params {
+        out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+    }
+    out.extend_from_slice(&(g.params.len() as u64).to_le_bytes());
+    for (_, t) in &g.params {
+        // Writing into a Vec cannot fail.
+        let _ = t.write_to(&mut out);
+    }
+    out
+}
+
+/// The file extension of a device module's code, by its format.
+fn code_extension(format: &str) -> String {
+    match format {
+        "ptx" | "cubin" | "fatbin" | "cl" | "metal" | "hsaco" | "spv" | "wgsl" => format.to_owned(),
+        "cuda" => "cu".into(),
+        "" => "bin".into(),
+        other => safe(other),
+    }
+}
+
+/// The file extension of per-kernel sources, by the module's kind.
+fn source_extension(type_key: &str) -> &'static str {
+    match type_key {
+        "metal" => "metal",
+        "webgpu" => "wgsl",
+        _ => "txt",
+    }
+}
+
+/// A name safe as part of a file name: letters, digits, `.`, `_` and `-` kept, the rest `_`.
+fn safe(name: &str) -> String {
+    let s: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    if s.is_empty() || s.starts_with('.') {
+        format!("_{s}")
+    } else {
+        s
+    }
+}

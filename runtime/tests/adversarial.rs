@@ -1,0 +1,53 @@
+//! The classic reader's end search on inputs built to make it work: every one is parsed or
+//! refused within a work bound linear in its size, counted by the reader
+//! ([`classic::last_search_work`]), not timed (the times are in `benches/adversarial.rs`).
+
+mod support;
+
+use mblob_runtime::format::{classic, parse_blob, UnknownKeys};
+use mblob_runtime::{Layout, Registry};
+use support::adversarial::{classic_opaque_chain_ok, ALL};
+
+/// The bound the reader promises: 4 steps per body byte and 64 Ki per pass, two passes.
+fn bound(n: usize) -> u64 {
+    2 * (4 * n as u64 + (1 << 16))
+}
+
+#[test]
+fn adversarial_blobs_are_parsed_or_refused_in_linear_work() {
+    let registry = Registry::default();
+    for (name, build) in ALL {
+        let mut per_byte = Vec::new();
+        for n in [64 << 10, 1 << 20] {
+            let data = build(n);
+            for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
+                let result = parse_blob(&data, Layout::Classic, &registry, unknown);
+                let work = classic::last_search_work();
+                assert!(work <= bound(data.len()), "{name} ({n} B, {unknown:?}): {work} steps, {result:?}");
+                if let Err(e) = &result {
+                    // A refusal is a typed error inside the input.
+                    assert!(e.offset <= data.len() as u64, "{name}: {e}");
+                }
+                per_byte.push(work as f64 / data.len() as f64);
+            }
+        }
+        eprintln!("{name}: steps per byte {per_byte:.2?}");
+    }
+}
+
+/// What the bound must leave room for: a real blob's unmeasured payloads in a row, each search
+/// walking back over the later ones, are found with about one step per byte.
+#[test]
+fn real_chains_of_unmeasured_payloads_parse_in_about_one_step_per_byte() {
+    let registry = Registry::default();
+    for (k, size) in [(1, 4 << 20), (3, 256 << 10), (10, 4 << 10), (32, 16 << 10)] {
+        let data = classic_opaque_chain_ok(k, size);
+        for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
+            let parsed = parse_blob(&data, Layout::Classic, &registry, unknown).expect("parses");
+            assert_eq!(parsed.entries.len(), k + 2);
+            assert!(parsed.entries[..k].iter().all(|e| e.payload.len() == size), "k={k}");
+            let work = classic::last_search_work();
+            assert!(work <= 2 * data.len() as u64 + (1 << 16), "k={k}: {work} steps for {} bytes", data.len());
+        }
+    }
+}

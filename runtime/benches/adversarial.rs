@@ -35,4 +35,16 @@ fn main() {
             }
         }
     }
+    for mib in [1usize, 4] {
+        let data = support::adversarial::elf_unterminated_names(mib << 20);
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let found = mblob_runtime::elf::find_blob(&data, None);
+            best = best.min(t.elapsed().as_secs_f64());
+            assert_eq!(found, Ok(None));
+        }
+        let per_mib = best * 1000.0 / (data.len() as f64 / (1 << 20) as f64);
+        println!("| ELF: symbol names without an end (find_blob) | {mib} | - | no blob | - | {per_mib:.2} |");
+    }
 }

@@ -51,3 +51,23 @@ fn real_chains_of_unmeasured_payloads_parse_in_about_one_step_per_byte() {
         }
     }
 }
+
+/// The ELF lookup on a string table without NULs: every symbol is looked at, none is read past
+/// the name bound, and the file has no blob symbol (timed in `benches/adversarial.rs`).
+#[test]
+fn elf_names_without_an_end_are_skipped() {
+    for n in [64 << 10, 1 << 20] {
+        let data = support::adversarial::elf_unterminated_names(n);
+        let file = object::File::parse(&*data).expect("a valid ELF file");
+        assert!(object::Object::symbols(&file).count() > n / 64);
+        assert_eq!(mblob_runtime::elf::find_blob(&data, None), Ok(None));
+    }
+    // One name ended: that symbol is found.
+    let n = 64 << 10;
+    let mut data = support::adversarial::elf_unterminated_names(n);
+    let strtab_at = 64 + (n / 2 / 24) * 24;
+    let name = b"__tvm_dev_mblob\0";
+    data[strtab_at + 1..strtab_at + 1 + name.len()].copy_from_slice(name);
+    let found = mblob_runtime::elf::find_blob(&data, None).expect("a symbol in its section").expect("found");
+    assert_eq!(found.symbol, "__tvm_dev_mblob");
+}

@@ -16,6 +16,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, Write};
 
 use super::error::{FormatError, FormatErrorKind};
@@ -229,9 +230,9 @@ struct Search {
     low: usize,
     candidates: Vec<usize>,
     /// Where parsing from an entry position leads (see [`Chain`]).
-    chains: HashMap<usize, Chain>,
+    chains: HashMap<usize, Chain, BuildHasherDefault<PositionHasher>>,
     /// For each number of entries to come: the next candidate index to try and the one found.
-    by_count: HashMap<u64, (usize, Option<usize>)>,
+    by_count: HashMap<u64, (usize, Option<usize>), BuildHasherDefault<PositionHasher>>,
     /// Steps taken and the most allowed.
     work: u64,
     max_work: u64,
@@ -254,8 +255,8 @@ impl Search {
         Search {
             low: body_len,
             candidates: Vec::new(),
-            chains: HashMap::new(),
-            by_count: HashMap::new(),
+            chains: HashMap::default(),
+            by_count: HashMap::default(),
             work: 0,
             max_work,
         }
@@ -270,24 +271,53 @@ impl Search {
     }
 }
 
+/// A hasher for the search's integer keys (positions, counts): one multiplication, where the
+/// standard SipHash took most of the search's time. The keys are positions in the input and
+/// counts bounded by it.
+#[derive(Default)]
+struct PositionHasher(u64);
+
+impl Hasher for PositionHasher {
+    fn finish(&self) -> u64 {
+        // The product's high half depends on every bit of the key; folded into the low bits
+        // (which pick the bucket), keys that differ only high up (multiples of a power of
+        // two) still spread.
+        self.0 ^ (self.0 >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
 /// The last position at or after `start` from which `left` entries parse to the end of the
 /// body (`Ok(None)`: there is none), or why the search gave up.
 fn search_end(ctx: &Ctx<'_, '_>, start: usize, left: u64, depth: u32) -> Result<Option<usize>, &'static str> {
     if depth >= MAX_UNMEASURED_DEPTH {
         return Err("too many unmeasured payloads in a row");
     }
-    loop {
-        let (next, found) = *ctx.search.borrow_mut().by_count.entry(left).or_insert((0, None));
-        if let Some(end) = found {
-            return Ok((end >= start).then_some(end));
-        }
-        let Some(candidate) = candidate(ctx, next, start)? else { return Ok(None) };
-        ctx.search.borrow_mut().by_count.insert(left, (next + 1, None));
-        if rest_parses(ctx, candidate, left, depth)? {
-            ctx.search.borrow_mut().by_count.insert(left, (next + 1, Some(candidate)));
-            return Ok(Some(candidate));
-        }
+    // The searches this one starts are for fewer entries: none touches this count's state,
+    // which is read once and written back once.
+    let (mut next, found) = *ctx.search.borrow_mut().by_count.entry(left).or_insert((0, None));
+    if let Some(end) = found {
+        return Ok((end >= start).then_some(end));
     }
+    let result = loop {
+        let Some(candidate) = candidate(ctx, next, start)? else { break None };
+        next += 1;
+        if rest_parses(ctx, candidate, left, depth)? {
+            break Some(candidate);
+        }
+    };
+    ctx.search.borrow_mut().by_count.insert(left, (next, result));
+    Ok(result)
 }
 
 /// The `index`-th candidate end from the end of the body, when it lies at or after `start`

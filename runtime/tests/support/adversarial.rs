@@ -121,3 +121,53 @@ pub fn classic_opaque_chain_ok(k: usize, size: usize) -> Vec<u8> {
     }
     blob(body)
 }
+
+/// An ELF64 file of about `n` bytes whose symbol table (half the file) names every symbol at a
+/// different offset of a string table (the other half) without a single NUL: reading each
+/// name to its end would read the rest of the table, for every symbol.
+pub fn elf_unterminated_names(n: usize) -> Vec<u8> {
+    let symbols = (n / 2 / 24).max(2);
+    let strtab_len = n / 2;
+    let shstrtab = b"\0.symtab\0.strtab\0.shstrtab\0";
+    let symtab_at = 64usize;
+    let strtab_at = symtab_at + symbols * 24;
+    let shstrtab_at = strtab_at + strtab_len;
+    let sh_at = (shstrtab_at + shstrtab.len()).next_multiple_of(8);
+    let mut f = Vec::with_capacity(sh_at + 4 * 64);
+    f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    f.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
+    f.extend_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&[0; 16]); // entry, phoff
+    f.extend_from_slice(&(sh_at as u64).to_le_bytes());
+    f.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 0, 64, 4, 3] {
+        f.extend_from_slice(&v.to_le_bytes());
+    }
+    f.extend_from_slice(&[0; 24]); // the null symbol
+    for i in 1..symbols {
+        f.extend_from_slice(&(i as u32).to_le_bytes());
+        f.extend_from_slice(&[0x11, 0]);
+        f.extend_from_slice(&1u16.to_le_bytes());
+        f.extend_from_slice(&[0; 16]);
+    }
+    f.resize(strtab_at + strtab_len, b'a');
+    f.extend_from_slice(shstrtab);
+    f.resize(sh_at, 0);
+    let header = |f: &mut Vec<u8>, name: u32, ty: u32, at: usize, size: usize, link: u32, info: u32, entsize: u64| {
+        f.extend_from_slice(&name.to_le_bytes());
+        f.extend_from_slice(&ty.to_le_bytes());
+        f.extend_from_slice(&[0; 16]); // flags, addr
+        f.extend_from_slice(&(at as u64).to_le_bytes());
+        f.extend_from_slice(&(size as u64).to_le_bytes());
+        f.extend_from_slice(&link.to_le_bytes());
+        f.extend_from_slice(&info.to_le_bytes());
+        f.extend_from_slice(&8u64.to_le_bytes());
+        f.extend_from_slice(&entsize.to_le_bytes());
+    };
+    header(&mut f, 0, 0, 0, 0, 0, 0, 0);
+    header(&mut f, 1, 2, symtab_at, symbols * 24, 2, 1, 24);
+    header(&mut f, 9, 3, strtab_at, strtab_len, 0, 0, 0);
+    header(&mut f, 17, 3, shstrtab_at, shstrtab.len(), 0, 0, 0);
+    f
+}

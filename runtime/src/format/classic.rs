@@ -30,13 +30,17 @@ use super::{
 const MAX_UNMEASURED_DEPTH: u32 = 32;
 /// Longest type key the end search accepts as the start of the next entry.
 const MAX_KEY_LEN: u64 = 128;
-/// Work the end search may do in one pass: this many steps per byte of the body, plus
-/// [`WORK_SLACK`]. A step is one position looked at, one candidate end tried, or one entry
-/// parsed on the way from a candidate. Every step's result is kept (see [`Search`]), so a
-/// real blob needs about one step per byte of what follows its first unmeasured payload;
-/// the bound refuses, in time linear in the body, inputs built to make the search work.
-const WORK_PER_BYTE: u64 = 4;
-const WORK_SLACK: u64 = 1 << 16;
+/// Work the end search may do for one body (both passes): [`POSITIONS_PER_BYTE`] positions
+/// looked at per byte of the body (a few nanoseconds each) plus [`POSITIONS_SLACK`], and one
+/// try per [`BYTES_PER_TRY`] bytes plus [`TRIES_SLACK`], a try being a candidate end tried or
+/// an entry parsed on the way from one (a hundred nanoseconds or so, most of it looking up
+/// what is known). Every result is kept (see [`Search`]), so a real blob needs about one
+/// position per byte of what follows its first unmeasured payload and a few tries per entry;
+/// the bounds refuse inputs built to make the search work, in time linear in the body.
+const POSITIONS_PER_BYTE: u64 = 4;
+const POSITIONS_SLACK: u64 = 1 << 16;
+const BYTES_PER_TRY: u64 = 16;
+const TRIES_SLACK: u64 = 1 << 12;
 
 struct Ctx<'s, 'a> {
     layout: Layout,
@@ -57,14 +61,15 @@ struct Ctx<'s, 'a> {
 type Parsed<'a> = (Vec<Entry<'a>>, Option<ImportTree>);
 
 thread_local! {
-    static LAST_SEARCH_WORK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static LAST_SEARCH_WORK: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-/// Steps the end search took (both passes) in the last classic body parsed on this thread:
-/// positions looked at, candidate ends tried, entries parsed on the way. A measure of the
-/// reader's work that does not depend on the machine, for tests that check it stays linear
-/// in the input (at most 4 steps per body byte per pass, plus 64 Ki).
-pub fn last_search_work() -> u64 {
+/// The work of the end search (both passes) in the last classic body parsed on this thread:
+/// positions looked at, and tries (candidate ends tried, entries parsed on the way). A measure
+/// of the reader's work that does not depend on the machine, for tests that check it stays
+/// linear in the input: at most `4 n + 64 Ki` positions and `n / 16 + 4 Ki` tries for a body
+/// of `n` bytes.
+pub fn last_search_work() -> (u64, u64) {
     LAST_SEARCH_WORK.with(|w| w.get())
 }
 
@@ -76,19 +81,25 @@ pub fn parse_body<'a>(
     sizer: &dyn PayloadSizer,
     unknown: UnknownKeys,
 ) -> Result<Parsed<'a>, FormatError> {
-    LAST_SEARCH_WORK.with(|w| w.set(0));
+    LAST_SEARCH_WORK.with(|w| w.set((0, 0)));
     let mut r = Reader::new(body, base);
     let count = r.read_count("count", 8)? as u64;
-    let new_search = || RefCell::new(Search::new(body.len()));
-    let mut ctx = Ctx { layout, sizer, unknown, body, base, search: new_search(), strict: true };
+    let mut ctx = Ctx { layout, sizer, unknown, body, base, search: RefCell::new(Search::new(body.len())), strict: true };
     let mut entries = Vec::new();
-    let record = |ctx: &Ctx<'_, '_>| LAST_SEARCH_WORK.with(|w| w.set(w.get() + ctx.search.borrow().work));
+    let record = |ctx: &Ctx<'_, '_>| {
+        let s = ctx.search.borrow();
+        LAST_SEARCH_WORK.with(|w| w.set((s.positions, s.tries)));
+    };
     let first = parse_entries(&ctx, r.clone(), count, &mut entries, 0);
     record(&ctx);
     let tree = match first {
         Err(FormatError { kind: FormatErrorKind::UnmeasuredEnd { .. }, .. }) => {
+            // What the first pass learnt does not hold in the second (other candidates), but
+            // the work it did counts against the same bounds.
             ctx.strict = false;
-            ctx.search = new_search();
+            let done = ctx.search.replace(Search::new(body.len()));
+            ctx.search.borrow_mut().positions = done.positions;
+            ctx.search.borrow_mut().tries = done.tries;
             entries.clear();
             let second = parse_entries(&ctx, r, count, &mut entries, 0);
             record(&ctx);
@@ -233,9 +244,11 @@ struct Search {
     chains: HashMap<usize, Chain, BuildHasherDefault<PositionHasher>>,
     /// For each number of entries to come: the next candidate index to try and the one found.
     by_count: HashMap<u64, (usize, Option<usize>), BuildHasherDefault<PositionHasher>>,
-    /// Steps taken and the most allowed.
-    work: u64,
-    max_work: u64,
+    /// Positions looked at and tries made, and the most allowed of each.
+    positions: u64,
+    max_positions: u64,
+    tries: u64,
+    max_tries: u64,
 }
 
 /// Where parsing entries from a position leads, without a choice to make: `entries` entries
@@ -251,22 +264,32 @@ struct Chain {
 
 impl Search {
     fn new(body_len: usize) -> Search {
-        let max_work = (body_len as u64).saturating_mul(WORK_PER_BYTE).saturating_add(WORK_SLACK);
+        let n = body_len as u64;
         Search {
             low: body_len,
             candidates: Vec::new(),
             chains: HashMap::default(),
             by_count: HashMap::default(),
-            work: 0,
-            max_work,
+            positions: 0,
+            max_positions: n.saturating_mul(POSITIONS_PER_BYTE).saturating_add(POSITIONS_SLACK),
+            tries: 0,
+            max_tries: n / BYTES_PER_TRY + TRIES_SLACK,
         }
     }
 
-    fn step(&mut self) -> Result<(), &'static str> {
-        self.work += 1;
-        if self.work > self.max_work {
+    fn position(&mut self) -> Result<(), &'static str> {
+        if self.positions >= self.max_positions {
             return Err("the search for its end looked at too many positions");
         }
+        self.positions += 1;
+        Ok(())
+    }
+
+    fn try_one(&mut self) -> Result<(), &'static str> {
+        if self.tries >= self.max_tries {
+            return Err("the search for its end tried too many candidate ends");
+        }
+        self.tries += 1;
         Ok(())
     }
 }
@@ -328,7 +351,7 @@ fn candidate(ctx: &Ctx<'_, '_>, index: usize, start: usize) -> Result<Option<usi
         if s.low <= start {
             return Ok(None);
         }
-        s.step()?;
+        s.position()?;
         s.low -= 1;
         let at = s.low;
         match ctx.body.get(at..).and_then(key_at) {
@@ -343,7 +366,7 @@ fn candidate(ctx: &Ctx<'_, '_>, index: usize, start: usize) -> Result<Option<usi
 
 /// Whether `left` entries parse from `at` to exactly the end of the body.
 fn rest_parses(ctx: &Ctx<'_, '_>, at: usize, left: u64, depth: u32) -> Result<bool, &'static str> {
-    ctx.search.borrow_mut().step()?;
+    ctx.search.borrow_mut().try_one()?;
     let c = chain(ctx, at)?;
     if left <= c.entries {
         return Ok(left == c.entries && c.after == ctx.body.len());
@@ -364,7 +387,7 @@ fn chain(ctx: &Ctx<'_, '_>, at: usize) -> Result<Chain, &'static str> {
         if let Some(&c) = ctx.search.borrow().chains.get(&pos) {
             break c;
         }
-        ctx.search.borrow_mut().step()?;
+        ctx.search.borrow_mut().try_one()?;
         let stop = Chain { entries: 0, after: pos, unmeasured: None };
         let mut r = Reader::new(ctx.body.get(pos..).unwrap_or_default(), ctx.base + pos as u64);
         let Ok(key) = r.read_str("type_key") else { break stop };
@@ -378,7 +401,8 @@ fn chain(ctx: &Ctx<'_, '_>, at: usize) -> Result<Chain, &'static str> {
                 }
                 // Nothing may follow the import tree.
                 let after = (t.offset() - ctx.base) as usize;
-                ctx.search.borrow_mut().work += ((after - pos) / 64) as u64;
+                let mut s = ctx.search.borrow_mut();
+                s.positions = (s.positions + ((after - pos) / 8) as u64).min(s.max_positions);
                 break Chain { entries: 1, after, unmeasured: None };
             }
             _ => match ctx.sizer.measure(key, r.rest(), r.offset(), ctx.layout) {

@@ -226,11 +226,7 @@ fn main() {
         routes.push(("c", "lld"));
     }
     routes.extend([("c", "default"), ("c-tvm", "default")]);
-    let machine = format!(
-        "{} cores, {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_name()
-    );
+    let machine = format!("{} cores, {}", std::thread::available_parallelism().map_or(0, |n| n.get()), cpu_name());
     println!("machine: {machine}; load average before: {}", loadavg());
     let reps: usize = std::env::var("MBLOB_BENCH_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
     println!("| blob | route | export s | pack s | link s | floor s | ratio | mblob peak RSS MiB | largest child MiB | worst RSS / blob |");
@@ -320,7 +316,9 @@ fn plot(rows: &[serde_json::Value], path: &Path) {
             .filter(|r| r["route"] == name)
             .map(|r| {
                 let y = match key {
-                    "rss" => r["mblob_peak_rss_mib"].as_f64().unwrap().max(r["largest_child_peak_rss_mib"].as_f64().unwrap()),
+                    "rss" => {
+                        r["mblob_peak_rss_mib"].as_f64().unwrap().max(r["largest_child_peak_rss_mib"].as_f64().unwrap())
+                    }
                     k => r[k].as_f64().unwrap(),
                 };
                 (r["blob_mib"].as_f64().unwrap(), y)
@@ -368,7 +366,12 @@ fn plot(rows: &[serde_json::Value], path: &Path) {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Load time and memory growth by payload size: dlopen + parse + loaders.

@@ -29,7 +29,8 @@ fn main() {
                     best = best.min(t.elapsed().as_secs_f64());
                 }
                 let (positions, tries) = classic::last_search_work();
-                let steps = format!("{:.2} / {:.3}", positions as f64 / data.len() as f64, tries as f64 / data.len() as f64);
+                let steps =
+                    format!("{:.2} / {:.3}", positions as f64 / data.len() as f64, tries as f64 / data.len() as f64);
                 let per_mib = best * 1000.0 / (data.len() as f64 / (1 << 20) as f64);
                 let result = if ok { "parsed" } else { "refused" };
                 println!("| {name} | {mib} | {unknown:?} | {result} | {steps} | {per_mib:.2} |");

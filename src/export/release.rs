@@ -47,7 +47,8 @@ impl Release {
     }
 
     fn is_file_backed(&mut self, range: Range<usize>) -> bool {
-        let within = |r: &Option<Range<usize>>| r.as_ref().is_some_and(|m| m.start <= range.start && range.end <= m.end);
+        let within =
+            |r: &Option<Range<usize>>| r.as_ref().is_some_and(|m| m.start <= range.start && range.end <= m.end);
         if within(&self.safe) {
             return true;
         }

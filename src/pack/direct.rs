@@ -94,7 +94,8 @@ pub fn write_placeholder(opts: &PackOptions, dir: &Path) -> Result<(PathBuf, Pat
     // Without it the linker would make the library's stack executable.
     let note = obj.add_section(Vec::new(), b".note.GNU-stack".to_vec(), SectionKind::Other);
     obj.section_mut(note).flags = SectionFlags::Elf { sh_type: elf::SHT_PROGBITS, sh_flags: elf::SectionFlags(0) };
-    let bytes = obj.write().map_err(|e| Error::Invalid { what: "the placeholder object".into(), detail: e.to_string() })?;
+    let bytes =
+        obj.write().map_err(|e| Error::Invalid { what: "the placeholder object".into(), detail: e.to_string() })?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
     std::fs::write(&path, bytes).map_err(Error::io(&path, "cannot write"))?;
     let script = dir.join(format!("{}.ld", opts.file_stem()));
@@ -204,9 +205,10 @@ fn plan(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Plan, String
         let s_end = s.sh_addr(e).checked_add(s.sh_size(e)).ok_or("section address overflows")?;
         let in_file = s.sh_type(e) != elf::SHT_NOBITS;
         if s_end > addr || (in_file && s.sh_offset(e) >= end) {
-            return Err(not_last(format!("section {} follows it", String::from_utf8_lossy(
-                sections.section_name(e, s).unwrap_or(b"?")
-            ))));
+            return Err(not_last(format!(
+                "section {} follows it",
+                String::from_utf8_lossy(sections.section_name(e, s).unwrap_or(b"?"))
+            )));
         }
     }
     let mut segment = None;

@@ -174,8 +174,11 @@ fn direct_refuses_a_layout_it_did_not_ask_for_and_leaves_nothing() {
     // so the blob could not grow in place. The export fails and names the way out.
     let dir = tempfile::tempdir().unwrap();
     let asm = dir.path().join("large.s");
-    std::fs::write(&asm, ".section .lrodata,\"al\",@progbits\n.globl big\nbig: .quad 1\n.section .note.GNU-stack,\"\",@progbits\n")
-        .unwrap();
+    std::fs::write(
+        &asm,
+        ".section .lrodata,\"al\",@progbits\n.globl big\nbig: .quad 1\n.section .note.GNU-stack,\"\",@progbits\n",
+    )
+    .unwrap();
     let obj = dir.path().join("large.o");
     let out = Command::new("cc").arg("-c").arg(&asm).arg("-o").arg(&obj).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

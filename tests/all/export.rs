@@ -819,7 +819,8 @@ fn progress_reports_each_stage_and_the_bytes_packed() {
         let report = e.write(dir.path().join("big.so")).unwrap();
         let events = events.lock().unwrap().clone();
         // The direct route writes the blob into the linked library: after the link.
-        let order = if backend == Backend::Direct { ["serialize", "link", "pack"] } else { ["serialize", "pack", "link"] };
+        let order =
+            if backend == Backend::Direct { ["serialize", "link", "pack"] } else { ["serialize", "pack", "link"] };
         let want = order.iter().flat_map(|s| [format!("start {s}"), format!("end {s}")]);
         assert_eq!(events, want.collect::<Vec<_>>(), "{backend:?}");
         // About once per 1 %, rising, ending at the whole blob.

@@ -84,7 +84,8 @@ pub fn parse_body<'a>(
     LAST_SEARCH_WORK.with(|w| w.set((0, 0)));
     let mut r = Reader::new(body, base);
     let count = r.read_count("count", 8)? as u64;
-    let mut ctx = Ctx { layout, sizer, unknown, body, base, search: RefCell::new(Search::new(body.len())), strict: true };
+    let mut ctx =
+        Ctx { layout, sizer, unknown, body, base, search: RefCell::new(Search::new(body.len())), strict: true };
     let mut entries = Vec::new();
     let record = |ctx: &Ctx<'_, '_>| {
         let s = ctx.search.borrow();

@@ -6,8 +6,11 @@
 
 use super::blobs::{blob, push_str, u64le};
 
+/// Builds an input of about the given size.
+pub type Build = fn(usize) -> Vec<u8>;
+
 /// Name and builder of every construction.
-pub const ALL: [(&str, fn(usize) -> Vec<u8>); 6] = [
+pub const ALL: [(&str, Build); 6] = [
     ("unmeasured keys, then a zero tail", opaque_before_long_tail),
     ("unmeasured keys back to back", unmeasured_run),
     ("unmeasured keys between runs of _lib", unmeasured_between_libs),

@@ -1,4 +1,4 @@
 //! Helpers shared by the integration tests.
 
-pub mod blobs;
 pub mod adversarial;
+pub mod blobs;

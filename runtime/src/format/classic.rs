@@ -353,14 +353,33 @@ fn candidate(ctx: &Ctx<'_, '_>, index: usize, start: usize) -> Result<Option<usi
             return Ok(None);
         }
         s.position()?;
-        s.low -= 1;
-        let at = s.low;
-        match ctx.body.get(at..).and_then(key_at) {
-            Some(k) if !ctx.strict || k == LIB_KEY || k == IMPORT_TREE_KEY || ctx.sizer.is_known(k) => {
-                s.candidates.push(at)
+        let at = s.low - 1;
+        // A key starts with its length, 1 to 128, as 8 bytes little-endian: bytes 1 to 7 zero.
+        let word = ctx.body.get(at..at + 8).map(|w| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+        let Some(word) = word else {
+            s.low = at;
+            continue;
+        };
+        if (1..=MAX_KEY_LEN).contains(&word) {
+            match ctx.body.get(at..).and_then(key_at) {
+                Some(k) if !ctx.strict || k == LIB_KEY || k == IMPORT_TREE_KEY || ctx.sizer.is_known(k) => {
+                    s.candidates.push(at)
+                }
+                _ => {}
             }
-            _ => {}
         }
+        // Skip the positions that cannot start a key either: those whose bytes 1 to 7 hold
+        // the lowest non-zero byte among this word's bytes 1 to 7 (random payload bytes: 7 at
+        // a time), or, in a run of zeros, those whose first byte is zero (8 at a time).
+        let high = word >> 8;
+        s.low = if high != 0 {
+            let j = (high.trailing_zeros() / 8 + 1) as usize;
+            (at + j).saturating_sub(7).max(start).min(at)
+        } else if word == 0 && at >= 8 && ctx.body.get(at - 8..at).is_some_and(|w| w == [0; 8]) {
+            (at - 8).max(start)
+        } else {
+            at
+        };
     }
     Ok(Some(s.candidates[index]).filter(|&c| c >= start))
 }

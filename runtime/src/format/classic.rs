@@ -355,8 +355,7 @@ fn candidate(ctx: &Ctx<'_, '_>, index: usize, start: usize) -> Result<Option<usi
         s.position()?;
         let at = s.low - 1;
         // A key starts with its length, 1 to 128, as 8 bytes little-endian: bytes 1 to 7 zero.
-        let word = ctx.body.get(at..at + 8).map(|w| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
-        let Some(word) = word else {
+        let Some(word) = word_at(ctx.body, at) else {
             s.low = at;
             continue;
         };
@@ -375,13 +374,19 @@ fn candidate(ctx: &Ctx<'_, '_>, index: usize, start: usize) -> Result<Option<usi
         s.low = if high != 0 {
             let j = (high.trailing_zeros() / 8 + 1) as usize;
             (at + j).saturating_sub(7).max(start).min(at)
-        } else if word == 0 && at >= 8 && ctx.body.get(at - 8..at).is_some_and(|w| w == [0; 8]) {
+        } else if word == 0 && at >= 8 && word_at(ctx.body, at - 8) == Some(0) {
             (at - 8).max(start)
         } else {
             at
         };
     }
     Ok(Some(s.candidates[index]).filter(|&c| c >= start))
+}
+
+/// The 8 bytes at `at`, little-endian.
+fn word_at(body: &[u8], at: usize) -> Option<u64> {
+    let bytes: [u8; 8] = body.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(bytes))
 }
 
 /// Whether `left` entries parse from `at` to exactly the end of the body.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks by hand that TVM itself loads what mblob writes: re-packs each golden with mblob
-# (LLVM and C backends, and a round trip through the tvm-ffi layout), then loads every result
+# (direct, LLVM and C backends, and a round trip through the tvm-ffi layout), then loads every result
 # with TVM 0.19 from PyPI and runs it (ci/tvm_check.py). Needs network access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ out=$(mktemp -d)
 args=()
 for name in graph_dense_relu relax_add_mul graph_two_dso_merged dso_add_one; do
   objs=("$G/$name".lib*.o)
-  for backend in llvm c c-tvm; do
+  for backend in direct llvm c c-tvm; do
     so="$out/$name.$backend.so"
     if [ "$name" = dso_add_one ]; then
       # No imports, so no blob: a TREE.json with the kernel object alone.

@@ -22,6 +22,7 @@ use crate::{Error, Result};
 mod compile;
 mod output;
 mod progress;
+mod release;
 
 pub use compile::{is_cxx, CXX_EXTENSIONS};
 use compile::{CompileOptions, HostInputs};
@@ -29,22 +30,36 @@ use output::PartialDir;
 pub use progress::Progress;
 use progress::{human_size, ProgressFn, Stages, Watched};
 
-/// How the blob becomes an object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the blob gets into the library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// LLVM through inkwell (feature `llvm`).
+    /// The default: the linker links a 1-byte placeholder, and mblob writes the blob once
+    /// into the linked library, streamed (see [`crate::pack::direct`]). Time and memory of the
+    /// link do not grow with the blob. Where a blob object is needed (a `.tar` output,
+    /// [`Export::emit_devc`]) or a registration constructor ([`Export::system_lib`]), and for
+    /// targets other than x86-64 and AArch64 ELF, the export goes through [`Backend::Llvm`]
+    /// instead ([`Backend::C`] with the fast form in a build without LLVM); the pack stage's
+    /// detail line says so.
+    #[default]
+    Direct,
+    /// LLVM through inkwell (feature `llvm`): a `devc.o` byte for byte as TVM's, linked in.
     Llvm,
-    /// Generated C, compiled with the system compiler.
+    /// Generated C, compiled with the system compiler, linked in.
     C(CStyle),
 }
 
-impl Default for Backend {
-    /// LLVM when this build has it, the fast C form otherwise.
-    fn default() -> Backend {
-        if cfg!(feature = "llvm") {
-            Backend::Llvm
-        } else {
-            Backend::C(CStyle::Fast)
+impl Backend {
+    /// The route an export with these options takes for `self` (see [`Backend::Direct`]).
+    pub fn resolve(self, opts: &PackOptions, needs_object: bool) -> Backend {
+        match self {
+            Backend::Direct if needs_object || !pack::direct::supports(opts) => {
+                if cfg!(feature = "llvm") {
+                    Backend::Llvm
+                } else {
+                    Backend::C(CStyle::Fast)
+                }
+            }
+            b => b,
         }
     }
 }
@@ -53,10 +68,11 @@ impl std::str::FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Backend, String> {
         match s {
+            "direct" => Ok(Backend::Direct),
             "llvm" => Ok(Backend::Llvm),
             "c" => Ok(Backend::C(CStyle::Fast)),
             "c-tvm" => Ok(Backend::C(CStyle::Tvm)),
-            _ => Err(format!("unknown backend `{s}` (expected llvm, c or c-tvm)")),
+            _ => Err(format!("unknown backend `{s}` (expected direct, llvm, c or c-tvm)")),
         }
     }
 }
@@ -322,7 +338,7 @@ impl Export {
         self
     }
 
-    /// How the blob becomes an object (default: LLVM when built in).
+    /// How the blob gets into the library (default [`Backend::Direct`]).
     pub fn backend(&mut self, backend: Backend) -> &mut Self {
         self.backend = Some(backend);
         self
@@ -408,8 +424,12 @@ impl Export {
     pub fn write(&self, output: impl AsRef<Path>) -> Result<ExportReport> {
         let output = output.as_ref();
         let _span = tracing::info_span!("export", output = %output.display()).entered();
-        let backend = self.backend.unwrap_or_default();
         let opts = self.pack_options();
+        let requested = self.backend.unwrap_or_default();
+        let backend = requested.resolve(&opts, output::is_tar(output) || self.emit_devc.is_some());
+        if backend != requested {
+            tracing::info!(requested = backend_name(requested), used = backend_name(backend), "backend replaced");
+        }
         self.check(output, backend, &opts)?;
         output::sweep_stale(output);
         let partial = PartialDir::create(output)?;
@@ -487,7 +507,10 @@ impl Export {
         let host_objects = objects.len();
 
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
-        if symbol.is_some() {
+        let tar = output::is_tar(output);
+        let direct = backend == Backend::Direct && symbol.is_some() && !tar;
+        let mut link = self.link.clone();
+        if symbol.is_some() && !direct {
             objects.push(stages.run("pack", |_| {
                 let watched = Watched { inner: &blob, len: blob_len, report: self.progress.as_deref() };
                 let devc = self.pack(&watched, &blob, backend, opts, tmp).map_err(|e| e.in_step("pack"))?;
@@ -495,23 +518,39 @@ impl Export {
             })?);
         }
 
-        let tar = output::is_tar(output);
         stages.run(if tar { "tar" } else { "link" }, |_| {
             let step = if tar { "tar" } else { "link" };
             let written = if tar {
                 output::write_tar(&output::tar_members(&objects, host_objects, opts), &partial.file)
             } else {
-                let mut link = self.link.clone();
                 if inputs.has_cxx() {
                     // C++ host code needs its runtime (exceptions, iostream) in any process
                     // that loads the library, not only in one that has it already.
                     link.args.push("-lstdc++".into());
                 }
+                if direct {
+                    // The blob's place: a placeholder the linker puts last (see `pack::direct`).
+                    let (placeholder, script) =
+                        pack::direct::write_placeholder(opts, tmp).map_err(|e| e.in_step(step))?;
+                    objects.push(placeholder);
+                    link.script = Some(script);
+                }
                 link::link_shared(&objects, &partial.file, &link)
             };
-            written.and_then(|_| partial.publish(output)).map_err(|e| e.in_step(step))?;
+            let published = if direct { written } else { written.and_then(|_| partial.publish(output)) };
+            published.map_err(|e| e.in_step(step))?;
             Ok(((), output.display().to_string()))
         })?;
+
+        if let (true, Some(symbol)) = (direct, &symbol) {
+            stages.run("pack", |_| {
+                let watched = Watched { inner: &blob, len: blob_len, report: self.progress.as_deref() };
+                pack::direct::place_blob(&partial.file, symbol, &watched)
+                    .and_then(|_| partial.publish(output))
+                    .map_err(|e| e.in_step("pack"))?;
+                Ok(((), format!("{} through direct, into {}", human_size(blob_len), output.display())))
+            })?;
+        }
         Ok((symbol, blob_len))
     }
 
@@ -526,6 +565,13 @@ impl Export {
     ) -> Result<PathBuf> {
         let devc = match backend {
             Backend::Llvm => llvm_pack(watched, opts, tmp)?,
+            // Written into the linked library instead (see `run_stages`).
+            Backend::Direct => {
+                return Err(Error::Invalid {
+                    what: "the direct backend".into(),
+                    detail: "writes no blob object (an internal error: it should have been replaced)".into(),
+                })
+            }
             Backend::C(style) => {
                 let src = pack::c::write_source(watched, opts, style, tmp)?;
                 if let Some(dir) = &self.emit_devc {
@@ -581,6 +627,7 @@ impl Export {
 /// The backend as the CLI spells it.
 fn backend_name(b: Backend) -> &'static str {
     match b {
+        Backend::Direct => "direct",
         Backend::Llvm => "llvm",
         Backend::C(CStyle::Fast) => "c",
         Backend::C(CStyle::Tvm) => "c-tvm",

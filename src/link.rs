@@ -44,6 +44,8 @@ pub struct LinkOptions {
     pub linker: Linker,
     /// Extra arguments, after the objects (`-lm`, `-Wl,...`).
     pub args: Vec<String>,
+    /// A linker script fragment (`-T <script>`), as [`crate::pack::direct`] writes.
+    pub script: Option<PathBuf>,
 }
 
 /// The directory holding `ld.lld`: on the PATH, or LLVM 14's install directory.
@@ -83,6 +85,10 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
         cmd.arg(format!("-B{}", dir.display())).arg("-fuse-ld=lld");
     }
     cmd.args(objects).args(&opts.args);
+    if let Some(script) = &opts.script {
+        // Not `-Wl,-T,PATH`: `-Wl` splits at commas, which a path may hold.
+        cmd.args(["-Xlinker", "-T", "-Xlinker"]).arg(script);
+    }
     // Objects written without `.note.GNU-stack` would make an executable-stack library.
     cmd.arg("-Wl,-z,noexecstack");
     run_tool("link", &mut cmd).map(|_| ())

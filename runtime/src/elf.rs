@@ -1,7 +1,8 @@
 //! Finding the blob in an ELF file without running it: the symbol table is read with the
 //! `object` crate from a read-only mapping, and the blob's bytes are located in the file.
 
-use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+use object::read::elf::{ElfFile, FileHeader, SectionHeader, Sym};
+use object::{Object, ObjectSection, ObjectSymbol, ReadRef, SectionKind};
 
 use crate::bytes::Bytes;
 use crate::format::Layout;
@@ -47,6 +48,43 @@ pub fn slice_blob(data: &Bytes, prefix: Option<&str>) -> Result<Option<(ElfBlob,
     Ok(Some((found, bytes)))
 }
 
+/// Longest symbol name looked at: a blob symbol with a prefix of up to about 4000 bytes.
+const MAX_NAME: usize = 4096;
+
+/// For each symbol of the (dynamic) symbol table, whether its name ends (NUL) within
+/// [`MAX_NAME`] bytes of the string table.
+fn short_names<'d, Elf: FileHeader, R: ReadRef<'d>>(elf: &ElfFile<'d, Elf, R>, dynamic: bool) -> Vec<bool> {
+    let e = elf.endian();
+    let table = if dynamic { elf.elf_dynamic_symbol_table() } else { elf.elf_symbol_table() };
+    let strings = elf
+        .elf_section_table()
+        .section(table.string_section())
+        .ok()
+        .and_then(|s| s.data(e, elf.data()).ok())
+        .unwrap_or_default();
+    // One pass down the string table, visiting the names' offsets from the highest, keeps
+    // the nearest NUL at or after each: linear in the table, whatever the names.
+    let symbols = table.symbols();
+    let mut by_offset: Vec<(u32, usize)> = symbols.iter().enumerate().map(|(i, s)| (s.st_name(e), i)).collect();
+    by_offset.sort_unstable_by(|a, b| b.cmp(a));
+    let mut short = vec![false; symbols.len()];
+    let (mut at, mut next_nul) = (strings.len(), None);
+    for (offset, index) in by_offset {
+        let offset = usize::try_from(offset).unwrap_or(usize::MAX);
+        if offset >= strings.len() {
+            continue;
+        }
+        while at > offset {
+            at -= 1;
+            if strings[at] == 0 {
+                next_nul = Some(at);
+            }
+        }
+        short[index] = next_nul.is_some_and(|nul| nul - offset < MAX_NAME);
+    }
+    short
+}
+
 /// Looks for a blob symbol (any layout; with `prefix` when given, else preferring none) in
 /// the ELF image `data`. `Ok(None)` when the file has none; `Err` with the reader's message
 /// when the file is not an ELF file the reader understands, or the symbol is malformed.
@@ -56,9 +94,20 @@ pub fn find_blob(data: &[u8], prefix: Option<&str>) -> Result<Option<ElfBlob>, S
         return Err(format!("{:?} files are not supported, only ELF", file.format()));
     }
     let mut found: Vec<ElfBlob> = Vec::new();
-    let tables = [(true, file.dynamic_symbols()), (false, file.symbols())];
-    for (dynamic, symbols) in tables {
+    // Which symbols have a name short enough to be a blob symbol, found without reading past
+    // it: a name runs to the next NUL, and a string table without NULs, read once per symbol,
+    // cost the square of the file's size.
+    let short = |dynamic: bool| match &file {
+        object::File::Elf32(elf) => short_names(elf, dynamic),
+        object::File::Elf64(elf) => short_names(elf, dynamic),
+        _ => Vec::new(),
+    };
+    let tables = [(true, file.dynamic_symbols(), short(true)), (false, file.symbols(), short(false))];
+    for (dynamic, symbols, short) in tables {
         for sym in symbols {
+            if !short.get(sym.index().0).copied().unwrap_or(false) {
+                continue;
+            }
             let Ok(name) = sym.name() else { continue };
             let Some((layout, pfx)) = Layout::from_symbol(name) else { continue };
             if prefix.is_some_and(|p| p != pfx) || sym.is_undefined() {

@@ -195,8 +195,9 @@ fn opaque_before_long_tail(candidates: usize, tail: usize) -> Vec<u8> {
 /// Found by review of the opaque search the fuzz targets exercise (the 64 KiB fuzz inputs took
 /// 0.5 s each, under libFuzzer's timeout): the search was bounded only by 4096 tries, each of
 /// which could scan the rest of the body, so a 1 MiB blob took 5.6 s to refuse and the time
-/// grew with 4096 times the size. The search now looks at no more than 256 positions per body
-/// byte, and refuses with its own reason.
+/// grew with 4096 times the size. The search now keeps what it learnt (each candidate end is
+/// tried once per number of entries to come) within bounds linear in the body; this input is
+/// refused by the nesting bound.
 #[test]
 fn opaque_search_looks_at_a_bounded_number_of_positions() {
     let data = opaque_before_long_tail(100, 16 << 10);
@@ -207,7 +208,10 @@ fn opaque_search_looks_at_a_bounded_number_of_positions() {
         match err.kind {
             FormatErrorKind::UnmeasuredEnd { key, reason } => {
                 assert_eq!(key, "relax.Executable");
-                assert_eq!(reason, "the search for its end looked at too many positions");
+                assert_eq!(reason, "too many unmeasured payloads in a row");
+                let (positions, tries) = mblob_runtime::format::classic::last_search_work();
+                assert!(positions <= 4 * data.len() as u64 + (1 << 16), "{positions} positions");
+                assert!(tries <= data.len() as u64 / 16 + (1 << 12), "{tries} tries");
             }
             other => panic!("unexpected error {other:?}"),
         }

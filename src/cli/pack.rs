@@ -36,8 +36,11 @@ pub struct PackOptionsArgs {
     /// `export_library("x.tar")` (for cross builds and static archives).
     #[arg(short, long, value_name = "OUT.so")]
     pub output: PathBuf,
-    /// How the blob becomes an object: `llvm` (LLVM 14, the default when built in), `c` (fast
-    /// generated C), or `c-tvm` (TVM's own C text, slow past a few MiB).
+    /// How the blob gets into the library: `direct` (the default: the linker lays out a
+    /// placeholder and mblob writes the blob into the linked library, once; a `.tar` output,
+    /// `--emit-devc` and `--system-lib` take the `llvm` route instead, `c` without LLVM),
+    /// `llvm` (LLVM 14: TVM's `devc.o`, linked in), `c` (fast generated C), or `c-tvm` (TVM's
+    /// own C text, slow past a few MiB).
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<Backend>,
     /// Blob layout: `classic` (TVM 0.8-0.20), `classic-0.21` (TVM 0.21) or `ffi` (TVM 0.22+).

@@ -1,12 +1,14 @@
-//! Packers: put a serialized blob into an object file under its blob symbol.
+//! Packers: put a serialized blob into the library under its blob symbol.
 //!
-//! Two routes, one per file: `llvm` (feature `llvm`, the default; absent without it) emits the
-//! object with LLVM 14 through inkwell, as TVM's `PackImportsToLLVM` does; [`c`] generates C
-//! source (TVM's own text, or a fast form that the compiler does not parse byte by byte) and
+//! Three routes, one per file: [`direct`] (the default) links a placeholder and writes the
+//! blob into the linked library; `llvm` (feature `llvm`, the default; absent without it) emits
+//! the object with LLVM 14 through inkwell, as TVM's `PackImportsToLLVM` does; [`c`] generates
+//! C source (TVM's own text, or a fast form that the compiler does not parse byte by byte) and
 //! compiles it with the system compiler, as TVM's `PackImportsToC` does.
 
 pub mod abi;
 pub mod c;
+pub mod direct;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 

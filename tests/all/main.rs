@@ -7,6 +7,7 @@ mod corrupt;
 mod custom_kind;
 mod detect;
 mod device;
+mod direct;
 mod export;
 mod export_faults;
 mod export_options;

@@ -27,7 +27,7 @@ pub struct DemoArgs {
     /// Blob layout of `deploy.so`.
     #[arg(long, value_name = "LAYOUT", value_parser = parse_layout, default_value = "classic")]
     pub layout: Layout,
-    /// How the blob becomes an object (`llvm`, `c`, `c-tvm`; default llvm when built in).
+    /// How the blob gets into the library (`direct`, the default, `llvm`, `c`, `c-tvm`).
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<Backend>,
 }

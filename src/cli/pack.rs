@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
+use mblob_runtime::Layout;
 
-use super::inspect::{detect_layout, parse_layout};
+use super::inspect::parse_layout;
 use crate::export::{Backend, Export, ExportReport, Progress};
 use crate::link::Linker;
 use crate::{Error, Result};
@@ -225,35 +225,7 @@ pub struct PackArgs {
 /// Runs `mblob pack`.
 pub fn run(args: &PackArgs) -> Result<ExitCode> {
     check_host(args)?;
-    let path = &args.from;
-    let data = mblob_runtime::map_file(path)?;
-    let registry = Registry::default();
-    let (blob, layout) = if data.starts_with(b"\x7fELF") {
-        let found = elf::find_blob(&data, None)
-            .map_err(|detail| mblob_runtime::Error::Elf { path: path.clone(), detail })?
-            .ok_or_else(|| Error::Invalid {
-                what: path.display().to_string(),
-                detail: "has no blob symbol: a plain library has no module tree to pack".into(),
-            })?;
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let bytes = usize::try_from(found.size).ok().and_then(|n| data.slice(start..start.saturating_add(n)));
-        let bytes = bytes
-            .ok_or_else(|| mblob_runtime::Error::Elf { path: path.clone(), detail: "blob past the end".into() })?;
-        (bytes, found.layout)
-    } else {
-        let layout = match args.from_layout {
-            Some(l) => l,
-            None => detect_layout(&data, &registry)
-                .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?,
-        };
-        (data.clone(), layout)
-    };
-    let loaded = load_blob(&blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
-        mblob_runtime::Error::Blob { source, .. } => mblob_runtime::Error::Blob { path: path.clone(), source }.into(),
-        other => Error::from(other),
-    })?;
-    let tree = ModuleTree::from_loaded(&loaded, "llvm")
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
+    let tree = mblob::repack::read_module_tree(&args.from, args.from_layout)?;
     let mut e = Export::from_tree(tree);
     for h in &args.host {
         if is_source(h) {

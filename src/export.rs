@@ -72,8 +72,13 @@ pub struct SerializedBlob<'a> {
 
 impl<'a> SerializedBlob<'a> {
     /// The blob of `tree` (numbered by `serialized`) in `layout`.
-    pub fn new(serialized: &'a Serialized, tree: &'a ModuleTree, layout: Layout) -> SerializedBlob<'a> {
-        SerializedBlob { serialized, tree, layout, len: serialized.blob_len(tree, layout) }
+    /// Fails when a payload cannot say its length.
+    pub fn new(
+        serialized: &'a Serialized,
+        tree: &'a ModuleTree,
+        layout: Layout,
+    ) -> std::io::Result<SerializedBlob<'a>> {
+        Ok(SerializedBlob { serialized, tree, layout, len: serialized.blob_len(tree, layout)? })
     }
 }
 
@@ -178,7 +183,7 @@ impl Export {
     pub fn from_tree(tree: ModuleTree) -> Export {
         let mut e = Export::new();
         // An empty tree stays a new export's: the host library alone.
-        if let Some(host) = tree.ids().find(|&id| tree.kind(id).is_dso()).or_else(|| tree.root()) {
+        if let Some(host) = tree.ids().find(|&id| tree.kind(id).is_some_and(|k| k.is_dso())).or_else(|| tree.root()) {
             e.tree = tree;
             e.host = host;
         }
@@ -463,7 +468,9 @@ impl Export {
         let (serialized, blob_len) = stages.run("serialize", |_| {
             let serialized = serialize(&self.tree)?;
             self.check_everything_is_packed(&serialized)?;
-            let len = serialized.blob_len(&self.tree, self.layout);
+            let len = serialized
+                .blob_len(&self.tree, self.layout)
+                .map_err(|e| Error::Invalid { what: "the module tree".into(), detail: e.to_string() })?;
             let detail = format!("{} modules, blob {}", self.tree.len(), human_size(len));
             Ok(((serialized, len), detail))
         })?;
@@ -540,7 +547,7 @@ impl Export {
     /// packs a blob only when the root imports something, so such a root has no place).
     fn check_everything_is_packed(&self, serialized: &Serialized) -> Result<()> {
         let invalid = |detail: String| Error::Invalid { what: "the module tree".into(), detail };
-        let key = |m: ModuleId| self.tree.kind(m).type_key().to_owned();
+        let key = |m: ModuleId| self.tree.kind(m).map(|k| k.type_key().to_owned()).unwrap_or_default();
         if let Some(&m) = serialized.unreachable.first() {
             return Err(invalid(format!(
                 "module {} (`{}`) is not imported by any module reachable from the root, so it would \
@@ -551,11 +558,13 @@ impl Export {
             )));
         }
         match self.tree.root() {
-            Some(root) if !serialized.root_has_imports && !self.tree.kind(root).is_dso() => Err(invalid(format!(
-                "the root `{}` imports nothing: a blob is written only for a root with imports, so it \
+            Some(root) if !serialized.root_has_imports && !self.tree.kind(root).is_some_and(|k| k.is_dso()) => {
+                Err(invalid(format!(
+                    "the root `{}` imports nothing: a blob is written only for a root with imports, so it \
                  would not be in the library (import the host library below it)",
-                key(root)
-            ))),
+                    key(root)
+                )))
+            }
             _ => Ok(()),
         }
     }

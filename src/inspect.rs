@@ -305,14 +305,9 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     let blob_error = |source| Error::Runtime(mblob_runtime::Error::Blob { path: path.to_owned(), source });
     let (blob, layout) = if data.starts_with(b"\x7fELF") {
         report.kind = FileKind::Elf;
-        let found = elf::find_blob(data, prefix)
+        let found = elf::slice_blob(data, prefix)
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?;
-        let Some(found) = found else { return Ok(report) };
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let blob =
-            data.slice(start..start.saturating_add(usize::try_from(found.size).unwrap_or(usize::MAX))).ok_or_else(
-                || mblob_runtime::Error::Elf { path: path.to_owned(), detail: "blob symbol lies past the end".into() },
-            )?;
+        let Some((found, blob)) = found else { return Ok(report) };
         report.symbol = Some(found.symbol.clone());
         report.section = Some(found.section.clone());
         report.file_offset = Some(found.file_offset);
@@ -320,7 +315,8 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     } else {
         let layout = match layout {
             Some(l) => l,
-            None => detect_layout(data, &registry).map_err(blob_error)?,
+            None => Layout::detect(data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
         };
         (data.clone(), layout)
     };
@@ -425,19 +421,6 @@ fn empty_report(path: &Path, kind: FileKind) -> Report {
     }
 }
 
-/// The layout of a raw blob: the one that parses. Classic and classic-0.21 share their bytes,
-/// so a classic blob reads as `classic`.
-pub fn detect_layout(data: &[u8], registry: &Registry) -> std::result::Result<Layout, mblob_runtime::FormatError> {
-    let classic = format::parse_blob(data, Layout::Classic, registry, UnknownKeys::KeepOpaque);
-    match classic {
-        Ok(_) => Ok(Layout::Classic),
-        Err(classic_err) => match format::parse_blob(data, Layout::Ffi, registry, UnknownKeys::KeepOpaque) {
-            Ok(_) => Ok(Layout::Ffi),
-            Err(_) => Err(classic_err),
-        },
-    }
-}
-
 fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &Registry) {
     report.layout = Some(parsed.layout.name());
     report.legacy = parsed.import_tree.is_none();
@@ -467,8 +450,12 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
             index += 1;
         }
         if e.kind == EntryKind::Module {
-            let payload = blob.slice_ref(e.payload).unwrap_or_else(|| Bytes::from_vec(e.payload.to_vec()));
-            describe(&mut m, payload, parsed.layout, registry);
+            // A view of the blob by offset: the parser checked that the payload lies inside it.
+            let start = usize::try_from(e.payload_offset).ok();
+            match start.and_then(|s| blob.slice(s..s.checked_add(e.payload.len())?)) {
+                Some(payload) => describe(&mut m, payload, parsed.layout, registry),
+                None => m.error = Some("the payload lies outside the blob".into()),
+            }
         }
         report.modules.push(m);
     }

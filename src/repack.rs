@@ -5,7 +5,6 @@ use std::path::Path;
 
 use mblob_runtime::{elf, load_blob, Bytes, Layout, LoadOptions, ModuleTree, Registry};
 
-use crate::inspect::detect_layout;
 use crate::{Error, Result};
 
 /// The blob of a `.so` (found by its symbol) or of a raw `.blob` file (of `layout`, detected
@@ -17,22 +16,18 @@ use crate::{Error, Result};
 pub fn read_blob(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout)> {
     let data = mblob_runtime::map_file(path)?;
     if data.starts_with(b"\x7fELF") {
-        let found = elf::find_blob(&data, None)
+        let (found, bytes) = elf::slice_blob(&data, None)
             .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?
             .ok_or_else(|| Error::Invalid {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
-        let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
-        let bytes = usize::try_from(found.size).ok().and_then(|n| data.slice(start..start.saturating_add(n)));
-        let bytes = bytes
-            .ok_or_else(|| mblob_runtime::Error::Elf { path: path.to_owned(), detail: "blob past the end".into() })?;
         Ok((bytes, found.layout))
     } else {
         let layout = match layout {
             Some(l) => l,
-            None => detect_layout(&data, &Registry::default())
-                .map_err(|source| mblob_runtime::Error::Blob { path: path.to_owned(), source })?,
+            None => Layout::detect(&data, &Registry::default())
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
         };
         Ok((data, layout))
     }

@@ -558,9 +558,9 @@ mod tests {
         let tree = e.tree_mut();
         assert_eq!(tree.len(), 3);
         let root = tree.root().unwrap();
-        assert_eq!(tree.kind(root).type_key(), "Factory");
-        let imports = tree.imports(root).to_vec();
-        assert_eq!(tree.imports(imports[0]), &[imports[1]]);
+        assert_eq!(tree.kind(root).unwrap().type_key(), "Factory");
+        let imports = tree.imports(root).unwrap().to_vec();
+        assert_eq!(tree.imports(imports[0]), Some(&[imports[1]][..]));
         assert!(format!("{e:?}").contains("a.o"));
     }
 

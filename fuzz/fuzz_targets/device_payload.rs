@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         let mut out = Vec::new();
         m.write_payload(layout, &mut out).expect("writing to a Vec");
         assert_eq!(out.len() as u64, used, "written length differs from the length read");
-        assert_eq!(m.payload_len(layout), used, "payload_len differs from the length read");
+        assert_eq!(m.payload_len(layout).unwrap(), used, "payload_len differs from the length read");
         let again = DeviceModule::read_exact(&Bytes::from_vec(out), key, layout).expect("what was written reads back");
         assert_eq!(again, m, "read, write, read changed the payload");
     }

@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         let mut out = Vec::new();
         g.write_payload(Layout::Classic, &mut out).expect("writing to a Vec");
         assert_eq!(out.len() as u64, used, "written length differs from the length read");
-        assert_eq!(g.payload_len(Layout::Classic), used, "payload_len differs from the length read");
+        assert_eq!(g.payload_len(Layout::Classic).unwrap(), used, "payload_len differs from the length read");
         let (again, _) = GraphExecutorFactory::read(&Bytes::from_vec(out), 0, GRAPH_EXECUTOR_FACTORY)
             .expect("what was written reads back");
         assert_eq!(again, g, "read, write, read changed the payload");

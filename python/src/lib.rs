@@ -68,7 +68,7 @@ fn message(e: &(dyn std::error::Error + 'static)) -> String {
 fn runtime_class(e: &mblob_runtime::Error, msg: String) -> PyErr {
     use mblob_runtime::Error as R;
     match e {
-        R::Blob { .. } | R::Elf { .. } | R::Payload { .. } => FormatError::new_err(msg),
+        R::Blob { .. } | R::Elf { .. } | R::Payload { .. } | R::Detect { .. } => FormatError::new_err(msg),
         R::Io { .. } => FileError::new_err(msg),
         R::Dlopen { .. } | R::NoLoader { .. } | R::Loader { .. } | R::MissingSymbol { .. } | R::Cuda(_) => {
             LoadError::new_err(msg)

@@ -3,6 +3,7 @@
 
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
+use crate::bytes::Bytes;
 use crate::format::Layout;
 
 /// Where a blob symbol lies in an ELF file.
@@ -31,6 +32,19 @@ impl ElfBlob {
         let start = usize::try_from(self.file_offset).ok()?;
         file.get(start..)?.get(..usize::try_from(self.size).ok()?)
     }
+}
+
+/// Finds the blob symbol in the ELF file `data` (see [`find_blob`]) and returns it with a view
+/// of its bytes (no copy). `Ok(None)` when the file has no blob symbol; `Err` with the reader's
+/// message when the file is not an ELF file it understands or the symbol is malformed.
+pub fn slice_blob(data: &Bytes, prefix: Option<&str>) -> Result<Option<(ElfBlob, Bytes)>, String> {
+    let Some(found) = find_blob(data, prefix)? else { return Ok(None) };
+    let start = usize::try_from(found.file_offset).ok();
+    let bytes = start
+        .zip(usize::try_from(found.size).ok())
+        .and_then(|(start, size)| data.slice(start..start.checked_add(size)?))
+        .ok_or_else(|| format!("symbol `{}` lies past the end of the file", found.symbol))?;
+    Ok(Some((found, bytes)))
 }
 
 /// Looks for a blob symbol (any layout; with `prefix` when given, else preferring none) in

@@ -9,7 +9,7 @@
 //! use mblob_runtime::{
 //!     load_blob, serialize, Bytes, Layout, LoadOptions, ModuleTree, Registry,
 //!     payload::graph::{GraphExecutorFactory, Tensor},
-//!     format::stream::DataType,
+//!     format::DataType,
 //! };
 //!
 //! // A graph factory that imports the host library, as `relay.build(...)` makes it.
@@ -29,26 +29,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Parts:
-//! - [`format`](mod@format): the byte layouts ([`format::stream`], [`format::classic`], [`format::ffi`]).
-//! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's numbering of it.
-//! - [`payload`]: payload kinds ([`payload::graph`], [`payload::device`], [`payload::Opaque`]).
-//! - [`registry`]: loaders keyed by type key.
-//! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`].
-//! - [`elf`]: finding a blob in an ELF file without running it.
+//! Parts, each depending only on those above it:
+//! - `Bytes` (shared views of a mapping) and [`format`](mod@format), the floor: the byte
+//!   layouts ([`format::stream`], [`format::dtype`], [`format::classic`], [`format::ffi`],
+//!   [`format::detect`]) and nothing above them.
+//! - [`payload`]: payload kinds and their codecs ([`payload::graph`], [`payload::device`],
+//!   [`payload::RawPayload`]); [`module`]: loaded modules and the [`LoadedTree`].
+//! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's
+//!   numbering of it.
+//! - [`ffi`]: the FFI edge (opening libraries, TVM's calling convention and context
+//!   functions, the CUDA driver with the `cuda` feature).
+//! - [`registry`]: loaders keyed by type key, and the registration of every built-in kind.
+//! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`], each payload decoded
+//!   once; [`elf`]: finding a blob in an ELF file without running it.
+//! - [`exec`]: the home of executors.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod bytes;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod elf;
 mod error;
+pub mod exec;
+pub mod ffi;
 pub mod format;
-mod library;
 mod load;
-mod module;
-pub mod packed;
+pub mod module;
 pub mod payload;
 pub mod registry;
 pub mod serialize;
@@ -56,11 +61,14 @@ pub mod tree;
 
 pub use bytes::Bytes;
 pub use error::{Error, FormatError, FormatErrorKind, Result};
+#[cfg(feature = "cuda")]
+pub use ffi::cuda;
+pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
+pub use ffi::packed;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
-pub use library::{LibraryModule, LIBRARY_TYPE_KEY};
 pub use load::{load_blob, load_library, map_file, LoadOptions};
 pub use module::{LoadedModule, LoadedTree, Module, Origin, Symbol, TreeShape};
-pub use payload::{Opaque, Payload};
+pub use payload::{Opaque, Payload, RawPayload};
 pub use registry::{Loader, LoaderError, Measure, Registry};
 pub use serialize::{serialize, Group, SerializeError, Serialized};
 pub use tree::{ModuleId, ModuleKind, ModuleTree};

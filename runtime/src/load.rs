@@ -1,49 +1,53 @@
 //! Loading: from a packed `.so` (dlopen) or from a blob in memory, into a [`LoadedTree`].
+//!
+//! The blob is parsed once: in the classic layouts, where payloads carry no length, each
+//! payload is decoded by its loader while the parser walks the blob ([`Loader::read`]) and the
+//! module is kept; in the tvm-ffi layout each framed payload is decoded once after the parse.
+//! Payloads are views of the blob ([`Bytes`] sub-ranges taken by offset), never copies.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use crate::bytes::Bytes;
 use crate::error::{Error, Result};
-use crate::format::{self, EntryKind, Layout, ParsedBlob, UnknownKeys};
-use crate::library::{self, LibraryModule};
+use crate::ffi::library::{self, LibraryModule};
+use crate::format::{self, EntryKind, FormatError, FormatErrorKind, Layout, Measure, ParsedBlob, PayloadSizer};
+use crate::format::{UnknownKeys, SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI};
 use crate::module::{LoadedModule, LoadedTree, Module, Origin};
-use crate::payload::Opaque;
-use crate::registry::Registry;
-use crate::Bytes;
+use crate::payload::RawPayload;
+use crate::registry::{Decoded, LoaderError, Registry};
 
 /// Options of a load.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// What to do with type keys that have no loader: fail (the default), or keep their
-    /// payloads as [`Opaque`] modules.
+    /// payloads as [`RawPayload`] modules.
     pub unknown: UnknownKeys,
     /// Only consider blob symbols with this `c_symbol_prefix` (default: prefer none).
     pub prefix: Option<String>,
 }
 
 impl LoadOptions {
-    /// Options that keep unknown kinds as opaque bytes (for tools that inspect or re-pack).
+    /// Options that keep unknown kinds as raw bytes (for tools that inspect or re-pack).
     pub fn keep_unknown() -> LoadOptions {
-        LoadOptions { unknown: UnknownKeys::KeepOpaque, ..LoadOptions::default() }
+        LoadOptions { unknown: UnknownKeys::KeepRaw, ..LoadOptions::default() }
     }
 }
 
 /// Reads a file into memory-mapped bytes.
 pub fn map_file(path: &Path) -> Result<Bytes> {
-    let file = std::fs::File::open(path).map_err(|source| Error::Io {
-        path: path.to_owned(),
-        action: "cannot open",
-        source,
-    })?;
-    // SAFETY-free alternative: an empty file cannot be mapped, so read it instead.
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
+    let file = std::fs::File::open(path).map_err(io("cannot open"))?;
+    let len = file.metadata().map_err(io("cannot read the size of"))?.len();
+    // An empty file cannot be mapped.
     if len == 0 {
         return Ok(Bytes::from_vec(Vec::new()));
     }
-    let map =
-        map_readonly(&file).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot map", source })?;
+    let map = map_readonly(&file).map_err(io("cannot map"))?;
     Ok(Bytes::from_owner(Arc::new(map)))
 }
 
@@ -64,10 +68,14 @@ pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &Lo
 
 /// Opens a packed shared library and loads its module tree.
 ///
-/// The blob symbol is found in the file's symbol table first (any layout, see
-/// [`Layout::from_symbol`]); a library without one loads as a single library module, as TVM
-/// does. The `_lib` entry becomes the library module, every other entry goes to the loader
-/// registered for its type key. Payloads are not copied: they borrow the library's mapping.
+/// `path` is a path, never a name to search for: a bare file name (`deploy.so`) is the file in
+/// the current directory. The file is first read (not run) to check it is an ELF file and to
+/// learn the blob symbol's name; the blob itself (address and size) is then taken from the
+/// image `dlopen` returned, which is the image already loaded if the path was loaded before
+/// and is still in use. A library without a blob symbol (any layout, see
+/// [`Layout::from_symbol`]) loads as a single library module, as TVM does. The `_lib` entry
+/// becomes the library module, every other entry goes to the loader registered for its type
+/// key. Payloads are not copied: they borrow the loaded image.
 ///
 /// # Safety
 ///
@@ -76,25 +84,35 @@ pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &Lo
 #[allow(unsafe_code)]
 pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let _span = tracing::info_span!("load", path = %path.display()).entered();
-    let found = {
+    let on_disk = {
         let file = map_file(path)?;
         crate::elf::find_blob(&file, options.prefix.as_deref())
             .map_err(|detail| Error::Elf { path: path.to_owned(), detail })?
     };
     // SAFETY: the caller accepts that the library's initialisers run.
-    let lib = unsafe { library::open(path) }?;
-    let library_module = Arc::new(LibraryModule::new(lib.clone(), path.to_owned()));
-    crate::packed::install_context(&lib, Arc::as_ptr(&library_module) as *mut std::ffi::c_void);
-    let Some(found) = found else {
+    let image = unsafe { library::open(path) }?;
+    crate::ffi::packed::install_context(image.lib(), image.context_ptr());
+    // The names to look for in the image: the one the file names first, then every layout's
+    // symbol with the requested prefix (or none).
+    let prefix = options.prefix.as_deref().unwrap_or("");
+    let mut names: Vec<String> = on_disk.iter().map(|f| f.symbol.clone()).collect();
+    for symbol in [SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI] {
+        let name = format!("{prefix}{symbol}");
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let found = library::image_blob(&image, path, &names)?;
+    let library_module = Arc::new(LibraryModule::new(image, path.to_owned()));
+    let Some((symbol, layout, blob)) = found else {
         tracing::debug!("no blob symbol: a single library module");
         return Ok(LoadedTree {
             modules: vec![LoadedModule { module: library_module, imports: vec![] }],
             origin: Origin::default(),
         });
     };
-    tracing::debug!(symbol = %found.symbol, layout = found.layout.name(), size = found.size, "blob found");
-    let blob = library::symbol_bytes(&lib, path, &found.symbol, found.size)?;
-    load_with_library(&blob, found.layout, registry, options, library_module, path, Some(found.symbol))
+    tracing::debug!(%symbol, layout = layout.name(), size = blob.len(), "blob found in the loaded image");
+    load_with_library(&blob, layout, registry, options, library_module, path, Some(symbol))
 }
 
 fn load_with_library(
@@ -106,43 +124,107 @@ fn load_with_library(
     path: &Path,
     symbol: Option<String>,
 ) -> Result<LoadedTree> {
-    let parsed = format::parse_blob(blob, layout, registry, options.unknown)
+    let reader = DecodingReader { registry, blob, decoded: RefCell::new(HashMap::new()) };
+    let parsed = format::parse_blob(blob, layout, &reader, options.unknown)
         .map_err(|source| Error::Blob { path: path.to_owned(), source })?;
-    let mut tree = build(&parsed, blob, registry, options, library)?;
+    let mut tree = build(&parsed, blob, &reader, options, library)?;
     tree.origin.symbol = symbol;
     Ok(tree)
 }
 
-/// Builds the loaded tree from a parsed blob: runs each entry's loader and links the imports.
+/// The classic reader's [`PayloadSizer`] during a load: measuring a payload decodes it with
+/// its loader, and the module is kept for [`build`] (keyed by the payload's offset and type
+/// key; an entry the parser tried and dropped while searching for the end of an unmeasured
+/// payload is simply not used).
+struct DecodingReader<'a> {
+    registry: &'a Registry,
+    blob: &'a Bytes,
+    decoded: RefCell<HashMap<(u64, String), Decoded>>,
+}
+
+impl PayloadSizer for DecodingReader<'_> {
+    fn measure(&self, key: &str, bytes: &[u8], base: u64, layout: Layout) -> Option<Result<Measure, FormatError>> {
+        let loader = self.registry.get(key)?;
+        // `base` is the offset of `bytes[0]` in the blob, and `bytes` runs to the end of the
+        // body: the same range of the shared blob, taken by offset.
+        let src = usize::try_from(base).ok().and_then(|start| self.blob.slice(start..start.checked_add(bytes.len())?));
+        let Some(src) = src else {
+            let kind = FormatErrorKind::Invalid { what: "payload", detail: "lies outside the blob".into() };
+            return Some(Err(FormatError::new(base, kind)));
+        };
+        Some(match loader.read(&src, base, layout) {
+            Ok(Some((module, len))) => {
+                self.decoded.borrow_mut().insert((base, key.to_owned()), (module, len));
+                Ok(Measure::Len(len))
+            }
+            Ok(None) => Ok(Measure::Unmeasured),
+            Err(e) => Err(format_error(e, base)),
+        })
+    }
+
+    fn known_keys(&self) -> Vec<String> {
+        self.registry.keys()
+    }
+
+    fn is_known(&self, key: &str) -> bool {
+        self.registry.get(key).is_some()
+    }
+}
+
+/// A loader's error while the classic parser measures: its own [`FormatError`] when it is one
+/// (the built-in kinds'), else the message at the payload's offset.
+fn format_error(e: LoaderError, base: u64) -> FormatError {
+    match e.downcast::<FormatError>() {
+        Ok(f) => *f,
+        Err(e) => FormatError::new(base, FormatErrorKind::Invalid { what: "payload", detail: e.to_string() }),
+    }
+}
+
+/// Builds the loaded tree from a parsed blob: takes each entry's module (decoded during the
+/// parse, or now for framed and unmeasured payloads) and links the imports.
 fn build(
     parsed: &ParsedBlob<'_>,
     blob: &Bytes,
-    registry: &Registry,
+    reader: &DecodingReader<'_>,
     options: &LoadOptions,
     library: Arc<dyn Module>,
 ) -> Result<LoadedTree> {
+    let registry = reader.registry;
+    let mut decoded = reader.decoded.take();
     let mut modules: Vec<LoadedModule> = Vec::new();
     for (index, entry) in parsed.modules().enumerate() {
         let module: Arc<dyn Module> = match entry.kind {
             EntryKind::Lib => library.clone(),
             _ => {
                 let _span = tracing::debug_span!("load_module", type_key = entry.type_key, index).entered();
-                let payload = blob.slice_ref(entry.payload).unwrap_or_else(|| Bytes::from_vec(entry.payload.to_vec()));
-                match registry.get(entry.type_key) {
-                    Some(loader) => loader.load(payload, parsed.layout).map_err(|source| Error::Loader {
-                        index,
-                        key: entry.type_key.to_owned(),
-                        source,
-                    })?,
-                    None if options.unknown == UnknownKeys::KeepOpaque => {
-                        Arc::new(Opaque::new(entry.type_key, payload))
-                    }
-                    None => {
-                        return Err(Error::NoLoader {
+                let len = entry.payload.len();
+                let kept = decoded
+                    .remove(&(entry.payload_offset, entry.type_key.to_owned()))
+                    .filter(|(_, used)| *used == len as u64);
+                if let Some((module, _)) = kept {
+                    module
+                } else {
+                    let start = usize::try_from(entry.payload_offset).ok();
+                    let payload = start.and_then(|s| blob.slice(s..s.checked_add(len)?)).ok_or_else(|| {
+                        let kind = FormatErrorKind::Invalid { what: "payload", detail: "lies outside the blob".into() };
+                        Error::Blob { path: "<memory>".into(), source: FormatError::new(entry.payload_offset, kind) }
+                    })?;
+                    match registry.get(entry.type_key) {
+                        Some(loader) => loader.load(payload, parsed.layout).map_err(|source| Error::Loader {
                             index,
                             key: entry.type_key.to_owned(),
-                            registered: registry.keys(),
-                        })
+                            source,
+                        })?,
+                        None if options.unknown == UnknownKeys::KeepRaw => {
+                            Arc::new(RawPayload::new(entry.type_key, payload))
+                        }
+                        None => {
+                            return Err(Error::NoLoader {
+                                index,
+                                key: entry.type_key.to_owned(),
+                                registered: registry.keys(),
+                            })
+                        }
                     }
                 }
             }

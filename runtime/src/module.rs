@@ -6,9 +6,11 @@ use std::fmt::{self, Debug, Write as _};
 use std::sync::Arc;
 
 use crate::format::Layout;
-use crate::payload::{Opaque, Payload};
+use crate::payload::device::DeviceModule;
+use crate::payload::graph::GraphExecutorFactory;
+use crate::payload::{Payload, RawPayload};
 
-/// A module after loading: the library, a payload kind's runtime object, or opaque bytes.
+/// A module after loading: the library, a payload kind's runtime object, or raw bytes.
 pub trait Module: Debug + Send + Sync + Any {
     /// The type key after loading (`library` for the library module).
     fn type_key(&self) -> &str;
@@ -28,7 +30,11 @@ pub trait Module: Debug + Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
-crate::payload_module!(Opaque);
+// The built-in payload kinds are their own loaded modules (implemented here, above the
+// payload codecs, so that `payload/` does not depend on this module).
+crate::payload_module!(RawPayload);
+crate::payload_module!(GraphExecutorFactory);
+crate::payload_module!(DeviceModule);
 
 /// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type
 /// key is the payload's, and [`Module::as_payload`] returns it, so a loaded tree can be written
@@ -36,11 +42,11 @@ crate::payload_module!(Opaque);
 #[macro_export]
 macro_rules! payload_module {
     ($t:ty) => {
-        impl $crate::Module for $t {
+        impl $crate::module::Module for $t {
             fn type_key(&self) -> &str {
-                $crate::Payload::type_key(self)
+                $crate::payload::Payload::type_key(self)
             }
-            fn as_payload(&self) -> Option<&dyn $crate::Payload> {
+            fn as_payload(&self) -> Option<&dyn $crate::payload::Payload> {
                 Some(self)
             }
             fn as_any(&self) -> &dyn std::any::Any {
@@ -145,9 +151,14 @@ impl LoadedTree {
         None
     }
 
-    /// The first module of concrete type `T`, depth first from the root.
-    pub fn find<T: Module>(&self) -> Option<&T> {
-        self.modules.iter().find_map(|m| m.module.as_any().downcast_ref::<T>())
+    /// The first module, in index order (the blob's order; the root first), that is of type
+    /// `T` or whose payload ([`Module::as_payload`]) is. So `find::<DeviceModule>()` finds a
+    /// `cuda` payload whether or not the `cuda` feature made it a `CudaModule`.
+    pub fn find<T: Any>(&self) -> Option<&T> {
+        self.modules.iter().find_map(|m| {
+            let module = &*m.module;
+            (module.as_any().downcast_ref::<T>()).or_else(|| module.as_payload()?.as_any().downcast_ref::<T>())
+        })
     }
 
     /// The type keys in index order.

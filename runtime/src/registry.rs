@@ -1,30 +1,26 @@
-//! Loaders, keyed by type key: how each payload kind is measured and turned into a module.
+//! Loaders, keyed by type key: how each payload kind is read and turned into a module, and
+//! the one place where the built-in kinds are registered ([`Registry::default`]).
 //!
-//! Built-in kinds register themselves the same way a user's kind does: implement [`Loader`]
-//! and [`Registry::register`] it.
+//! Built-in kinds are registered the same way a user's kind is: implement [`Loader`] and
+//! [`Registry::register`] it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::error::FormatError;
-use crate::format::{Layout, PayloadSizer};
+use crate::bytes::Bytes;
+use crate::format::{FormatError, FormatErrorKind, Layout, PayloadSizer};
 use crate::module::Module;
+use crate::payload::device::{DeviceModule, DEVICE_TYPE_KEYS};
 use crate::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
-use crate::payload::{device, Opaque, OPAQUE_KNOWN_KEYS};
-use crate::Bytes;
+use crate::payload::{RawPayload, RAW_KNOWN_KEYS};
+
+pub use crate::format::Measure;
 
 /// An error a loader returns.
 pub type LoaderError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long a classic (unframed) payload is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Measure {
-    /// The payload takes this many bytes.
-    Len(u64),
-    /// The kind cannot be measured (its format is not decoded): the reader finds its end by
-    /// looking for the next entry.
-    Opaque,
-}
+/// A module decoded from the start of a classic payload region, and the bytes it took.
+pub type Decoded = (Arc<dyn Module>, u64);
 
 /// Turns the payload of one type key into a module.
 pub trait Loader: Send + Sync {
@@ -33,11 +29,34 @@ pub trait Loader: Send + Sync {
 
     /// How many bytes the payload at the start of `bytes` takes in a classic blob (where
     /// payloads carry no length). `base` is the offset of `bytes[0]` in the blob, for errors.
+    /// Used by readers that only look ([`crate::format::parse_blob`], layout detection).
     fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError>;
 
     /// Builds the module from its payload (exactly the payload's bytes, borrowed from the
     /// blob).
     fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError>;
+
+    /// Decodes the classic payload at the start of `src` (which runs to the end of the blob's
+    /// body; `base` is the offset of its first byte in the blob) and returns the module with
+    /// the bytes it took, or `None` for a kind whose length cannot be measured
+    /// ([`Measure::Unmeasured`]). A load calls this once per payload and keeps the module.
+    ///
+    /// The default measures, then loads the measured bytes (two passes); the built-in kinds
+    /// decode once.
+    fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        match self.measure(src, base, layout)? {
+            Measure::Unmeasured => Ok(None),
+            Measure::Len(len) => {
+                let payload = usize::try_from(len).ok().and_then(|n| src.slice(0..n)).ok_or_else(|| {
+                    FormatError::new(
+                        base,
+                        FormatErrorKind::LengthTooLarge { what: "payload", len, remaining: src.len() as u64 },
+                    )
+                })?;
+                Ok(Some((self.load(payload, layout)?, len)))
+            }
+        }
+    }
 }
 
 /// The loaders known to a load, keyed by type key.
@@ -54,15 +73,21 @@ impl std::fmt::Debug for Registry {
 
 impl Default for Registry {
     /// The built-in kinds: `GraphExecutorFactory` (and `GraphRuntimeFactory`), the device
-    /// kinds, and TVM's executables kept as opaque bytes.
+    /// kinds (with the `cuda` feature, `cuda` payloads load as
+    /// `ffi::cuda::CudaModule`s), and TVM's executables kept as raw bytes
+    /// ([`RAW_KNOWN_KEYS`]).
     fn default() -> Registry {
         let mut r = Registry::empty();
         r.register(GraphLoader(GRAPH_EXECUTOR_FACTORY));
         r.register(GraphLoader(GRAPH_RUNTIME_FACTORY));
-        for key in OPAQUE_KNOWN_KEYS {
-            r.register(OpaqueLoader(key));
+        for key in RAW_KNOWN_KEYS {
+            r.register(RawLoader(key));
         }
-        device::register_loaders(&mut r);
+        for key in DEVICE_TYPE_KEYS {
+            r.register(DeviceLoader(key));
+        }
+        #[cfg(feature = "cuda")]
+        r.register(CudaLoader);
         r
     }
 }
@@ -104,6 +129,7 @@ impl PayloadSizer for Registry {
     }
 }
 
+/// The graph executor factory's loader.
 struct GraphLoader(&'static str);
 
 impl Loader for GraphLoader {
@@ -120,20 +146,107 @@ impl Loader for GraphLoader {
         }
         Ok(Arc::new(g))
     }
+    fn read(&self, src: &Bytes, base: u64, _layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        let (g, used) = GraphExecutorFactory::read(src, base, self.0)?;
+        Ok(Some((Arc::new(g), used)))
+    }
 }
 
-/// Loader for kinds kept as opaque bytes.
+/// Loader for kinds kept as raw bytes ([`RawPayload`]): their length cannot be measured.
 #[derive(Debug, Clone)]
-pub struct OpaqueLoader(pub &'static str);
+pub struct RawLoader(pub &'static str);
 
-impl Loader for OpaqueLoader {
+/// The earlier name of [`RawLoader`].
+pub use RawLoader as OpaqueLoader;
+
+impl Loader for RawLoader {
     fn type_key(&self) -> &str {
         self.0
     }
     fn measure(&self, _bytes: &[u8], _base: u64, _layout: Layout) -> Result<Measure, FormatError> {
-        Ok(Measure::Opaque)
+        Ok(Measure::Unmeasured)
     }
     fn load(&self, payload: Bytes, _layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
-        Ok(Arc::new(Opaque::new(self.0, payload)))
+        Ok(Arc::new(RawPayload::new(self.0, payload)))
+    }
+    fn read(&self, _src: &Bytes, _base: u64, _layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        Ok(None)
+    }
+}
+
+/// Loader of a device type key: decodes a [`DeviceModule`] once (its bytes stay borrowed from
+/// the blob).
+#[derive(Debug, Clone)]
+pub struct DeviceLoader(pub &'static str);
+
+impl Loader for DeviceLoader {
+    fn type_key(&self) -> &str {
+        self.0
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        crate::payload::device::measure(bytes, base, self.0, layout).map(Measure::Len)
+    }
+    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        Ok(Arc::new(DeviceModule::read_exact(&payload, self.0, layout)?))
+    }
+    fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        let (m, used) = DeviceModule::read(src, base, self.0, layout)?;
+        Ok(Some((Arc::new(m), used)))
+    }
+}
+
+/// Loader of `cuda` payloads that makes [`CudaModule`](crate::ffi::cuda::CudaModule)s
+/// (registered by [`Registry::default`] when the `cuda` feature is on).
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy)]
+pub struct CudaLoader;
+
+#[cfg(feature = "cuda")]
+impl Loader for CudaLoader {
+    fn type_key(&self) -> &str {
+        crate::payload::device::CUDA
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        DeviceLoader(crate::payload::device::CUDA).measure(bytes, base, layout)
+    }
+    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        let device = DeviceModule::read_exact(&payload, crate::payload::device::CUDA, layout)?;
+        Ok(Arc::new(crate::ffi::cuda::CudaModule::new(device)))
+    }
+    fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        let (m, used) = DeviceModule::read(src, base, crate::payload::device::CUDA, layout)?;
+        Ok(Some((Arc::new(crate::ffi::cuda::CudaModule::new(m)), used)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::DataType;
+    use crate::payload::device::{FunctionInfo, CUDA};
+    use crate::payload::Payload;
+
+    #[test]
+    fn registry_knows_every_device_key_and_decodes_once() {
+        let r = Registry::default();
+        for key in DEVICE_TYPE_KEYS {
+            assert!(r.get(key).is_some(), "{key}");
+        }
+        let info = FunctionInfo::new("", vec![DataType::HANDLE], vec!["threadIdx.x".into()]);
+        let m = DeviceModule::cuda_from_ptx(b"// ptx\n".to_vec(), vec![("k".into(), info)]);
+        let mut bytes = Vec::new();
+        m.write_payload(Layout::Classic, &mut bytes).unwrap();
+        let len = bytes.len() as u64;
+        bytes.extend_from_slice(b"next entry");
+        let (loaded, used) = r.get(CUDA).unwrap().read(&Bytes::from_vec(bytes), 40, Layout::Classic).unwrap().unwrap();
+        assert_eq!(used, len);
+        let back = loaded.as_payload().unwrap().as_any().downcast_ref::<DeviceModule>().unwrap();
+        assert_eq!(back, &m);
+        assert!(r
+            .get("relax.Executable")
+            .unwrap()
+            .read(&Bytes::from_vec(vec![1]), 0, Layout::Classic)
+            .unwrap()
+            .is_none());
     }
 }

@@ -69,8 +69,11 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
     let mut groups: Vec<Group> = Vec::new();
     visited[root.0] = true;
 
+    // Every id below comes from `tree` itself, so a lookup cannot miss.
+    let imports = |n: ModuleId| tree.imports(n).unwrap_or_default();
+    let is_dso = |n: ModuleId| tree.kind(n).is_some_and(ModuleKind::is_dso);
     let push_imports = |stack: &mut Vec<ModuleId>, visited: &mut Vec<bool>, n: ModuleId| {
-        for &im in tree.imports(n) {
+        for &im in imports(n) {
             if !std::mem::replace(&mut visited[im.0], true) {
                 stack.push(im);
             }
@@ -81,7 +84,7 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
     let mut boundary = Vec::new();
     let mut stack = vec![root];
     while let Some(n) = stack.pop() {
-        if tree.kind(n).is_dso() {
+        if is_dso(n) {
             boundary.push(n);
             continue;
         }
@@ -96,7 +99,7 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
         groups.push(Group::Lib(Vec::new()));
         let mut stack = boundary;
         while let Some(n) = stack.pop() {
-            if tree.kind(n).is_dso() {
+            if is_dso(n) {
                 if let Some(Group::Lib(members)) = groups.get_mut(dso) {
                     members.push(n);
                 }
@@ -120,15 +123,16 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
     for (p, group) in groups.iter().enumerate() {
         let mut children: Vec<usize> = members(group)
             .into_iter()
-            .flat_map(|m| tree.imports(m).iter().filter_map(|c| index_of[c.0]))
+            .flat_map(|m| imports(m).iter().filter_map(|c| index_of[c.0]))
             .filter(|&c| c != p)
             .collect();
         children.sort_unstable();
         children.dedup();
         if let Some(&first) = children.first() {
             if first < p {
-                let key =
-                    |g: &Group| members(g).first().map(|m| tree.kind(*m).type_key().to_owned()).unwrap_or_default();
+                let key = |g: &Group| {
+                    members(g).first().and_then(|m| tree.kind(*m)).map(|k| k.type_key().to_owned()).unwrap_or_default()
+                };
                 return Err(SerializeError::Cycle {
                     parent: key(group),
                     parent_index: p,
@@ -144,7 +148,7 @@ pub fn serialize(tree: &ModuleTree) -> Result<Serialized, SerializeError> {
     Ok(Serialized {
         groups,
         import_tree: ImportTree { row_ptr, child_indices },
-        root_has_imports: !tree.imports(root).is_empty(),
+        root_has_imports: !imports(root).is_empty(),
         unreachable: tree.ids().filter(|m| !visited[m.0]).collect(),
     })
 }
@@ -157,8 +161,8 @@ impl Serialized {
             .map(|g| match g {
                 Group::Lib(_) => BlobEntry::Lib,
                 Group::Module(id) => match tree.kind(*id) {
-                    ModuleKind::Payload(p) => BlobEntry::Module(&**p),
-                    ModuleKind::Dso { .. } => BlobEntry::Lib,
+                    Some(ModuleKind::Payload(p)) => BlobEntry::Module(p),
+                    Some(ModuleKind::Dso { .. }) | None => BlobEntry::Lib,
                 },
             })
             .collect()
@@ -169,8 +173,11 @@ impl Serialized {
     }
 
     /// Length of the blob (8-byte header included) in `layout`.
-    pub fn blob_len(&self, tree: &ModuleTree, layout: Layout) -> u64 {
-        8 + format::body_len(layout, &self.entries(tree), self.tree_for(layout))
+    ///
+    /// # Errors
+    /// The error of a payload that cannot say its length (see [`Serialized::to_blob`]).
+    pub fn blob_len(&self, tree: &ModuleTree, layout: Layout) -> io::Result<u64> {
+        Ok(8 + format::body_len(layout, &self.entries(tree), self.tree_for(layout))?)
     }
 
     /// Writes the blob (8-byte header first) in `layout`; returns its length.
@@ -184,7 +191,7 @@ impl Serialized {
     /// The error of a payload that cannot write itself (a loaded module that is not saveable,
     /// a user's kind whose [`crate::Payload::write_payload`] fails).
     pub fn to_blob(&self, tree: &ModuleTree, layout: Layout) -> io::Result<Vec<u8>> {
-        let mut v = Vec::with_capacity(usize::try_from(self.blob_len(tree, layout)).unwrap_or(0));
+        let mut v = Vec::with_capacity(usize::try_from(self.blob_len(tree, layout)?).unwrap_or(0));
         self.write_blob(tree, layout, &mut v)?;
         Ok(v)
     }
@@ -193,14 +200,14 @@ impl Serialized {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::Opaque;
+    use crate::payload::RawPayload as Opaque;
 
     fn keys(tree: &ModuleTree, s: &Serialized) -> Vec<String> {
         s.groups
             .iter()
             .map(|g| match g {
                 Group::Lib(_) => "_lib".to_owned(),
-                Group::Module(m) => tree.kind(*m).type_key().to_owned(),
+                Group::Module(m) => tree.kind(*m).unwrap().type_key().to_owned(),
             })
             .collect()
     }

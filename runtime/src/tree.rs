@@ -4,8 +4,12 @@
 //! several parents (TVM allows it, and the serializer deduplicates). What a DSO part is made of
 //! (objects, sources, IR) is the emit side's business; here it is just its type key.
 
+use std::any::Any;
+use std::io::{self, Write};
 use std::sync::Arc;
 
+use crate::format::Layout;
+use crate::module::{LoadedTree, Module};
 use crate::payload::Payload;
 
 /// Type keys of the modules TVM merges into the one library (`_lib`): `llvm` modules, `c`
@@ -116,14 +120,14 @@ impl ModuleTree {
         self.nodes.is_empty()
     }
 
-    /// What module `id` is.
-    pub fn kind(&self, id: ModuleId) -> &ModuleKind {
-        &self.nodes[id.0].kind
+    /// What module `id` is; `None` for an id that names no module of this tree.
+    pub fn kind(&self, id: ModuleId) -> Option<&ModuleKind> {
+        self.nodes.get(id.0).map(|n| &n.kind)
     }
 
-    /// The imports of `id`, in order.
-    pub fn imports(&self, id: ModuleId) -> &[ModuleId] {
-        &self.nodes[id.0].imports
+    /// The imports of `id`, in order; `None` for an id that names no module of this tree.
+    pub fn imports(&self, id: ModuleId) -> Option<&[ModuleId]> {
+        self.nodes.get(id.0).map(|n| &n.imports[..])
     }
 
     /// Every id, in the order added.
@@ -132,24 +136,28 @@ impl ModuleTree {
     }
 }
 
-/// A payload that is a loaded module (for re-packing a loaded tree).
+/// A payload that is a loaded module (for re-packing a loaded tree). Only made by
+/// [`ModuleTree::add_loaded`], which checks that the module is saveable.
 #[derive(Debug)]
-struct LoadedPayload(Arc<dyn crate::Module>);
+struct LoadedPayload(Arc<dyn Module>);
+
+impl LoadedPayload {
+    fn payload(&self) -> io::Result<&dyn Payload> {
+        self.0.as_payload().ok_or_else(|| io::Error::other(format!("module `{}` cannot be saved", self.0.type_key())))
+    }
+}
 
 impl Payload for LoadedPayload {
     fn type_key(&self) -> &str {
         self.0.type_key()
     }
-    fn write_payload(&self, layout: crate::Layout, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        match self.0.as_payload() {
-            Some(p) => p.write_payload(layout, out),
-            None => Err(std::io::Error::other(format!("module `{}` cannot be saved", self.0.type_key()))),
-        }
+    fn write_payload(&self, layout: Layout, out: &mut dyn Write) -> io::Result<()> {
+        self.payload()?.write_payload(layout, out)
     }
-    fn payload_len(&self, layout: crate::Layout) -> u64 {
-        self.0.as_payload().map_or(0, |p| p.payload_len(layout))
+    fn payload_len(&self, layout: Layout) -> io::Result<u64> {
+        self.payload()?.payload_len(layout)
     }
-    fn as_any(&self) -> &dyn std::any::Any {
+    fn as_any(&self) -> &dyn Any {
         self.0.as_any()
     }
 }
@@ -165,11 +173,11 @@ pub struct NotSaveable {
 }
 
 impl ModuleTree {
-    /// Adds a module that a [`crate::Loader`] built, as a payload that saves itself in whatever
-    /// layout the tree is written in (a device module read from a TVM 0.19 payload is written
-    /// with TVM 0.21's extra tags in [`crate::Layout::Classic021`], say). Fails with the type key
-    /// when the module cannot be saved ([`crate::Module::as_payload`] is `None`).
-    pub fn add_loaded(&mut self, module: Arc<dyn crate::Module>) -> Result<ModuleId, String> {
+    /// Adds a module that a [`Loader`](crate::registry::Loader) built, as a payload that saves
+    /// itself in whatever layout the tree is written in (a device module read from a TVM 0.19
+    /// payload is written with TVM 0.21's extra tags in [`Layout::Classic021`], say). Fails
+    /// with the type key when the module cannot be saved ([`Module::as_payload`] is `None`).
+    pub fn add_loaded(&mut self, module: Arc<dyn Module>) -> Result<ModuleId, String> {
         if module.as_payload().is_none() {
             return Err(module.type_key().to_owned());
         }
@@ -178,12 +186,12 @@ impl ModuleTree {
 
     /// The module tree of a loaded tree, for packing it again: the library module becomes a
     /// DSO part with type key `dso_type_key` (it stands for the host objects the new export
-    /// links), every other module must be saveable ([`crate::Module::as_payload`]). Module
+    /// links), every other module must be saveable ([`Module::as_payload`]). Module
     /// indices are kept, so serializing gives the same groups and import tree back.
-    pub fn from_loaded(loaded: &crate::LoadedTree, dso_type_key: &str) -> Result<ModuleTree, NotSaveable> {
+    pub fn from_loaded(loaded: &LoadedTree, dso_type_key: &str) -> Result<ModuleTree, NotSaveable> {
         let mut tree = ModuleTree::new();
         for (index, m) in loaded.modules().iter().enumerate() {
-            if m.module.type_key() == crate::LIBRARY_TYPE_KEY && m.module.as_payload().is_none() {
+            if m.module.type_key() == crate::ffi::library::LIBRARY_TYPE_KEY && m.module.as_payload().is_none() {
                 tree.add_dso(dso_type_key);
             } else {
                 tree.add_loaded(m.module.clone()).map_err(|type_key| NotSaveable { index, type_key })?;

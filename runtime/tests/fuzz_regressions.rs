@@ -196,7 +196,7 @@ fn opaque_search_looks_at_a_bounded_number_of_positions() {
         let err = parse_blob(&data, Layout::Classic, &registry, unknown).expect_err("no valid end");
         assert_eq!(err.offset, 16);
         match err.kind {
-            FormatErrorKind::OpaqueEnd { key, reason } => {
+            FormatErrorKind::UnmeasuredEnd { key, reason } => {
                 assert_eq!(key, "relax.Executable");
                 assert_eq!(reason, "the search for its end looked at too many positions");
             }

@@ -152,7 +152,7 @@ pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> R
     }
     let want = relax_key(layout);
     for id in tree.ids() {
-        let key = tree.kind(id).type_key();
+        let Some(key) = tree.kind(id).map(|k| k.type_key()) else { continue };
         if (key == "relax.Executable" || key == "relax.VMExecutable") && key != want {
             let fits = if key == "relax.Executable" { "classic" } else { "classic-0.21 or ffi" };
             return Err(Error::Invalid {

@@ -102,7 +102,7 @@ fn inspect_reports_bad_files_and_goes_on() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.blob: malformed blob") && err.contains("at byte"), "{err}");
+    assert!(err.contains("bad.blob: the blob parses in no layout") && err.contains("at byte"), "{err}");
     assert!(err.contains("missing.so") && err.contains("cannot open"), "{err}");
     assert!(err.contains("notes.txt: not an ELF file, a tar archive or a raw blob"), "{err}");
     assert!(!err.contains("8031924123371070824"), "{err}");

@@ -5,6 +5,7 @@ mod corrupt;
 #[path = "../../examples/custom_kind.rs"]
 #[allow(unsafe_code)]
 mod custom_kind;
+mod detect;
 mod device;
 mod export;
 mod export_faults;
@@ -12,5 +13,6 @@ mod export_options;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;
+mod library;
 mod pack;
 mod user_kind;

@@ -10,27 +10,29 @@
 //!
 //! With an import tree, `count` is the number of modules plus one. Without one (legacy), the
 //! entries are all imports of the library. Payloads carry no length, so the reader asks a
-//! [`PayloadSizer`] how long each one is; unknown keys are an error or, on request, opaque
-//! payloads whose end is found by looking for the next entry from which the rest parses.
+//! [`PayloadSizer`] how long each one is. A payload it cannot measure ([`Measure::Unmeasured`]:
+//! a kind kept as raw bytes, or on request an unknown key) ends where the next entry starts
+//! from which the rest of the body parses (the end search).
 
 use std::cell::Cell;
 use std::io::{self, Write};
 
+use super::error::{FormatError, FormatErrorKind};
 use super::stream::{self, Reader};
-use super::{BlobEntry, Entry, EntryKind, ImportTree, Layout, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY};
-use crate::error::{FormatError, FormatErrorKind};
-use crate::Measure;
+use super::{
+    BlobEntry, Entry, EntryKind, ImportTree, Layout, Measure, PayloadSizer, UnknownKeys, IMPORT_TREE_KEY, LIB_KEY,
+};
 
-/// How many opaque payloads may be nested in one search, and how many candidate ends may be
+/// How many unmeasured payloads may be nested in one search, and how many candidate ends may be
 /// tried in all: bounds the work an adversarial blob can cause.
-const MAX_OPAQUE_DEPTH: u32 = 32;
-const MAX_OPAQUE_TRIES: u32 = 4096;
-/// Longest type key the opaque search accepts as the start of the next entry.
+const MAX_UNMEASURED_DEPTH: u32 = 32;
+const MAX_UNMEASURED_TRIES: u32 = 4096;
+/// Longest type key the end search accepts as the start of the next entry.
 const MAX_KEY_LEN: u64 = 128;
-/// Positions the opaque search may look at in one pass: this many per byte of the body, plus
+/// Positions the end search may look at in one pass: this many per byte of the body, plus
 /// [`SCAN_SLACK`]. Each try walks back over the later payloads, and failing tries nest, so `k`
-/// opaque payloads in a row cost about `2^k / 8` positions per byte: 256 accepts the eleven of
-/// 64 KiB that [`MAX_OPAQUE_TRIES`] allowed before. Without a cap, a body whose candidate ends
+/// unmeasured payloads in a row cost about `2^k / 8` positions per byte: 256 accepts the eleven of
+/// 64 KiB that [`MAX_UNMEASURED_TRIES`] allowed before. Without a cap, a body whose candidate ends
 /// all lie before a long tail had every try walk the whole tail again (5.6 s per MiB; now
 /// 0.4 s).
 const SCAN_PER_BYTE: u64 = 256;
@@ -41,11 +43,11 @@ struct Ctx<'s> {
     sizer: &'s dyn PayloadSizer,
     unknown: UnknownKeys,
     tries: Cell<u32>,
-    /// Positions looked at by the opaque search in this pass, and the most it may look at.
+    /// Positions looked at by the end search in this pass, and the most it may look at.
     scanned: Cell<u64>,
     max_scan: u64,
-    /// First pass of the opaque search: the next entry must start with a key the reader
-    /// knows (`_lib`, `_import_tree`, a registered kind), and an opaque payload may not simply
+    /// First pass of the end search: the next entry must start with a key the reader
+    /// knows (`_lib`, `_import_tree`, a registered kind), and an unmeasured payload may not simply
     /// run to the end. Payloads hold many strings that look like keys (a VM executable's
     /// version, function names), so only if that fails is any plausible key accepted.
     strict: bool,
@@ -67,7 +69,7 @@ pub fn parse_body<'a>(
     let mut ctx = Ctx { layout, sizer, unknown, tries: Cell::new(0), scanned: Cell::new(0), max_scan, strict: true };
     let mut entries = Vec::new();
     let tree = match parse_entries(&ctx, r.clone(), count, &mut entries, 0) {
-        Err(FormatError { kind: FormatErrorKind::OpaqueEnd { .. }, .. }) => {
+        Err(FormatError { kind: FormatErrorKind::UnmeasuredEnd { .. }, .. }) => {
             ctx.strict = false;
             ctx.tries.set(0);
             ctx.scanned.set(0);
@@ -132,11 +134,11 @@ fn parse_entries<'a>(
             _ => match ctx.sizer.measure(key, r.rest(), payload_offset, ctx.layout) {
                 Some(Ok(Measure::Len(len))) => (EntryKind::Module, len),
                 Some(Err(e)) => return Err(e),
-                Some(Ok(Measure::Opaque)) => {
-                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                Some(Ok(Measure::Unmeasured)) => {
+                    return parse_unmeasured(ctx, r, key, key_offset, left, out, depth);
                 }
-                None if ctx.unknown == UnknownKeys::KeepOpaque => {
-                    return parse_opaque(ctx, r, key, key_offset, left, out, depth);
+                None if ctx.unknown == UnknownKeys::KeepRaw => {
+                    return parse_unmeasured(ctx, r, key, key_offset, left, out, depth);
                 }
                 None => {
                     return Err(FormatError::new(
@@ -153,9 +155,9 @@ fn parse_entries<'a>(
     Ok(tree)
 }
 
-/// An opaque payload starts at `r`: try each later position where an entry could start, from
+/// An unmeasured payload starts at `r`: try each later position where an entry could start, from
 /// the last, and keep the first from which the rest of the body parses exactly.
-fn parse_opaque<'a>(
+fn parse_unmeasured<'a>(
     ctx: &Ctx<'_>,
     r: Reader<'a>,
     key: &'a str,
@@ -166,7 +168,7 @@ fn parse_opaque<'a>(
 ) -> Result<Option<(ImportTree, u64)>, FormatError> {
     let payload_offset = r.offset();
     let rest = r.rest();
-    let fail = |reason| FormatError::new(key_offset, FormatErrorKind::OpaqueEnd { key: key.to_owned(), reason });
+    let fail = |reason| FormatError::new(key_offset, FormatErrorKind::UnmeasuredEnd { key: key.to_owned(), reason });
     if left == 0 {
         if ctx.strict {
             return Err(fail("it is the last entry"));
@@ -175,10 +177,10 @@ fn parse_opaque<'a>(
         out.push(Entry { type_key: key, kind: EntryKind::Module, key_offset, payload_offset, payload: rest });
         return Ok(None);
     }
-    if depth >= MAX_OPAQUE_DEPTH {
-        return Err(fail("too many opaque payloads in a row"));
+    if depth >= MAX_UNMEASURED_DEPTH {
+        return Err(fail("too many unmeasured payloads in a row"));
     }
-    // From the end backwards: the entries after an opaque payload are small (`_lib`, the
+    // From the end backwards: the entries after an unmeasured payload are small (`_lib`, the
     // import tree), so the search touches only the blob's last pages and a large payload is
     // never read (loading stays zero-copy and flat in payload size). Payload bytes that look
     // like an entry are also less likely near the end of the body than inside the payload.
@@ -195,7 +197,7 @@ fn parse_opaque<'a>(
         }
         let tries = ctx.tries.get() + 1;
         ctx.tries.set(tries);
-        if tries > MAX_OPAQUE_TRIES {
+        if tries > MAX_UNMEASURED_TRIES {
             return Err(fail("too many candidate ends"));
         }
         let mut tail = Vec::new();
@@ -215,28 +217,23 @@ fn parse_opaque<'a>(
 fn key_at(bytes: &[u8]) -> Option<&str> {
     let mut r = Reader::new(bytes, 0);
     let len = r.read_u64("key").ok().filter(|&l| l > 0 && l <= MAX_KEY_LEN)?;
-    let k = r.read_bytes(len, "key").ok()?;
-    let plausible = k.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
-    if plausible {
-        std::str::from_utf8(k).ok()
-    } else {
-        None
-    }
+    let k = std::str::from_utf8(r.read_bytes(len, "key").ok()?).ok()?;
+    super::detect::is_plausible_key(k).then_some(k)
 }
 
 /// Bytes of the classic body for these entries.
-pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
+pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     let mut n = 8;
     if let Some(tree) = tree {
         for e in entries {
             n += match e {
                 BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
-                BlobEntry::Module(p) => stream::str_len(p.type_key().len() as u64) + p.payload_len(layout),
+                BlobEntry::Module(p) => stream::str_len(p.entry_key().len() as u64) + p.entry_len(layout)?,
             };
         }
         n += stream::str_len(IMPORT_TREE_KEY.len() as u64) + tree.encoded_len();
     }
-    n
+    Ok(n)
 }
 
 /// Writes the classic body. Without a tree (a lone library) the body is `count = 0`.
@@ -255,8 +252,8 @@ pub fn write_body(
         match e {
             BlobEntry::Lib => stream::write_str(out, LIB_KEY)?,
             BlobEntry::Module(p) => {
-                stream::write_str(out, p.type_key())?;
-                p.write_payload(layout, out)?;
+                stream::write_str(out, p.entry_key())?;
+                p.write_entry(layout, out)?;
             }
         }
     }

@@ -6,13 +6,13 @@
 //! ```
 //!
 //! The tree comes first and fixes the number of modules; every payload is framed, so a
-//! reader can keep kinds it does not know as opaque bytes. `_lib` is always written.
+//! reader can keep kinds it does not know as raw bytes. `_lib` is always written.
 
 use std::io::{self, Write};
 
+use super::error::{FormatError, FormatErrorKind};
 use super::stream::{self, Reader};
-use super::{BlobEntry, Entry, EntryKind, ImportTree, LIB_KEY};
-use crate::error::{FormatError, FormatErrorKind};
+use super::{BlobEntry, Entry, EntryKind, ImportTree, Layout, LIB_KEY};
 
 /// Parses a tvm-ffi body whose first byte lies at `base`.
 pub fn parse_body(body: &[u8], base: u64) -> Result<(Vec<Entry<'_>>, Option<ImportTree>), FormatError> {
@@ -64,22 +64,22 @@ fn lone_tree() -> ImportTree {
 
 /// Bytes of the tvm-ffi body for these entries. Without a tree (a lone library) the body is a
 /// one-module tree holding `_lib`.
-pub fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
+pub fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     let lone = [BlobEntry::Lib];
     let (entries, tree_len) = match tree {
         Some(t) => (entries, t.encoded_len()),
         None => (&lone[..], lone_tree().encoded_len()),
     };
-    tree_len
-        + entries
-            .iter()
-            .map(|e| match e {
-                BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
-                BlobEntry::Module(p) => {
-                    stream::str_len(p.type_key().len() as u64) + stream::str_len(p.payload_len(super::Layout::Ffi))
-                }
-            })
-            .sum::<u64>()
+    let mut n = tree_len;
+    for e in entries {
+        n += match e {
+            BlobEntry::Lib => stream::str_len(LIB_KEY.len() as u64),
+            BlobEntry::Module(p) => {
+                stream::str_len(p.entry_key().len() as u64) + stream::str_len(p.entry_len(Layout::Ffi)?)
+            }
+        };
+    }
+    Ok(n)
 }
 
 /// Writes the tvm-ffi body.
@@ -96,9 +96,9 @@ pub fn write_body(out: &mut dyn Write, entries: &[BlobEntry<'_>], tree: Option<&
         match e {
             BlobEntry::Lib => stream::write_str(out, LIB_KEY)?,
             BlobEntry::Module(p) => {
-                stream::write_str(out, p.type_key())?;
-                stream::write_u64(out, p.payload_len(super::Layout::Ffi))?;
-                p.write_payload(super::Layout::Ffi, out)?;
+                stream::write_str(out, p.entry_key())?;
+                stream::write_u64(out, p.entry_len(Layout::Ffi)?)?;
+                p.write_entry(Layout::Ffi, out)?;
             }
         }
     }

@@ -1,5 +1,10 @@
 //! TVM's packed-module blob: the one place that knows its byte layouts.
 //!
+//! This module is the floor of the crate: it knows bytes and nothing above them (no payload
+//! kinds, modules or loaders). What it needs from above comes in through two small traits:
+//! [`PayloadSizer`] (how long an unframed classic payload is) and [`EntryPayload`] (how a
+//! module writes its payload).
+//!
 //! A blob is what the blob symbol of a packed `.so` holds: an 8-byte little-endian length
 //! `nbytes`, then `nbytes` bytes of body. The body comes in three layouts (see
 //! [`Layout`]); [`classic`] and [`ffi`] each open with their grammar. Reading detects the layout
@@ -11,12 +16,16 @@
 //! [`FormatError`] with its byte offset.
 
 pub mod classic;
+pub mod detect;
+pub mod dtype;
+pub mod error;
 pub mod ffi;
 pub mod stream;
 
 use std::io::{self, Write};
 
-use crate::error::{FormatError, FormatErrorKind};
+pub use dtype::DataType;
+pub use error::{FormatError, FormatErrorKind};
 use stream::Reader;
 
 /// Key of the placeholder entry that stands for the library (all DSO modules merged).
@@ -236,18 +245,22 @@ impl<'a> ParsedBlob<'a> {
     }
 }
 
-/// Tells the classic reader how long an unframed payload is. The [`Registry`](crate::Registry)
-/// implements it from its loaders.
+/// How long an unframed (classic) payload is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Measure {
+    /// The payload takes this many bytes.
+    Len(u64),
+    /// The kind's length cannot be measured (its format is not decoded): the reader finds its
+    /// end by looking for the next entry from which the rest of the blob parses.
+    Unmeasured,
+}
+
+/// Tells the classic reader how long an unframed payload is. The
+/// [`Registry`](crate::registry::Registry) implements it from its loaders.
 pub trait PayloadSizer {
-    /// How long the `key` payload at the start of `bytes` is (its first byte lies at `base`),
-    /// or `None` when no loader knows `key`.
-    fn measure(
-        &self,
-        key: &str,
-        bytes: &[u8],
-        base: u64,
-        layout: Layout,
-    ) -> Option<Result<crate::Measure, FormatError>>;
+    /// How long the `key` payload at the start of `bytes` is (its first byte lies at `base`,
+    /// counted from the first byte of the blob), or `None` when no loader knows `key`.
+    fn measure(&self, key: &str, bytes: &[u8], base: u64, layout: Layout) -> Option<Result<Measure, FormatError>>;
 
     /// The keys it knows, for error messages.
     fn known_keys(&self) -> Vec<String>;
@@ -258,16 +271,22 @@ pub trait PayloadSizer {
     }
 }
 
-/// What the reader does with a classic payload whose type key it cannot measure.
+/// What the reader does with a payload whose type key no loader knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UnknownKeys {
     /// Fail with [`FormatErrorKind::UnknownTypeKey`].
     #[default]
     Error,
-    /// Keep the payload as opaque bytes, finding its end by looking for the next entry from
-    /// which the rest of the blob parses completely. In the tvm-ffi layout payloads are
-    /// framed, so unknown keys are always kept.
-    KeepOpaque,
+    /// Keep the payload as raw bytes. In the classic layouts its end is found by looking for
+    /// the next entry from which the rest of the blob parses completely; in the tvm-ffi layout
+    /// payloads are framed, so unknown keys are always kept.
+    KeepRaw,
+}
+
+#[allow(non_upper_case_globals)]
+impl UnknownKeys {
+    /// The earlier name of [`UnknownKeys::KeepRaw`].
+    pub const KeepOpaque: UnknownKeys = UnknownKeys::KeepRaw;
 }
 
 /// Parses a whole blob symbol (8-byte header included) in `layout`.
@@ -293,16 +312,31 @@ pub fn parse_blob<'a>(
     Ok(ParsedBlob { layout, nbytes, entries, import_tree })
 }
 
+/// A payload as the blob writers see it: a type key and bytes that it writes itself.
+/// [`crate::payload::Payload`] modules are written through it.
+pub trait EntryPayload {
+    /// The type key written in front of the payload.
+    fn entry_key(&self) -> &str;
+
+    /// The number of bytes [`EntryPayload::write_entry`] writes in `layout` (without the
+    /// tvm-ffi length frame), or the error the payload's writer reports.
+    fn entry_len(&self, layout: Layout) -> io::Result<u64>;
+
+    /// Writes the payload as it appears in a blob of `layout` (without the tvm-ffi frame).
+    fn write_entry(&self, layout: Layout, out: &mut dyn Write) -> io::Result<()>;
+}
+
 /// One module group of a serialized tree, as the blob writers see it.
 pub enum BlobEntry<'p> {
     /// The merged library (`_lib`).
     Lib,
     /// A module with a payload.
-    Module(&'p dyn crate::Payload),
+    Module(&'p dyn EntryPayload),
 }
 
-/// Bytes of the body [`write_blob`] writes (header not included).
-pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> u64 {
+/// Bytes of the body [`write_blob`] writes (header not included); fails with the error of a
+/// payload that cannot say its length.
+pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     match layout {
         Layout::Classic | Layout::Classic021 => classic::body_len(layout, entries, tree),
         Layout::Ffi => ffi::body_len(entries, tree),
@@ -317,7 +351,7 @@ pub fn write_blob(
     entries: &[BlobEntry<'_>],
     tree: Option<&ImportTree>,
 ) -> io::Result<u64> {
-    let len = body_len(layout, entries, tree);
+    let len = body_len(layout, entries, tree)?;
     stream::write_u64(out, len)?;
     match layout {
         Layout::Classic | Layout::Classic021 => classic::write_body(out, layout, entries, tree)?,

@@ -11,7 +11,8 @@
 
 use std::io::{self, Write};
 
-use crate::error::{FormatError, FormatErrorKind};
+pub use super::dtype::DataType;
+use super::error::{FormatError, FormatErrorKind};
 
 /// A cursor over borrowed bytes that reports absolute offsets.
 #[derive(Debug, Clone)]
@@ -31,6 +32,24 @@ impl<'a> Reader<'a> {
     /// Absolute offset of the next byte.
     pub fn offset(&self) -> u64 {
         self.base + self.pos as u64
+    }
+
+    /// Bytes read so far: the position of the next byte within the reader's own input.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Reads a `str` and returns where its bytes lie within the reader's own input (for taking
+    /// the same range of a shared buffer without copying).
+    pub fn read_str_range(&mut self, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
+        let bytes = self.read_str_bytes(what)?;
+        Ok(self.pos - bytes.len()..self.pos)
+    }
+
+    /// Takes the next `n` bytes and returns where they lie within the reader's own input.
+    pub fn read_range(&mut self, n: u64, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
+        let bytes = self.read_bytes(n, what)?;
+        Ok(self.pos - bytes.len()..self.pos)
     }
 
     /// Bytes not yet read.
@@ -169,73 +188,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A `DLDataType`: type code, bits per lane, lanes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DataType {
-    /// DLPack type code: 0 int, 1 uint, 2 float, 3 handle (opaque pointer), 4 bfloat.
-    pub code: u8,
-    /// Bits per lane.
-    pub bits: u8,
-    /// Number of lanes (1 for scalars).
-    pub lanes: u16,
-}
-
-impl DataType {
-    /// `float32`.
-    pub const F32: DataType = DataType { code: 2, bits: 32, lanes: 1 };
-    /// `int32`.
-    pub const I32: DataType = DataType { code: 0, bits: 32, lanes: 1 };
-    /// `handle` (a pointer argument).
-    pub const HANDLE: DataType = DataType { code: 3, bits: 64, lanes: 1 };
-
-    /// Bytes per element as TVM's tensor format counts them: `ceil(bits / 8)`, lanes not
-    /// multiplied in.
-    pub fn element_bytes(self) -> u64 {
-        u64::from(self.bits).div_ceil(8)
-    }
-
-    /// Parses TVM's spelling (`float32`, `int8`, `uint1`, `handle`, `bfloat16`, `float16x4`).
-    pub fn parse(s: &str) -> Option<DataType> {
-        if s == "handle" {
-            return Some(DataType::HANDLE);
-        }
-        if s == "bool" {
-            return Some(DataType { code: 1, bits: 1, lanes: 1 });
-        }
-        let (base, lanes) = match s.split_once('x') {
-            Some((b, l)) => (b, l.parse().ok()?),
-            None => (s, 1),
-        };
-        let (code, bits) = [("bfloat", 4u8), ("float", 2), ("uint", 1), ("int", 0)]
-            .iter()
-            .find_map(|(p, c)| base.strip_prefix(p).map(|b| (*c, b)))?;
-        Some(DataType { code, bits: bits.parse().ok()?, lanes })
-    }
-}
-
-impl std::fmt::Display for DataType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if *self == DataType::HANDLE {
-            return f.write_str("handle");
-        }
-        if self.code == 1 && self.bits == 1 && self.lanes == 1 {
-            return f.write_str("bool");
-        }
-        match self.code {
-            0 => write!(f, "int{}", self.bits)?,
-            1 => write!(f, "uint{}", self.bits)?,
-            2 => write!(f, "float{}", self.bits)?,
-            3 => write!(f, "handle{}", self.bits)?,
-            4 => write!(f, "bfloat{}", self.bits)?,
-            c => write!(f, "custom[{c}]{}", self.bits)?,
-        }
-        if self.lanes != 1 {
-            write!(f, "x{}", self.lanes)?;
-        }
-        Ok(())
-    }
-}
-
 /// Writes a little-endian `u64`.
 pub fn write_u64(out: &mut dyn Write, v: u64) -> io::Result<()> {
     out.write_all(&v.to_le_bytes())
@@ -324,14 +276,5 @@ mod tests {
     fn truncated_scalar() {
         let err = Reader::new(&[1, 2, 3], 5).read_u64("nbytes").unwrap_err();
         assert_eq!(err, FormatError::new(5, FormatErrorKind::Truncated { what: "nbytes", need: 8, have: 3 }));
-    }
-
-    #[test]
-    fn dtype_names() {
-        for s in ["float32", "int8", "uint16", "handle", "float16x4", "bfloat16", "bool"] {
-            assert_eq!(DataType::parse(s).unwrap().to_string(), s);
-        }
-        assert_eq!(DataType::parse("handle"), Some(DataType::HANDLE));
-        assert_eq!(DataType::parse("pointer"), None);
     }
 }

@@ -13,11 +13,12 @@
 use std::any::Any;
 use std::io::{self, Write};
 
+use std::ops::Range;
+
 use super::Payload;
-use crate::error::{FormatError, FormatErrorKind};
-use crate::format::stream::{self, DataType, Reader};
-use crate::format::Layout;
-use crate::Bytes;
+use crate::bytes::Bytes;
+use crate::format::stream::{self, Reader};
+use crate::format::{DataType, FormatError, FormatErrorKind, Layout};
 
 /// Type key of the graph executor factory.
 pub const GRAPH_EXECUTOR_FACTORY: &str = "GraphExecutorFactory";
@@ -53,14 +54,15 @@ impl Tensor {
             .then(|| self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
-    /// Reads one tensor from `r`, borrowing its data from `src` (the bytes `r` reads).
+    /// Reads one tensor from `r`, borrowing its data from `src` (the bytes `r` reads: `r`'s
+    /// positions are positions in `src`).
     pub fn read(r: &mut Reader<'_>, src: &Bytes) -> Result<Tensor, FormatError> {
-        Tensor::read_with(r, &|bytes| src.slice_ref(bytes).unwrap_or_else(|| Bytes::from_vec(bytes.to_vec())))
+        Tensor::read_with(r, &|range| src.slice(range))
     }
 
-    /// Reads one tensor, turning its data into [`Bytes`] with `data` (a borrow of the source,
-    /// or nothing at all when only measuring).
-    fn read_with(r: &mut Reader<'_>, data: &dyn Fn(&[u8]) -> Bytes) -> Result<Tensor, FormatError> {
+    /// Reads one tensor, taking its data's range of the reader's input with `data` (a view of
+    /// the source, or an empty buffer when only measuring).
+    fn read_with(r: &mut Reader<'_>, data: &dyn Fn(Range<usize>) -> Option<Bytes>) -> Result<Tensor, FormatError> {
         let at = r.offset();
         let magic = r.read_u64("tensor magic")?;
         if magic != TENSOR_MAGIC {
@@ -80,12 +82,18 @@ impl Tensor {
         }
         let ndim_at = r.offset();
         let ndim = r.read_i32("ndim")?;
-        let ndim = u64::try_from(ndim).ok().filter(|n| n * 8 <= r.remaining() as u64).ok_or_else(|| {
-            FormatError::new(
+        let Ok(ndim) = u64::try_from(ndim) else {
+            return Err(FormatError::new(
                 ndim_at,
-                FormatErrorKind::LengthTooLarge { what: "ndim", len: ndim as u64, remaining: r.remaining() as u64 },
-            )
-        })?;
+                FormatErrorKind::Invalid { what: "ndim", detail: format!("{ndim} is negative") },
+            ));
+        };
+        if ndim * 8 > r.remaining() as u64 {
+            return Err(FormatError::new(
+                ndim_at,
+                FormatErrorKind::LengthTooLarge { what: "ndim", len: ndim, remaining: r.remaining() as u64 },
+            ));
+        }
         let dtype = r.read_dtype("dtype")?;
         let mut shape = Vec::with_capacity(ndim as usize);
         for _ in 0..ndim {
@@ -111,8 +119,14 @@ impl Tensor {
                 },
             ));
         }
-        let bytes = r.read_bytes(size as u64, "tensor data")?;
-        let data = data(bytes);
+        let data_at = r.offset();
+        let range = r.read_range(size as u64, "tensor data")?;
+        let data = data(range).ok_or_else(|| {
+            FormatError::new(
+                data_at,
+                FormatErrorKind::Invalid { what: "tensor data", detail: "lies outside the source buffer".into() },
+            )
+        })?;
         Ok(Tensor { dtype, shape, device, data })
     }
 
@@ -167,22 +181,21 @@ impl GraphExecutorFactory {
     /// Reads a payload from the start of `src`, whose first byte lies at `base`. Returns the
     /// factory and the bytes it took.
     pub fn read(src: &Bytes, base: u64, type_key: &str) -> Result<(GraphExecutorFactory, u64), FormatError> {
-        let data = |bytes: &[u8]| src.slice_ref(bytes).unwrap_or_else(|| Bytes::from_vec(bytes.to_vec()));
-        Self::read_from(src, base, type_key, &data)
+        Self::read_from(src, base, type_key, &|range| src.slice(range))
     }
 
     /// The length of the payload at the start of `bytes`, checked as [`GraphExecutorFactory::read`]
     /// checks it, without copying any tensor data.
     pub fn measure(bytes: &[u8], base: u64) -> Result<u64, FormatError> {
         let empty = Bytes::from_vec(Vec::new());
-        Self::read_from(bytes, base, GRAPH_EXECUTOR_FACTORY, &|_| empty.clone()).map(|(_, n)| n)
+        Self::read_from(bytes, base, GRAPH_EXECUTOR_FACTORY, &|_| Some(empty.clone())).map(|(_, n)| n)
     }
 
     fn read_from(
         src: &[u8],
         base: u64,
         type_key: &str,
-        data: &dyn Fn(&[u8]) -> Bytes,
+        data: &dyn Fn(Range<usize>) -> Option<Bytes>,
     ) -> Result<(GraphExecutorFactory, u64), FormatError> {
         let mut r = Reader::new(src, base);
         let graph_json = r.read_str("graph_json")?.to_owned();
@@ -234,22 +247,20 @@ impl Payload for GraphExecutorFactory {
         stream::write_str(out, module_name)
     }
 
-    fn payload_len(&self, _layout: Layout) -> u64 {
+    fn payload_len(&self, _layout: Layout) -> io::Result<u64> {
         let names: u64 = self.params.iter().map(|(n, _)| stream::str_len(n.len() as u64)).sum();
         let tensors: u64 = self.params.iter().map(|(_, t)| t.encoded_len()).sum();
-        stream::str_len(self.graph_json.len() as u64)
+        Ok(stream::str_len(self.graph_json.len() as u64)
             + 16
             + names
             + tensors
-            + stream::str_len(self.module_name.len() as u64)
+            + stream::str_len(self.module_name.len() as u64))
     }
 
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
-
-crate::payload_module!(GraphExecutorFactory);
 
 #[cfg(test)]
 mod tests {
@@ -266,7 +277,7 @@ mod tests {
         let g = sample();
         let mut buf = Vec::new();
         g.write_payload(Layout::Classic, &mut buf).unwrap();
-        assert_eq!(buf.len() as u64, g.payload_len(Layout::Classic));
+        assert_eq!(buf.len() as u64, g.payload_len(Layout::Classic).unwrap());
         let (back, used) =
             GraphExecutorFactory::read(&Bytes::from_vec(buf.clone()), 0, GRAPH_EXECUTOR_FACTORY).unwrap();
         assert_eq!(used, buf.len() as u64);
@@ -294,7 +305,14 @@ mod tests {
         let mut forged = buf;
         let magic_at = 10 + 8 + 8 + 10;
         forged[magic_at] ^= 1;
-        let err = GraphExecutorFactory::read(&Bytes::from_vec(forged), 0, GRAPH_EXECUTOR_FACTORY).unwrap_err();
+        let err = GraphExecutorFactory::read(&Bytes::from_vec(forged.clone()), 0, GRAPH_EXECUTOR_FACTORY).unwrap_err();
         assert!(matches!(err.kind, FormatErrorKind::BadMagic { .. }));
+        forged[magic_at] ^= 1;
+        // ndim follows magic, reserved and the device (8 + 8 + 8 bytes).
+        let ndim_at = magic_at + 24;
+        forged[ndim_at..ndim_at + 4].copy_from_slice(&(-1i32).to_le_bytes());
+        let err = GraphExecutorFactory::read(&Bytes::from_vec(forged), 0, GRAPH_EXECUTOR_FACTORY).unwrap_err();
+        assert_eq!(err.offset, ndim_at as u64);
+        assert!(err.to_string().contains("ndim: -1 is negative"), "{err}");
     }
 }

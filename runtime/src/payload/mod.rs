@@ -1,10 +1,10 @@
 //! Payload modules: the modules of a tree that carry bytes (everything but the DSO part).
 //!
 //! A payload kind implements [`Payload`] to be written, and registers a
-//! [`Loader`](crate::Loader) to be read. Built-in kinds: [`graph`] (`GraphExecutorFactory`),
-//! [`device`] (CUDA, OpenCL, Vulkan-source, Metal, WebGPU), and [`Opaque`] bytes for anything
-//! else (`relax.Executable`, `VMExecutable`, `AotExecutorFactory`, `metadata_module`, or a kind
-//! this build does not know).
+//! [`Loader`](crate::registry::Loader) to be read. Built-in kinds: [`graph`]
+//! (`GraphExecutorFactory`), [`device`] (CUDA, OpenCL, Vulkan-source, Metal, WebGPU), and
+//! [`RawPayload`] bytes for anything else (`relax.Executable`, `VMExecutable`,
+//! `AotExecutorFactory`, `metadata_module`, or a kind this build does not know).
 
 pub mod device;
 pub mod graph;
@@ -12,10 +12,11 @@ pub mod graph;
 use std::any::Any;
 use std::fmt::Debug;
 use std::io::{self, Write};
+use std::sync::Arc;
 
+use crate::bytes::Bytes;
 use crate::format::stream::CountingSink;
-use crate::format::Layout;
-use crate::Bytes;
+use crate::format::{EntryPayload, Layout};
 
 /// A module that saves itself to bytes (TVM's `SaveToBinary` / `SaveToBytes`).
 pub trait Payload: Debug + Send + Sync + Any {
@@ -27,53 +28,69 @@ pub trait Payload: Debug + Send + Sync + Any {
     fn write_payload(&self, layout: Layout, out: &mut dyn Write) -> io::Result<()>;
 
     /// The number of bytes [`Payload::write_payload`] writes. The default measures by writing
-    /// to a counting sink; kinds that know their size should say it.
-    fn payload_len(&self, layout: Layout) -> u64 {
+    /// to a counting sink, and fails as the writer does; kinds that know their size should say
+    /// it.
+    fn payload_len(&self, layout: Layout) -> io::Result<u64> {
         let mut sink = CountingSink::default();
-        match self.write_payload(layout, &mut sink) {
-            Ok(()) => sink.0,
-            Err(_) => 0,
-        }
+        self.write_payload(layout, &mut sink)?;
+        Ok(sink.0)
     }
 
     /// For downcasting to the concrete kind.
     fn as_any(&self) -> &dyn Any;
 }
 
-/// Payload bytes kept as they are, for kinds that are not decoded (or not known).
+/// The blob writers write a tree's payload modules through this.
+impl EntryPayload for Arc<dyn Payload> {
+    fn entry_key(&self) -> &str {
+        self.type_key()
+    }
+    fn entry_len(&self, layout: Layout) -> io::Result<u64> {
+        self.payload_len(layout)
+    }
+    fn write_entry(&self, layout: Layout, out: &mut dyn Write) -> io::Result<()> {
+        self.write_payload(layout, out)
+    }
+}
+
+/// Payload bytes kept as they are, for kinds that are not decoded (TVM's executables) or not
+/// known to the registry of a load that keeps unknown kinds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Opaque {
+pub struct RawPayload {
     /// The type key.
     pub type_key: String,
     /// The payload as it sits in the blob (inside the frame for tvm-ffi).
     pub bytes: Bytes,
 }
 
-impl Opaque {
-    /// An opaque payload of kind `type_key`.
-    pub fn new(type_key: impl Into<String>, bytes: impl Into<Bytes>) -> Opaque {
-        Opaque { type_key: type_key.into(), bytes: bytes.into() }
+/// The earlier name of [`RawPayload`].
+pub use RawPayload as Opaque;
+
+impl RawPayload {
+    /// Raw payload bytes of kind `type_key`.
+    pub fn new(type_key: impl Into<String>, bytes: impl Into<Bytes>) -> RawPayload {
+        RawPayload { type_key: type_key.into(), bytes: bytes.into() }
     }
 }
 
-impl Payload for Opaque {
+impl Payload for RawPayload {
     fn type_key(&self) -> &str {
         &self.type_key
     }
     fn write_payload(&self, _layout: Layout, out: &mut dyn Write) -> io::Result<()> {
         out.write_all(&self.bytes)
     }
-    fn payload_len(&self, _layout: Layout) -> u64 {
-        self.bytes.len() as u64
+    fn payload_len(&self, _layout: Layout) -> io::Result<u64> {
+        Ok(self.bytes.len() as u64)
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
 
-/// Type keys that TVM writes and mblob recognises but keeps as opaque bytes (their formats
-/// belong to TVM's virtual machines and AOT executor, which mblob does not run).
-pub const OPAQUE_KNOWN_KEYS: &[&str] = &[
+/// Type keys that TVM writes and mblob recognises but keeps as raw bytes (their formats belong
+/// to TVM's virtual machines and AOT executor, which mblob does not decode yet).
+pub const RAW_KNOWN_KEYS: &[&str] = &[
     "relax.Executable",
     "relax.VMExecutable",
     "VMExecutable",
@@ -82,3 +99,6 @@ pub const OPAQUE_KNOWN_KEYS: &[&str] = &[
     "metadata",
     "const_loader",
 ];
+
+/// The earlier name of [`RAW_KNOWN_KEYS`].
+pub const OPAQUE_KNOWN_KEYS: &[&str] = RAW_KNOWN_KEYS;

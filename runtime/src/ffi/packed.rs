@@ -10,14 +10,14 @@
 //! workspace memory and parallel loops (run on the calling thread); calls back into TVM
 //! (`TVMFuncCall`, `TVMBackendGetFuncFromEnv`) fail with an error message.
 //!
-//! This file and `library.rs` are the FFI edge of the load side.
+//! This file is part of the FFI edge ([`crate::ffi`]).
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout as AllocLayout};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use crate::format::stream::DataType;
+use crate::format::DataType;
 use crate::module::Symbol;
 
 /// `DLDevice`.
@@ -214,14 +214,46 @@ extern "C" fn backend_parallel_barrier(_task: c_int, _env: *mut ParallelGroupEnv
     0
 }
 
-extern "C" fn unsupported_call() -> c_int {
-    set_last_error("mblob runtime: calls back into TVM (TVMFuncCall, TVMBackendGetFuncFromEnv) are not supported");
+const NO_CALLBACKS: &str =
+    "mblob runtime: calls back into TVM (TVMFuncCall, TVMFFIFunctionCall, TVMBackendGetFuncFromEnv) are not supported";
+
+/// `__TVMFuncCall`: `int(TVMFunctionHandle, TVMValue*, int*, int, TVMValue*, int*)`.
+extern "C" fn func_call_unsupported(
+    _func: *mut c_void,
+    _args: *mut TVMValue,
+    _type_codes: *mut c_int,
+    _num_args: c_int,
+    _ret: *mut TVMValue,
+    _ret_type_code: *mut c_int,
+) -> c_int {
+    set_last_error(NO_CALLBACKS);
+    -1
+}
+
+/// `__TVMFFIFunctionCall`: `int(TVMFFIObjectHandle, const TVMFFIAny*, int32_t, TVMFFIAny*)`.
+extern "C" fn ffi_function_call_unsupported(
+    _func: *mut c_void,
+    _args: *const c_void,
+    _num_args: i32,
+    _result: *mut c_void,
+) -> c_int {
+    set_last_error(NO_CALLBACKS);
+    -1
+}
+
+/// `__TVMBackendGetFuncFromEnv`: `int(void* mod_node, const char* name, TVMFunctionHandle* out)`.
+extern "C" fn get_func_from_env_unsupported(
+    _mod_node: *mut c_void,
+    _name: *const c_char,
+    _out: *mut *mut c_void,
+) -> c_int {
+    set_last_error(NO_CALLBACKS);
     -1
 }
 
 /// Writes the context functions into the library's `__<name>` data symbols where they exist,
 /// and the library handle into its context symbol, as TVM's `InitContextFunctions` does.
-pub(crate) fn install_context(lib: &libloading::Library, ctx: *mut c_void) {
+pub(crate) fn install_context(lib: &libloading::os::unix::Library, ctx: *mut c_void) {
     let functions: [(&str, *const c_void); 9] = [
         ("__TVMAPISetLastError", api_set_last_error as *const c_void),
         ("__TVMFFIErrorSetRaisedFromCStr", ffi_error_set_raised as *const c_void),
@@ -229,9 +261,9 @@ pub(crate) fn install_context(lib: &libloading::Library, ctx: *mut c_void) {
         ("__TVMBackendFreeWorkspace", backend_free_workspace as *const c_void),
         ("__TVMBackendParallelLaunch", backend_parallel_launch as *const c_void),
         ("__TVMBackendParallelBarrier", backend_parallel_barrier as *const c_void),
-        ("__TVMFuncCall", unsupported_call as *const c_void),
-        ("__TVMFFIFunctionCall", unsupported_call as *const c_void),
-        ("__TVMBackendGetFuncFromEnv", unsupported_call as *const c_void),
+        ("__TVMFuncCall", func_call_unsupported as *const c_void),
+        ("__TVMFFIFunctionCall", ffi_function_call_unsupported as *const c_void),
+        ("__TVMBackendGetFuncFromEnv", get_func_from_env_unsupported as *const c_void),
     ];
     let contexts = ["__tvm_module_ctx", "__tvm_ffi_library_ctx", "__tvm_ffi__library_ctx"];
     let slots = functions.iter().copied().chain(contexts.iter().map(|c| (*c, ctx as *const c_void)));

@@ -1,8 +1,10 @@
 //! CUDA payloads on a GPU, through the driver API with cudarc (feature `cuda`).
 //!
-//! With the feature on, `cuda` payloads load as [`CudaModule`]s. Loading a tree never touches
-//! the driver: the module keeps its [`DeviceModule`] (which [`Module::as_payload`] returns, so
-//! the tree can be packed again) and loads the image into the driver on first use.
+//! With the feature on, `cuda` payloads load as [`CudaModule`]s (the loader is registered in
+//! [`crate::registry`]). Loading a tree never touches the driver: the module keeps its
+//! [`DeviceModule`] (which [`Module::as_payload`] returns, so the tree can be packed again, and
+//! through which `LoadedTree::find::<DeviceModule>()` finds it as it does without the feature)
+//! and loads the image into the driver on first use.
 //!
 //! First use checks that the driver library (`libcuda`) can be opened before any other
 //! cudarc call (cudarc panics when it cannot), creates a context on device 0, checks the image
@@ -32,31 +34,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 
-use crate::error::{Error, FormatError, Result};
-use crate::format::stream::DataType;
-use crate::format::Layout;
+use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::error::{Error, Result};
+use crate::format::DataType;
 use crate::module::Module;
-use crate::payload::device::{self, DeviceModule, CUDA};
+use crate::payload::device::DeviceModule;
 use crate::payload::Payload;
-use crate::registry::{Loader, LoaderError, Measure};
-use crate::Bytes;
-
-/// Loader of `cuda` payloads that makes [`CudaModule`]s (registered by
-/// [`Registry::default`](crate::Registry::default) when the feature is on).
-#[derive(Debug, Clone, Copy)]
-pub struct CudaLoader;
-
-impl Loader for CudaLoader {
-    fn type_key(&self) -> &str {
-        CUDA
-    }
-    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
-        device::measure(bytes, base, CUDA, layout).map(Measure::Len)
-    }
-    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
-        Ok(Arc::new(CudaModule::new(DeviceModule::read_exact(&payload, CUDA, layout)?)))
-    }
-}
 
 /// A kernel argument for [`CudaModule::launch`]; each must match the kernel's `arg_types`.
 #[derive(Debug, Clone, Copy)]
@@ -251,10 +235,12 @@ impl CudaModule {
         }
         let kernel = l.kernel(name, &self.device).map_err(fail)?;
         tracing::debug!(grid = ?dims.grid, block = ?dims.block, shared = dims.dyn_shared_memory, "launch");
-        guard("launch", || l.launch(kernel, args, dims.grid, dims.block, dims.dyn_shared_memory)).map_err(|e| match e {
-            Error::Cuda(m) => fail(m),
-            other => other,
-        })
+        guard("launch", || l.launch(&kernel, args, dims.grid, dims.block, dims.dyn_shared_memory)).map_err(
+            |e| match e {
+                Error::Cuda(m) => fail(m),
+                other => other,
+            },
+        )
     }
 }
 
@@ -347,10 +333,18 @@ unsafe impl Send for Kernel {}
 // SAFETY: as above.
 unsafe impl Sync for Kernel {}
 
+/// A kernel found in the loaded image, with its parameters' byte sizes when the driver can
+/// tell them (asked once, when the kernel is first looked up).
+#[derive(Clone)]
+struct FoundKernel {
+    kernel: Kernel,
+    param_sizes: Option<Vec<usize>>,
+}
+
 /// The driver side of a module: context, stream, the loaded image and its kernels.
 struct Loaded {
     /// Kernels found in `image` (valid while it is loaded; dropped before it).
-    kernels: Mutex<Vec<(String, Kernel)>>,
+    kernels: Mutex<Vec<(String, FoundKernel)>>,
     image: ModuleHandle,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
@@ -381,11 +375,11 @@ impl Loaded {
         })
     }
 
-    /// The kernel called `name`, looked up once.
-    fn kernel(&self, name: &str, device: &DeviceModule) -> Result<Kernel, String> {
+    /// The kernel called `name` and its parameter sizes, looked up once.
+    fn kernel(&self, name: &str, device: &DeviceModule) -> Result<FoundKernel, String> {
         let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((_, k)) = kernels.iter().find(|(n, _)| n == name) {
-            return Ok(*k);
+            return Ok(k.clone());
         }
         let c_name = CString::new(name).map_err(|_| "the name holds a NUL byte".to_owned())?;
         let module = self.image.module;
@@ -401,23 +395,25 @@ impl Loaded {
             }
             msg
         })?;
-        kernels.push((name.to_owned(), Kernel(f)));
-        Ok(Kernel(f))
+        let found = FoundKernel { kernel: Kernel(f), param_sizes: param_sizes(Kernel(f)) };
+        kernels.push((name.to_owned(), found.clone()));
+        Ok(found)
     }
 
     /// Launches `kernel` with `args` and waits for it.
     fn launch(
         &self,
-        kernel: Kernel,
+        found: &FoundKernel,
         args: &[KernelArg<'_>],
         grid: [u32; 3],
         block: [u32; 3],
         shared: u32,
     ) -> Result<(), String> {
         self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
-        if let Some(sizes) = param_sizes(kernel) {
+        let kernel = found.kernel;
+        if let Some(sizes) = &found.param_sizes {
             let given: Vec<usize> = args.iter().map(KernelArg::size).collect();
-            if sizes != given {
+            if *sizes != given {
                 return Err(format!(
                     "the kernel's parameters take {sizes:?} bytes, the function info's arguments {given:?}"
                 ));
@@ -480,6 +476,7 @@ fn slot4(bytes: [u8; 4]) -> u64 {
 }
 
 /// The byte sizes of a kernel's parameters, when the driver can tell (CUDA 12.4 and later).
+/// One driver call per parameter: asked once per kernel ([`Loaded::kernel`] keeps the answer).
 fn param_sizes(kernel: Kernel) -> Option<Vec<usize>> {
     let mut version = 0;
     // SAFETY: `cuDriverGetVersion` writes one int through a valid pointer.
@@ -562,8 +559,17 @@ struct Image {
 
 impl Image {
     fn prepare(format: &str, data: &[u8]) -> Result<Image, String> {
+        // Zero-filled, with room for at least one NUL after the data, and 8-byte aligned (the
+        // ELF reader needs its headers aligned).
+        let mut words = vec![0u64; data.len() / 8 + 1];
+        for (word, chunk) in words.iter_mut().zip(data.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(b);
+        }
+        let aligned = object::pod::bytes_of_slice(&words).get(..data.len()).unwrap_or_default();
         let kind = if data.starts_with(b"\x7fELF") {
-            check_cubin(data)?;
+            check_cubin(aligned)?;
             ImageKind::Cubin
         } else if data.starts_with(&FATBIN_MAGIC.to_le_bytes()) {
             check_fatbin(data)?;
@@ -578,13 +584,6 @@ impl Image {
         } else {
             return Err(format!("unknown CUDA image format `{format}`"));
         };
-        // Zero-filled, with room for at least one NUL after the data.
-        let mut words = vec![0u64; data.len() / 8 + 1];
-        for (word, chunk) in words.iter_mut().zip(data.chunks(8)) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_ne_bytes(b);
-        }
         Ok(Image { words, kind })
     }
 
@@ -609,75 +608,41 @@ fn le_u16(data: &[u8], at: u64) -> Option<u16> {
     data.get(at..)?.get(..2)?.try_into().ok().map(u16::from_le_bytes)
 }
 
-fn le_u32(data: &[u8], at: u64) -> Option<u32> {
-    let at = usize::try_from(at).ok()?;
-    data.get(at..)?.get(..4)?.try_into().ok().map(u32::from_le_bytes)
-}
-
 fn le_u64(data: &[u8], at: u64) -> Option<u64> {
     let at = usize::try_from(at).ok()?;
     data.get(at..)?.get(..8)?.try_into().ok().map(u64::from_le_bytes)
 }
 
-/// Checks that an ELF64 little-endian CUDA object's header, section and segment tables, and
-/// every section's and segment's bytes lie within `data`.
+/// Checks, with the `object` crate, that an ELF64 little-endian CUDA object's header, section
+/// and segment tables, and every section's and segment's bytes lie within `data` (which must be
+/// 8-byte aligned, as [`Image`]'s buffer is).
 fn check_cubin(data: &[u8]) -> Result<(), String> {
     let len = data.len() as u64;
     let bad = |what: &str| format!("the cubin is malformed: {what} (image is {len} bytes)");
-    let within = |offset: u64, size: u64| offset.checked_add(size).is_some_and(|end| end <= len);
+    let within = |range: Option<(u64, u64)>| {
+        range.is_none_or(|(offset, size)| offset.checked_add(size).is_some_and(|end| end <= len))
+    };
     if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
         return Err(bad("not a 64-bit little-endian ELF file"));
     }
-    let field = |v: Option<u64>| v.ok_or_else(|| bad("the ELF header is truncated"));
-    let machine = field(le_u16(data, 0x12).map(u64::from))?;
-    if machine != u64::from(EM_CUDA) {
+    let file = object::read::elf::ElfFile64::<object::LittleEndian>::parse(data).map_err(|e| bad(&e.to_string()))?;
+    let machine = file.elf_header().e_machine.get(object::LittleEndian).0;
+    if machine != EM_CUDA {
         return Err(format!("the ELF image is not a CUDA cubin (e_machine {machine}, expected {EM_CUDA})"));
     }
-    let phoff = field(le_u64(data, 0x20))?;
-    let shoff = field(le_u64(data, 0x28))?;
-    let phentsize = field(le_u16(data, 0x36).map(u64::from))?;
-    let phnum = field(le_u16(data, 0x38).map(u64::from))?;
-    let shentsize = field(le_u16(data, 0x3a).map(u64::from))?;
-    let mut shnum = field(le_u16(data, 0x3c).map(u64::from))?;
-    if !within(0, 64) {
-        return Err(bad("the ELF header is truncated"));
-    }
-    if shoff != 0 {
-        if shentsize < 64 {
-            return Err(bad("section header entries are too small"));
-        }
-        if shnum == 0 {
-            // Extended numbering: the count is section 0's `sh_size`.
-            shnum = le_u64(data, shoff.saturating_add(0x20)).ok_or_else(|| bad("section 0 is outside the image"))?;
-        }
-        let table = shnum.checked_mul(shentsize).ok_or_else(|| bad("the section table size overflows"))?;
-        if !within(shoff, table) {
-            return Err(bad("the section table lies outside the image"));
-        }
-        for i in 0..shnum {
-            let at = shoff + i * shentsize;
-            let kind = le_u32(data, at + 4).ok_or_else(|| bad("a section header is truncated"))?;
-            let (offset, size) = (le_u64(data, at + 0x18), le_u64(data, at + 0x20));
-            let (offset, size) = offset.zip(size).ok_or_else(|| bad("a section header is truncated"))?;
-            // SHT_NOBITS (8) takes no bytes in the file.
-            if kind != 8 && !within(offset, size) {
-                return Err(bad(&format!("section {i} ({offset}+{size}) lies outside the image")));
-            }
+    for section in file.sections() {
+        let i = section.index().0;
+        // `file_range` is `None` for sections that take no bytes in the file (`SHT_NOBITS`).
+        let range = section.file_range();
+        if !within(range) {
+            let (offset, size) = range.unwrap_or_default();
+            return Err(bad(&format!("section {i} ({offset}+{size}) lies outside the image")));
         }
     }
-    if phoff != 0 && phnum > 0 {
-        if phentsize < 56 {
-            return Err(bad("program header entries are too small"));
-        }
-        if !within(phoff, phnum * phentsize) {
-            return Err(bad("the program header table lies outside the image"));
-        }
-        for i in 0..phnum {
-            let at = phoff + i * phentsize;
-            let (offset, size) = le_u64(data, at + 8).zip(le_u64(data, at + 0x20)).ok_or_else(|| bad("truncated"))?;
-            if !within(offset, size) {
-                return Err(bad(&format!("segment {i} ({offset}+{size}) lies outside the image")));
-            }
+    for (i, segment) in file.segments().enumerate() {
+        let (offset, size) = segment.file_range();
+        if !within(Some((offset, size))) {
+            return Err(bad(&format!("segment {i} ({offset}+{size}) lies outside the image")));
         }
     }
     Ok(())
@@ -701,7 +666,7 @@ fn check_fatbin(data: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::device::FunctionInfo;
+    use crate::payload::device::{FunctionInfo, CUDA};
 
     fn cubin_header() -> Vec<u8> {
         let mut h = vec![0u8; 64];
@@ -727,22 +692,33 @@ mod tests {
         assert!(Image::prepare("cuda", b"__global__ void f() {}").unwrap_err().contains("NVRTC"));
         assert!(Image::prepare("spirv", b"x").unwrap_err().contains("unknown CUDA image format"));
 
-        // A cubin with one section that lies inside, then one made to run past the end.
+        // A cubin with a null section, its section name table and one section that lies
+        // inside (the whole file), then one made to run past the end.
         let mut cubin = cubin_header();
         cubin[0x28..0x30].copy_from_slice(&64u64.to_le_bytes()); // shoff
-        cubin[0x3c..0x3e].copy_from_slice(&1u16.to_le_bytes()); // shnum
-        let mut sh = vec![0u8; 64];
-        sh[4] = 1; // SHT_PROGBITS
-        sh[0x18..0x20].copy_from_slice(&0u64.to_le_bytes());
-        sh[0x20..0x28].copy_from_slice(&128u64.to_le_bytes());
-        cubin.extend_from_slice(&sh);
+        cubin[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes()); // shnum
+        cubin[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes()); // shstrndx
+        let section = |kind: u8, offset: u64, size: u64| {
+            let mut sh = vec![0u8; 64];
+            sh[4] = kind;
+            sh[0x18..0x20].copy_from_slice(&offset.to_le_bytes());
+            sh[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            sh
+        };
+        let total = 64 + 3 * 64 + 1;
+        cubin.extend_from_slice(&[0u8; 64]); // SHT_NULL
+        cubin.extend_from_slice(&section(3, total - 1, 1)); // SHT_STRTAB: one NUL
+        cubin.extend_from_slice(&section(1, 0, total)); // SHT_PROGBITS
+        cubin.push(0);
+        assert_eq!(cubin.len() as u64, total);
         assert_eq!(Image::prepare("cubin", &cubin).unwrap().kind, ImageKind::Cubin);
         let mut past = cubin.clone();
-        past[64 + 0x20..64 + 0x28].copy_from_slice(&129u64.to_le_bytes());
-        assert!(Image::prepare("cubin", &past).unwrap_err().contains("section 0"));
+        past[64 + 2 * 64 + 0x20..64 + 2 * 64 + 0x28].copy_from_slice(&(total + 1).to_le_bytes());
+        let err = Image::prepare("cubin", &past).unwrap_err();
+        assert!(err.contains("section 2"), "{err}");
         let mut table_past = cubin.clone();
-        table_past[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
-        assert!(Image::prepare("cubin", &table_past).unwrap_err().contains("section table"));
+        table_past[0x3c..0x3e].copy_from_slice(&4u16.to_le_bytes());
+        assert!(Image::prepare("cubin", &table_past).unwrap_err().contains("the cubin is malformed"));
         let mut x86 = cubin.clone();
         x86[0x12] = 62;
         assert!(Image::prepare("cubin", &x86).unwrap_err().contains("not a CUDA cubin"));
@@ -782,7 +758,7 @@ mod tests {
     #[test]
     fn without_a_driver_loading_works_and_use_fails_cleanly() {
         if CudaModule::driver_present() {
-            eprintln!("skipped: a CUDA driver is present");
+            // With a driver, use succeeds; the GPU tests (tests/all/device.rs) cover it.
             return;
         }
         let info = FunctionInfo::new("k", vec![DataType::HANDLE], vec!["threadIdx.x".into()]);

@@ -26,18 +26,19 @@
 //! `tir.use_dyn_shared_memory`, whose value (the dynamic shared memory in bytes) comes last:
 //! [`LaunchParams`] turns them into grid and block dimensions.
 
+mod launch;
+
 use std::any::Any;
 use std::collections::HashSet;
 use std::io::{self, Write};
-use std::sync::Arc;
+use std::ops::Range;
+
+pub use launch::{LaunchDims, LaunchError, LaunchParams, DYN_SHARED_MEMORY_TAG};
 
 use super::Payload;
-use crate::error::{FormatError, FormatErrorKind};
-use crate::format::stream::{self, DataType, Reader};
-use crate::format::Layout;
-use crate::module::Module;
-use crate::registry::{Loader, LoaderError, Measure, Registry};
-use crate::Bytes;
+use crate::bytes::Bytes;
+use crate::format::stream::{self, Reader};
+use crate::format::{DataType, FormatError, FormatErrorKind, Layout};
 
 /// Type key of CUDA modules.
 pub const CUDA: &str = "cuda";
@@ -59,10 +60,6 @@ pub const DEVICE_TYPE_KEYS: &[&str] =
 
 /// The version string that starts a `MetalModule` payload (`kMetalModuleVersion`).
 pub const METAL_MODULE_VERSION: &str = "0.1.0";
-
-/// Launch tag whose value, the dynamic shared memory per block in bytes, follows the thread
-/// extents (`launch_param::kUseDynamicSharedMemoryTag`).
-pub const DYN_SHARED_MEMORY_TAG: &str = "tir.use_dyn_shared_memory";
 
 /// What TVM knows about one kernel (`runtime::FunctionInfo`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -244,7 +241,7 @@ impl DeviceModule {
     pub fn read(src: &Bytes, base: u64, type_key: &str, layout: Layout) -> Result<(DeviceModule, u64), FormatError> {
         let raw = parse(src, base, type_key, layout)?;
         let used = raw.used;
-        Ok((raw.into_module(src, type_key), used))
+        Ok((raw.into_module(src, base, type_key)?, used))
     }
 
     /// Reads a payload that must be exactly `payload` (no trailing bytes).
@@ -258,40 +255,57 @@ impl DeviceModule {
     }
 }
 
-/// A Vulkan shader as read: name, flag, words.
-type RawShader<'a> = (String, u32, &'a [u8]);
+/// A Vulkan shader as read: name, flag, where its words lie.
+type RawShader = (String, u32, Range<usize>);
 
-/// A payload taken apart, borrowing from the input.
+/// A payload taken apart: the byte fields as ranges of the input, so that a caller holding the
+/// input as [`Bytes`] takes views of it and one that only measures takes nothing.
 struct Raw<'a> {
     form: DeviceForm,
     format: &'a str,
     functions: Vec<(String, FunctionInfo)>,
-    data: &'a [u8],
-    sources: Vec<(String, &'a [u8])>,
-    shaders: Vec<RawShader<'a>>,
+    data: Range<usize>,
+    sources: Vec<(String, Range<usize>)>,
+    shaders: Vec<RawShader>,
     used: u64,
 }
 
 impl Raw<'_> {
     fn new(form: DeviceForm) -> Self {
-        Raw { form, format: "", functions: Vec::new(), data: &[], sources: Vec::new(), shaders: Vec::new(), used: 0 }
+        Raw { form, format: "", functions: Vec::new(), data: 0..0, sources: Vec::new(), shaders: Vec::new(), used: 0 }
     }
 
-    fn into_module(self, src: &Bytes, type_key: &str) -> DeviceModule {
-        let share = |part: &[u8]| src.slice_ref(part).unwrap_or_else(|| Bytes::from_vec(part.to_vec()));
-        DeviceModule {
+    /// The module, its byte fields views of `src` (the input the payload was parsed from).
+    fn into_module(self, src: &Bytes, base: u64, type_key: &str) -> Result<DeviceModule, FormatError> {
+        let share = |range: Range<usize>| {
+            let at = base + range.start as u64;
+            src.slice(range).ok_or_else(|| {
+                FormatError::new(
+                    at,
+                    FormatErrorKind::Invalid {
+                        what: "device payload",
+                        detail: "a field lies outside the input".into(),
+                    },
+                )
+            })
+        };
+        let mut sources = Vec::with_capacity(self.sources.len());
+        for (k, v) in self.sources {
+            sources.push((k, share(v)?));
+        }
+        let mut shaders = Vec::with_capacity(self.shaders.len());
+        for (k, flag, words) in self.shaders {
+            shaders.push((k, SpirvShader { flag, words: share(words)? }));
+        }
+        Ok(DeviceModule {
             type_key: type_key.to_owned(),
             format: self.format.to_owned(),
             functions: self.functions,
-            data: share(self.data),
-            sources: self.sources.into_iter().map(|(k, v)| (k, share(v))).collect(),
-            shaders: self
-                .shaders
-                .into_iter()
-                .map(|(k, flag, words)| (k, SpirvShader { flag, words: share(words) }))
-                .collect(),
+            data: share(self.data)?,
+            sources,
+            shaders,
             form: self.form,
-        }
+        })
     }
 }
 
@@ -337,24 +351,24 @@ fn read_fmap(r: &mut Reader<'_>, mode: InfoMode) -> Result<Vec<(String, Function
     Ok(out)
 }
 
-fn read_smap<'a>(r: &mut Reader<'a>) -> Result<Vec<(String, &'a [u8])>, FormatError> {
+fn read_smap(r: &mut Reader<'_>) -> Result<Vec<(String, Range<usize>)>, FormatError> {
     let n = r.read_count("smap", 16)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let key = r.read_str("smap key")?.to_owned();
-        out.push((key, r.read_str_bytes("smap value")?));
+        out.push((key, r.read_str_range("smap value")?));
     }
     Ok(out)
 }
 
-fn read_shaders<'a>(r: &mut Reader<'a>) -> Result<Vec<RawShader<'a>>, FormatError> {
+fn read_shaders(r: &mut Reader<'_>) -> Result<Vec<RawShader>, FormatError> {
     let n = r.read_count("smap", 20)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let key = r.read_str("smap key")?.to_owned();
         let flag = u32::from_le_bytes(r.read_i32("SPIRVShader.flag")?.to_le_bytes());
         let words = r.read_count("SPIRVShader.data", 4)? as u64;
-        out.push((key, flag, r.read_bytes(words * 4, "SPIRVShader.data")?));
+        out.push((key, flag, r.read_range(words * 4, "SPIRVShader.data")?));
     }
     Ok(out)
 }
@@ -369,7 +383,7 @@ fn parse_triple<'a>(mut r: Reader<'a>, mode: InfoMode) -> Result<Raw<'a>, Format
     let mut raw = Raw::new(DeviceForm::FmtFmapData);
     raw.format = r.read_str("fmt")?;
     raw.functions = read_fmap(&mut r, mode)?;
-    raw.data = r.read_str_bytes("data")?;
+    raw.data = r.read_str_range("data")?;
     Ok(finish(raw, &r, start))
 }
 
@@ -471,14 +485,18 @@ fn write_smap(out: &mut dyn Write, sources: &[(String, Bytes)]) -> io::Result<()
     Ok(())
 }
 
+fn odd_spirv(name: &str, shader: &SpirvShader) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("SPIR-V of `{name}` is {} bytes, not whole 4-byte words", shader.words.len()),
+    )
+}
+
 fn write_shaders(out: &mut dyn Write, shaders: &[(String, SpirvShader)]) -> io::Result<()> {
     stream::write_u64(out, shaders.len() as u64)?;
     for (name, shader) in shaders {
         if shader.words.len() % 4 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("SPIR-V of `{name}` is {} bytes, not whole 4-byte words", shader.words.len()),
-            ));
+            return Err(odd_spirv(name, shader));
         }
         stream::write_str(out, name)?;
         out.write_all(&shader.flag.to_le_bytes())?;
@@ -524,210 +542,28 @@ impl Payload for DeviceModule {
         }
     }
 
-    fn payload_len(&self, layout: Layout) -> u64 {
+    fn payload_len(&self, layout: Layout) -> io::Result<u64> {
         let str_len = |n: usize| stream::str_len(n as u64);
         let fmap: u64 = 8 + self.functions.iter().map(|(k, f)| str_len(k.len()) + f.encoded_len(layout)).sum::<u64>();
         let smap: u64 = 8 + self.sources.iter().map(|(k, v)| str_len(k.len()) + str_len(v.len())).sum::<u64>();
         let shaders: u64 =
             8 + self.shaders.iter().map(|(k, s)| str_len(k.len()) + 4 + 8 + s.words.len() as u64).sum::<u64>();
         let fmt = str_len(self.format.len());
-        match &self.form {
+        if let Some((name, s)) = self.shaders.iter().find(|(_, s)| s.words.len() % 4 != 0) {
+            return Err(odd_spirv(name, s));
+        }
+        Ok(match &self.form {
             DeviceForm::FmtFmapData => fmt + fmap + str_len(self.data.len()),
             DeviceForm::VersionSmapFmapFmt { version } => str_len(version.len()) + smap + fmap + fmt,
             DeviceForm::FmtFmapSmap => fmt + fmap + smap,
             DeviceForm::FmapSmap => fmap + smap,
             DeviceForm::FmtFmapShaders => fmt + fmap + shaders,
-        }
+        })
     }
 
     fn as_any(&self) -> &dyn Any {
         self
     }
-}
-
-crate::payload_module!(DeviceModule);
-
-/// Loader of a device type key: measures by parsing and loads a [`DeviceModule`] (the bytes
-/// stay borrowed from the blob).
-#[derive(Debug, Clone)]
-pub struct DeviceLoader(pub &'static str);
-
-impl Loader for DeviceLoader {
-    fn type_key(&self) -> &str {
-        self.0
-    }
-    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
-        measure(bytes, base, self.0, layout).map(Measure::Len)
-    }
-    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
-        Ok(Arc::new(DeviceModule::read_exact(&payload, self.0, layout)?))
-    }
-}
-
-/// Registers the device kinds' loaders: one per key of [`DEVICE_TYPE_KEYS`]. With the `cuda`
-/// feature, `cuda` payloads load as `cuda::CudaModule`s instead.
-pub fn register_loaders(registry: &mut Registry) {
-    for key in DEVICE_TYPE_KEYS {
-        registry.register(DeviceLoader(key));
-    }
-    #[cfg(feature = "cuda")]
-    registry.register(crate::cuda::CudaLoader);
-}
-
-/// Why launch tags or extents cannot make a launch.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LaunchError {
-    /// A tag that is neither a thread axis nor a known flag.
-    #[error("unknown launch tag `{tag}`")]
-    UnknownTag {
-        /// The tag.
-        tag: String,
-    },
-    /// The same thread axis tagged twice.
-    #[error("launch tag `{tag}` appears twice")]
-    DuplicateAxis {
-        /// The tag.
-        tag: String,
-    },
-    /// The caller passed the wrong number of extents.
-    #[error("the launch tags {tags:?} need {expected} extents, {found} given")]
-    ExtentCount {
-        /// The tags.
-        tags: Vec<String>,
-        /// Values the tags need.
-        expected: usize,
-        /// Values given.
-        found: usize,
-    },
-    /// An extent of 0 or larger than a CUDA dimension (`u32`).
-    #[error("extent {value} for `{tag}` is out of range (1 to {max})")]
-    ExtentOutOfRange {
-        /// The tag.
-        tag: String,
-        /// The value given.
-        value: u64,
-        /// The largest value allowed.
-        max: u64,
-    },
-}
-
-/// Grid and block dimensions of one launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchDims {
-    /// Blocks per grid (x, y, z).
-    pub grid: [u32; 3],
-    /// Threads per block (x, y, z).
-    pub block: [u32; 3],
-    /// Dynamic shared memory per block, in bytes.
-    pub dyn_shared_memory: u32,
-}
-
-/// What a kernel's `launch_param_tags` say (TVM's `LaunchParamConfig`): which axis each passed
-/// extent sets, in order, and the flags.
-///
-/// Axes are `blockIdx.{x,y,z}` (grid) and `threadIdx.{x,y,z}` (block); an axis not tagged is 1.
-/// `tir.use_dyn_shared_memory` (or `tirx.` in newer TVM) adds one value after the extents.
-/// WebGPU's `paramWriteAccess:[...]` tags are metadata and take no value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaunchParams {
-    /// For each extent a caller passes: its tag and the axis it sets (0 to 2 grid x/y/z, 3 to 5
-    /// block x/y/z).
-    pub axes: Vec<(String, usize)>,
-    /// Whether the dynamic shared memory size follows the extents.
-    pub dyn_shared_memory: bool,
-    /// `tirx.use_cooperative_launch`: the kernel needs a cooperative launch.
-    pub cooperative: bool,
-    /// `tirx.use_programtic_dependent_launch` (TVM's spelling).
-    pub programmatic_dependent_launch: bool,
-}
-
-impl LaunchParams {
-    /// Reads the tags.
-    pub fn from_tags<S: AsRef<str>>(tags: &[S]) -> Result<LaunchParams, LaunchError> {
-        let mut p = LaunchParams {
-            axes: Vec::new(),
-            dyn_shared_memory: false,
-            cooperative: false,
-            programmatic_dependent_launch: false,
-        };
-        for tag in tags {
-            let tag = tag.as_ref();
-            let flag = tag.strip_prefix("tirx.").or_else(|| tag.strip_prefix("tir."));
-            match flag {
-                Some("use_dyn_shared_memory") => p.dyn_shared_memory = true,
-                Some("use_cooperative_launch") => p.cooperative = true,
-                Some("use_programtic_dependent_launch") => p.programmatic_dependent_launch = true,
-                _ if tag.starts_with("paramWriteAccess:") => {}
-                _ => {
-                    let axis = axis_of(tag).ok_or_else(|| LaunchError::UnknownTag { tag: tag.to_owned() })?;
-                    if p.axes.iter().any(|(_, a)| *a == axis) {
-                        return Err(LaunchError::DuplicateAxis { tag: tag.to_owned() });
-                    }
-                    p.axes.push((tag.to_owned(), axis));
-                }
-            }
-        }
-        Ok(p)
-    }
-
-    /// How many values a caller passes after the kernel arguments: one per thread axis, plus
-    /// one for the dynamic shared memory.
-    pub fn extent_count(&self) -> usize {
-        self.axes.len() + usize::from(self.dyn_shared_memory)
-    }
-
-    /// The dimensions for `extents` (thread extents in tag order, then the dynamic shared
-    /// memory in bytes when tagged).
-    pub fn dims(&self, extents: &[u64]) -> Result<LaunchDims, LaunchError> {
-        if extents.len() != self.extent_count() {
-            return Err(LaunchError::ExtentCount {
-                tags: self.axes.iter().map(|(t, _)| t.clone()).collect(),
-                expected: self.extent_count(),
-                found: extents.len(),
-            });
-        }
-        let mut work = [1u32; 6];
-        for ((tag, axis), &value) in self.axes.iter().zip(extents) {
-            let v = u32::try_from(value).ok().filter(|&v| v > 0).ok_or_else(|| LaunchError::ExtentOutOfRange {
-                tag: tag.clone(),
-                value,
-                max: u64::from(u32::MAX),
-            })?;
-            if let Some(slot) = work.get_mut(*axis) {
-                *slot = v;
-            }
-        }
-        let dyn_shared_memory = match extents.get(self.axes.len()) {
-            Some(&bytes) if self.dyn_shared_memory => {
-                u32::try_from(bytes).map_err(|_| LaunchError::ExtentOutOfRange {
-                    tag: DYN_SHARED_MEMORY_TAG.to_owned(),
-                    value: bytes,
-                    max: u64::from(u32::MAX),
-                })?
-            }
-            _ => 0,
-        };
-        let [gx, gy, gz, bx, by, bz] = work;
-        Ok(LaunchDims { grid: [gx, gy, gz], block: [bx, by, bz], dyn_shared_memory })
-    }
-}
-
-/// The work-size slot of a thread-axis tag: `blockIdx.x` is 0, `threadIdx.z` is 5.
-fn axis_of(tag: &str) -> Option<usize> {
-    let (scope, dim) = tag.split_once('.')?;
-    let rank = match scope {
-        "blockIdx" => 0,
-        "threadIdx" => 3,
-        _ => return None,
-    };
-    let dim = match dim {
-        "x" => 0,
-        "y" => 1,
-        "z" => 2,
-        _ => return None,
-    };
-    Some(rank + dim)
 }
 
 #[cfg(test)]
@@ -745,7 +581,7 @@ mod tests {
     fn bytes_of(m: &DeviceModule, layout: Layout) -> Vec<u8> {
         let mut out = Vec::new();
         m.write_payload(layout, &mut out).unwrap();
-        assert_eq!(out.len() as u64, m.payload_len(layout), "payload_len of {:?} in {layout}", m.form);
+        assert_eq!(out.len() as u64, m.payload_len(layout).unwrap(), "payload_len of {:?} in {layout}", m.form);
         out
     }
 
@@ -885,45 +721,5 @@ mod tests {
                 assert_eq!(&back.form, &m.form, "{layout}");
             }
         }
-    }
-
-    #[test]
-    fn launch_tags() {
-        let p = LaunchParams::from_tags(&["blockIdx.x", "threadIdx.x"]).unwrap();
-        assert_eq!(p.extent_count(), 2);
-        let d = p.dims(&[16, 64]).unwrap();
-        assert_eq!((d.grid, d.block, d.dyn_shared_memory), ([16, 1, 1], [64, 1, 1], 0));
-
-        let p = LaunchParams::from_tags(&["threadIdx.y", "blockIdx.z", "threadIdx.x", DYN_SHARED_MEMORY_TAG]).unwrap();
-        assert_eq!(p.extent_count(), 4);
-        let d = p.dims(&[2, 3, 32, 4096]).unwrap();
-        assert_eq!((d.grid, d.block, d.dyn_shared_memory), ([1, 1, 3], [32, 2, 1], 4096));
-
-        let p = LaunchParams::from_tags(&["blockIdx.x", "threadIdx.x", "paramWriteAccess:[0,0,1]"]).unwrap();
-        assert_eq!(p.extent_count(), 2);
-        assert!(LaunchParams::from_tags(&["tirx.use_cooperative_launch"]).unwrap().cooperative);
-
-        assert_eq!(LaunchParams::from_tags(&["warpIdx.x"]), Err(LaunchError::UnknownTag { tag: "warpIdx.x".into() }));
-        assert!(matches!(
-            LaunchParams::from_tags(&["blockIdx.x", "blockIdx.x"]),
-            Err(LaunchError::DuplicateAxis { .. })
-        ));
-        let p = LaunchParams::from_tags(&["blockIdx.x"]).unwrap();
-        assert!(matches!(p.dims(&[]), Err(LaunchError::ExtentCount { expected: 1, found: 0, .. })));
-        assert!(matches!(p.dims(&[0]), Err(LaunchError::ExtentOutOfRange { value: 0, .. })));
-        assert!(matches!(p.dims(&[1 << 32]), Err(LaunchError::ExtentOutOfRange { .. })));
-    }
-
-    #[test]
-    fn registry_knows_every_device_key() {
-        let r = Registry::default();
-        for key in DEVICE_TYPE_KEYS {
-            assert!(r.get(key).is_some(), "{key}");
-        }
-        let m = sample_cuda();
-        let bytes = bytes_of(&m, Layout::Ffi);
-        let loaded = r.get(CUDA).unwrap().load(Bytes::from_vec(bytes), Layout::Ffi).unwrap();
-        let back = loaded.as_payload().unwrap().as_any().downcast_ref::<DeviceModule>().unwrap();
-        assert_eq!(back, &m);
     }
 }

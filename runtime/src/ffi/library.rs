@@ -1,0 +1,290 @@
+//! The library module: opening a shared library, reading its blob from the loaded image, and
+//! looking up functions.
+//!
+//! The blob is read from the image `dlopen` returned, never from the file on disk: if the path
+//! was written again while an earlier load is alive, `dlopen` hands back the earlier image, and
+//! the blob's address and size must both come from it. The address comes from `dlsym`, the size
+//! from the image's own dynamic symbol table (`dladdr1` with `RTLD_DL_SYMENT`), checked against
+//! the loaded segment that holds it.
+#![allow(unsafe_code)]
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::bytes::Bytes;
+use crate::error::{Error, Result};
+use crate::format::Layout;
+use crate::module::{Module, Symbol};
+
+/// Type key of the library module after loading.
+pub const LIBRARY_TYPE_KEY: &str = "library";
+
+/// `RTLD_DL_SYMENT` of glibc's `dladdr1`: return the symbol table entry.
+const RTLD_DL_SYMENT: libc::c_int = 1;
+/// `RTLD_DL_LINKMAP` of glibc's `dladdr1`: return the object's link map.
+const RTLD_DL_LINKMAP: libc::c_int = 2;
+
+/// What a library's context symbols (`__tvm_module_ctx`, ...) point to. There is one per loaded
+/// image, shared by every load of it, and it lives as long as any handle on the image does (a
+/// loaded tree, or a [`Symbol`] taken from it), so the pointer compiled code holds never
+/// dangles.
+#[derive(Debug)]
+pub(crate) struct ModuleContext {
+    /// The path the image was first opened by.
+    #[allow(dead_code)]
+    path: PathBuf,
+}
+
+/// A loaded shared object. Dropping the last one runs the library's finalisers (`dlclose`),
+/// then frees the context its context symbols point to.
+pub(crate) struct Image {
+    lib: libloading::os::unix::Library,
+    ctx: Arc<ModuleContext>,
+    link_map: usize,
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image").field("link_map", &format_args!("{:#x}", self.link_map)).finish()
+    }
+}
+
+impl Image {
+    /// The library handle.
+    pub(crate) fn lib(&self) -> &libloading::os::unix::Library {
+        &self.lib
+    }
+
+    /// The address the context symbols get.
+    pub(crate) fn context_ptr(&self) -> *mut c_void {
+        Arc::as_ptr(&self.ctx) as *mut c_void
+    }
+
+    /// The address of symbol `name`, when the image exports it.
+    fn address(&self, name: &str) -> Option<*mut c_void> {
+        // SAFETY: the symbol is read as a plain address (`*mut c_void`), which is what dlsym
+        // returns for any symbol, so no type is asserted about what it points to.
+        let addr = unsafe { self.lib.get::<*mut c_void>(name.as_bytes()) }.ok().map(|s| *s)?;
+        (!addr.is_null()).then_some(addr)
+    }
+}
+
+/// The library module: the shared object that held the blob (every DSO module merged), or a
+/// stand-in with no symbols when a blob is loaded from memory.
+#[derive(Debug)]
+pub struct LibraryModule {
+    image: Option<Arc<Image>>,
+    path: PathBuf,
+}
+
+impl LibraryModule {
+    /// A library module with no shared object behind it (for blobs loaded from memory).
+    pub fn detached() -> LibraryModule {
+        LibraryModule { image: None, path: PathBuf::from("<memory>") }
+    }
+
+    pub(crate) fn new(image: Arc<Image>, path: PathBuf) -> LibraryModule {
+        LibraryModule { image: Some(image), path }
+    }
+
+    /// The file it was opened from (`<memory>` when detached).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Looks up `name`, with an error naming the library when it is missing.
+    pub fn symbol(&self, name: &str) -> Result<Symbol> {
+        self.get_function(name).ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
+    }
+}
+
+impl Module for LibraryModule {
+    fn type_key(&self) -> &str {
+        LIBRARY_TYPE_KEY
+    }
+
+    fn get_function(&self, name: &str) -> Option<Symbol> {
+        let image = self.image.as_ref()?;
+        // The address is handed out inside a `Symbol` that holds the image (library handle
+        // and context), so neither can go away while it is used.
+        let addr = image.address(name)?;
+        Some(Symbol::new(addr, image.clone() as Arc<dyn Any + Send + Sync>))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The path `dlopen` is given for `path`: a bare file name (`deploy.so`) means the file in the
+/// current directory, as it does for every other tool, not a search of the library path.
+fn dlopen_path(path: &Path) -> PathBuf {
+    let bare = path.parent().is_some_and(|p| p.as_os_str().is_empty()) && !path.as_os_str().is_empty();
+    if bare {
+        Path::new(".").join(path)
+    } else {
+        path.to_owned()
+    }
+}
+
+/// The contexts of the images loaded now, by link map.
+static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new());
+
+/// Opens a shared library (a bare file name means the current directory's file).
+///
+/// # Safety
+///
+/// Opening a library runs its initialisers (static constructors), and dropping the last
+/// handle runs its finalisers: this is as safe as calling an unknown foreign function. Only
+/// open files you trust to run.
+pub(crate) unsafe fn open(path: &Path) -> Result<Arc<Image>> {
+    let target = dlopen_path(path);
+    // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
+    let lib = unsafe { libloading::os::unix::Library::new(&target) }
+        .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
+    let raw = lib.into_raw();
+    let mut link_map: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `raw` is a live handle from dlopen; RTLD_DI_LINKMAP writes one pointer through
+    // the valid out-pointer.
+    let info = unsafe { libc::dlinfo(raw, libc::RTLD_DI_LINKMAP, (&mut link_map as *mut *mut c_void).cast()) };
+    // SAFETY: `raw` came from `into_raw` just above and is turned back into its owner once.
+    let lib = unsafe { libloading::os::unix::Library::from_raw(raw) };
+    if info != 0 || link_map.is_null() {
+        return Err(Error::Elf { path: path.to_owned(), detail: "dlinfo cannot tell the loaded image".into() });
+    }
+    let link_map = link_map as usize;
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    contexts.retain(|(_, w)| w.strong_count() > 0);
+    let ctx = match contexts.iter().find(|(lm, _)| *lm == link_map).and_then(|(_, w)| w.upgrade()) {
+        Some(ctx) => ctx,
+        None => {
+            let ctx = Arc::new(ModuleContext { path: path.to_owned() });
+            contexts.push((link_map, Arc::downgrade(&ctx)));
+            ctx
+        }
+    };
+    Ok(Arc::new(Image { lib, ctx, link_map }))
+}
+
+/// The mapped bytes of a data symbol, kept alive by the image.
+struct MappedSymbol {
+    _image: Arc<Image>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are read-only data of a loaded library and are never written through this
+// pointer; the image that keeps them mapped is `Send + Sync`.
+unsafe impl Send for MappedSymbol {}
+// SAFETY: as above: shared read-only access from several threads is sound.
+unsafe impl Sync for MappedSymbol {}
+
+impl AsRef<[u8]> for MappedSymbol {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` is the address dlsym returned for the blob symbol in this image, and
+        // `len` that symbol's size in the image's own symbol table, checked by `image_blob` to
+        // lie within a loaded segment of the image. The image stays loaded while `self` holds
+        // `_image`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// The first of `names` that the image itself defines, with its layout and bytes (no byte is
+/// copied: the view keeps the image loaded). `Ok(None)` when it defines none.
+pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> Result<Option<(String, Layout, Bytes)>> {
+    let elf = |detail: String| Error::Elf { path: path.to_owned(), detail };
+    for name in names {
+        let Some((layout, _)) = Layout::from_symbol(name) else { continue };
+        let Some(addr) = image.address(name) else { continue };
+        let Some(size) = symbol_size(addr, image.link_map) else { continue };
+        let end = segment_end(addr as usize)
+            .ok_or_else(|| elf(format!("symbol `{name}` lies in no loaded segment of the image")))?;
+        let room = end - addr as usize;
+        let len = match size {
+            0 => room,
+            n => usize::try_from(n).ok().filter(|&n| n <= room).ok_or_else(|| {
+                elf(format!("symbol `{name}` claims {n} bytes but its loaded segment holds {room} after it"))
+            })?,
+        };
+        let bytes = MappedSymbol { _image: image.clone(), ptr: addr.cast_const().cast(), len };
+        return Ok(Some((name.clone(), layout, Bytes::from_owner(Arc::new(bytes)))));
+    }
+    Ok(None)
+}
+
+/// A dynamic symbol table entry (`ElfW(Sym)`).
+#[cfg(target_pointer_width = "64")]
+type ElfSym = libc::Elf64_Sym;
+#[cfg(target_pointer_width = "32")]
+type ElfSym = libc::Elf32_Sym;
+
+/// The size (`st_size`) of the symbol at `addr` in the image's symbol table, or `None` when the
+/// symbol at `addr` belongs to another object (a dependency) or is not a symbol's start.
+fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
+    // SAFETY: `Dl_info` is plain data that dladdr1 fills; zeroed is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut owner: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 reads no memory at `addr` (it looks it up in the loader's tables) and
+    // writes `info` and one pointer through `owner`, both valid.
+    let found = unsafe { libc::dladdr1(addr, &mut info, &mut owner, RTLD_DL_LINKMAP) };
+    if found == 0 || owner as usize != link_map {
+        return None;
+    }
+    let mut sym: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as above; with RTLD_DL_SYMENT the extra pointer is the symbol table entry.
+    let found = unsafe { libc::dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) };
+    if found == 0 || sym.is_null() || info.dli_saddr != addr {
+        return None;
+    }
+    // SAFETY: dladdr1 returned a pointer to an `ElfW(Sym)` entry of the object's dynamic symbol
+    // table, which stays mapped while the object is loaded (the caller holds it).
+    let st_size = unsafe { (*sym.cast::<ElfSym>()).st_size };
+    #[allow(clippy::useless_conversion)] // `u32` on 32-bit targets
+    Some(u64::from(st_size))
+}
+
+/// The end of the loaded segment (`PT_LOAD`, in memory) that holds `addr`.
+fn segment_end(addr: usize) -> Option<usize> {
+    struct Search {
+        addr: usize,
+        end: Option<usize>,
+    }
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid `info` for the call and our `Search` as `data`.
+        let (info, search) = unsafe { (&*info, &mut *data.cast::<Search>()) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: `dlpi_phdr` points to `dlpi_phnum` program headers of a loaded object.
+        let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        for h in headers.iter().filter(|h| h.p_type == libc::PT_LOAD) {
+            let start = (info.dlpi_addr as usize).wrapping_add(h.p_vaddr as usize);
+            let Some(end) = start.checked_add(h.p_memsz as usize) else { continue };
+            if (start..end).contains(&search.addr) {
+                search.end = Some(end);
+                return 1;
+            }
+        }
+        0
+    }
+    let mut search = Search { addr, end: None };
+    // SAFETY: `visit` only reads the headers it is given and writes `search`, which outlives the
+    // call; it cannot unwind (no panicking operation).
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_names_mean_the_current_directory() {
+        assert_eq!(dlopen_path(Path::new("deploy.so")), Path::new("./deploy.so"));
+        assert_eq!(dlopen_path(Path::new("lib/deploy.so")), Path::new("lib/deploy.so"));
+        assert_eq!(dlopen_path(Path::new("/tmp/deploy.so")), Path::new("/tmp/deploy.so"));
+        assert_eq!(dlopen_path(Path::new("./deploy.so")), Path::new("./deploy.so"));
+    }
+}

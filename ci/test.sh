@@ -28,5 +28,5 @@ venv=target/python-venv
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q maturin numpy pytest
-"$venv/bin/pip" install -q --no-build-isolation ./python
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation ./python
 MBLOB_BIN="$PWD/target/debug/mblob" "$venv/bin/python" -m pytest -q -rs python/tests

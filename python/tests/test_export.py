@@ -96,7 +96,7 @@ def test_pack_a_raw_blob_to_tar(tmp_path):
 
 
 def test_export_errors_are_exceptions(tmp_path):
-    with pytest.raises(mblob.InputError, match=r"<tree> at \$\.imports\[0\]: unknown field `object`"):
+    with pytest.raises(mblob.InputError, match=r"<tree> at \$\.imports\[0\]\.object: unknown field `object`"):
         mblob.export({"type_key": "GraphExecutorFactory", "payload": "x", "imports": [{"type_key": "llvm", "object": []}]}, tmp_path / "a.so", base=tmp_path)
     with pytest.raises(mblob.Error, match="missing.bin"):
         mblob.export({"type_key": "GraphExecutorFactory", "payload": "missing.bin"}, tmp_path / "a.so", base=tmp_path)

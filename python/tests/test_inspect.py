@@ -95,8 +95,10 @@ def test_a_truncated_blob_is_a_format_error(tmp_path):
     # Keep the header consistent with the shorter file, so that the body itself is cut.
     body = data[8 : len(data) // 2]
     p.write_bytes(len(body).to_bytes(8, "little") + body)
-    with pytest.raises(mblob.FormatError, match=r"cut.blob: malformed blob"):
+    with pytest.raises(mblob.FormatError, match=r"cut.blob: the blob parses in no layout \(as classic: at byte \d+: graph_json length"):
         mblob.inspect(p)
+    with pytest.raises(mblob.FormatError, match=r"cut.blob: malformed blob: at byte \d+: graph_json length \d+ is larger"):
+        mblob.inspect(p, layout="classic")
 
 
 def test_a_forged_length_is_an_error_not_a_crash(tmp_path):

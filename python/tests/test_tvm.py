@@ -36,7 +36,9 @@ def relax_mlp():
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorStructInfo((2, 64), "float32"))
+    # TVM 0.27 names struct info "types" (relax.TensorType).
+    tensor_type = getattr(relax, "TensorStructInfo", None) or relax.TensorType
+    x = relax.Var("x", tensor_type((2, 64), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.matmul(x, relax.const(W1)))
@@ -84,7 +86,15 @@ def test_export_library_with_mblobs_packer(tmp_path, model, backend):
     lib = build()
     theirs, ours = tmp_path / "tvm.so", tmp_path / "mblob.so"
     lib.export_library(str(theirs))
-    lib.export_library(str(ours), fpack_imports=FPACKS[backend])
+    calls = []
+
+    def fpack(mod, is_system_lib, prefix, workspace):
+        path = FPACKS[backend](mod, is_system_lib, prefix, workspace)
+        calls.append((is_system_lib, prefix, path))
+        return path
+
+    lib.export_library(str(ours), fpack_imports=fpack)
+    assert [(s, p, path.endswith("/devc.o")) for s, p, path in calls] == [(False, "", True)]
     report = mblob.inspect(ours)
     assert report["layout"] == LAYOUT and report["symbol"] == SYMBOLS[LAYOUT]
     assert mblob.read_blob(ours) == mblob.read_blob(theirs)

@@ -43,7 +43,9 @@ pub fn read_module_tree(path: &Path, layout: Option<Layout>) -> Result<ModuleTre
     let (blob, layout) = read_blob(path, layout)?;
     let registry = Registry::default();
     let loaded = load_blob(&blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
-        mblob_runtime::Error::Blob { source, .. } => mblob_runtime::Error::Blob { path: path.to_owned(), source }.into(),
+        mblob_runtime::Error::Blob { source, .. } => {
+            mblob_runtime::Error::Blob { path: path.to_owned(), source }.into()
+        }
         other => Error::from(other),
     })?;
     ModuleTree::from_loaded(&loaded, "llvm")

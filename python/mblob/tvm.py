@@ -60,10 +60,21 @@ def serialize_imports(mod: Any) -> Tuple[Any, str]:
     for name in ("runtime.ModulePackImportsToTensor", "runtime.ModulePackImportsToNDArray"):
         f = tvm.get_global_func(name, allow_missing=True)
         if f is not None:
-            return f(mod).numpy(), name
+            return _as_numpy(f(mod)), name
     raise _native.InputError(
         f"TVM {tvm.__version__} has neither runtime.ModulePackImportsToTensor nor ModulePackImportsToNDArray"
     )
+
+
+def _as_numpy(tensor: Any) -> Any:
+    """A numpy view of a TVM tensor through DLPack (no copy), or a copy where TVM's tensor
+    does not speak DLPack."""
+    import numpy as np  # noqa: PLC0415
+
+    try:
+        return np.from_dlpack(tensor)
+    except (AttributeError, TypeError, RuntimeError, BufferError):
+        return tensor.numpy()
 
 
 def _target_triple(mod: Any) -> Optional[str]:

@@ -22,12 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 create_exception!(mblob, Error, PyException, "Base class of every error mblob raises.");
-create_exception!(
-    mblob,
-    FormatError,
-    Error,
-    "A file is not what it claims: a malformed blob, payload or ELF file."
-);
+create_exception!(mblob, FormatError, Error, "A file is not what it claims: a malformed blob, payload or ELF file.");
 create_exception!(
     mblob,
     LoadError,
@@ -215,8 +210,14 @@ fn export<'py>(
     target: Option<String>,
     force_layout: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let args =
-        PackArgs { backend: backend(backend_name)?, layout: layout(layout_name)?, system_lib, prefix, target, force_layout };
+    let args = PackArgs {
+        backend: backend(backend_name)?,
+        layout: layout(layout_name)?,
+        system_lib,
+        prefix,
+        target,
+        force_layout,
+    };
     let report = run(py, move || {
         let mut e = match (tree_json, tree_path) {
             (Some(text), _) => mblob::tree_json::parse_tree_json(&text, Path::new("<tree>"), &base)?,
@@ -257,8 +258,14 @@ fn pack<'py>(
         )));
     }
     let from = source_layout.map(layout).transpose()?;
-    let args =
-        PackArgs { backend: backend(backend_name)?, layout: layout(layout_name)?, system_lib, prefix, target, force_layout };
+    let args = PackArgs {
+        backend: backend(backend_name)?,
+        layout: layout(layout_name)?,
+        system_lib,
+        prefix,
+        target,
+        force_layout,
+    };
     let report = run(py, move || {
         let tree = mblob::repack::read_module_tree(&source, from)?;
         let mut e = Export::from_tree(tree);
@@ -301,6 +308,7 @@ impl BlobSource for MappedBlob {
 /// symbol, into `out_dir`; returns its path (`<prefix>devc.o`).
 #[pyfunction]
 #[pyo3(signature = (blob_path, out_dir, layout_name, system_lib, prefix, target, backend_name))]
+#[allow(clippy::too_many_arguments)]
 fn pack_blob_file(
     py: Python<'_>,
     blob_path: PathBuf,

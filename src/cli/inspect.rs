@@ -63,12 +63,7 @@ pub fn parse_layout(s: &str) -> std::result::Result<Layout, String> {
 impl InspectArgs {
     /// The library's options for these arguments.
     pub fn options(&self) -> Options {
-        Options {
-            layout: self.layout,
-            prefix: self.prefix.clone(),
-            load: self.load,
-            keep_unknown: self.keep_unknown,
-        }
+        Options { layout: self.layout, prefix: self.prefix.clone(), load: self.load, keep_unknown: self.keep_unknown }
     }
 }
 
@@ -95,4 +90,3 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     }
     Ok(if failed { ExitCode::from(super::EXIT_FAILURE) } else { ExitCode::SUCCESS })
 }
-

@@ -14,8 +14,8 @@ use mblob_runtime::{load_library, Layout, LoadOptions, Registry};
 mod parts;
 
 use super::inspect::parse_layout;
-use crate::inspect::{inspect_path, render_text};
 use crate::export::{Backend, Export};
+use crate::inspect::{inspect_path, render_text};
 use crate::{Error, Result};
 use parts::{HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
 

@@ -81,7 +81,7 @@ def fpack_for(route: str):
     return mblob.tvm.make_fpack_imports(backend="c")
 
 
-def one(size_mib: int, route: str) -> dict:
+def one(size_mib: int, route: str, options: list) -> dict:
     lib = build(size_mib)
     fpack = fpack_for(route)
     with tempfile.TemporaryDirectory() as d:
@@ -97,10 +97,10 @@ def one(size_mib: int, route: str) -> dict:
         t = threading.Thread(target=sample, daemon=True)
         t.start()
         start = time.perf_counter()
-        if fpack is None:
-            lib.export_library(out)
-        else:
-            lib.export_library(out, fpack_imports=fpack)
+        kwargs = {"options": options} if options else {}
+        if fpack is not None:
+            kwargs["fpack_imports"] = fpack
+        lib.export_library(out, **kwargs)
         wall = time.perf_counter() - start
         done.set()
         t.join()
@@ -113,6 +113,7 @@ def one(size_mib: int, route: str) -> dict:
         "tvm": tvm.__version__,
         "size_mib": size_mib,
         "route": route,
+        "options": options,
         "wall_s": round(wall, 2),
         "peak_rss_mib": round(peak[0] / 2**20),
         "delta_rss_mib": round((peak[0] - before) / 2**20),
@@ -126,14 +127,21 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 512], help="param sizes in MiB")
     ap.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per (size, route) before it is stopped")
+    ap.add_argument(
+        "--link-option",
+        action="append",
+        default=[],
+        help="an option for TVM's compile-and-link step (e.g. -fuse-ld=lld, with ld.lld on PATH)",
+    )
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "ROUTE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(int(args.one[0]), args.one[1])), flush=True)
+        print(json.dumps(one(int(args.one[0]), args.one[1], args.link_option)), flush=True)
         return 0
     for size in args.sizes:
         for route in args.routes:
             cmd = [sys.executable, __file__, "--one", str(size), route]
+            cmd += [f"--link-option={o}" for o in args.link_option]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:

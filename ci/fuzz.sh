@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup)
+[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec)
 G=${MBLOB_GOLDENS:-$PWD/../tests/fixtures/tvm-goldens}
 [ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -48,6 +48,10 @@ seed() { # target
         case $f in *.cuda.bin) k=0 ;; *.opencl.bin) k=1 ;; *.metal.bin) k=2 ;; *.webgpu.bin) k=3 ;; *) k=4 ;; esac
         add "$1" "$(printf '%03o' $((l + 3 * k)))" "$f"
       done < <(find "$G/device" -name '*.payload*.bin' | sort) ;;
+    graph_exec)
+      # Byte 0 even: a graph JSON; odd: a params file (save_param_dict).
+      add "$1" 000 "$G/graph_dense_relu.graph.json"
+      add "$1" 001 "$G/graph_dense_relu.params" ;;
     elf_lookup) mapfile -t f < <(find "$G" -name '*.so' -o -name '*.devc.o' | sort); add "$1" "" "${f[@]}" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac

@@ -100,6 +100,17 @@ pub enum Error {
         #[source]
         source: crate::format::detect::DetectError,
     },
+    /// A library imports TVM runtime functions (by name, through the PLT) that cannot be
+    /// provided; it is refused before it is opened.
+    #[error("{}: imports TVM runtime functions that cannot be provided ({reason}): {}", path.display(), symbols.join(", "))]
+    MissingRuntimeSymbols {
+        /// The library.
+        path: PathBuf,
+        /// The functions it imports that are missing.
+        symbols: Vec<String>,
+        /// Why they cannot be provided.
+        reason: String,
+    },
     /// A CUDA operation failed, or no CUDA driver is present.
     #[error("cuda: {0}")]
     Cuda(String),

@@ -42,7 +42,8 @@
 //! - [`registry`]: loaders keyed by type key, and the registration of every built-in kind.
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`], each payload decoded
 //!   once; [`elf`]: finding a blob in an ELF file without running it.
-//! - [`exec`]: the home of executors.
+//! - [`exec`]: the graph and AOT executors (using [`ffi`]'s calling conventions, thread pool
+//!   and workspace memory).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -84,14 +84,16 @@ pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &Lo
 #[allow(unsafe_code)]
 pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let _span = tracing::info_span!("load", path = %path.display()).entered();
-    let on_disk = {
+    let (on_disk, pre) = {
         let file = map_file(path)?;
-        crate::elf::find_blob(&file, options.prefix.as_deref())
-            .map_err(|detail| Error::Elf { path: path.to_owned(), detail })?
+        let found = crate::elf::find_blob(&file, options.prefix.as_deref())
+            .map_err(|detail| Error::Elf { path: path.to_owned(), detail })?;
+        // (run) the runtime functions it imports by name, its ABI, its `__tvm_main__`.
+        (found, crate::ffi::shim::preflight(&file, path)?)
     };
     // SAFETY: the caller accepts that the library's initialisers run.
     let image = unsafe { library::open(path) }?;
-    crate::ffi::packed::install_context(image.lib(), image.context_ptr());
+    crate::ffi::context::install(image.lib(), image.context());
     // The names to look for in the image: the one the file names first, then every layout's
     // symbol with the requested prefix (or none).
     let prefix = options.prefix.as_deref().unwrap_or("");
@@ -103,7 +105,7 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
         }
     }
     let found = library::image_blob(&image, path, &names)?;
-    let library_module = Arc::new(LibraryModule::new(image, path.to_owned()));
+    let library_module = Arc::new(LibraryModule::new(image, path.to_owned(), pre.abi, pre.main_entry));
     let Some((symbol, layout, blob)) = found else {
         tracing::debug!("no blob symbol: a single library module");
         return Ok(LoadedTree {
@@ -112,7 +114,9 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
         });
     };
     tracing::debug!(%symbol, layout = layout.name(), size = blob.len(), "blob found in the loaded image");
-    load_with_library(&blob, layout, registry, options, library_module, path, Some(symbol))
+    let tree = load_with_library(&blob, layout, registry, options, library_module, path, Some(symbol))?;
+    crate::ffi::context::link_imports(&tree);
+    Ok(tree)
 }
 
 fn load_with_library(

@@ -16,7 +16,10 @@ pub trait Module: Debug + Send + Sync + Any {
     fn type_key(&self) -> &str;
 
     /// The address of an exported function of this module, for modules backed by native
-    /// code. The default has none.
+    /// code, or a Rust function made callable by `ffi::callconv::function_symbol` (what
+    /// compiled code finds through `TVMBackendGetFuncFromEnv`, e.g. a device kernel launcher).
+    /// Functions of modules other than the library are called in TVM's classic packed
+    /// convention. The default has none.
     fn get_function(&self, _name: &str) -> Option<Symbol> {
         None
     }
@@ -61,6 +64,8 @@ macro_rules! payload_module {
 pub struct Symbol {
     addr: *mut c_void,
     _owner: Arc<dyn Any + Send + Sync>,
+    // (run) passed to the function as its `resource_handle` (classic) or `self` (tvm-ffi).
+    resource: *mut c_void,
 }
 
 // SAFETY: a `Symbol` is an address plus a reference count on the library that maps it; the
@@ -73,7 +78,19 @@ unsafe impl Sync for Symbol {}
 
 impl Symbol {
     pub(crate) fn new(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>) -> Symbol {
-        Symbol { addr, _owner: owner }
+        Symbol { addr, _owner: owner, resource: std::ptr::null_mut() }
+    }
+
+    /// A function at `addr` that is called with `resource` as its resource handle (the last
+    /// argument of TVM's packed signature), kept valid by `owner`: what a module kind whose
+    /// functions are Rust code hands out (see `ffi::callconv::function_symbol`).
+    pub fn with_resource(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>, resource: *mut c_void) -> Symbol {
+        Symbol { addr, _owner: owner, resource }
+    }
+
+    /// The resource handle the function is called with (null for library functions).
+    pub fn resource(&self) -> *mut c_void {
+        self.resource
     }
 
     /// The address. It stays valid while this `Symbol` (or its library) is alive. Calling it

@@ -6,6 +6,7 @@ pub mod export;
 pub mod extract;
 pub mod inspect;
 pub mod pack;
+pub mod run;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -75,6 +76,9 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Build one shared library from a module tree described in JSON (see `export --help`).
     Export(export::ExportArgs),
+    /// Run a TVM-compiled model (graph or AOT) or one host function, with no TVM runtime:
+    /// inputs and outputs as .npy files, optional timing (see `run --help`).
+    Run(run::RunArgs),
 }
 
 /// Runs the command line; the binary's `main`.
@@ -94,6 +98,7 @@ pub fn main() -> ExitCode {
         Command::Extract(args) => extract::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Export(args) => export::run(args),
+        Command::Run(args) => run::run(args),
     };
     match result {
         Ok(code) => code,

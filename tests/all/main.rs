@@ -15,4 +15,5 @@ mod goldens;
 mod inspect;
 mod library;
 mod pack;
+mod run;
 mod user_kind;

@@ -57,13 +57,16 @@ pub enum KernelArg<'a> {
     F32(f32),
     /// `float64`.
     F64(f64),
+    /// A raw device pointer, for a `handle` argument (what TVM's host code passes a kernel it
+    /// launches through `TVMFuncCall`).
+    DevicePtr(u64),
 }
 
 impl KernelArg<'_> {
     /// The argument type it stands for, in TVM's spelling.
     fn type_name(&self) -> &'static str {
         match self {
-            KernelArg::Buffer(_) => "handle",
+            KernelArg::Buffer(_) | KernelArg::DevicePtr(_) => "handle",
             KernelArg::I32(_) => "int32",
             KernelArg::U32(_) => "uint32",
             KernelArg::I64(_) => "int64",
@@ -76,7 +79,7 @@ impl KernelArg<'_> {
     fn size(&self) -> usize {
         match self {
             KernelArg::I32(_) | KernelArg::U32(_) | KernelArg::F32(_) => 4,
-            KernelArg::Buffer(_) | KernelArg::I64(_) | KernelArg::F64(_) => 8,
+            KernelArg::Buffer(_) | KernelArg::DevicePtr(_) | KernelArg::I64(_) | KernelArg::F64(_) => 8,
         }
     }
 }
@@ -213,11 +216,18 @@ impl CudaModule {
     /// `arg_types`), `extents` the thread extents in the order of its `launch_param_tags`, then
     /// the dynamic shared memory in bytes when `tir.use_dyn_shared_memory` is a tag.
     pub fn launch(&self, name: &str, args: &[KernelArg<'_>], extents: &[u64]) -> Result<()> {
+        launch_on(&self.device, self.loaded()?, name, args, extents)
+    }
+}
+
+/// [`CudaModule::launch`] on a loaded image (shared with the packed functions the module
+/// offers to host code).
+fn launch_on(device: &DeviceModule, l: &Loaded, name: &str, args: &[KernelArg<'_>], extents: &[u64]) -> Result<()> {
+    {
         let _span = tracing::debug_span!("cuda_launch", kernel = name).entered();
-        let l = self.loaded()?;
         let fail = |what: String| Error::Cuda(format!("kernel `{name}`: {what}"));
-        let info = self.device.function(name).ok_or_else(|| {
-            let known: Vec<&str> = self.device.functions.iter().map(|(n, _)| n.as_str()).collect();
+        let info = device.function(name).ok_or_else(|| {
+            let known: Vec<&str> = device.functions.iter().map(|(n, _)| n.as_str()).collect();
             fail(format!("not in the module's function table (it has {known:?})"))
         })?;
         let params = info.launch_params().map_err(|e| fail(e.to_string()))?;
@@ -233,7 +243,7 @@ impl CudaModule {
                 }
             }
         }
-        let kernel = l.kernel(name, &self.device).map_err(fail)?;
+        let kernel = l.kernel(name, device).map_err(fail)?;
         tracing::debug!(grid = ?dims.grid, block = ?dims.block, shared = dims.dyn_shared_memory, "launch");
         guard("launch", || l.launch(&kernel, args, dims.grid, dims.block, dims.dyn_shared_memory)).map_err(
             |e| match e {
@@ -247,6 +257,21 @@ impl CudaModule {
 impl Module for CudaModule {
     fn type_key(&self) -> &str {
         &self.device.type_key
+    }
+    /// A kernel, for host code that launches it (`GetFuncFromEnv` + `TVMFuncCall`): its
+    /// arguments as the function table types them (device pointers as handles), then the
+    /// launch extents (see [`crate::ffi::cuda_packed`]).
+    fn get_function(&self, name: &str) -> Option<crate::module::Symbol> {
+        let info = self.device.function(name)?.clone();
+        let device = self.device.clone();
+        let loaded = self.loaded().cloned().map_err(|e| e.to_string());
+        let name = name.to_owned();
+        Some(crate::ffi::callconv::function_symbol(move |args| {
+            let l = loaded.as_ref().map_err(Clone::clone)?;
+            let (kargs, extents) = crate::ffi::cuda_packed::kernel_args(&info.arg_types, args)?;
+            launch_on(&device, l, &name, &kargs, &extents).map_err(|e| e.to_string())?;
+            Ok(crate::ffi::Value::None)
+        }))
     }
     fn as_payload(&self) -> Option<&dyn Payload> {
         Some(&self.device)
@@ -435,6 +460,7 @@ impl Loaded {
                 KernelArg::F32(v) => slot4(v.to_ne_bytes()),
                 KernelArg::I64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
                 KernelArg::F64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
+                KernelArg::DevicePtr(p) => *p,
             });
         }
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::bytes::Bytes;
 use crate::error::{Error, Result};
+use crate::ffi::callconv::Abi;
+use crate::ffi::context::LibraryContext;
 use crate::format::Layout;
 use crate::module::{Module, Symbol};
 
@@ -26,16 +28,11 @@ const RTLD_DL_SYMENT: libc::c_int = 1;
 /// `RTLD_DL_LINKMAP` of glibc's `dladdr1`: return the object's link map.
 const RTLD_DL_LINKMAP: libc::c_int = 2;
 
-/// What a library's context symbols (`__tvm_module_ctx`, ...) point to. There is one per loaded
+/// What a library's context symbols (`__tvm_module_ctx`, ...) lead to. There is one per loaded
 /// image, shared by every load of it, and it lives as long as any handle on the image does (a
-/// loaded tree, or a [`Symbol`] taken from it), so the pointer compiled code holds never
-/// dangles.
-#[derive(Debug)]
-pub(crate) struct ModuleContext {
-    /// The path the image was first opened by.
-    #[allow(dead_code)]
-    path: PathBuf,
-}
+/// loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
+/// weakly, so it never dangles (see [`crate::ffi::context`]).
+pub(crate) type ModuleContext = LibraryContext;
 
 /// A loaded shared object. Dropping the last one runs the library's finalisers (`dlclose`),
 /// then frees the context its context symbols point to.
@@ -57,9 +54,9 @@ impl Image {
         &self.lib
     }
 
-    /// The address the context symbols get.
-    pub(crate) fn context_ptr(&self) -> *mut c_void {
-        Arc::as_ptr(&self.ctx) as *mut c_void
+    /// The context its context symbols lead to.
+    pub(crate) fn context(&self) -> &Arc<LibraryContext> {
+        &self.ctx
     }
 
     /// The address of symbol `name`, when the image exports it.
@@ -77,16 +74,38 @@ impl Image {
 pub struct LibraryModule {
     image: Option<Arc<Image>>,
     path: PathBuf,
+    // (run) the functions' calling convention, and what `__tvm_main__` names.
+    abi: Abi,
+    main_entry: Option<String>,
 }
 
 impl LibraryModule {
     /// A library module with no shared object behind it (for blobs loaded from memory).
     pub fn detached() -> LibraryModule {
-        LibraryModule { image: None, path: PathBuf::from("<memory>") }
+        LibraryModule { image: None, path: PathBuf::from("<memory>"), abi: Abi::Packed, main_entry: None }
     }
 
-    pub(crate) fn new(image: Arc<Image>, path: PathBuf) -> LibraryModule {
-        LibraryModule { image: Some(image), path }
+    pub(crate) fn new(image: Arc<Image>, path: PathBuf, abi: Abi, main_entry: Option<String>) -> LibraryModule {
+        LibraryModule { image: Some(image), path, abi, main_entry }
+    }
+
+    /// The context compiled code of this library calls back with (`None` when detached).
+    pub fn context(&self) -> Option<&Arc<LibraryContext>> {
+        self.image.as_ref().map(|i| i.context())
+    }
+
+    /// The calling convention of the library's functions (classic when detached).
+    pub fn abi(&self) -> Abi {
+        self.abi
+    }
+
+    /// The address of exactly the symbol `name`, with no naming rule applied.
+    fn raw_symbol(&self, name: &str) -> Option<Symbol> {
+        let image = self.image.as_ref()?;
+        // The address is handed out inside a `Symbol` that holds the image (library handle
+        // and context), so neither can go away while it is used.
+        let addr = image.address(name)?;
+        Some(Symbol::new(addr, image.clone() as Arc<dyn Any + Send + Sync>))
     }
 
     /// The file it was opened from (`<memory>` when detached).
@@ -105,12 +124,21 @@ impl Module for LibraryModule {
         LIBRARY_TYPE_KEY
     }
 
+    /// Each ABI's naming: on a tvm-ffi library (TVM 0.22+) `name` is exported as
+    /// `__tvm_ffi_<name>` (tried first), and `__tvm_main__` on a classic library is a string
+    /// naming the entry function, which is what it finds.
     fn get_function(&self, name: &str) -> Option<Symbol> {
-        let image = self.image.as_ref()?;
-        // The address is handed out inside a `Symbol` that holds the image (library handle
-        // and context), so neither can go away while it is used.
-        let addr = image.address(name)?;
-        Some(Symbol::new(addr, image.clone() as Arc<dyn Any + Send + Sync>))
+        if self.abi == Abi::Ffi && !name.starts_with("__tvm_ffi_") {
+            if let Some(s) = self.raw_symbol(&format!("__tvm_ffi_{name}")) {
+                return Some(s);
+            }
+        }
+        if name == "__tvm_main__" {
+            if let Some(entry) = &self.main_entry {
+                return self.raw_symbol(entry);
+            }
+        }
+        self.raw_symbol(name)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -142,8 +170,13 @@ static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new(
 pub(crate) unsafe fn open(path: &Path) -> Result<Arc<Image>> {
     let target = dlopen_path(path);
     // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
-    let lib = unsafe { libloading::os::unix::Library::new(&target) }
-        .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
+    // Immediate binding: an unresolved symbol fails the open instead of killing the process at
+    // its first call (runtime functions imported by name are provided by `ffi::shim`).
+    let lib = unsafe {
+        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+        Library::open(Some(&target), RTLD_NOW | RTLD_LOCAL)
+    }
+    .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
     let raw = lib.into_raw();
     let mut link_map: *mut c_void = std::ptr::null_mut();
     // SAFETY: `raw` is a live handle from dlopen; RTLD_DI_LINKMAP writes one pointer through
@@ -160,7 +193,7 @@ pub(crate) unsafe fn open(path: &Path) -> Result<Arc<Image>> {
     let ctx = match contexts.iter().find(|(lm, _)| *lm == link_map).and_then(|(_, w)| w.upgrade()) {
         Some(ctx) => ctx,
         None => {
-            let ctx = Arc::new(ModuleContext { path: path.to_owned() });
+            let ctx = LibraryContext::new(path.to_owned());
             contexts.push((link_map, Arc::downgrade(&ctx)));
             ctx
         }

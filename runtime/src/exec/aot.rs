@@ -1,0 +1,367 @@
+//! TVM's AOT executor for the packed interface (`relay.build(..., executor=Executor("aot",
+//! {"interface-api": "packed"}), runtime=Runtime("cpp"))`).
+//!
+//! The loaded tree is `AotExecutorFactory -> metadata_module -> library`. The factory payload
+//! is `params count u64, names vec<str>, tensor{count}, module_name str` (weights are usually
+//! linked into the code, so the count is 0); `metadata_module` has an empty payload. The
+//! library exports `get_c_metadata`, a packed function returning (as a handle) a C
+//! `TVMMetadata` struct: version, inputs, outputs, workspace pools, constant pools and the
+//! model's name, each input and output a `TVMTensorInfo {name, shape, ndim, dtype}`. The
+//! executor allocates one 64-byte aligned tensor per input and output and runs the entry
+//! `<mod_name>___tvm_main__` (the name is `tvmgen_default`) with inputs then outputs as `DLTensor*`, as TVM's
+//! `AotExecutor::Run` does. Intermediates come from `TVMBackendAllocWorkspace`.
+//!
+//! Models built with the unified static memory planner (workspace pools in the metadata) are
+//! refused with a typed error.
+
+use std::ffi::{c_char, c_void, CStr};
+
+use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::ffi::callconv::{PreparedCall, Value};
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
+use crate::ffi::workspace::AlignedBuffer;
+use crate::format::stream::Reader;
+use crate::format::DataType;
+use crate::module::LoadedTree;
+use crate::payload::graph::Tensor as PayloadTensor;
+use crate::payload::Opaque;
+
+/// Type key of the AOT executor factory.
+pub const AOT_EXECUTOR_FACTORY: &str = "AotExecutorFactory";
+
+/// The `TVMMetadata` version this reader knows.
+pub const METADATA_VERSION: i64 = 1;
+
+/// The decoded `AotExecutorFactory` payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AotFactoryPayload {
+    /// Parameters (usually none: AOT links weights into the code).
+    pub params: Vec<(String, PayloadTensor)>,
+    /// The model's name (`default`).
+    pub module_name: String,
+}
+
+impl AotFactoryPayload {
+    /// Reads the payload (exactly its bytes).
+    pub fn read(bytes: &crate::bytes::Bytes) -> Result<AotFactoryPayload, ExecError> {
+        let fail =
+            |e: crate::format::FormatError| ExecError::NoFactory(format!("malformed AotExecutorFactory payload: {e}"));
+        let mut r = Reader::new(bytes, 0);
+        let count = r.read_count("param count", 40).map_err(fail)?;
+        let names = r.read_vec_str("param names").map_err(fail)?;
+        if names.len() != count {
+            return Err(ExecError::NoFactory(format!(
+                "malformed AotExecutorFactory payload: {count} params but {} names",
+                names.len()
+            )));
+        }
+        let mut params = Vec::with_capacity(count);
+        for name in names {
+            params.push((name, PayloadTensor::read(&mut r, bytes).map_err(fail)?));
+        }
+        let module_name = r.read_str("module_name").map_err(fail)?.to_owned();
+        r.finish("AotExecutorFactory payload").map_err(fail)?;
+        Ok(AotFactoryPayload { params, module_name })
+    }
+}
+
+/// An AOT factory of a loaded tree.
+#[derive(Debug, Clone)]
+pub struct AotFactory {
+    tree: LoadedTree,
+    index: usize,
+    payload: AotFactoryPayload,
+}
+
+impl AotFactory {
+    /// The first `AotExecutorFactory` of `tree` (kept as opaque bytes by the registry; decoded
+    /// here).
+    pub fn from_tree(tree: &LoadedTree) -> Result<AotFactory, ExecError> {
+        let (index, m) =
+            tree.modules().iter().enumerate().find(|(_, m)| m.module.type_key() == AOT_EXECUTOR_FACTORY).ok_or_else(
+                || ExecError::NoFactory(format!("no AotExecutorFactory in the tree ({})", tree.type_keys().join(", "))),
+            )?;
+        let opaque = m.module.as_any().downcast_ref::<Opaque>().ok_or_else(|| {
+            ExecError::NoFactory("the AotExecutorFactory module is not the opaque payload kind".into())
+        })?;
+        let payload = AotFactoryPayload::read(&opaque.bytes)?;
+        Ok(AotFactory { tree: tree.clone(), index, payload })
+    }
+
+    /// The decoded payload.
+    pub fn payload(&self) -> &AotFactoryPayload {
+        &self.payload
+    }
+
+    /// `factory["default"](dev)`: builds an executor (the CPU only).
+    pub fn default(&self, devices: &[Device]) -> Result<AotExecutor, ExecError> {
+        AotExecutor::new(self, devices)
+    }
+}
+
+/// The model's signature, read from `get_c_metadata`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// Inputs, in argument order.
+    pub inputs: Vec<TensorInfo>,
+    /// Outputs, in argument order.
+    pub outputs: Vec<TensorInfo>,
+    /// The model's name.
+    pub mod_name: String,
+}
+
+#[repr(C)]
+struct CTensorInfo {
+    name: *const c_char,
+    shape: *const i64,
+    num_shape: i64,
+    dtype: DLDataType,
+}
+
+#[repr(C)]
+struct CMetadata {
+    version: i64,
+    inputs: *const CTensorInfo,
+    num_inputs: i64,
+    outputs: *const CTensorInfo,
+    num_outputs: i64,
+    workspace_pools: *const CTensorInfo,
+    num_workspace_pools: i64,
+    constant_pools: *const c_void,
+    num_constant_pools: i64,
+    mod_name: *const c_char,
+}
+
+/// Limits on what the metadata may claim (beyond them it is not a real model's).
+const MAX_TENSORS: i64 = 1 << 16;
+const MAX_NDIM: i64 = 64;
+
+/// Reads the `TVMMetadata` struct at `p`.
+///
+/// # Safety
+///
+/// `p` is what the library's `get_c_metadata` returned: a `TVMMetadata` in the library's
+/// read-only data, valid while the library is loaded.
+#[allow(unsafe_code)]
+unsafe fn read_metadata(p: *const c_void) -> Result<Metadata, ExecError> {
+    let bad = |m: String| ExecError::Metadata(m);
+    if p.is_null() {
+        return Err(bad("get_c_metadata returned null".into()));
+    }
+    // SAFETY: per the contract, `p` points to a `TVMMetadata`.
+    let m = unsafe { &*(p as *const CMetadata) };
+    if m.version != METADATA_VERSION {
+        return Err(bad(format!("version {} (this reader knows {METADATA_VERSION})", m.version)));
+    }
+    if m.num_workspace_pools != 0 {
+        return Err(bad(format!(
+            "{} workspace pools: models built with the unified static memory planner (USMP) are not supported",
+            m.num_workspace_pools
+        )));
+    }
+    // SAFETY: strings of the metadata are NUL-terminated constants of the library.
+    let string = |s: *const c_char| unsafe { (!s.is_null()).then(|| CStr::from_ptr(s).to_string_lossy().into_owned()) };
+    let infos = |arr: *const CTensorInfo, n: i64, what: &str| -> Result<Vec<TensorInfo>, ExecError> {
+        if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && arr.is_null()) {
+            return Err(bad(format!("{what}: count {n}")));
+        }
+        (0..n as usize)
+            .map(|i| {
+                // SAFETY: the metadata holds `n` entries at `arr`.
+                let t = unsafe { &*arr.add(i) };
+                if !(0..=MAX_NDIM).contains(&t.num_shape) || (t.num_shape > 0 && t.shape.is_null()) {
+                    return Err(bad(format!("{what}[{i}]: ndim {}", t.num_shape)));
+                }
+                // SAFETY: the entry's shape has `num_shape` extents.
+                let shape = unsafe { std::slice::from_raw_parts(t.shape, t.num_shape as usize) }.to_vec();
+                let dtype = DataType { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes };
+                if tensor_bytes(dtype, &shape).is_none() {
+                    return Err(bad(format!("{what}[{i}]: shape {shape:?}")));
+                }
+                Ok(TensorInfo { name: string(t.name).unwrap_or_default(), shape, dtype })
+            })
+            .collect()
+    };
+    Ok(Metadata {
+        inputs: infos(m.inputs, m.num_inputs, "inputs")?,
+        outputs: infos(m.outputs, m.num_outputs, "outputs")?,
+        mod_name: string(m.mod_name).ok_or_else(|| bad("no mod_name".into()))?,
+    })
+}
+
+/// An AOT executor: one tensor per input and output, and the entry call.
+pub struct AotExecutor {
+    metadata: Metadata,
+    buffers: Vec<AlignedBuffer>,
+    entry: String,
+    call: PreparedCall,
+    _tensors: Box<[DLTensor]>,
+    _shapes: Vec<Box<[i64]>>,
+    _tree: LoadedTree,
+}
+
+// SAFETY: the raw pointers inside (the call's DLTensors) point into `buffers` and `_shapes`,
+// owned by the executor; the library handles are `Send + Sync`.
+#[allow(unsafe_code)]
+unsafe impl Send for AotExecutor {}
+
+impl std::fmt::Debug for AotExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AotExecutor").field("metadata", &self.metadata).field("entry", &self.entry).finish()
+    }
+}
+
+impl AotExecutor {
+    fn new(factory: &AotFactory, devices: &[Device]) -> Result<AotExecutor, ExecError> {
+        let _span = tracing::info_span!("aot_executor_init").entered();
+        check_devices(devices)?;
+        let tree = &factory.tree;
+        let get_md = find(tree, factory.index, "get_c_metadata").ok_or_else(|| ExecError::MissingFunction {
+            node: "metadata_module".into(),
+            function: "get_c_metadata".into(),
+        })?;
+        // SAFETY: `get_c_metadata` is the packed function TVM's AOT codegen emits: no
+        // arguments, returns a handle.
+        #[allow(unsafe_code)]
+        let ret = unsafe { get_md.call(&[]) }.map_err(|e| ExecError::Kernel {
+            node: "metadata_module".into(),
+            function: "get_c_metadata".into(),
+            message: e.message,
+        })?;
+        let Value::Handle(p) = ret else {
+            return Err(ExecError::Metadata(format!("get_c_metadata returned {ret:?}, expected a handle")));
+        };
+        // SAFETY: `p` is what `get_c_metadata` returned.
+        #[allow(unsafe_code)]
+        let metadata = unsafe { read_metadata(p) }?;
+        let entry = format!("{}___tvm_main__", metadata.mod_name);
+        let main = find(tree, factory.index, &entry)
+            .ok_or_else(|| ExecError::MissingFunction { node: "__tvm_main__".into(), function: entry.clone() })?;
+        let all: Vec<&TensorInfo> = metadata.inputs.iter().chain(&metadata.outputs).collect();
+        let buffers = all
+            .iter()
+            .map(|t| {
+                let b = tensor_bytes(t.dtype, &t.shape).unwrap_or(u64::MAX);
+                usize::try_from(b)
+                    .ok()
+                    .and_then(AlignedBuffer::zeroed)
+                    .ok_or(ExecError::Alloc { bytes: b, what: format!("tensor `{}`", t.name) })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut shapes: Vec<Box<[i64]>> = all.iter().map(|t| t.shape.clone().into_boxed_slice()).collect();
+        let mut tensors: Box<[DLTensor]> = all
+            .iter()
+            .zip(&buffers)
+            .zip(shapes.iter_mut())
+            .map(|((t, b), s)| DLTensor {
+                data: b.as_ptr().cast(),
+                device: DLDevice { device_type: 1, device_id: devices[0].device_id },
+                ndim: s.len() as i32,
+                dtype: DLDataType::from(t.dtype),
+                shape: s.as_mut_ptr(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            })
+            .collect();
+        let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
+        let call = PreparedCall::new(main, args).map_err(|e| ExecError::Kernel {
+            node: "__tvm_main__".into(),
+            function: entry.clone(),
+            message: e.message,
+        })?;
+        let mut exec =
+            AotExecutor { metadata, buffers, entry, call, _tensors: tensors, _shapes: shapes, _tree: tree.clone() };
+        let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
+        params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
+        for (name, t) in params {
+            if exec.metadata.inputs.iter().any(|i| &i.name == name) {
+                exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
+            }
+        }
+        Ok(exec)
+    }
+
+    /// The model's signature.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Copies `tensor` into input `index`.
+    pub fn set_input(&mut self, index: usize, tensor: &Tensor) -> Result<(), ExecError> {
+        let info = self.metadata.inputs.get(index).ok_or(ExecError::Index {
+            what: "input",
+            index,
+            count: self.metadata.inputs.len(),
+        })?;
+        let n = self.buffers[index].len();
+        if tensor.dtype != info.dtype || tensor.shape != info.shape || tensor.data.len() != n {
+            return Err(ExecError::InputMismatch {
+                name: info.name.clone(),
+                expected_dtype: info.dtype,
+                expected_shape: info.shape.clone(),
+                dtype: tensor.dtype,
+                shape: tensor.shape.clone(),
+            });
+        }
+        self.buffers[index].as_mut_slice().copy_from_slice(&tensor.data);
+        Ok(())
+    }
+}
+
+fn find(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
+    let modules = tree.modules();
+    let mut seen = vec![false; modules.len()];
+    let mut stack = vec![index];
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(seen.get_mut(i)?, true) {
+            continue;
+        }
+        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
+            return Some(f);
+        }
+        stack.extend(modules[i].imports.iter().rev());
+    }
+    None
+}
+
+impl Executor for AotExecutor {
+    fn inputs(&self) -> Vec<TensorInfo> {
+        self.metadata.inputs.clone()
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        self.metadata.outputs.clone()
+    }
+
+    fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
+        let index =
+            self.metadata.inputs.iter().position(|i| i.name == name).ok_or_else(|| ExecError::UnknownInput {
+                name: name.to_owned(),
+                known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
+            })?;
+        self.set_input(index, tensor)
+    }
+
+    fn run(&mut self) -> Result<(), ExecError> {
+        let _span = tracing::debug_span!("aot_run").entered();
+        // SAFETY: the entry takes the model's inputs then outputs, which the call's tensors
+        // describe (shapes and dtypes from the library's own metadata, 64-byte aligned
+        // buffers owned by the executor).
+        #[allow(unsafe_code)]
+        unsafe { self.call.invoke() }.map_err(|e| ExecError::Kernel {
+            node: "__tvm_main__".into(),
+            function: self.entry.clone(),
+            message: e.message,
+        })
+    }
+
+    fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
+        let info = self.metadata.outputs.get(index).ok_or(ExecError::Index {
+            what: "output",
+            index,
+            count: self.metadata.outputs.len(),
+        })?;
+        let b = &self.buffers[self.metadata.inputs.len() + index];
+        Ok(Tensor { dtype: info.dtype, shape: info.shape.clone(), device: (1, 0), data: b.as_slice().to_vec().into() })
+    }
+}

@@ -1,0 +1,753 @@
+//! TVM's graph executor: the graph JSON of a `GraphExecutorFactory`, its storage plan and its
+//! ops, run with the library's kernels.
+//!
+//! Semantics follow TVM's `graph_executor.cc` exactly:
+//! - entry id = `node_row_ptr[nid] + index`; `attrs` give each entry's `dltype`, `shape` and
+//!   `storage_id` (and optionally `device_index`);
+//! - one pool per storage id, sized by the largest entry that uses it
+//!   (`prod(shape) * ((bits * lanes + 7) / 8)`, rounded up to 4 bytes), 64-byte aligned and
+//!   zeroed; every entry is a view at offset 0 of its pool;
+//! - every `tvm_op` node calls its `func_name` with its inputs then its outputs, all as
+//!   `DLTensor*`; `flatten_data` presents each as 1-D; `__nop` does nothing; `__copy` copies
+//!   its input to its output; ops run in node order;
+//! - the factory sets every param that is a graph input, largest first.
+//!
+//! Where TVM is silent on a mistake, this is an error: an unknown input name, a tensor whose
+//! shape or dtype differs from the graph's, a kernel that fails (with the node, the function
+//! and the kernel's own message).
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::bytes::Bytes;
+use crate::ffi::callconv::{PreparedCall, Value};
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
+use crate::ffi::workspace::AlignedBuffer;
+use crate::format::stream::Reader;
+use crate::format::DataType;
+use crate::module::LoadedTree;
+use crate::payload::graph::{GraphExecutorFactory, Tensor as PayloadTensor};
+
+/// An input of an op: `[node id, output index, version?]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// The node.
+    pub node: usize,
+    /// Which of its outputs.
+    pub index: usize,
+}
+
+/// One node of the graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// `null` (an input or param) or `tvm_op`.
+    pub op: String,
+    /// The node's name.
+    pub name: String,
+    /// Its inputs.
+    pub inputs: Vec<NodeEntry>,
+    /// For ops: the function to call (`__nop`, `__copy`, or a kernel).
+    pub func_name: String,
+    /// For ops: the number of outputs.
+    pub num_outputs: usize,
+    /// For ops: whether tensors are passed as 1-D.
+    pub flatten_data: bool,
+}
+
+/// A parsed and checked graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Graph {
+    /// The nodes, in execution order.
+    pub nodes: Vec<Node>,
+    /// The input nodes (real inputs and params).
+    pub arg_nodes: Vec<usize>,
+    /// The outputs.
+    pub heads: Vec<NodeEntry>,
+    /// First entry id of each node, plus the total.
+    pub node_row_ptr: Vec<usize>,
+    /// Per entry: element type.
+    pub dltype: Vec<DataType>,
+    /// Per entry: shape.
+    pub shape: Vec<Vec<i64>>,
+    /// Per entry: storage id.
+    pub storage_id: Vec<usize>,
+    /// Per entry: device type, when the graph says.
+    pub device_index: Option<Vec<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonGraph {
+    nodes: Vec<JsonNode>,
+    arg_nodes: Vec<u64>,
+    heads: Vec<Vec<u64>>,
+    attrs: JsonAttrs,
+    node_row_ptr: Vec<u64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct JsonNode {
+    op: String,
+    name: String,
+    #[serde(default)]
+    inputs: Vec<Vec<u64>>,
+    #[serde(default, alias = "attr", alias = "param")]
+    attrs: Option<HashMap<String, serde_json::Value>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    control_deps: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct JsonAttrs {
+    dltype: (String, Vec<String>),
+    storage_id: (String, Vec<i64>),
+    shape: (String, Vec<Vec<i64>>),
+    #[serde(default)]
+    device_index: Option<(String, Vec<i64>)>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    storage_scope: Option<(String, Vec<String>)>,
+}
+
+fn bad(msg: impl Into<String>) -> ExecError {
+    ExecError::Graph(msg.into())
+}
+
+fn to_usize(v: u64, what: &str) -> Result<usize, ExecError> {
+    usize::try_from(v).map_err(|_| bad(format!("{what} {v} is out of range")))
+}
+
+/// An op attribute TVM writes as a string (`"1"`), also accepted as a number.
+fn attr_uint(attrs: &HashMap<String, serde_json::Value>, key: &str, node: &str) -> Result<Option<u64>, ExecError> {
+    match attrs.get(key) {
+        None => Ok(None),
+        Some(serde_json::Value::String(s)) => s
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| bad(format!("node `{node}`: attrs.{key} = {s:?} is not a non-negative integer"))),
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(format!("node `{node}`: attrs.{key} = {n} is not a non-negative integer"))),
+        Some(other) => Err(bad(format!("node `{node}`: attrs.{key} = {other} is not an integer"))),
+    }
+}
+
+impl Graph {
+    /// Parses and checks a graph JSON. Every index is checked against what it indexes; errors
+    /// name the JSON path or the node.
+    pub fn parse(json: &str) -> Result<Graph, ExecError> {
+        let de = &mut serde_json::Deserializer::from_str(json);
+        let g: JsonGraph =
+            serde_path_to_error::deserialize(de).map_err(|e| bad(format!("at `{}`: {}", e.path(), e.inner())))?;
+        let n_nodes = g.nodes.len();
+        let row_ptr: Vec<usize> =
+            g.node_row_ptr.iter().map(|&v| to_usize(v, "node_row_ptr entry")).collect::<Result<_, _>>()?;
+        if row_ptr.len() != n_nodes + 1 {
+            return Err(bad(format!(
+                "node_row_ptr has {} entries for {n_nodes} nodes (expected nodes + 1)",
+                row_ptr.len()
+            )));
+        }
+        if row_ptr.first() != Some(&0) || row_ptr.windows(2).any(|w| w[0] > w[1]) {
+            return Err(bad("node_row_ptr must start at 0 and never decrease"));
+        }
+        let n_entries = row_ptr[n_nodes];
+        let (dkind, dltype) = g.attrs.dltype;
+        let (skind, storage_id) = g.attrs.storage_id;
+        let (hkind, shape) = g.attrs.shape;
+        for (k, want, key) in
+            [(&dkind, "list_str", "dltype"), (&skind, "list_int", "storage_id"), (&hkind, "list_shape", "shape")]
+        {
+            if k != want {
+                return Err(bad(format!("attrs.{key} has type tag {k:?}, expected {want:?}")));
+            }
+        }
+        for (len, key) in [(dltype.len(), "dltype"), (storage_id.len(), "storage_id"), (shape.len(), "shape")] {
+            if len != n_entries {
+                return Err(bad(format!("attrs.{key} has {len} entries, the graph has {n_entries} node entries")));
+            }
+        }
+        let dltype = dltype
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                DataType::parse(s).ok_or_else(|| bad(format!("attrs.dltype[{i}] = {s:?} is not a data type")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let storage_id = storage_id
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                usize::try_from(s).ok().filter(|&s| s < n_entries.max(1)).ok_or_else(|| {
+                    bad(format!("attrs.storage_id[{i}] = {s}: runtime-shaped storage (negative ids) and ids past the entry count are not supported"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, (s, t)) in shape.iter().zip(&dltype).enumerate() {
+            if s.iter().any(|&d| d < 0) || tensor_bytes(*t, s).is_none() {
+                return Err(bad(format!("attrs.shape[{i}] = {s:?} is negative or too large")));
+            }
+        }
+        let device_index = match g.attrs.device_index {
+            None => None,
+            Some((k, v)) => {
+                if k != "list_int" || v.len() != n_entries {
+                    return Err(bad(format!("attrs.device_index must be a list_int of {n_entries} entries")));
+                }
+                Some(v)
+            }
+        };
+        let entry = |e: &[u64], what: &str| -> Result<NodeEntry, ExecError> {
+            if e.len() < 2 || e.len() > 3 {
+                return Err(bad(format!("{what}: {e:?} is not [node, index] or [node, index, version]")));
+            }
+            let node = to_usize(e[0], what)?;
+            let index = to_usize(e[1], what)?;
+            if node >= n_nodes || row_ptr[node] + index >= row_ptr[node + 1] {
+                return Err(bad(format!("{what}: {e:?} names no output of a node (the graph has {n_nodes} nodes)")));
+            }
+            Ok(NodeEntry { node, index })
+        };
+        let mut nodes = Vec::with_capacity(n_nodes);
+        for (nid, n) in g.nodes.iter().enumerate() {
+            let inputs = n
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(k, e)| {
+                    let ne = entry(e, &format!("nodes[{nid}].inputs[{k}]"))?;
+                    if ne.node >= nid {
+                        return Err(bad(format!(
+                            "nodes[{nid}] (`{}`) takes an input from node {}, which does not run before it",
+                            n.name, ne.node
+                        )));
+                    }
+                    Ok(ne)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let outputs = row_ptr[nid + 1] - row_ptr[nid];
+            let node = match n.op.as_str() {
+                "null" => {
+                    if outputs != 1 {
+                        return Err(bad(format!("input node `{}` has {outputs} entries, expected 1", n.name)));
+                    }
+                    Node {
+                        op: n.op.clone(),
+                        name: n.name.clone(),
+                        inputs,
+                        func_name: String::new(),
+                        num_outputs: 1,
+                        flatten_data: false,
+                    }
+                }
+                "tvm_op" => {
+                    let empty = HashMap::new();
+                    let attrs = n.attrs.as_ref().unwrap_or(&empty);
+                    let func_name = match attrs.get("func_name") {
+                        Some(serde_json::Value::String(s)) => s.clone(),
+                        _ => return Err(bad(format!("op node `{}` has no attrs.func_name string", n.name))),
+                    };
+                    let num_outputs = attr_uint(attrs, "num_outputs", &n.name)?.unwrap_or(1);
+                    if num_outputs != outputs as u64 {
+                        return Err(bad(format!(
+                            "op node `{}` says num_outputs {num_outputs} but node_row_ptr gives it {outputs}",
+                            n.name
+                        )));
+                    }
+                    if let Some(ni) = attr_uint(attrs, "num_inputs", &n.name)? {
+                        if ni != inputs.len() as u64 {
+                            return Err(bad(format!(
+                                "op node `{}` says num_inputs {ni} but lists {}",
+                                n.name,
+                                inputs.len()
+                            )));
+                        }
+                    }
+                    let flatten_data = attr_uint(attrs, "flatten_data", &n.name)?.unwrap_or(0) != 0;
+                    Node {
+                        op: n.op.clone(),
+                        name: n.name.clone(),
+                        inputs,
+                        func_name,
+                        num_outputs: outputs,
+                        flatten_data,
+                    }
+                }
+                other => {
+                    return Err(bad(format!("node `{}` has op {other:?}: only \"null\" and \"tvm_op\" exist", n.name)))
+                }
+            };
+            nodes.push(node);
+        }
+        let arg_nodes = g
+            .arg_nodes
+            .iter()
+            .map(|&a| {
+                let a = to_usize(a, "arg_nodes entry")?;
+                if nodes.get(a).is_none_or(|n| n.op != "null") {
+                    return Err(bad(format!("arg_nodes names node {a}, which is not an input node")));
+                }
+                Ok(a)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let heads =
+            g.heads.iter().enumerate().map(|(i, h)| entry(h, &format!("heads[{i}]"))).collect::<Result<_, _>>()?;
+        Ok(Graph { nodes, arg_nodes, heads, node_row_ptr: row_ptr, dltype, shape, storage_id, device_index })
+    }
+
+    /// The entry id of output `index` of node `node`.
+    pub fn entry_id(&self, e: NodeEntry) -> usize {
+        self.node_row_ptr[e.node] + e.index
+    }
+}
+
+/// Magic of a params file (`save_param_dict`).
+pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
+
+/// Reads a params file as `relay.save_param_dict` writes it (and `extract` exports):
+/// `magic u64, reserved u64, names vec<str>, count u64, tensor{count}`.
+pub fn read_params(bytes: &Bytes) -> Result<Vec<(String, PayloadTensor)>, ExecError> {
+    let fail = |e: crate::format::FormatError| ExecError::Params(e.to_string());
+    let mut r = Reader::new(bytes, 0);
+    let magic = r.read_u64("params magic").map_err(fail)?;
+    if magic != PARAMS_MAGIC {
+        return Err(ExecError::Params(format!("magic is {magic:#018x}, expected {PARAMS_MAGIC:#018x}")));
+    }
+    r.read_u64("reserved").map_err(fail)?;
+    let names = r.read_vec_str("param names").map_err(fail)?;
+    let count = r.read_count("param count", 40).map_err(fail)?;
+    if count != names.len() {
+        return Err(ExecError::Params(format!("{} names but {count} tensors", names.len())));
+    }
+    let mut out = Vec::with_capacity(count);
+    for name in names {
+        let t = PayloadTensor::read(&mut r, bytes).map_err(fail)?;
+        out.push((name, t));
+    }
+    r.finish("params").map_err(fail)?;
+    Ok(out)
+}
+
+/// A graph factory of a loaded tree: the `GraphExecutorFactory` and the modules its kernels
+/// come from.
+#[derive(Debug, Clone)]
+pub struct GraphFactory {
+    tree: LoadedTree,
+    index: usize,
+}
+
+impl GraphFactory {
+    /// The first `GraphExecutorFactory` of `tree`.
+    pub fn from_tree(tree: &LoadedTree) -> Result<GraphFactory, ExecError> {
+        let index = tree
+            .modules()
+            .iter()
+            .position(|m| m.module.as_any().downcast_ref::<GraphExecutorFactory>().is_some())
+            .ok_or_else(|| {
+                ExecError::NoFactory(format!("no GraphExecutorFactory in the tree ({})", tree.type_keys().join(", ")))
+            })?;
+        Ok(GraphFactory { tree: tree.clone(), index })
+    }
+
+    /// The factory payload.
+    pub fn factory(&self) -> &GraphExecutorFactory {
+        self.tree.modules()[self.index].module.as_any().downcast_ref().expect("checked in from_tree")
+    }
+
+    /// The model's name (`default`).
+    pub fn module_name(&self) -> &str {
+        &self.factory().module_name
+    }
+
+    /// `factory["default"](dev)`: builds an executor on `devices` (the CPU only), with the
+    /// params set.
+    pub fn default(&self, devices: &[Device]) -> Result<GraphExecutor, ExecError> {
+        GraphExecutor::new(&self.tree, self.index, devices)
+    }
+}
+
+enum OpKind {
+    Nop,
+    Copy { from: usize, to: usize },
+    Call(PreparedCall),
+}
+
+struct Op {
+    node: String,
+    function: String,
+    kind: OpKind,
+    /// The tensors the call points to (kept alive and unmoved: boxed slices).
+    _tensors: Box<[DLTensor]>,
+    _shapes: Vec<Box<[i64]>>,
+}
+
+/// A graph executor: the storage of every entry, and the ops.
+pub struct GraphExecutor {
+    graph: Graph,
+    pools: Vec<AlignedBuffer>,
+    /// Per entry: its bytes.
+    entry_bytes: Vec<usize>,
+    ops: Vec<Op>,
+    /// Input node ids by name.
+    input_index: HashMap<String, usize>,
+    params: std::collections::HashSet<String>,
+    _tree: LoadedTree,
+}
+
+// SAFETY: the raw pointers inside (DLTensors of the ops) point into `pools` and the ops' own
+// shape arrays, all owned by the executor; the kernels and library handles are `Send + Sync`.
+#[allow(unsafe_code)]
+unsafe impl Send for GraphExecutor {}
+
+impl std::fmt::Debug for GraphExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExecutor")
+            .field("nodes", &self.graph.nodes.len())
+            .field("pools", &self.pools.len())
+            .finish()
+    }
+}
+
+impl GraphExecutor {
+    fn new(tree: &LoadedTree, index: usize, devices: &[Device]) -> Result<GraphExecutor, ExecError> {
+        let _span = tracing::info_span!("graph_executor_init").entered();
+        check_devices(devices)?;
+        let factory: &GraphExecutorFactory = tree.modules()[index]
+            .module
+            .as_any()
+            .downcast_ref()
+            .ok_or_else(|| ExecError::NoFactory("not a graph factory".into()))?;
+        let graph = Graph::parse(&factory.graph_json)?;
+        if let Some(d) = graph.device_index.as_ref().and_then(|v| v.iter().find(|&&d| d != 1)) {
+            return Err(ExecError::UnsupportedDevice {
+                device_type: *d as i32,
+                device_id: 0,
+                detail: "the graph places an entry on it (attrs.device_index)".into(),
+            });
+        }
+        // Storage: one pool per storage id, sized by its largest entry.
+        let n_entries = graph.dltype.len();
+        let mut entry_bytes = Vec::with_capacity(n_entries);
+        let mut pool_size: Vec<u64> = Vec::new();
+        for e in 0..n_entries {
+            let bytes = tensor_bytes(graph.dltype[e], &graph.shape[e]).expect("checked in parse");
+            let sid = graph.storage_id[e];
+            if pool_size.len() <= sid {
+                pool_size.resize(sid + 1, 0);
+            }
+            pool_size[sid] = pool_size[sid].max(bytes);
+            entry_bytes
+                .push(usize::try_from(bytes).map_err(|_| ExecError::Alloc { bytes, what: format!("entry {e}") })?);
+        }
+        let pools = pool_size
+            .iter()
+            .enumerate()
+            .map(|(sid, &b)| {
+                let rounded = b.div_ceil(4) * 4;
+                usize::try_from(rounded)
+                    .ok()
+                    .and_then(AlignedBuffer::zeroed)
+                    .ok_or(ExecError::Alloc { bytes: rounded, what: format!("storage pool {sid}") })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let dl = |e: usize, shape: &mut Box<[i64]>| DLTensor {
+            data: pools[graph.storage_id[e]].as_ptr().cast(),
+            device: DLDevice { device_type: 1, device_id: devices[0].device_id },
+            ndim: shape.len() as i32,
+            dtype: DLDataType::from(graph.dltype[e]),
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        };
+        // Ops: the kernels are looked up now, in the factory's imports.
+        let mut ops = Vec::new();
+        for (nid, node) in graph.nodes.iter().enumerate() {
+            if node.op != "tvm_op" {
+                continue;
+            }
+            let mut entries: Vec<usize> = node.inputs.iter().map(|&e| graph.entry_id(e)).collect();
+            entries.extend((0..node.num_outputs).map(|i| graph.entry_id(NodeEntry { node: nid, index: i })));
+            let mut shapes: Vec<Box<[i64]>> = entries
+                .iter()
+                .map(|&e| {
+                    if node.flatten_data {
+                        vec![graph.shape[e].iter().product::<i64>()].into_boxed_slice()
+                    } else {
+                        graph.shape[e].clone().into_boxed_slice()
+                    }
+                })
+                .collect();
+            let mut tensors: Box<[DLTensor]> = entries.iter().zip(shapes.iter_mut()).map(|(&e, s)| dl(e, s)).collect();
+            let kind = match node.func_name.as_str() {
+                "__nop" => OpKind::Nop,
+                "__copy" => {
+                    if entries.len() != 2 {
+                        return Err(bad(format!("`__copy` node `{}` must have one input and one output", node.name)));
+                    }
+                    if entry_bytes[entries[0]] != entry_bytes[entries[1]] {
+                        return Err(bad(format!(
+                            "`__copy` node `{}` copies between entries of different sizes",
+                            node.name
+                        )));
+                    }
+                    OpKind::Copy { from: entries[0], to: entries[1] }
+                }
+                name => {
+                    let f = find_function(tree, index, name).ok_or_else(|| ExecError::MissingFunction {
+                        node: node.name.clone(),
+                        function: name.to_owned(),
+                    })?;
+                    let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
+                    OpKind::Call(PreparedCall::new(f, args).map_err(|e| ExecError::Kernel {
+                        node: node.name.clone(),
+                        function: name.to_owned(),
+                        message: e.message,
+                    })?)
+                }
+            };
+            ops.push(Op {
+                node: node.name.clone(),
+                function: node.func_name.clone(),
+                kind,
+                _tensors: tensors,
+                _shapes: shapes,
+            });
+        }
+        let input_index = graph.arg_nodes.iter().map(|&nid| (graph.nodes[nid].name.clone(), nid)).collect();
+        let mut exec = GraphExecutor {
+            graph,
+            pools,
+            entry_bytes,
+            ops,
+            input_index,
+            params: Default::default(),
+            _tree: tree.clone(),
+        };
+        // Params that are graph inputs, largest first (as TVM's factory does).
+        let mut params: Vec<&(String, PayloadTensor)> = factory.params.iter().collect();
+        params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
+        for (name, t) in params {
+            if exec.input_index.contains_key(name) {
+                exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
+                exec.params.insert(name.clone());
+            }
+        }
+        tracing::debug!(ops = exec.ops.len(), pools = exec.pools.len(), "graph executor ready");
+        Ok(exec)
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    fn input_info(&self, nid: usize) -> TensorInfo {
+        let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
+        TensorInfo {
+            name: self.graph.nodes[nid].name.clone(),
+            shape: self.graph.shape[e].clone(),
+            dtype: self.graph.dltype[e],
+        }
+    }
+
+    /// Copies `tensor` into input `index` (an index into the graph's `arg_nodes`, params
+    /// included, as TVM's `set_input(int, ...)`).
+    pub fn set_input(&mut self, index: usize, tensor: &Tensor) -> Result<(), ExecError> {
+        let nid = *self.graph.arg_nodes.get(index).ok_or(ExecError::Index {
+            what: "input",
+            index,
+            count: self.graph.arg_nodes.len(),
+        })?;
+        self.set_node_input(nid, tensor)
+    }
+
+    fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
+        let info = self.input_info(nid);
+        if tensor.dtype != info.dtype || tensor.shape != info.shape {
+            return Err(ExecError::InputMismatch {
+                name: info.name,
+                expected_dtype: info.dtype,
+                expected_shape: info.shape,
+                dtype: tensor.dtype,
+                shape: tensor.shape.clone(),
+            });
+        }
+        let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
+        let n = self.entry_bytes[e];
+        if tensor.data.len() != n {
+            return Err(ExecError::InputMismatch {
+                name: info.name,
+                expected_dtype: info.dtype,
+                expected_shape: info.shape,
+                dtype: tensor.dtype,
+                shape: tensor.shape.clone(),
+            });
+        }
+        self.pools[self.graph.storage_id[e]].as_mut_slice()[..n].copy_from_slice(&tensor.data);
+        Ok(())
+    }
+
+    /// The bytes of output `index`, without a copy.
+    pub fn output_data(&self, index: usize) -> Result<&[u8], ExecError> {
+        let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
+            what: "output",
+            index,
+            count: self.graph.heads.len(),
+        })?;
+        let e = self.graph.entry_id(h);
+        Ok(&self.pools[self.graph.storage_id[e]].as_slice()[..self.entry_bytes[e]])
+    }
+}
+
+/// Finds `name` in the imports of module `index` (depth first), as TVM's factory looks kernels
+/// up in `imports[0]` with `query_imports`.
+fn find_function(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
+    let modules = tree.modules();
+    let mut seen = vec![false; modules.len()];
+    let mut stack: Vec<usize> = modules[index].imports.iter().rev().copied().collect();
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(seen.get_mut(i)?, true) {
+            continue;
+        }
+        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
+            return Some(f);
+        }
+        stack.extend(modules[i].imports.iter().rev());
+    }
+    None
+}
+
+impl Executor for GraphExecutor {
+    fn inputs(&self) -> Vec<TensorInfo> {
+        self.graph
+            .arg_nodes
+            .iter()
+            .filter(|&&nid| !self.params.contains(&self.graph.nodes[nid].name))
+            .map(|&nid| self.input_info(nid))
+            .collect()
+    }
+
+    fn outputs(&self) -> Vec<TensorInfo> {
+        self.graph
+            .heads
+            .iter()
+            .enumerate()
+            .map(|(i, &h)| {
+                let e = self.graph.entry_id(h);
+                TensorInfo {
+                    name: format!("output_{i}"),
+                    shape: self.graph.shape[e].clone(),
+                    dtype: self.graph.dltype[e],
+                }
+            })
+            .collect()
+    }
+
+    fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
+        let nid = *self.input_index.get(name).ok_or_else(|| ExecError::UnknownInput {
+            name: name.to_owned(),
+            known: self.inputs().into_iter().map(|i| i.name).collect(),
+        })?;
+        self.set_node_input(nid, tensor)
+    }
+
+    fn run(&mut self) -> Result<(), ExecError> {
+        let _span = tracing::debug_span!("graph_run").entered();
+        for op in &mut self.ops {
+            match &mut op.kind {
+                OpKind::Nop => {}
+                OpKind::Copy { from, to } => {
+                    let (from, to) = (*from, *to);
+                    let n = self.entry_bytes[from];
+                    let (sf, st) = (self.graph.storage_id[from], self.graph.storage_id[to]);
+                    if sf != st {
+                        let src = self.pools[sf].as_slice()[..n].to_vec();
+                        self.pools[st].as_mut_slice()[..n].copy_from_slice(&src);
+                    }
+                }
+                OpKind::Call(call) => {
+                    // SAFETY: the call's tensors point into this executor's pools (sized by
+                    // the graph's shapes and dtypes, 64-byte aligned) and its own shape arrays;
+                    // the kernel is the one the graph names for them.
+                    #[allow(unsafe_code)]
+                    unsafe { call.invoke() }.map_err(|e| ExecError::Kernel {
+                        node: op.node.clone(),
+                        function: op.function.clone(),
+                        message: e.message,
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
+        let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
+            what: "output",
+            index,
+            count: self.graph.heads.len(),
+        })?;
+        let e = self.graph.entry_id(h);
+        let data = self.output_data(index)?.to_vec();
+        Ok(Tensor {
+            dtype: self.graph.dltype[e],
+            shape: self.graph.shape[e].clone(),
+            device: (1, 0),
+            data: data.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: &str = r#"{"nodes":[{"op":"null","name":"x","inputs":[]},
+        {"op":"tvm_op","name":"f","attrs":{"func_name":"__copy","num_inputs":"1","num_outputs":"1","flatten_data":"0"},"inputs":[[0,0,0]]}],
+        "arg_nodes":[0],"heads":[[1,0,0]],"node_row_ptr":[0,1,2],
+        "attrs":{"dltype":["list_str",["float32","float32"]],"storage_id":["list_int",[0,1]],"shape":["list_shape",[[2],[2]]]}}"#;
+
+    #[test]
+    fn parses_and_refuses_bad_graphs_with_paths() {
+        let g = Graph::parse(G).unwrap();
+        assert_eq!(g.nodes[1].func_name, "__copy");
+        assert_eq!(g.heads, [NodeEntry { node: 1, index: 0 }]);
+        for (bad, want) in [
+            (G.replace("\"arg_nodes\":[0]", "\"arg_nodes\":[\"a\"]"), "arg_nodes[0]"),
+            (G.replace("[[1,0,0]]", "[[1,1,0]]"), "heads[0]"),
+            (G.replace("[0,1,2]", "[0,1]"), "node_row_ptr"),
+            (G.replace("\"float32\",\"float32\"", "\"float32\",\"floaty\""), "dltype[1]"),
+            (G.replace("[[2],[2]]", "[[2],[-2]]"), "shape[1]"),
+            (G.replace("\"num_outputs\":\"1\"", "\"num_outputs\":\"x\""), "num_outputs"),
+            (G.replace("[[0,0,0]]", "[[1,0,0]]"), "does not run before"),
+            (G.replace("\"storage_id\":[\"list_int\",[0,1]]", "\"storage_id\":[\"list_int\",[0,-1]]"), "storage_id[1]"),
+        ] {
+            let err = Graph::parse(&bad).unwrap_err().to_string();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+
+    #[test]
+    fn params_file_reads_and_rejects_truncation() {
+        let t = PayloadTensor::new(DataType::F32, vec![2], vec![0u8; 8]).unwrap();
+        let mut buf = Vec::new();
+        crate::format::stream::write_u64(&mut buf, PARAMS_MAGIC).unwrap();
+        crate::format::stream::write_u64(&mut buf, 0).unwrap();
+        crate::format::stream::write_vec_str(&mut buf, &["p0"]).unwrap();
+        crate::format::stream::write_u64(&mut buf, 1).unwrap();
+        t.write_to(&mut buf).unwrap();
+        let got = read_params(&Bytes::from_vec(buf.clone())).unwrap();
+        assert_eq!(got, vec![("p0".to_owned(), t)]);
+        for cut in [0, 8, 20, buf.len() - 1] {
+            assert!(read_params(&Bytes::from_vec(buf[..cut].to_vec())).is_err());
+        }
+    }
+}

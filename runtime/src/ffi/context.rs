@@ -1,0 +1,584 @@
+//! The context functions a TVM-compiled library calls back into, and the per-library context
+//! behind `__tvm_module_ctx` / `__tvm_ffi_library_ctx` / `__tvm_ffi__library_ctx`.
+//!
+//! After `dlopen`, the loader writes the address of each function below into the library's
+//! pointer-sized data symbol of that name, where the symbol exists (TVM's loader does the same
+//! writes). Every slot any TVM version defines gets a function; none is left null:
+//!
+//! | slot | versions | here |
+//! |---|---|---|
+//! | `__TVMAPISetLastError` | 0.8-0.20 | the calling thread's last error |
+//! | `__TVMFFIErrorSetRaisedFromCStr` | 0.21+ | the same, as `kind: message` |
+//! | `__TVMBackendAllocWorkspace`, `...FreeWorkspace` | all | [`super::workspace`] |
+//! | `__TVMBackendParallelLaunch`, `...Barrier` | all | [`super::threadpool`] |
+//! | `__TVMBackendGetFuncFromEnv` | 0.8-0.20 | the library's imports, then global functions |
+//! | `__TVMFFIEnvModLookupFromImports` | 0.22+ | the same |
+//! | `__TVMFuncCall`, `__TVMFFIFunctionCall` | all | calls a handle the two above gave out |
+//! | `__TVMFFIHandleInitOnce` | 0.22+ | one-time initialisation of a cached handle |
+//!
+//! Every function here catches panics: no Rust panic crosses the `extern "C"` edge.
+//!
+//! Handles given to compiled code (the context and function handles) are small records that
+//! are never freed and refer to the library's context weakly: compiled code caches them in its
+//! own static data, which can outlive one load of the library when the same file is loaded
+//! twice, so a stale handle gives an error, never a dangling pointer.
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+
+use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
+use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
+use super::workspace;
+use crate::module::{LoadedTree, Module};
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// Keeps a string returned to compiled code alive until the next one.
+    static RETURNED_STRING: RefCell<Option<CString>> = const { RefCell::new(None) };
+}
+
+/// The last error compiled code (or a context function) reported on this thread.
+pub fn last_error() -> String {
+    LAST_ERROR.try_with(|e| e.borrow().clone()).unwrap_or_default()
+}
+
+/// Sets this thread's last error.
+pub(crate) fn set_last_error(msg: &str) {
+    let _ = LAST_ERROR.try_with(|e| {
+        let mut e = e.borrow_mut();
+        e.clear();
+        e.push_str(msg);
+    });
+}
+
+pub(crate) fn clear_last_error() {
+    let _ = LAST_ERROR.try_with(|e| e.borrow_mut().clear());
+}
+
+/// Runs `f`, turning a panic into `on_panic` and an error message.
+fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_last_error("mblob-runtime: a context function panicked");
+            on_panic
+        }
+    }
+}
+
+/// Reads a C string argument.
+///
+/// # Safety
+///
+/// `p` is null or points to a NUL-terminated string.
+unsafe fn c_str<'a>(p: *const c_char) -> Option<std::borrow::Cow<'a, str>> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy())
+}
+
+/// What mblob knows about one loaded library, for the calls its code makes back.
+#[derive(Debug)]
+pub struct LibraryContext {
+    path: PathBuf,
+    /// The library's imports and their imports, depth first (set once the tree is built).
+    imports: RwLock<Vec<Weak<dyn Module>>>,
+    /// Functions already found for compiled code, by name.
+    found: Mutex<HashMap<String, PackedFunction>>,
+    /// Handles given out for them, by name.
+    handles: Mutex<HashMap<String, &'static FunctionHandle>>,
+    /// The handle written into the library's context slot.
+    handle: OnceLock<&'static ContextHandle>,
+}
+
+/// What `__tvm_module_ctx` points to.
+#[derive(Debug)]
+pub struct ContextHandle {
+    ctx: Weak<LibraryContext>,
+}
+
+/// What a function handle given to compiled code points to.
+#[derive(Debug)]
+pub struct FunctionHandle {
+    ctx: Weak<LibraryContext>,
+    name: String,
+    global: Option<PackedFunction>,
+}
+
+impl LibraryContext {
+    pub(crate) fn new(path: PathBuf) -> Arc<LibraryContext> {
+        Arc::new(LibraryContext {
+            path,
+            imports: RwLock::new(Vec::new()),
+            found: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            handle: OnceLock::new(),
+        })
+    }
+
+    fn context_handle(self: &Arc<Self>) -> &'static ContextHandle {
+        self.handle.get_or_init(|| Box::leak(Box::new(ContextHandle { ctx: Arc::downgrade(self) })))
+    }
+
+    /// Finds `name` among the imports (depth first), as compiled code asks for it.
+    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
+        if let Some(f) = self.found.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Some(f.clone());
+        }
+        let imports = self.imports.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
+        self.found.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
+        Some(f)
+    }
+
+    /// The handle for `name`: an import's function, else a global one.
+    fn lookup(self: &Arc<Self>, name: &str) -> Result<&'static FunctionHandle, String> {
+        if let Some(h) = self.handles.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(h);
+        }
+        let global = if self.find_in_imports(name).is_some() {
+            None
+        } else {
+            Some(global_function(name).ok_or_else(|| {
+                format!(
+                    "Cannot find function {name} in the imported modules or global registry (library {})",
+                    self.path.display()
+                )
+            })?)
+        };
+        let h: &'static FunctionHandle =
+            Box::leak(Box::new(FunctionHandle { ctx: Arc::downgrade(self), name: name.to_owned(), global }));
+        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), h);
+        Ok(h)
+    }
+}
+
+impl FunctionHandle {
+    fn function(&self) -> Result<PackedFunction, String> {
+        if let Some(g) = &self.global {
+            return Ok(g.clone());
+        }
+        let ctx = self.ctx.upgrade().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
+        ctx.find_in_imports(&self.name).ok_or_else(|| format!("function {} is no longer available", self.name))
+    }
+}
+
+/// Records, for every library module of `tree`, the modules it imports (depth first), which
+/// `GetFuncFromEnv` searches.
+pub(crate) fn link_imports(tree: &LoadedTree) {
+    for (i, m) in tree.modules().iter().enumerate() {
+        let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
+        let Some(ctx) = lib.context() else { continue };
+        let mut order = Vec::new();
+        let mut seen = vec![false; tree.modules().len()];
+        seen[i] = true;
+        let mut stack: Vec<usize> = m.imports.iter().rev().copied().collect();
+        while let Some(j) = stack.pop() {
+            if std::mem::replace(&mut seen[j], true) {
+                continue;
+            }
+            order.push(Arc::downgrade(&tree.modules()[j].module));
+            stack.extend(tree.modules()[j].imports.iter().rev());
+        }
+        // Only direct imports are searched first by TVM, each with its own imports: the depth
+        // first order above is the same sequence.
+        *ctx.imports.write().unwrap_or_else(|e| e.into_inner()) = order;
+    }
+}
+
+fn globals() -> &'static Mutex<HashMap<String, PackedFunction>> {
+    static GLOBALS: OnceLock<Mutex<HashMap<String, PackedFunction>>> = OnceLock::new();
+    GLOBALS.get_or_init(|| {
+        let mut m = HashMap::new();
+        // Host code of device kernels selects the device first; mblob's device modules bind
+        // their own context on every launch, so this only checks its arguments.
+        m.insert(
+            "__tvm_set_device".to_owned(),
+            PackedFunction::from_fn(|args| match args {
+                [Value::Int(_), Value::Int(_)] => Ok(Value::None),
+                _ => Err(format!("__tvm_set_device takes (device_type, device_id), got {args:?}")),
+            }),
+        );
+        Mutex::new(m)
+    })
+}
+
+/// Registers a global function that compiled code finds through `GetFuncFromEnv` when no
+/// import has it (TVM's global registry: e.g. `tvm.contrib.sort.argsort` for a model that
+/// calls it). Replaces one of the same name.
+pub fn register_global(name: impl Into<String>, f: PackedFunction) {
+    globals().lock().unwrap_or_else(|e| e.into_inner()).insert(name.into(), f);
+}
+
+fn global_function(name: &str) -> Option<PackedFunction> {
+    globals().lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+}
+
+// ---- the context functions -------------------------------------------------------------
+
+extern "C" fn api_set_last_error(msg: *const c_char) {
+    guard((), || {
+        // SAFETY: compiled code passes a NUL-terminated message.
+        if let Some(m) = unsafe { c_str(msg) } {
+            set_last_error(&m);
+        }
+    })
+}
+
+extern "C" fn ffi_error_set_raised(kind: *const c_char, msg: *const c_char) {
+    guard((), || {
+        // SAFETY: compiled code passes NUL-terminated strings (or null).
+        let (kind, msg) = unsafe { (c_str(kind), c_str(msg)) };
+        set_last_error(&format!("{}: {}", kind.as_deref().unwrap_or("Error"), msg.as_deref().unwrap_or("")));
+    })
+}
+
+extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *const c_char, n: i32) {
+    guard((), || {
+        // SAFETY: compiled code passes `n` string pointers, each null (skipped) or
+        // NUL-terminated.
+        let text: String = unsafe {
+            let mut text = String::new();
+            if !parts.is_null() {
+                for i in 0..n.max(0) as usize {
+                    if let Some(p) = c_str(*parts.add(i)) {
+                        text.push_str(&p);
+                    }
+                }
+            }
+            format!("{}: {text}", c_str(kind).as_deref().unwrap_or("Error"))
+        };
+        set_last_error(&text);
+    })
+}
+
+extern "C" fn backend_alloc_workspace(
+    _dev_type: c_int,
+    _dev_id: c_int,
+    nbytes: u64,
+    _code: c_int,
+    _bits: c_int,
+) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        let p = workspace::alloc(nbytes);
+        if p.is_null() {
+            set_last_error(&format!("TVMBackendAllocWorkspace: cannot allocate {nbytes} bytes"));
+        }
+        p
+    })
+}
+
+extern "C" fn backend_free_workspace(_dev_type: c_int, _dev_id: c_int, ptr: *mut c_void) -> c_int {
+    guard(-1, || match workspace::free(ptr) {
+        Ok(()) => 0,
+        Err(e) => {
+            set_last_error(&e);
+            -1
+        }
+    })
+}
+
+extern "C" fn backend_parallel_launch(f: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
+    guard(-1, || threadpool::launch(f, cdata, num_task))
+}
+
+extern "C" fn backend_parallel_barrier(task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
+    guard(-1, || threadpool::barrier(task_id, env))
+}
+
+/// Resolves a context handle to its library context.
+///
+/// # Safety
+///
+/// `ctx` is null or a handle [`install`] wrote.
+unsafe fn context_of(ctx: *mut c_void) -> Result<Arc<LibraryContext>, String> {
+    if ctx.is_null() {
+        return Err("the library context is null".into());
+    }
+    // SAFETY: per the contract, a leaked `ContextHandle`.
+    let h = unsafe { &*(ctx as *const ContextHandle) };
+    h.ctx.upgrade().ok_or_else(|| "the library was unloaded".into())
+}
+
+fn lookup_into(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+    if out.is_null() {
+        set_last_error("function lookup: the output pointer is null");
+        return -1;
+    }
+    // SAFETY: compiled code passes its context slot's value and a NUL-terminated name.
+    let r = unsafe { context_of(ctx) }.and_then(|c| {
+        // SAFETY: as above.
+        let name = unsafe { c_str(name) }.ok_or("function lookup: the name is null")?;
+        c.lookup(&name)
+    });
+    match r {
+        Ok(h) => {
+            // SAFETY: `out` is a valid pointer to the caller's handle slot.
+            unsafe { *out = (h as *const FunctionHandle).cast_mut().cast() };
+            0
+        }
+        Err(e) => {
+            set_last_error(&e);
+            -1
+        }
+    }
+}
+
+extern "C" fn backend_get_func_from_env(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+    guard(-1, || lookup_into(ctx, name, out))
+}
+
+extern "C" fn env_mod_lookup_from_imports(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+    guard(-1, || lookup_into(ctx, name, out))
+}
+
+/// Resolves a function handle.
+///
+/// # Safety
+///
+/// `h` is null or a handle `lookup_into` gave out.
+unsafe fn function_of(h: *mut c_void) -> Result<PackedFunction, String> {
+    if h.is_null() {
+        return Err("the function handle is null".into());
+    }
+    // SAFETY: per the contract, a leaked `FunctionHandle`.
+    unsafe { &*(h as *const FunctionHandle) }.function()
+}
+
+fn keep_string(s: String) -> *mut c_void {
+    let c = CString::new(s.replace('\0', " ")).unwrap_or_default();
+    let p = c.as_ptr().cast_mut().cast();
+    let _ = RETURNED_STRING.try_with(|r| *r.borrow_mut() = Some(c));
+    p
+}
+
+extern "C" fn func_call(
+    handle: *mut c_void,
+    values: *mut TVMValue,
+    codes: *mut c_int,
+    n: c_int,
+    ret: *mut TVMValue,
+    ret_code: *mut c_int,
+) -> c_int {
+    guard(-1, || {
+        let run = || -> Result<Value, String> {
+            // SAFETY: the handle came from `lookup_into` (compiled code only calls what it
+            // looked up).
+            let f = unsafe { function_of(handle) }?;
+            let n = n.max(0) as usize;
+            let args: Vec<Value> = if n == 0 || values.is_null() || codes.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: compiled code passes `n` values and `n` codes.
+                (0..n).map(|i| unsafe { callconv::decode_classic(*values.add(i), *codes.add(i)) }).collect()
+            };
+            // SAFETY: the function is an import of the library that calls it, called with
+            // the arguments its own compiled caller built for it.
+            unsafe { f.call(&args) }.map_err(|e| e.message)
+        };
+        match run() {
+            Ok(v) => {
+                if !ret.is_null() && !ret_code.is_null() {
+                    let v = match v {
+                        Value::Str(s) => Value::Handle(keep_string(s)),
+                        v => v,
+                    };
+                    if let Ok((vals, codes, _)) = callconv::encode_classic(std::slice::from_ref(&v)) {
+                        // SAFETY: the caller's return slots are valid for writes.
+                        unsafe {
+                            *ret = vals[0];
+                            *ret_code = codes[0];
+                        }
+                    }
+                }
+                0
+            }
+            Err(e) => {
+                set_last_error(&e);
+                -1
+            }
+        }
+    })
+}
+
+extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: i32, result: *mut TVMFFIAny) -> c_int {
+    guard(-1, || {
+        let run = || -> Result<Value, String> {
+            // SAFETY: as in `func_call`.
+            let f = unsafe { function_of(handle) }?;
+            let n = n.max(0) as usize;
+            let args: Vec<Value> = if n == 0 || args.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: compiled code passes `n` values.
+                (0..n).map(|i| unsafe { callconv::decode_ffi(&*args.add(i)) }).collect()
+            };
+            // SAFETY: as in `func_call`.
+            unsafe { f.call(&args) }.map_err(|e| e.message)
+        };
+        match run() {
+            Ok(v) => {
+                if !result.is_null() {
+                    let v = match v {
+                        Value::Str(s) => Value::Handle(keep_string(s)),
+                        v => v,
+                    };
+                    if let Ok((vals, _)) = callconv::encode_ffi(std::slice::from_ref(&v)) {
+                        // SAFETY: the caller's result slot is valid for writes.
+                        unsafe { *result = vals[0] };
+                    }
+                }
+                0
+            }
+            Err(e) => {
+                set_last_error(&e);
+                -1
+            }
+        }
+    })
+}
+
+type InitFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+
+extern "C" fn handle_init_once(handle: *mut *mut c_void, init: Option<InitFn>) -> c_int {
+    static LOCK: Mutex<()> = Mutex::new(());
+    guard(-1, || {
+        if handle.is_null() {
+            set_last_error("TVMFFIHandleInitOnce: the handle address is null");
+            return -1;
+        }
+        // SAFETY: `handle` points to a pointer-sized, pointer-aligned static slot of the
+        // calling library; all accesses to it go through atomics here.
+        let slot = unsafe { AtomicPtr::from_ptr(handle) };
+        if !slot.load(Ordering::Acquire).is_null() {
+            return 0;
+        }
+        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        if !slot.load(Ordering::Acquire).is_null() {
+            return 0;
+        }
+        let Some(init) = init else {
+            set_last_error("TVMFFIHandleInitOnce: the init function is null");
+            return -1;
+        };
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: compiled code passes an init function of this signature.
+        let rc = unsafe { init(&mut out) };
+        if rc != 0 {
+            return rc;
+        }
+        if out.is_null() {
+            set_last_error("TVMFFIHandleInitOnce: the init function returned null");
+            return -1;
+        }
+        slot.store(out, Ordering::Release);
+        0
+    })
+}
+
+/// The context functions, by slot name (the data symbol is `__` + the name).
+pub(crate) fn context_functions() -> [(&'static str, *const c_void); 13] {
+    [
+        ("TVMAPISetLastError", api_set_last_error as *const c_void),
+        ("TVMFFIErrorSetRaisedFromCStr", ffi_error_set_raised as *const c_void),
+        ("TVMFFIErrorSetRaisedFromCStrParts", ffi_error_set_raised_parts as *const c_void),
+        ("TVMBackendAllocWorkspace", backend_alloc_workspace as *const c_void),
+        ("TVMBackendFreeWorkspace", backend_free_workspace as *const c_void),
+        ("TVMBackendParallelLaunch", backend_parallel_launch as *const c_void),
+        ("TVMBackendParallelBarrier", backend_parallel_barrier as *const c_void),
+        ("TVMBackendGetFuncFromEnv", backend_get_func_from_env as *const c_void),
+        ("TVMFuncCall", func_call as *const c_void),
+        ("TVMFFIFunctionCall", ffi_function_call as *const c_void),
+        ("TVMFFIEnvModLookupFromImports", env_mod_lookup_from_imports as *const c_void),
+        ("TVMFFIHandleInitOnce", handle_init_once as *const c_void),
+        // The 0.21 name of the lookup, before tvm-ffi renamed it.
+        ("TVMFFIEnvLookupFromImports", env_mod_lookup_from_imports as *const c_void),
+    ]
+}
+
+/// Writes the context functions into the library's `__<name>` data symbols where they exist,
+/// and the context handle into its context symbols, as TVM's `InitContextFunctions` does.
+pub(crate) fn install(lib: &libloading::os::unix::Library, ctx: &Arc<LibraryContext>) {
+    let handle = ctx.context_handle() as *const ContextHandle as *const c_void;
+    let contexts = ["__tvm_module_ctx", "__tvm_ffi_library_ctx", "__tvm_ffi__library_ctx"];
+    let functions = context_functions();
+    let named = functions.iter().map(|(n, f)| (format!("__{n}"), *f));
+    for (name, value) in named.chain(contexts.iter().map(|c| (c.to_string(), handle))) {
+        // SAFETY: each of these names is, in a TVM-compiled library, a pointer-sized writable
+        // data symbol that exists to receive exactly this pointer (TVM's loader does the same
+        // writes). The symbol is looked up as a plain address and written before any of the
+        // library's functions are called through mblob.
+        unsafe {
+            if let Ok(slot) = lib.get::<*mut *const c_void>(name.as_bytes()) {
+                let slot = *slot;
+                if !slot.is_null() {
+                    slot.write(value);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_parts_are_joined_and_null_parts_skipped() {
+        let kind = CString::new("ValueError").unwrap();
+        let a = CString::new("Expected ").unwrap();
+        let b = CString::new("2").unwrap();
+        let parts = [a.as_ptr(), std::ptr::null(), b.as_ptr()];
+        ffi_error_set_raised_parts(kind.as_ptr(), parts.as_ptr(), 3);
+        assert_eq!(last_error(), "ValueError: Expected 2");
+    }
+
+    #[test]
+    fn init_once_runs_once() {
+        unsafe extern "C" fn init(out: *mut *mut c_void) -> c_int {
+            static X: u8 = 7;
+            // SAFETY: `out` is valid (the caller's local).
+            unsafe { *out = (&X as *const u8).cast_mut().cast() };
+            0
+        }
+        unsafe extern "C" fn fail(_: *mut *mut c_void) -> c_int {
+            -3
+        }
+        let mut slot: *mut c_void = std::ptr::null_mut();
+        assert_eq!(handle_init_once(&mut slot, Some(fail)), -3);
+        assert!(slot.is_null());
+        assert_eq!(handle_init_once(&mut slot, Some(init)), 0);
+        let first = slot;
+        assert!(!first.is_null());
+        assert_eq!(handle_init_once(&mut slot, Some(fail)), 0, "already initialised: init not called");
+        assert_eq!(slot, first);
+    }
+
+    #[test]
+    fn stale_and_null_handles_are_errors() {
+        let mut out = std::ptr::null_mut();
+        let name = CString::new("f").unwrap();
+        assert_eq!(backend_get_func_from_env(std::ptr::null_mut(), name.as_ptr(), &mut out), -1);
+        assert!(last_error().contains("null"));
+        let ctx = LibraryContext::new("x.so".into());
+        let h = ctx.context_handle() as *const ContextHandle as *mut c_void;
+        assert_eq!(backend_get_func_from_env(h, name.as_ptr(), &mut out), -1);
+        assert!(last_error().contains("Cannot find function f"), "{}", last_error());
+        let set_device = CString::new("__tvm_set_device").unwrap();
+        assert_eq!(backend_get_func_from_env(h, set_device.as_ptr(), &mut out), 0);
+        let mut vals = [TVMValue { v_int64: 1 }, TVMValue { v_int64: 0 }];
+        let mut codes = [0, 0];
+        let mut ret = TVMValue { v_int64: 0 };
+        let mut rc = 0;
+        assert_eq!(func_call(out, vals.as_mut_ptr(), codes.as_mut_ptr(), 2, &mut ret, &mut rc), 0);
+        assert_eq!(rc, 4, "returns None");
+        drop(ctx);
+        assert_eq!(backend_get_func_from_env(h, set_device.as_ptr(), &mut out), -1);
+        assert!(last_error().contains("unloaded"));
+    }
+}

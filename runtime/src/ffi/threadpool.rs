@@ -1,0 +1,412 @@
+//! The thread pool behind `TVMBackendParallelLaunch` and `TVMBackendParallelBarrier`.
+//!
+//! Compiled code runs a parallel loop by calling `ParallelLaunch(lambda, cdata, num_task)`:
+//! the runtime calls `lambda(task_id, env, cdata)` for every task id `0..num_task` (0 means one
+//! task per thread), each on its own thread at the same time, with `env.num_task` set, and
+//! returns when all are done. Task 0 runs on the launching thread; tasks 1.. on the pool's
+//! workers, which spin for a short while after a task before they sleep (consecutive kernels of
+//! one inference launch a few microseconds apart). Each launching thread has its own pool, as
+//! in TVM, so two executors on two threads do not wait for each other.
+//!
+//! A task that fails sets its error on its own thread; the launcher gathers them and reports
+//! `Task <i> error: <message>` lines as one error, returning -1. The barrier is real: a task
+//! that calls it waits until every task of the launch has reached it.
+//!
+//! Threads: [`set_num_threads`] for the calling thread, else `MBLOB_NUM_THREADS`, else
+//! `TVM_NUM_THREADS`, else the number of cores. With 1 thread every loop runs as one task on
+//! the calling thread.
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// `TVMParallelGroupEnv`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ParallelGroupEnv {
+    /// Points to the launch's barrier.
+    pub sync_handle: *mut c_void,
+    /// The number of tasks of the launch.
+    pub num_task: i32,
+}
+
+/// `FTVMParallelLambda`.
+pub type ParallelLambda = unsafe extern "C" fn(c_int, *mut ParallelGroupEnv, *mut c_void) -> c_int;
+
+/// How long an idle worker spins before it sleeps.
+const SPIN: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// The calling thread's choice of thread count (0: the process default).
+    static THREADS: Cell<usize> = const { Cell::new(0) };
+    /// Set while this thread runs a task, so a nested launch runs inline.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+    static POOL: RefCell<Option<Pool>> = const { RefCell::new(None) };
+}
+
+/// The process default: `MBLOB_NUM_THREADS`, then `TVM_NUM_THREADS`, then the cores.
+pub fn default_num_threads() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        ["MBLOB_NUM_THREADS", "TVM_NUM_THREADS"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0))
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    })
+}
+
+/// Sets how many threads parallel loops launched from the calling thread use (the calling
+/// thread included); 0 restores the default ([`default_num_threads`]).
+pub fn set_num_threads(n: usize) {
+    THREADS.with(|t| t.set(n));
+}
+
+/// The number of threads parallel loops launched from the calling thread use.
+pub fn num_threads() -> usize {
+    match THREADS.with(|t| t.get()) {
+        0 => default_num_threads(),
+        n => n,
+    }
+}
+
+/// A barrier whose address is the group env's `sync_handle`.
+#[derive(Default)]
+struct SpinBarrier {
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+/// State shared by a launching thread and its workers.
+struct Shared {
+    /// Bumped once per launch; workers wait for it to change.
+    epoch: AtomicU64,
+    lambda: AtomicUsize,
+    cdata: AtomicUsize,
+    num_task: AtomicUsize,
+    pending: AtomicUsize,
+    errors: Mutex<Vec<(usize, String)>>,
+    barrier: SpinBarrier,
+    env: std::cell::UnsafeCell<ParallelGroupEnv>,
+    shutdown: AtomicBool,
+    sleep: Mutex<()>,
+    wake: Condvar,
+    sleepers: AtomicUsize,
+}
+
+// SAFETY: `env` is written only by the launching thread before it publishes a launch (epoch
+// bump with Release) and read by tasks after they observe it (Acquire); all other fields are
+// atomics or locks.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer in `env` is the address of `barrier`, owned by `Shared`.
+unsafe impl Send for Shared {}
+
+struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn new(threads: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            lambda: AtomicUsize::new(0),
+            cdata: AtomicUsize::new(0),
+            num_task: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            errors: Mutex::new(Vec::new()),
+            barrier: SpinBarrier::default(),
+            env: std::cell::UnsafeCell::new(ParallelGroupEnv { sync_handle: std::ptr::null_mut(), num_task: 0 }),
+            shutdown: AtomicBool::new(false),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+        });
+        let workers = (1..threads)
+            .filter_map(|id| {
+                let s = shared.clone();
+                std::thread::Builder::new().name(format!("mblob-worker-{id}")).spawn(move || worker(&s, id)).ok()
+            })
+            .collect();
+        Pool { shared, workers }
+    }
+
+    /// Threads of this pool, the launching thread included.
+    fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _g = self.shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Runs one task and records its error.
+fn run_task(s: &Shared, task: usize) {
+    let lambda = s.lambda.load(Ordering::Acquire);
+    let cdata = s.cdata.load(Ordering::Acquire) as *mut c_void;
+    // SAFETY: `lambda` was stored from a non-null `ParallelLambda` by `launch` before the
+    // epoch was published; the env lives in `Shared` for the pool's lifetime.
+    let code = unsafe {
+        let f: ParallelLambda = std::mem::transmute::<usize, ParallelLambda>(lambda);
+        IN_TASK.with(|t| t.set(true));
+        let code = f(task as c_int, s.env.get(), cdata);
+        IN_TASK.with(|t| t.set(false));
+        code
+    };
+    if code != 0 {
+        let msg = super::context::last_error();
+        s.errors.lock().unwrap_or_else(|e| e.into_inner()).push((task, msg));
+    }
+}
+
+fn worker(s: &Shared, id: usize) {
+    let mut seen = 0u64;
+    loop {
+        // Wait for the next launch: spin a little, then sleep.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if s.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            if s.epoch.load(Ordering::Acquire) != seen {
+                break;
+            }
+            spins += 1;
+            if spins % 2 == 0 {
+                if start.elapsed() > SPIN {
+                    let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                    s.sleepers.fetch_add(1, Ordering::SeqCst);
+                    while s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+                        g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+                    }
+                    s.sleepers.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        seen = s.epoch.load(Ordering::Acquire);
+        if id < s.num_task.load(Ordering::Acquire) {
+            run_task(s, id);
+            s.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// `TVMBackendParallelLaunch`, as called from compiled code.
+pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
+    let Some(f) = lambda else {
+        super::context::set_last_error("TVMBackendParallelLaunch: the parallel lambda is null");
+        return -1;
+    };
+    let threads = num_threads();
+    // One thread, or a launch from inside a task: one task covering the whole loop, here.
+    if threads <= 1 || IN_TASK.with(|t| t.get()) {
+        let barrier = SpinBarrier::default();
+        let mut env = ParallelGroupEnv { sync_handle: (&barrier as *const SpinBarrier).cast_mut().cast(), num_task: 1 };
+        // SAFETY: compiled code passes a lambda of this signature; `env` and its barrier live
+        // until the call returns.
+        return unsafe { f(0, &mut env, cdata) };
+    }
+    let requested = if num_task <= 0 { threads } else { num_task as usize };
+    if requested > threads {
+        super::context::set_last_error(&format!(
+            "Request parallel sync task larger than number of threads used workers={threads} request={requested}"
+        ));
+        return -1;
+    }
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.as_ref().is_none_or(|pool| pool.threads() != threads) {
+            *p = None;
+            *p = Some(Pool::new(threads));
+        }
+        let pool = p.as_ref().expect("just created");
+        if requested > pool.threads() {
+            super::context::set_last_error(&format!(
+                "cannot start {} worker threads for a parallel launch of {requested} tasks",
+                threads - 1
+            ));
+            return -1;
+        }
+        run_launch(&pool.shared, f, cdata, requested)
+    })
+}
+
+fn run_launch(s: &Shared, f: ParallelLambda, cdata: *mut c_void, n: usize) -> c_int {
+    s.errors.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    s.barrier.arrived.store(0, Ordering::Relaxed);
+    // SAFETY: no task of a previous launch runs any more (we waited for them), so this thread
+    // is the only one touching `env` until the epoch below publishes it.
+    unsafe {
+        *s.env.get() =
+            ParallelGroupEnv { sync_handle: (&s.barrier as *const SpinBarrier).cast_mut().cast(), num_task: n as i32 };
+    }
+    s.lambda.store(f as usize, Ordering::Release);
+    s.cdata.store(cdata as usize, Ordering::Release);
+    s.num_task.store(n, Ordering::Release);
+    s.pending.store(n - 1, Ordering::Release);
+    s.epoch.fetch_add(1, Ordering::SeqCst);
+    if s.sleepers.load(Ordering::SeqCst) > 0 {
+        let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+        s.wake.notify_all();
+    }
+    run_task(s, 0);
+    let mut spins = 0u32;
+    while s.pending.load(Ordering::Acquire) != 0 {
+        spins = spins.wrapping_add(1);
+        if spins % 2 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let mut errors = std::mem::take(&mut *s.errors.lock().unwrap_or_else(|e| e.into_inner()));
+    if errors.is_empty() {
+        return 0;
+    }
+    errors.sort_by_key(|(task, _)| *task);
+    let text: String = errors.iter().map(|(task, msg)| format!("Task {task} error: {msg}\n")).collect();
+    super::context::set_last_error(&text);
+    -1
+}
+
+/// `TVMBackendParallelBarrier`: waits until all `env.num_task` tasks have arrived.
+pub(crate) fn barrier(_task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
+    if env.is_null() {
+        return 0;
+    }
+    // SAFETY: compiled code passes the env it received from `launch`, whose `sync_handle` is a
+    // `SpinBarrier` that outlives the launch.
+    let (n, b) = unsafe {
+        let env = &*env;
+        if env.sync_handle.is_null() {
+            return 0;
+        }
+        (env.num_task.max(1) as usize, &*(env.sync_handle as *const SpinBarrier))
+    };
+    let generation = b.generation.load(Ordering::Acquire);
+    if b.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
+        b.arrived.store(0, Ordering::Relaxed);
+        b.generation.fetch_add(1, Ordering::AcqRel);
+    } else {
+        let mut spins = 0u32;
+        while b.generation.load(Ordering::Acquire) == generation {
+            spins = spins.wrapping_add(1);
+            if spins % 2 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicI32;
+
+    struct Probe {
+        ran: Vec<AtomicUsize>,
+        threads: Mutex<Vec<std::thread::ThreadId>>,
+        num_task: AtomicI32,
+        before: AtomicUsize,
+        after_ok: AtomicBool,
+        fail: Option<usize>,
+    }
+
+    unsafe extern "C" fn lambda(task: c_int, env: *mut ParallelGroupEnv, cdata: *mut c_void) -> c_int {
+        // SAFETY: `cdata` is the test's `Probe`, alive for the launch; `env` is the launch's.
+        let (p, env_ref) = unsafe { (&*(cdata as *const Probe), &*env) };
+        p.ran[task as usize].fetch_add(1, Ordering::SeqCst);
+        p.num_task.store(env_ref.num_task, Ordering::SeqCst);
+        p.threads.lock().unwrap().push(std::thread::current().id());
+        p.before.fetch_add(1, Ordering::SeqCst);
+        barrier(task, env);
+        // After the barrier every task has arrived.
+        if p.before.load(Ordering::SeqCst) != env_ref.num_task as usize {
+            p.after_ok.store(false, Ordering::SeqCst);
+        }
+        if p.fail == Some(task as usize) {
+            super::super::context::set_last_error("boom");
+            return -1;
+        }
+        0
+    }
+
+    fn probe(n: usize, fail: Option<usize>) -> Probe {
+        Probe {
+            ran: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            threads: Mutex::new(Vec::new()),
+            num_task: AtomicI32::new(0),
+            before: AtomicUsize::new(0),
+            after_ok: AtomicBool::new(true),
+            fail,
+        }
+    }
+
+    #[test]
+    fn tasks_run_once_each_on_their_own_threads_with_a_real_barrier() {
+        set_num_threads(4);
+        for requested in [0, 3, 4] {
+            let p = probe(4, None);
+            assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), requested), 0);
+            let n = if requested == 0 { 4 } else { requested as usize };
+            assert_eq!(p.num_task.load(Ordering::SeqCst), n as i32);
+            for (i, r) in p.ran.iter().enumerate() {
+                assert_eq!(r.load(Ordering::SeqCst), usize::from(i < n), "task {i} of {n}");
+            }
+            let mut ids = p.threads.lock().unwrap().clone();
+            ids.sort_by_key(|t| format!("{t:?}"));
+            ids.dedup();
+            assert_eq!(ids.len(), n, "each task on its own thread");
+            assert!(p.after_ok.load(Ordering::SeqCst), "the barrier waited for every task");
+        }
+        // More tasks than threads: TVM's error.
+        let p = probe(8, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 8), -1);
+        assert!(super::super::context::last_error().contains("workers=4 request=8"));
+        set_num_threads(0);
+    }
+
+    #[test]
+    fn errors_set_on_worker_threads_reach_the_launcher() {
+        set_num_threads(3);
+        let p = probe(3, Some(2));
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), -1);
+        assert_eq!(super::super::context::last_error(), "Task 2 error: boom\n");
+        // The pool still works after a failed launch.
+        let p = probe(3, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+        set_num_threads(0);
+    }
+
+    #[test]
+    fn one_thread_runs_one_task_on_the_caller() {
+        set_num_threads(1);
+        let p = probe(4, None);
+        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+        assert_eq!(p.num_task.load(Ordering::SeqCst), 1);
+        assert_eq!(*p.threads.lock().unwrap(), vec![std::thread::current().id()]);
+        assert_eq!(launch(None, std::ptr::null_mut(), 0), -1);
+        set_num_threads(0);
+    }
+}

@@ -1,0 +1,336 @@
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory) or one host function of a plain
+//! library with `mblob-runtime` alone, inputs and outputs as `.npy` files.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use mblob_runtime::exec::{self, Device, Tensor};
+use mblob_runtime::ffi::threadpool;
+use mblob_runtime::ffi::workspace::AlignedBuffer;
+use mblob_runtime::ffi::Value;
+use mblob_runtime::format::stream::DataType;
+use mblob_runtime::packed::{DLDataType, DLDevice, DLTensor};
+use mblob_runtime::{load_library, LoadOptions, Registry};
+
+use crate::{Error, Result};
+
+/// Arguments of `mblob run`.
+///
+/// Examples:
+///
+/// ```text
+/// mblob run model.so --input x=x.npy --output-dir out/          (graph or AOT model)
+/// mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
+/// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
+/// ```
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The shared library TVM exported (`export_library`) or mblob wrote.
+    #[arg(value_name = "MODEL.so")]
+    pub model: PathBuf,
+    /// An input, as NAME=FILE.npy (repeatable). The names, shapes and dtypes are checked
+    /// against the model's before anything runs. With `--function`, the inputs are the
+    /// function's first arguments, in the order given.
+    #[arg(short, long = "input", value_name = "NAME=FILE.npy", value_parser = name_equals_file)]
+    pub inputs: Vec<String>,
+    /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
+    /// created; each file appears whole or not at all).
+    #[arg(short = 'o', long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Threads for the kernels' parallel loops, this thread included (default:
+    /// MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Run N more times after the first and print the time per run (mean, median, min), as
+    /// TVM's `time_evaluator` reports it.
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<usize>,
+    /// Call this host function of the library instead of a graph/AOT factory (for plain
+    /// libraries such as TVM's `tvm.build` output). Its arguments are the inputs, then the
+    /// outputs given with `--output`.
+    #[arg(long, value_name = "NAME")]
+    pub function: Option<String>,
+    /// With `--function`: an output argument, as `NAME=DTYPE[SHAPE]`, e.g. `B=float32[4]` or
+    /// `y=int8[2,16]` (repeatable, in argument order).
+    #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]")]
+    pub outputs: Vec<String>,
+}
+
+fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
+    Error::Invalid { what: what.into(), detail: detail.into() }
+}
+
+/// Runs `mblob run`.
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    if let Some(n) = args.threads {
+        if n == 0 {
+            return Err(invalid("--threads", "must be at least 1"));
+        }
+        threadpool::set_num_threads(n);
+    }
+    let inputs: Vec<(String, Tensor)> = args
+        .inputs
+        .iter()
+        .map(|spec| {
+            let (name, file) =
+                spec.split_once('=').ok_or_else(|| invalid(format!("--input {spec}"), "expected NAME=FILE.npy"))?;
+            Ok((name.to_owned(), read_npy(Path::new(file))?))
+        })
+        .collect::<Result<_>>()?;
+    // SAFETY: running a model means running its code: the user asked for this file.
+    #[allow(unsafe_code)]
+    let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
+    let model = args.model.display().to_string();
+    let (outputs, times) = match &args.function {
+        Some(name) => run_function(&tree, &model, name, &inputs, &args.outputs, args.repeat)?,
+        None => {
+            if !args.outputs.is_empty() {
+                return Err(invalid("--output", "only with --function (a model knows its outputs)"));
+            }
+            run_model(&tree, &model, &inputs, args.repeat)?
+        }
+    };
+    for (i, t) in outputs.iter().enumerate() {
+        println!("out.{i}: {} {:?}", t.dtype, t.shape);
+    }
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            action: "cannot create",
+            source,
+        })?;
+        for (i, t) in outputs.iter().enumerate() {
+            write_npy(&dir.join(format!("out.{i}.npy")), t)?;
+        }
+    }
+    if !times.is_empty() {
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let median = if sorted.len() % 2 == 1 {
+            sorted[sorted.len() / 2]
+        } else {
+            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+        };
+        println!(
+            "{} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
+            times.len(),
+            threadpool::num_threads(),
+            mean * 1e6,
+            median * 1e6,
+            sorted[0] * 1e6
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+type Outcome = (Vec<Tensor>, Vec<f64>);
+
+fn run_model(
+    tree: &mblob_runtime::LoadedTree,
+    model: &str,
+    inputs: &[(String, Tensor)],
+    repeat: Option<usize>,
+) -> Result<Outcome> {
+    let fail = |e: exec::ExecError| invalid(model, e.to_string());
+    let mut m = exec::executor(tree, &[Device::cpu(0)]).map_err(fail)?;
+    // Every input is checked (names, shapes, dtypes) and every one the model needs is given,
+    // before anything runs.
+    let wanted = m.inputs();
+    for (name, t) in inputs {
+        m.set_input_by_name(name, t).map_err(fail)?;
+    }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|w| !inputs.iter().any(|(n, _)| n == &w.name))
+        .map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape))
+        .collect();
+    if !missing.is_empty() {
+        return Err(invalid(
+            model,
+            format!("missing inputs: {} (give them with --input NAME=FILE.npy)", missing.join(", ")),
+        ));
+    }
+    m.run().map_err(fail)?;
+    let mut times = Vec::new();
+    for _ in 0..repeat.unwrap_or(0) {
+        let start = Instant::now();
+        m.run().map_err(fail)?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let outputs = (0..m.num_outputs()).map(|i| m.get_output(i)).collect::<std::result::Result<_, _>>().map_err(fail)?;
+    Ok((outputs, times))
+}
+
+/// Parses `NAME=DTYPE[d0,d1,...]`.
+fn parse_output(spec: &str) -> Result<(String, DataType, Vec<i64>)> {
+    let bad = || invalid(format!("--output {spec}"), "expected NAME=DTYPE[SHAPE], e.g. B=float32[4]");
+    let (name, rest) = spec.split_once('=').ok_or_else(bad)?;
+    let (dtype, shape) = rest.strip_suffix(']').and_then(|r| r.split_once('[')).ok_or_else(bad)?;
+    let dtype = DataType::parse(dtype).ok_or_else(bad)?;
+    let shape = shape
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse::<i64>().ok().filter(|&d| d >= 0).ok_or_else(bad))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((name.to_owned(), dtype, shape))
+}
+
+struct Arg {
+    buf: AlignedBuffer,
+    shape: Vec<i64>,
+    dtype: DataType,
+}
+
+fn run_function(
+    tree: &mblob_runtime::LoadedTree,
+    model: &str,
+    name: &str,
+    inputs: &[(String, Tensor)],
+    outputs: &[String],
+    repeat: Option<usize>,
+) -> Result<Outcome> {
+    let f = tree.packed_function(name).ok_or_else(|| invalid(model, format!("no function `{name}`")))?;
+    let alloc = |bytes: usize| {
+        AlignedBuffer::zeroed(bytes).ok_or_else(|| invalid(model, format!("cannot allocate {bytes} bytes")))
+    };
+    let mut args: Vec<Arg> = Vec::new();
+    for (_, t) in inputs {
+        let mut buf = alloc(t.data.len())?;
+        buf.as_mut_slice().copy_from_slice(&t.data);
+        args.push(Arg { buf, shape: t.shape.clone(), dtype: t.dtype });
+    }
+    for spec in outputs {
+        let (_, dtype, shape) = parse_output(spec)?;
+        let bytes = shape
+            .iter()
+            .try_fold((u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8), |a, &d| a.checked_mul(d as u64));
+        let bytes = bytes
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| invalid(format!("--output {spec}"), "too large"))?;
+        args.push(Arg { buf: alloc(bytes)?, shape, dtype });
+    }
+    let mut tensors: Vec<DLTensor> = args
+        .iter_mut()
+        .map(|a| DLTensor {
+            data: a.buf.as_ptr().cast(),
+            device: DLDevice { device_type: 1, device_id: 0 },
+            ndim: a.shape.len() as i32,
+            dtype: DLDataType::from(a.dtype),
+            shape: a.shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        })
+        .collect();
+    let values: Vec<Value> = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
+    let call = || -> Result<()> {
+        // SAFETY: the tensors describe 64-byte aligned buffers of exactly their shapes and
+        // dtypes, alive for the call; a compiled function checks the ndim, dtype and shape of
+        // each before it touches the data (what the user gave is not trusted beyond that).
+        #[allow(unsafe_code)]
+        unsafe { f.call(&values) }.map(|_| ()).map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))
+    };
+    call()?;
+    let mut times = Vec::new();
+    for _ in 0..repeat.unwrap_or(0) {
+        let start = Instant::now();
+        call()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let outs = args[inputs.len()..]
+        .iter()
+        .map(|a| Tensor {
+            dtype: a.dtype,
+            shape: a.shape.clone(),
+            device: (1, 0),
+            data: a.buf.as_slice().to_vec().into(),
+        })
+        .collect();
+    Ok((outs, times))
+}
+
+macro_rules! npy_types {
+    ($m:ident) => {
+        $m! {
+            ("f", 4, f32, 2, 32), ("f", 8, f64, 2, 64),
+            ("i", 1, i8, 0, 8), ("i", 2, i16, 0, 16), ("i", 4, i32, 0, 32), ("i", 8, i64, 0, 64),
+            ("u", 1, u8, 1, 8), ("u", 2, u16, 1, 16), ("u", 4, u32, 1, 32), ("u", 8, u64, 1, 64)
+        }
+    };
+}
+
+/// Reads a `.npy` file (C order; float, signed and unsigned integers of any byte order).
+pub fn read_npy(path: &Path) -> Result<Tensor> {
+    let bytes =
+        std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot read", source })?;
+    let what = path.display().to_string();
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| invalid(&what, format!("not a .npy file: {e}")))?;
+    if npy.order() != npyz::Order::C {
+        return Err(invalid(&what, "Fortran-order arrays are not supported (save with np.ascontiguousarray)"));
+    }
+    let shape: Vec<i64> = npy.shape().iter().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect();
+    let npyz::DType::Plain(ts) = npy.dtype() else {
+        return Err(invalid(&what, "structured arrays are not supported"));
+    };
+    let ts = ts.to_string();
+    let (kind, size) = (ts.get(1..2).unwrap_or(""), ts.get(2..).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0));
+    macro_rules! read {
+        ($(($k:expr, $s:expr, $t:ty, $code:expr, $bits:expr)),*) => {
+            match (kind, size) {
+                $(($k, $s) => {
+                    let v: Vec<$t> = npy.into_vec().map_err(|e| invalid(&what, e.to_string()))?;
+                    (DataType { code: $code, bits: $bits, lanes: 1 }, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+                })*
+                ("b", 1) => {
+                    let v: Vec<bool> = npy.into_vec().map_err(|e| invalid(&what, e.to_string()))?;
+                    (DataType { code: 1, bits: 1, lanes: 1 }, v.iter().map(|&b| u8::from(b)).collect())
+                }
+                _ => return Err(invalid(&what, format!("dtype {ts} is not supported"))),
+            }
+        };
+    }
+    let (dtype, data) = npy_types!(read);
+    Tensor::new(dtype, shape, data).ok_or_else(|| invalid(&what, "data length does not match the shape"))
+}
+
+/// Writes `t` as a `.npy` file, atomically (a temporary file renamed into place).
+pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+    let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+    let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
+    let mut buf: Vec<u8> = Vec::new();
+    macro_rules! write {
+        ($(($k:expr, $s:expr, $ty:ty, $code:expr, $bits:expr)),*) => {
+            match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
+                $(($code, $bits, 1) => {
+                    use npyz::WriterBuilder;
+                    let mut w = npyz::WriteOptions::<$ty>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
+                    w.extend(t.data.chunks_exact($bits / 8).map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk size")))).map_err(io("cannot encode"))?;
+                    w.finish().map_err(io("cannot encode"))?;
+                })*
+                (1, 1, 1) => {
+                    use npyz::WriterBuilder;
+                    let mut w = npyz::WriteOptions::<bool>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
+                    w.extend(t.data.iter().map(|&b| b != 0)).map_err(io("cannot encode"))?;
+                    w.finish().map_err(io("cannot encode"))?;
+                }
+                _ => return Err(invalid(path.display().to_string(), format!("dtype {} cannot be written as .npy", t.dtype))),
+            }
+        };
+    }
+    npy_types!(write);
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io("cannot create"))?;
+    std::io::Write::write_all(&mut tmp, &buf).map_err(io("cannot write"))?;
+    tmp.persist(path).map_err(|e| Error::Io { path: path.to_owned(), action: "cannot write", source: e.error })?;
+    Ok(())
+}
+
+/// Checks the form of an `--input` value at parse time, so that a malformed one is a usage
+/// error (exit status 2) like any other malformed argument.
+fn name_equals_file(spec: &str) -> std::result::Result<String, String> {
+    match spec.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => Ok(spec.to_owned()),
+        _ => Err("expected NAME=FILE.npy".to_owned()),
+    }
+}

@@ -11,6 +11,12 @@ existing library again in another TVM version's layout, and hand TVM a fast pack
     import mblob.tvm
     lib.export_library("model.so", fpack_imports=mblob.tvm.fpack_imports)
 
+Load and run without TVM (see :mod:`mblob.runtime`)::
+
+    gmod = mblob.load_module("graph.so")["default"](mblob.cpu(0))
+    gmod.set_input("x", x); gmod.run(); y = gmod.get_output(0)
+    y = mblob.VirtualMachine(mblob.load_module("relax.so"), mblob.cpu())["main"](x)
+
 Every error is an exception of the :class:`Error` family carrying mblob's message (the file
 and what was wrong); the interpreter never crashes on bad input.
 """
@@ -22,7 +28,8 @@ import os
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 from . import _native
-from ._native import Error, ExportError, FileError, FormatError, InputError, LoadError
+from ._native import Error, ExportError, FileError, FormatError, InputError, LoadError, RunError
+from .runtime import Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, load_module
 
 __all__ = [
     "Error",
@@ -31,6 +38,14 @@ __all__ = [
     "FormatError",
     "InputError",
     "LoadError",
+    "RunError",
+    "Device",
+    "GraphModule",
+    "Module",
+    "PackedFunction",
+    "VirtualMachine",
+    "cpu",
+    "load_module",
     "LAYOUTS",
     "BACKENDS",
     "default_backend",

@@ -21,6 +21,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod run;
+
 create_exception!(mblob, Error, PyException, "Base class of every error mblob raises.");
 create_exception!(mblob, FormatError, Error, "A file is not what it claims: a malformed blob, payload or ELF file.");
 create_exception!(
@@ -106,6 +108,7 @@ fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, PyErrLater> + Send
 enum PyErrLater {
     Mblob(MError),
     Input(String),
+    Run(String),
 }
 
 impl PyErrLater {
@@ -113,6 +116,7 @@ impl PyErrLater {
         match self {
             PyErrLater::Mblob(e) => to_py(e),
             PyErrLater::Input(msg) => InputError::new_err(msg),
+            PyErrLater::Run(msg) => run::RunError::new_err(msg),
         }
     }
 }
@@ -379,6 +383,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_blob, m)?)?;
     m.add_function(wrap_pyfunction!(pack_blob_file, m)?)?;
     m.add_function(wrap_pyfunction!(has_llvm, m)?)?;
+    run::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

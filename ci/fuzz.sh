@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec)
+[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec relax_exec)
 G=${MBLOB_GOLDENS:-$PWD/../tests/fixtures/tvm-goldens}
 [ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -53,6 +53,7 @@ seed() { # target
       add "$1" 000 "$G/graph_dense_relu.graph.json"
       add "$1" 001 "$G/graph_dense_relu.params" ;;
     elf_lookup) mapfile -t f < <(find "$G" -name '*.so' -o -name '*.devc.o' | sort); add "$1" "" "${f[@]}" ;;
+    relax_exec) mapfile -t f < <(find "$G" -name 'relax_add_mul.relax*.bin' | sort); add "$1" "" "${f[@]}" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }

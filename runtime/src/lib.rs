@@ -43,7 +43,7 @@
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`], each payload decoded
 //!   once; [`elf`]: finding a blob in an ELF file without running it.
 //! - [`exec`]: the graph and AOT executors (using [`ffi`]'s calling conventions, thread pool
-//!   and workspace memory).
+//!   and workspace memory), and TVM's Relax VM ([`exec::relax`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -12,6 +12,7 @@ use crate::format::{FormatError, FormatErrorKind, Layout, PayloadSizer};
 use crate::module::Module;
 use crate::payload::device::{DeviceModule, DEVICE_TYPE_KEYS};
 use crate::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
+use crate::payload::relax::{RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE};
 use crate::payload::{RawPayload, RAW_KNOWN_KEYS};
 
 pub use crate::format::Measure;
@@ -88,6 +89,9 @@ impl Default for Registry {
         }
         #[cfg(feature = "cuda")]
         r.register(CudaLoader);
+        // The Relax executables are decoded (they replace the raw loaders of their keys).
+        r.register(RelaxLoader(RELAX_EXECUTABLE));
+        r.register(RelaxLoader(RELAX_VM_EXECUTABLE));
         r
     }
 }
@@ -149,6 +153,27 @@ impl Loader for GraphLoader {
     fn read(&self, src: &Bytes, base: u64, _layout: Layout) -> Result<Option<Decoded>, LoaderError> {
         let (g, used) = GraphExecutorFactory::read(src, base, self.0)?;
         Ok(Some((Arc::new(g), used)))
+    }
+}
+
+/// The Relax VM executable's loader (either type key); a classic payload is measured by its
+/// string wrapper.
+#[derive(Debug, Clone, Copy)]
+pub struct RelaxLoader(pub &'static str);
+
+impl Loader for RelaxLoader {
+    fn type_key(&self) -> &str {
+        self.0
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        if layout.frames_payloads() {
+            // The frame is the length; the executable has none of its own.
+            return Ok(Measure::Unmeasured);
+        }
+        RelaxExecutable::measure_classic(bytes, base).map(Measure::Len)
+    }
+    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        Ok(Arc::new(RelaxExecutable::read_payload(&payload, layout, self.0)?))
     }
 }
 
@@ -242,11 +267,6 @@ mod tests {
         assert_eq!(used, len);
         let back = loaded.as_payload().unwrap().as_any().downcast_ref::<DeviceModule>().unwrap();
         assert_eq!(back, &m);
-        assert!(r
-            .get("relax.Executable")
-            .unwrap()
-            .read(&Bytes::from_vec(vec![1]), 0, Layout::Classic)
-            .unwrap()
-            .is_none());
+        assert!(r.get("metadata").unwrap().read(&Bytes::from_vec(vec![1]), 0, Layout::Classic).unwrap().is_none());
     }
 }

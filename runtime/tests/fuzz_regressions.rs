@@ -142,6 +142,15 @@ fn forged_counts_allocate_nothing_large() {
     }
 }
 
+/// The default registry with `relax.Executable` kept opaque (its payloads carry no length the
+/// reader sees), as the default registry did before the Relax loader: these tests exercise the
+/// search for an opaque payload's end.
+fn opaque_relax_registry() -> Registry {
+    let mut r = Registry::default();
+    r.register(mblob_runtime::registry::OpaqueLoader("relax.Executable"));
+    r
+}
+
 /// Found by the `blob_classic` target (its first check compared the strict and the opaque
 /// parse): a legacy blob (count 4, no import tree) of `relax.Executable` payloads, which carry
 /// no length. Allowing unknown keys lets the search for the first payload's end stop at bytes
@@ -152,7 +161,7 @@ fn forged_counts_allocate_nothing_large() {
 fn legacy_opaque_blob_reads_in_both_modes() {
     let data = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz_regressions/legacy_opaque_split.blob"))
         .expect("the regression input");
-    let registry = Registry::default();
+    let registry = opaque_relax_registry();
     let strict = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::Error).expect("strict parse");
     let opaque = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepOpaque).expect("opaque parse");
     for parsed in [&strict, &opaque] {
@@ -191,7 +200,7 @@ fn opaque_before_long_tail(candidates: usize, tail: usize) -> Vec<u8> {
 #[test]
 fn opaque_search_looks_at_a_bounded_number_of_positions() {
     let data = opaque_before_long_tail(100, 16 << 10);
-    let registry = Registry::default();
+    let registry = opaque_relax_registry();
     for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
         let err = parse_blob(&data, Layout::Classic, &registry, unknown).expect_err("no valid end");
         assert_eq!(err.offset, 16);
@@ -232,7 +241,7 @@ fn classic_opaque_chain(k: usize, size: usize) -> Vec<u8> {
 /// search walks back over the later payloads).
 #[test]
 fn opaque_search_cap_leaves_room_for_real_blobs() {
-    let registry = Registry::default();
+    let registry = opaque_relax_registry();
     for (k, size) in [(1, 4 << 20), (3, 256 << 10), (10, 4 << 10)] {
         let data = classic_opaque_chain(k, size);
         for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {

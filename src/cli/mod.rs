@@ -7,6 +7,7 @@ pub mod extract;
 pub mod inspect;
 pub mod pack;
 pub mod run;
+mod run_relax;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -76,7 +77,7 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Build one shared library from a module tree described in JSON (see `export --help`).
     Export(export::ExportArgs),
-    /// Run a TVM-compiled model (graph or AOT) or one host function, with no TVM runtime:
+    /// Run a TVM-compiled model (graph, AOT or Relax) or one host function, with no TVM runtime:
     /// inputs and outputs as .npy files, optional timing (see `run --help`).
     Run(run::RunArgs),
 }

@@ -1,5 +1,6 @@
-//! `mblob run`: run a TVM-compiled model (graph or AOT factory) or one host function of a plain
-//! library with `mblob-runtime` alone, inputs and outputs as `.npy` files.
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable: see
+//! `run_relax.rs`) or one host function of a plain library with `mblob-runtime` alone, inputs
+//! and outputs as `.npy` files.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -31,8 +32,9 @@ pub struct RunArgs {
     pub model: PathBuf,
     /// An input, as NAME=FILE.npy (repeatable). The names, shapes and dtypes are checked
     /// against the model's before anything runs. With `--function`, the inputs are the
-    /// function's first arguments, in the order given.
-    #[arg(short, long = "input", value_name = "NAME=FILE.npy", value_parser = name_equals_file)]
+    /// function's first arguments, in the order given. A Relax model takes NAME=FILE.npy by
+    /// parameter name or FILE.npy in parameter order.
+    #[arg(short, long = "input", value_name = "NAME=FILE.npy")]
     pub inputs: Vec<String>,
     /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
     /// created; each file appears whole or not at all).
@@ -48,7 +50,8 @@ pub struct RunArgs {
     pub repeat: Option<usize>,
     /// Call this host function of the library instead of a graph/AOT factory (for plain
     /// libraries such as TVM's `tvm.build` output). Its arguments are the inputs, then the
-    /// outputs given with `--output`.
+    /// outputs given with `--output`. For a Relax model: the VM function to call (default
+    /// `main`).
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
     /// With `--function`: an output argument, as `NAME=DTYPE[SHAPE]`, e.g. `B=float32[4]` or
@@ -63,6 +66,9 @@ fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
 
 /// Runs `mblob run`.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    if super::run_relax::is_relax_model(&args.model)? {
+        return super::run_relax::run(args);
+    }
     if let Some(n) = args.threads {
         if n == 0 {
             return Err(invalid("--threads", "must be at least 1"));
@@ -324,13 +330,4 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
     std::io::Write::write_all(&mut tmp, &buf).map_err(io("cannot write"))?;
     tmp.persist(path).map_err(|e| Error::Io { path: path.to_owned(), action: "cannot write", source: e.error })?;
     Ok(())
-}
-
-/// Checks the form of an `--input` value at parse time, so that a malformed one is a usage
-/// error (exit status 2) like any other malformed argument.
-fn name_equals_file(spec: &str) -> std::result::Result<String, String> {
-    match spec.split_once('=') {
-        Some((name, file)) if !name.is_empty() && !file.is_empty() => Ok(spec.to_owned()),
-        _ => Err("expected NAME=FILE.npy".to_owned()),
-    }
 }

@@ -263,8 +263,12 @@ fn blobs_load_from_memory_too() {
         let blob = Bytes::from_vec(read(&goldens().join(g["blob"]["file"].as_str().unwrap())));
         let loaded = load_blob(&blob, Layout::Classic, &Registry::default(), &LoadOptions::default()).unwrap();
         assert_eq!(loaded.shape(), shape_of(&g["module_tree_loaded"]));
-        // Payloads are borrowed from the blob, not copied.
+        // Payloads are borrowed from the blob, not copied. (A relax executable is decoded; its
+        // tensors are borrowed, which runtime/tests/relax.rs checks.)
         let root = loaded.root().as_payload().unwrap();
+        if root.as_any().is::<mblob_runtime::exec::relax::RelaxExecutable>() {
+            continue;
+        }
         let opaque_or_graph = root
             .as_any()
             .downcast_ref::<Opaque>()

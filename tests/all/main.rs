@@ -16,4 +16,5 @@ mod inspect;
 mod library;
 mod pack;
 mod run;
+mod run_relax;
 mod user_kind;

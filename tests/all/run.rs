@@ -467,10 +467,7 @@ fn mblob_run_checks_inputs_first() {
         let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
         let o = mblob_run(&args);
         let err = String::from_utf8_lossy(&o.stderr);
-        // A malformed argument is a usage error (2); a model that does not take the input, a
-        // failure (1).
-        let usage = want.starts_with("expected NAME=");
-        assert_eq!(o.status.code(), Some(if usage { 2 } else { 1 }), "{want}: {err}");
+        assert_eq!(o.status.code(), Some(1), "{want}: {err}");
         assert!(err.contains(want), "want {want:?}, got {err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
     }

@@ -1,5 +1,6 @@
 //! Executors: run a loaded model. [`graph`] is TVM's graph executor, [`aot`] its AOT executor
-//! (packed interface). Both take and give [`Tensor`]s, and implement [`Executor`].
+//! (packed interface); both take and give [`Tensor`]s, and implement [`Executor`]. [`relax`] is
+//! TVM's Relax VM (functions called with tensors, tensors returned).
 //!
 //! ```no_run
 //! use mblob_runtime::exec::{graph::GraphFactory, Device, Executor};
@@ -20,6 +21,7 @@
 
 pub mod aot;
 pub mod graph;
+pub mod relax;
 
 use crate::format::DataType;
 pub use crate::payload::graph::Tensor;

@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod graph;
+pub mod relax;
 
 use std::any::Any;
 use std::fmt::Debug;

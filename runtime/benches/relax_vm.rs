@@ -1,0 +1,53 @@
+//! Per-inference time of the Relax VM on TVM's relax goldens: `cargo bench -p mblob-runtime
+//! --bench relax_vm [-- NAME...]`. Prints mean, median and min over repeated `invoke` calls
+//! (inputs copied in, outputs copied out, as `mblob run` does). `relax_vm_tvm.py` measures
+//! TVM's own VM on the same files for comparison.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mblob_runtime::exec::relax::VirtualMachine;
+use mblob_runtime::format::stream::DataType;
+use mblob_runtime::packed::DLDevice;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::{load_library, LoadOptions, Registry};
+
+fn npy_f32(path: &Path) -> Tensor {
+    let bytes = std::fs::read(path).unwrap();
+    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
+    let data: Vec<u8> = arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+    Tensor::new(DataType::F32, shape, data).unwrap()
+}
+
+fn main() {
+    let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run");
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let names: Vec<String> =
+        if args.is_empty() { vec!["relax_mlp_tvm019".into(), "relax_mlp_tvm027".into()] } else { args };
+    println!("| model | runs | mean us | median us | min us |");
+    println!("|---|---|---|---|---|");
+    for name in names {
+        // SAFETY: TVM's golden libraries, built for these benchmarks' inputs.
+        let tree =
+            unsafe { load_library(&dir.join(format!("{name}.so")), &Registry::default(), &LoadOptions::default()) }
+                .unwrap();
+        let mut vm = VirtualMachine::new(&tree, DLDevice { device_type: 1, device_id: 0 }).unwrap();
+        let x = npy_f32(&dir.join(format!("{name}.in.x.npy")));
+        let inputs = [x];
+        for _ in 0..200 {
+            vm.invoke("main", &inputs).unwrap();
+        }
+        let runs = 5000;
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            let out = vm.invoke("main", &inputs).unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            std::hint::black_box(out);
+        }
+        times.sort_by(f64::total_cmp);
+        let mean = times.iter().sum::<f64>() / runs as f64;
+        println!("| {name} | {runs} | {mean:.2} | {:.2} | {:.2} |", times[runs / 2], times[0]);
+    }
+}

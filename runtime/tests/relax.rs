@@ -1,0 +1,574 @@
+//! The Relax VM against TVM: executables read from TVM 0.19, 0.21 and 0.27 libraries compared
+//! with TVM's own description of them (`as_text`, `stats`, the function table), and models run
+//! with TVM's inputs, their outputs compared bit for bit with the outputs TVM computed.
+
+use std::path::{Path, PathBuf};
+
+use mblob_runtime::exec::relax::{
+    Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, RELAX_EXECUTABLE,
+    RELAX_VM_EXECUTABLE,
+};
+use mblob_runtime::format::stream::DataType;
+use mblob_runtime::packed::DLDevice;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::{load_blob, load_library, Bytes, Layout, LoadOptions, LoadedTree, Payload, Registry};
+
+const CPU: DLDevice = DLDevice { device_type: 1, device_id: 0 };
+
+fn goldens() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens")
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn load(path: &Path) -> LoadedTree {
+    // SAFETY: the goldens are libraries TVM built for this test; running their initialisers is
+    // what TVM's own loader does.
+    unsafe { load_library(path, &Registry::default(), &LoadOptions::default()) }
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Reads a `.npy` file as a tensor (dtype from its header: f32, i8, i32, i64).
+fn npy(path: &Path) -> Tensor {
+    let bytes = read(path);
+    let arr = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
+    assert_eq!(arr.order(), npyz::Order::C, "{}", path.display());
+    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
+    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
+        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        "|i1" => {
+            (DataType { code: 0, bits: 8, lanes: 1 }, arr.into_vec::<i8>().unwrap().iter().map(|v| *v as u8).collect())
+        }
+        // tvm-ffi's kDLBool (TVM 0.22+); TVM 0.19 calls bool `uint1`.
+        "|b1" => (
+            DataType { code: 6, bits: 8, lanes: 1 },
+            arr.into_vec::<bool>().unwrap().into_iter().map(u8::from).collect(),
+        ),
+        d => panic!("{}: dtype {d} not handled by this test", path.display()),
+    };
+    Tensor::new(dtype, shape, data).unwrap()
+}
+
+fn executable(tree: &LoadedTree) -> &RelaxExecutable {
+    tree.find::<RelaxExecutable>().expect("the loaded tree has a typed relax executable")
+}
+
+/// Each relax MLP: the loaded executable describes itself as TVM described it.
+#[test]
+fn mlp_executables_match_tvms_description() {
+    for (name, key, layout) in [
+        ("relax_mlp_tvm019", RELAX_EXECUTABLE, Layout::Classic),
+        ("relax_mlp_tvm027", RELAX_VM_EXECUTABLE, Layout::Ffi),
+    ] {
+        let dir = goldens().join("run");
+        let meta = json(&dir.join(format!("{name}.json")));
+        let tree = load(&dir.join(format!("{name}.so")));
+        assert_eq!(tree.type_keys(), [key, "library"], "{name}");
+        let exec = executable(&tree);
+        assert_eq!(exec.type_key, key);
+        assert_eq!(exec.dialect, Dialect::of_layout(layout));
+
+        // TVM's `as_text()`, line for line.
+        let tvm_text: Vec<&str> =
+            meta["relax"]["as_text"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+        let ours = exec.as_text();
+        let ours: Vec<&str> = ours.lines().collect();
+        assert_eq!(ours, tvm_text, "{name}: as_text");
+
+        // TVM's `stats()`: the constant pool and the function table.
+        let tvm_stats: Vec<&str> =
+            meta["relax"]["stats"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+        let stats = exec.stats();
+        assert_eq!(stats.lines().collect::<Vec<_>>(), tvm_stats, "{name}: stats");
+
+        // main's parameters are the model's inputs, and its instructions are TVM's.
+        let main = &exec.functions[exec.function_index("main").unwrap()];
+        let inputs: Vec<&str> =
+            meta["inputs"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+        assert_eq!(main.param_names, inputs);
+        assert_eq!(main.kind, FuncKind::Vm);
+        let calls = tvm_text.iter().filter(|l| l.starts_with("  call")).count();
+        let rets = tvm_text.iter().filter(|l| l.starts_with("  ret")).count();
+        assert_eq!((main.end - main.start) as usize, calls + rets);
+        let kinds: Vec<&str> =
+            meta["relax"]["instruction_kinds"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+        assert_eq!(kinds, ["call", "ret"]);
+        assert!(exec.instructions.iter().all(|i| matches!(i, Instruction::Call { .. } | Instruction::Ret { .. })));
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let fns = vm.functions();
+        assert_eq!(fns.len(), 1);
+        assert_eq!((fns[0].name.as_str(), fns[0].params.clone()), ("main", vec!["x".to_owned()]));
+    }
+}
+
+/// The MLPs of TVM 0.19 and 0.27 give TVM's outputs bit for bit.
+#[test]
+fn mlp_outputs_equal_tvms() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let dir = goldens().join("run");
+        let tree = load(&dir.join(format!("{name}.so")));
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let x = npy(&dir.join(format!("{name}.in.x.npy")));
+        let expected = npy(&dir.join(format!("{name}.out.0.npy")));
+        for _ in 0..2 {
+            let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].shape, expected.shape, "{name}");
+            assert_eq!(out[0].dtype, expected.dtype, "{name}");
+            assert_eq!(&out[0].data[..], &expected.data[..], "{name}: output differs from TVM's");
+        }
+    }
+}
+
+const VERSIONS: [(&str, Layout, &str); 3] = [
+    ("tvm-0.19.0", Layout::Classic, RELAX_EXECUTABLE),
+    ("tvm-0.21.0", Layout::Classic021, RELAX_VM_EXECUTABLE),
+    ("tvm-0.27.0.post1", Layout::Ffi, RELAX_VM_EXECUTABLE),
+];
+
+fn add_mul_dir(version: &str) -> PathBuf {
+    goldens().join("other_versions").join(version)
+}
+
+/// `relax_add_mul` (`main(x, y) = (x + y) * 2`) from TVM 0.19, 0.21 and 0.27: the payload TVM
+/// wrote parses, writes back byte for byte, and runs to TVM's output.
+#[test]
+fn add_mul_every_version() {
+    for (version, layout, key) in VERSIONS {
+        let dir = add_mul_dir(version);
+        let payload = Bytes::from_vec(read(&dir.join(format!("relax_add_mul.{key}.bin"))));
+        let exec = RelaxExecutable::read_payload(&payload, layout, key).unwrap_or_else(|e| panic!("{version}: {e}"));
+        let names: Vec<&str> = exec.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "main",
+                "vm.builtin.check_tensor_info",
+                "vm.builtin.match_shape",
+                "vm.builtin.alloc_storage",
+                "vm.builtin.alloc_tensor",
+                "vm.builtin.null_value",
+                "add",
+                "multiply"
+            ],
+            "{version}"
+        );
+        assert_eq!(exec.functions[0].param_names, ["x", "y"]);
+        let mut again = Vec::new();
+        exec.write_payload(layout, &mut again).unwrap();
+        assert!(again == payload[..], "{version}: writing the executable back changed its bytes");
+        let probe = json(&dir.join("probe.json"));
+        assert_eq!(probe["root_payload"]["magic"].as_str().unwrap(), format!("{:#x}", exec.magic));
+
+        let tree = load(&dir.join("relax_add_mul.so"));
+        assert_eq!(executable(&tree), &exec, "{version}: the loaded payload differs from the file");
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let x = npy(&dir.join("relax_add_mul.in.x.npy"));
+        let y = npy(&dir.join("relax_add_mul.in.y.npy"));
+        let expected = npy(&dir.join("relax_add_mul.out.0.npy"));
+        let out = vm.invoke("main", &[x, y]).unwrap_or_else(|e| panic!("{version}: {e}"));
+        assert_eq!(out.len(), 1);
+        assert_eq!((&out[0].shape, &out[0].data[..]), (&expected.shape, &expected.data[..]), "{version}");
+    }
+}
+
+/// The executable of one version, converted to another version's constant tags and back,
+/// is unchanged; the converted bytes use the target's tags and magic.
+#[test]
+fn convert_between_versions() {
+    let (_, layout, key) = VERSIONS[0];
+    let payload = Bytes::from_vec(read(&add_mul_dir("tvm-0.19.0").join(format!("relax_add_mul.{key}.bin"))));
+    let exec = RelaxExecutable::read_payload(&payload, layout, key).unwrap();
+    let reference_027 = read(&add_mul_dir("tvm-0.27.0.post1").join("relax_add_mul.relax.VMExecutable.bin"));
+    // TVM 0.19's bytes copied verbatim into the other layouts (as a tool that keeps payloads
+    // opaque does) still read, in 0.19's dialect.
+    for target in [Layout::Classic021, Layout::Ffi] {
+        let copied = RelaxExecutable::read_payload(&payload, target, key).unwrap();
+        assert_eq!(copied.dialect, Dialect::Tvm019);
+        assert_eq!(copied.instructions, exec.instructions);
+    }
+    for target in Layout::ALL {
+        let mut bytes = Vec::new();
+        exec.write_payload(target, &mut bytes).unwrap();
+        let back = RelaxExecutable::read_payload(&Bytes::from_vec(bytes.clone()), target, key).unwrap();
+        assert_eq!(back.functions, exec.functions);
+        assert_eq!(back.constants, exec.constants);
+        assert_eq!(back.instructions, exec.instructions);
+        if target == Layout::Ffi {
+            // Apart from the code TVM 0.27 generated (its constant pool is deduplicated), the
+            // header and function table are what 0.27 writes.
+            let table_end = 8
+                + 12
+                + exec
+                    .functions
+                    .iter()
+                    .map(|f| 4 + 8 + f.name.len() + 32 + 8 + f.param_names.iter().map(|p| 8 + p.len()).sum::<usize>())
+                    .sum::<usize>()
+                + 8;
+            assert_eq!(&bytes[..table_end], &reference_027[..table_end]);
+        }
+    }
+}
+
+/// The loaded tree of a blob in memory gives the typed executable (the registry's loader),
+/// and the classic reader measures the payload itself.
+#[test]
+fn blob_loads_typed_executable() {
+    let blob = Bytes::from_vec(read(&add_mul_dir("tvm-0.19.0").join("relax_add_mul.blob")));
+    let tree = load_blob(&blob, Layout::Classic, &Registry::default(), &LoadOptions::default()).unwrap();
+    assert_eq!(tree.type_keys(), ["relax.Executable", "library"]);
+    assert_eq!(executable(&tree).functions.len(), 8);
+    // Without a library there are no kernels: the VM names the first one it cannot find.
+    let err = VirtualMachine::new(&tree, CPU).unwrap_err();
+    assert!(matches!(&err, VmError::MissingFunction { name } if name == "add"), "{err}");
+}
+
+fn mlp_vm(name: &str) -> (LoadedTree, Tensor) {
+    let dir = goldens().join("run");
+    (load(&dir.join(format!("{name}.so"))), npy(&dir.join(format!("{name}.in.x.npy"))))
+}
+
+/// A wrong shape or dtype gets TVM's message from `check_tensor_info` / `match_shape`.
+#[test]
+fn wrong_inputs_get_tvms_messages() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let (tree, x) = mlp_vm(name);
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let ctx = r#"ErrorContext(fn=main, loc=param[0], param=x, annotation=R.Tensor((2, 64), dtype="float32")) "#;
+
+        let wrong_dim = Tensor::new(DataType::F32, vec![2, 32], vec![0; 2 * 32 * 4]).unwrap();
+        let err = vm.invoke("main", &[wrong_dim]).unwrap_err();
+        assert_eq!(
+            err.root().to_string(),
+            format!("RuntimeError: {ctx} match_cast error,  shape[1] mismatch to specified constant.")
+        );
+        assert!(err.to_string().contains("vm.builtin.match_shape"), "{err}");
+
+        let wrong_ndim = Tensor::new(DataType::F32, vec![128], vec![0; 128 * 4]).unwrap();
+        let err = vm.invoke("main", &[wrong_ndim]).unwrap_err();
+        assert_eq!(err.root().to_string(), format!("ValueError: {ctx} expect Tensor with ndim 2 but get 1"));
+
+        let wrong_dtype = Tensor::new(DataType::I32, vec![2, 64], vec![0; 2 * 64 * 4]).unwrap();
+        let err = vm.invoke("main", &[wrong_dtype]).unwrap_err();
+        assert_eq!(err.root().to_string(), format!("ValueError: {ctx} expect Tensor with dtype float32 but get int32"));
+
+        let err = vm.invoke("main", &[x.clone(), x.clone()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ValueError: Invoking function main expects 1 arguments (x), but 2 arguments were provided."
+        );
+        let err = vm.invoke("softmax", std::slice::from_ref(&x)).unwrap_err();
+        assert!(matches!(err, VmError::UnknownFunction { .. }), "{err}");
+        // The VM still works after the errors.
+        assert_eq!(vm.invoke("main", &[x]).unwrap().len(), 1);
+    }
+}
+
+/// Every truncation of every golden executable is a typed error, never a panic.
+#[test]
+fn truncations_are_errors() {
+    let mut cases: Vec<(Vec<u8>, Layout, &str)> = VERSIONS
+        .iter()
+        .map(|(v, l, k)| (read(&add_mul_dir(v).join(format!("relax_add_mul.{k}.bin"))), *l, *k))
+        .collect();
+    for (name, layout, key) in [
+        ("relax_mlp_tvm019", Layout::Classic, RELAX_EXECUTABLE),
+        ("relax_mlp_tvm027", Layout::Ffi, RELAX_VM_EXECUTABLE),
+    ] {
+        let tree = mlp_vm(name).0;
+        let mut bytes = Vec::new();
+        executable(&tree).write_payload(layout, &mut bytes).unwrap();
+        cases.push((bytes, layout, key));
+    }
+    for (bytes, layout, key) in cases {
+        for cut in 0..bytes.len() {
+            let part = Bytes::from_vec(bytes[..cut].to_vec());
+            let err = RelaxExecutable::read_payload(&part, layout, key);
+            assert!(err.is_err(), "{key} {layout}: a truncation to {cut} bytes parsed");
+            if layout != Layout::Ffi {
+                // The classic string wrapper is measured from its length.
+                assert!(RelaxExecutable::measure_classic(&part, 0).is_err());
+            }
+        }
+    }
+}
+
+/// Corrupt executables (each byte replaced, forged counts and indices) are typed errors or
+/// programs that still pass every check; no panic, no huge allocation.
+#[test]
+fn corrupt_bytes_are_errors() {
+    let (_, layout, key) = VERSIONS[2];
+    let bytes = read(&add_mul_dir("tvm-0.27.0.post1").join(format!("relax_add_mul.{key}.bin")));
+    let mut parsed = 0;
+    for i in 0..bytes.len() {
+        for v in [0x00, 0xFF, 0x7F, 0x80] {
+            let mut b = bytes.clone();
+            b[i] = v;
+            if let Ok(e) = RelaxExecutable::read_payload(&Bytes::from_vec(b), layout, key) {
+                parsed += 1;
+                let _ = e.as_text();
+            }
+        }
+    }
+    assert!(parsed > 0, "some corruptions (in tensor data, names) still parse");
+
+    // A forged register file size is refused before any call allocates it.
+    let exec = RelaxExecutable::read_payload(&Bytes::from_vec(bytes.clone()), layout, key).unwrap();
+    let mut forged = exec.clone();
+    forged.functions[0].register_file_size = 1 << 40;
+    let mut out = Vec::new();
+    forged.write_payload(layout, &mut out).unwrap();
+    let err = RelaxExecutable::read_payload(&Bytes::from_vec(out), layout, key).unwrap_err();
+    assert!(err.to_string().contains("register_file_size"), "{err}");
+
+    // A constant index past the pool.
+    let mut forged = exec.clone();
+    forged.constants.truncate(1);
+    let mut out = Vec::new();
+    forged.write_payload(layout, &mut out).unwrap();
+    let err = RelaxExecutable::read_payload(&Bytes::from_vec(out), layout, key).unwrap_err();
+    assert!(err.to_string().contains("constant index"), "{err}");
+    assert!(matches!(exec.constants[0], Constant::Str(_) | Constant::DataType(_)));
+
+    // Two instructions forged to start at the same word (which would let a short input decode
+    // into a large program) are refused at the second offset.
+    let (no, nd) = (exec.instr_offsets().len(), exec.instr_data().len());
+    let offsets_at = bytes.len() - (16 + 8 * (no + nd)) + 8;
+    let mut b = bytes.clone();
+    b[offsets_at + 8..offsets_at + 16].copy_from_slice(&0i64.to_le_bytes());
+    let err = RelaxExecutable::read_payload(&Bytes::from_vec(b), layout, key).unwrap_err();
+    assert_eq!(err.offset, offsets_at as u64 + 8, "{err}");
+    assert!(err.to_string().contains("instr_offset"), "{err}");
+}
+
+/// Constant tensors stay borrowed from the blob (a model's weights are not copied on load),
+/// and the relax MLP's blob, found in the ELF file without running it, loads from memory.
+#[test]
+fn constant_tensors_are_borrowed() {
+    let so = read(&goldens().join("run/relax_mlp_tvm019.so"));
+    let found = mblob_runtime::elf::find_blob(&so, None).unwrap().expect("blob symbol");
+    let blob = Bytes::from_vec(found.bytes(&so).unwrap().to_vec());
+    let tree = load_blob(&blob, found.layout, &Registry::default(), &LoadOptions::default()).unwrap();
+    let exec = executable(&tree);
+    let range = blob.as_ptr() as usize..blob.as_ptr() as usize + blob.len();
+    let tensors: Vec<_> = exec
+        .constants
+        .iter()
+        .filter_map(|c| match c {
+            Constant::Tensor(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tensors.len(), 4, "W1, b1, W2, b2");
+    assert!(tensors.iter().all(|t| range.contains(&(t.data.as_ptr() as usize))));
+}
+
+/// Models built and run by TVM 0.27 for this test (`tests/fixtures/tvm-goldens/relax/make.py`):
+/// tuple outputs, `vm.builtin.reshape` views, a fused kernel, a symbolic batch (shape heap,
+/// `shape_func`, `make_shape`), `If`/`Goto` on a boolean tensor, and a call of a second VM
+/// function. Each executable reads as TVM describes it, and every run gives TVM's outputs.
+#[test]
+fn tvm_027_feature_models() {
+    let dir = goldens().join("relax/tvm-0.27");
+    for name in ["relax_tuple_reshape", "relax_dynamic", "relax_fused", "relax_branch", "relax_two_functions"] {
+        let meta = json(&dir.join(format!("{name}.json")));
+        let tree = load(&dir.join(format!("{name}.so")));
+        let exec = executable(&tree);
+        let lines = |k: &str| -> Vec<String> {
+            meta[k].as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(exec.as_text().split('\n').collect::<Vec<_>>(), lines("as_text"), "{name}: as_text");
+        assert_eq!(exec.stats().split('\n').collect::<Vec<_>>(), lines("stats"), "{name}: stats");
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (k, run) in meta["runs"].as_array().unwrap().iter().enumerate() {
+            let inputs: Vec<Tensor> =
+                run["inputs"].as_array().unwrap().iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
+            let names: Vec<&str> =
+                run["inputs"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+            let main = vm.functions().into_iter().find(|f| f.name == "main").unwrap();
+            assert_eq!(main.params, names, "{name}");
+            let outs = vm.invoke("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
+            let want = run["outputs"].as_array().unwrap();
+            assert_eq!(outs.len(), want.len(), "{name} run {k}");
+            for (o, w) in outs.iter().zip(want) {
+                let w = npy(&dir.join(w["file"].as_str().unwrap()));
+                assert_eq!((&o.shape, o.dtype), (&w.shape, w.dtype), "{name} run {k}");
+                assert!(o.data[..] == w.data[..], "{name} run {k}: output differs from TVM's");
+            }
+        }
+    }
+}
+
+/// A symbolic dimension that disagrees with one bound earlier gets TVM's message (the shape
+/// heap's "previous populated value").
+#[test]
+fn dynamic_shape_mismatch_gets_tvms_message() {
+    let dir = goldens().join("relax/tvm-0.27");
+    let tree = load(&dir.join("relax_dynamic.so"));
+    let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+    let x = Tensor::new(DataType::F32, vec![3, 4], vec![0; 48]).unwrap();
+    let w = Tensor::new(DataType::F32, vec![5, 3], vec![0; 60]).unwrap();
+    let err = vm.invoke("main", &[x, w]).unwrap_err();
+    let ctx = r#"ErrorContext(fn=main, loc=param[1], param=w, annotation=R.Tensor((4, 3), dtype="float32")) "#;
+    assert_eq!(
+        err.root().to_string(),
+        format!("RuntimeError: {ctx} match_cast error,  shape[0] mismatch to specified constant.")
+    );
+}
+
+/// VMs over one loaded library run at the same time on several threads (one moved into each
+/// thread), each giving TVM's output every time.
+#[test]
+fn vms_run_concurrently() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let dir = goldens().join("run");
+        let tree = load(&dir.join(format!("{name}.so")));
+        let x = npy(&dir.join(format!("{name}.in.x.npy")));
+        let expected = npy(&dir.join(format!("{name}.out.0.npy")));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+                let (x, expected) = (&x, &expected);
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        let out = vm.invoke("main", std::slice::from_ref(x)).unwrap();
+                        assert!(out[0].data[..] == expected.data[..], "{name}");
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// A program built with `RelaxExecutable::from_parts` that calls a kernel with no argument
+/// checks in front: with the right shapes it computes `x + y` (TVM's output halved, exactly),
+/// and with a wrong shape the kernel's own check fails and its message comes back as an error,
+/// in each version's convention (0.19 `TVMAPISetLastError`, 0.21 `TVMFFIErrorSetRaisedFromCStr`,
+/// 0.27 `TVMFFIErrorSetRaisedFromCStrParts`).
+#[test]
+fn kernel_errors_come_back_in_every_convention() {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    for (version, layout, _) in VERSIONS {
+        let dir = add_mul_dir(version);
+        let tree = load(&dir.join("relax_add_mul.so"));
+        let packed = |name: &str| FuncInfo {
+            kind: FuncKind::Packed,
+            name: name.into(),
+            start: 0,
+            end: 0,
+            num_args: -2,
+            register_file_size: 0,
+            param_names: vec![],
+        };
+        let main = FuncInfo {
+            kind: FuncKind::Vm,
+            name: "main".into(),
+            start: 0,
+            end: 4,
+            num_args: 2,
+            register_file_size: 4,
+            param_names: vec!["x".into(), "y".into()],
+        };
+        let functions =
+            vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
+        let constants = vec![
+            Constant::Shape(vec![24]),
+            Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
+            Constant::Str(b"global".to_vec()),
+            Constant::Shape(vec![2, 3]),
+            Constant::DataType(DataType::F32),
+        ];
+        let r = |i| Reg::Index(i);
+        let code = vec![
+            Instruction::Call {
+                dst: r(2),
+                func: 1,
+                args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(0), Arg::Const(1), Arg::Const(2)],
+            },
+            Instruction::Call {
+                dst: r(3),
+                func: 2,
+                args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)],
+            },
+            Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
+            Instruction::Ret { result: r(3) },
+        ];
+        let exec =
+            RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
+                .unwrap();
+        let mut vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
+        let x = npy(&dir.join("relax_add_mul.in.x.npy"));
+        let y = npy(&dir.join("relax_add_mul.in.y.npy"));
+        let out = vm.invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+        let twice: Vec<f32> = out[0].to_f32().unwrap().iter().map(|v| v * 2.0).collect();
+        assert_eq!(twice, npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap(), "{version}");
+
+        let wrong = Tensor::new(DataType::F32, vec![3, 2], x.data.clone()).unwrap();
+        let err = vm.invoke("main", &[wrong, y]).unwrap_err();
+        match err.root() {
+            VmError::Kernel { name, code, message } => {
+                assert_eq!(name, "add");
+                assert_ne!(*code, 0);
+                assert!(message.contains("shape"), "{version}: {message}");
+            }
+            e => panic!("{version}: {e}"),
+        }
+    }
+}
+
+/// Programs the VM refuses before running: an unknown builtin and a missing kernel are named
+/// when the VM is created (as TVM's `InitFuncPool` does), a VM TIR function is unsupported, and
+/// a jump to itself is refused when the executable is built.
+#[test]
+fn unsupported_programs_are_named() {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    let tree = load(&add_mul_dir("tvm-0.27.0.post1").join("relax_add_mul.so"));
+    let func = |kind, name: &str, end| FuncInfo {
+        kind,
+        name: name.into(),
+        start: 0,
+        end,
+        num_args: if kind == FuncKind::Packed { -2 } else { 0 },
+        register_file_size: if kind == FuncKind::Packed { 0 } else { 1 },
+        param_names: vec![],
+    };
+    let build = |callee: FuncInfo| {
+        let code = vec![
+            Instruction::Call { dst: Reg::Index(0), func: 1, args: vec![Arg::Imm(1)] },
+            Instruction::Ret { result: Reg::Index(0) },
+        ];
+        let exec = RelaxExecutable::from_parts(
+            RELAX_VM_EXECUTABLE,
+            Dialect::Tvm022,
+            vec![func(FuncKind::Vm, "main", 2), callee],
+            vec![],
+            code,
+        )
+        .unwrap();
+        VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap_err()
+    };
+    let err = build(func(FuncKind::Packed, "vm.builtin.frobnicate", 0));
+    assert!(matches!(&err, VmError::UnknownBuiltin { name } if name == "vm.builtin.frobnicate"), "{err}");
+    let err = build(func(FuncKind::Packed, "no_such_kernel", 0));
+    assert!(matches!(&err, VmError::MissingFunction { name } if name == "no_such_kernel"), "{err}");
+    let err = build(func(FuncKind::VmTir, "compiled", 0));
+    assert!(matches!(&err, VmError::Unsupported(what) if what.contains("compiled")), "{err}");
+
+    let spin = RelaxExecutable::from_parts(
+        RELAX_VM_EXECUTABLE,
+        Dialect::Tvm022,
+        vec![func(FuncKind::Vm, "main", 2)],
+        vec![],
+        vec![Instruction::Goto { offset: 0 }, Instruction::Ret { result: Reg::Void }],
+    )
+    .unwrap_err();
+    assert!(spin.to_string().contains("jump to itself"), "{spin}");
+}

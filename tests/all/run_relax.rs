@@ -1,0 +1,99 @@
+//! `mblob run` on Relax models: TVM 0.19 and 0.27 MLPs and the 0.27 feature models, at 1 and 4
+//! threads, inputs by name and by position; every output equals TVM's, array for array.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::goldens::goldens;
+
+/// dtype string and raw little-endian bytes of a `.npy` file.
+fn npy(path: &Path) -> (String, Vec<u64>, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = f.shape().to_vec();
+    let descr = f.dtype().descr();
+    let data: Vec<u8> = match descr.trim_matches('\'') {
+        "<f4" => f.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+        "|b1" => f.into_vec::<bool>().unwrap().into_iter().map(u8::from).collect(),
+        d => panic!("{}: dtype {d}", path.display()),
+    };
+    (descr, shape, data)
+}
+
+fn run(args: &[&Path], extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_mblob")).arg("run").args(args).args(extra).output().expect("run mblob")
+}
+
+/// A library, its inputs by name, and TVM's output files.
+type Case = (PathBuf, Vec<(String, PathBuf)>, Vec<PathBuf>);
+
+#[test]
+fn mblob_run_relax_models_give_tvms_outputs() {
+    let g = goldens();
+    let out = tempfile::tempdir().unwrap();
+    let mut cases: Vec<Case> = Vec::new();
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let d = g.join("run");
+        cases.push((
+            d.join(format!("{name}.so")),
+            vec![("x".into(), d.join(format!("{name}.in.x.npy")))],
+            vec![d.join(format!("{name}.out.0.npy"))],
+        ));
+    }
+    let d = g.join("relax/tvm-0.27");
+    for name in ["relax_tuple_reshape", "relax_dynamic", "relax_fused", "relax_branch", "relax_two_functions"] {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join(format!("{name}.json"))).unwrap()).unwrap();
+        for r in meta["runs"].as_array().unwrap() {
+            let file = |v: &serde_json::Value| d.join(v["file"].as_str().unwrap());
+            let inputs = r["inputs"].as_array().unwrap();
+            cases.push((
+                d.join(format!("{name}.so")),
+                inputs.iter().map(|i| (i["name"].as_str().unwrap().to_owned(), file(i))).collect(),
+                r["outputs"].as_array().unwrap().iter().map(file).collect(),
+            ));
+        }
+    }
+    for (k, (so, inputs, expected)) in cases.iter().enumerate() {
+        for threads in ["1", "4"] {
+            for positional in [false, true] {
+                let dir = out.path().join(format!("{k}-{threads}-{positional}"));
+                let specs: Vec<String> = inputs
+                    .iter()
+                    .map(|(n, f)| if positional { f.display().to_string() } else { format!("{n}={}", f.display()) })
+                    .collect();
+                let mut extra: Vec<&str> = vec!["--threads", threads, "--output-dir", dir.to_str().unwrap()];
+                for s in &specs {
+                    extra.extend(["--input", s.as_str()]);
+                }
+                let o = run(&[so], &extra);
+                assert!(o.status.success(), "{}: {}", so.display(), String::from_utf8_lossy(&o.stderr));
+                for (i, want) in expected.iter().enumerate() {
+                    let got = npy(&dir.join(format!("out.{i}.npy")));
+                    assert_eq!(got, npy(want), "{} output {i} ({threads} threads)", so.display());
+                }
+                assert!(!dir.join(format!("out.{}.npy", expected.len())).exists());
+            }
+        }
+    }
+}
+
+#[test]
+fn mblob_run_relax_errors_name_the_problem() {
+    let g = goldens().join("run");
+    let so = g.join("relax_mlp_tvm027.so");
+    let x = g.join("relax_mlp_tvm027.in.x.npy");
+    let spec = format!("y={}", x.display());
+    let o = run(&[&so], &["--input", &spec]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("`main` has parameters x"));
+    let o = run(&[&so], &[]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing inputs of `main`: x"));
+    let o = run(&[&so], &["--function", "nope", "--input", x.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no VM function `nope`"));
+    // A wrong shape: TVM's own message from match_shape.
+    let other = goldens().join("relax/tvm-0.27/relax_dynamic.run0.in.x.npy");
+    let o = run(&[&so], &["--input", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("match_cast error,  shape[0] mismatch to specified constant."), "{err}");
+}

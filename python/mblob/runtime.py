@@ -192,8 +192,6 @@ class VirtualMachine:
 
     def __init__(self, mod: Module, device: Optional[Device] = None) -> None:
         device = device or cpu()
-        if not hasattr(_native, "RelaxVm"):
-            raise _native.RunError("this build of mblob has no Relax VM")
         self._vm = _native.RelaxVm(mod._library, device._pair())
 
     def __getitem__(self, name: str) -> Callable[..., Any]:

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use mblob_runtime::exec::relax::VirtualMachine;
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::{DLDevice, DLTensor};
@@ -313,11 +314,52 @@ impl GraphExecutor {
     }
 }
 
+/// A Relax virtual machine.
+#[pyclass(frozen, module = "mblob._native")]
+pub struct RelaxVm {
+    inner: Mutex<VirtualMachine>,
+}
+
+#[pymethods]
+impl RelaxVm {
+    /// The VM of the library's Relax executable, on device `(device_type, id)`.
+    #[new]
+    fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelaxVm> {
+        let tree = library.tree.clone();
+        let device = DLDevice { device_type: dev.0, device_id: dev.1 };
+        let vm = run(py, move || VirtualMachine::new(&tree, device).map_err(run_error))?;
+        Ok(RelaxVm { inner: Mutex::new(vm) })
+    }
+
+    /// The VM functions' names.
+    fn functions(&self) -> PyResult<Vec<String>> {
+        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        Ok(vm.functions().into_iter().map(|f| f.name).collect())
+    }
+
+    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors.
+    fn invoke<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        args: Vec<(Vec<u8>, String, Vec<i64>)>,
+    ) -> PyResult<Vec<PyTensor<'py>>> {
+        let outs = run(py, || {
+            let inputs =
+                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            vm.invoke(&name, &inputs).map_err(run_error)
+        })?;
+        Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
+    }
+}
+
 /// Registers the classes and functions of this file.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RunError", m.py().get_type::<RunError>())?;
     m.add_class::<Library>()?;
     m.add_class::<GraphExecutor>()?;
+    m.add_class::<RelaxVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
     Ok(())
 }

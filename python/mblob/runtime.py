@@ -60,7 +60,10 @@ def _dtype_name(dtype: np.dtype) -> str:
 
 
 def _to_triple(array: Any) -> Tuple[bytes, str, List[int]]:
-    a = np.ascontiguousarray(array)
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+    a = np.asarray(array)
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
     return a.tobytes(), _dtype_name(a.dtype), list(a.shape)
 
 

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use mblob_runtime::exec::relax::VirtualMachine;
+use mblob_runtime::exec::relax::{Dialect, RelaxExecutable, VirtualMachine};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::{DLDevice, DLTensor};
@@ -318,7 +318,14 @@ impl GraphExecutor {
 #[pyclass(frozen, module = "mblob._native")]
 pub struct RelaxVm {
     inner: Mutex<VirtualMachine>,
+    /// The executable is tvm-ffi's (TVM 0.22+), whose `bool` is DLPack's `kDLBool` (code 6, 8
+    /// bits) where numpy's bool reads as TVM 0.19's `uint1`.
+    ffi_bool: bool,
 }
+
+/// numpy's bool as TVM 0.19 names it (`uint1`), and as tvm-ffi does (`kDLBool`, 8 bits).
+const BOOL_UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+const BOOL_FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
 
 #[pymethods]
 impl RelaxVm {
@@ -326,9 +333,10 @@ impl RelaxVm {
     #[new]
     fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelaxVm> {
         let tree = library.tree.clone();
+        let ffi_bool = tree.find::<RelaxExecutable>().is_some_and(|e| e.dialect == Dialect::Tvm022);
         let device = DLDevice { device_type: dev.0, device_id: dev.1 };
         let vm = run(py, move || VirtualMachine::new(&tree, device).map_err(run_error))?;
-        Ok(RelaxVm { inner: Mutex::new(vm) })
+        Ok(RelaxVm { inner: Mutex::new(vm), ffi_bool })
     }
 
     /// The VM functions' names.
@@ -344,11 +352,19 @@ impl RelaxVm {
         name: String,
         args: Vec<(Vec<u8>, String, Vec<i64>)>,
     ) -> PyResult<Vec<PyTensor<'py>>> {
+        let ffi_bool = self.ffi_bool;
         let outs = run(py, || {
-            let inputs =
+            let mut inputs =
                 args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            for t in inputs.iter_mut().filter(|t| ffi_bool && t.dtype == BOOL_UINT1) {
+                t.dtype = BOOL_FFI;
+            }
             let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
-            vm.invoke(&name, &inputs).map_err(run_error)
+            let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
+            for t in outs.iter_mut().filter(|t| t.dtype == BOOL_FFI) {
+                t.dtype = BOOL_UINT1;
+            }
+            Ok(outs)
         })?;
         Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
     }

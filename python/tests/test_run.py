@@ -97,3 +97,24 @@ def test_run_errors_are_exceptions(tmp_path):
     text.write_text("not a library")
     with pytest.raises(mblob.Error, match="x.so"):
         mblob.load_module(text)
+
+
+RELAX_027 = sorted(p.stem for p in golden("relax", "tvm-0.27").glob("*.json"))
+
+
+@pytest.mark.parametrize("name", RELAX_027)
+def test_relax_goldens_of_tvm_027(name):
+    """Control flow, dynamic shapes, fused kernels, tuples and calls between VM functions:
+    each recorded run gives TVM's outputs."""
+    d = ("relax", "tvm-0.27")
+    spec = manifest(*d, f"{name}.json")
+    vm = mblob.VirtualMachine(mblob.load_module(golden(*d, f"{name}.so")), mblob.cpu())
+    assert spec["runs"]
+    for run in spec["runs"]:
+        got = vm["main"](*[np.load(golden(*d, i["file"])) for i in run["inputs"]])
+        got = list(got) if isinstance(got, tuple) else [got]
+        want = [np.load(golden(*d, o["file"])) for o in run["outputs"]]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)

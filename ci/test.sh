@@ -20,3 +20,13 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-
 cargo test --workspace
 # Without LLVM and CUDA, but with the command line that most of the integration tests run.
 cargo test --workspace --no-default-features --features cli
+# The Python package (python/, its own crate outside the workspace): lints, then built with
+# maturin into a fresh virtualenv and tested with pytest against the goldens and the `mblob`
+# binary that `cargo test` built. Tests that need TVM are reported as skipped without it.
+(cd python && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings)
+venv=target/python-venv
+rm -rf "$venv"
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q maturin numpy pytest
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation ./python
+MBLOB_BIN="$PWD/target/debug/mblob" "$venv/bin/python" -m pytest -q -rs python/tests

@@ -14,8 +14,10 @@
 
 mod error;
 pub mod export;
+pub mod inspect;
 pub mod link;
 pub mod pack;
+pub mod repack;
 pub mod tool;
 pub mod tree_json;
 

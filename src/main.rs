@@ -5,7 +5,7 @@
 mod cli;
 
 // `crate::` paths in the command modules name the library's items.
-use mblob::{export, link, tree_json, Error, Result};
+use mblob::{export, inspect, link, tree_json, Error, Result};
 
 fn main() -> std::process::ExitCode {
     cli::main()

@@ -51,7 +51,15 @@ use crate::{Error, Result};
 /// here, so a missing one is found before the export does any work.
 pub fn read_tree_json(path: &Path) -> Result<Export> {
     let text = std::fs::read(path).map_err(Error::io(path, "cannot read"))?;
-    let mut de = serde_json::Deserializer::from_slice(&text);
+    parse_tree_json(&text, path, path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Reads a tree description held in memory (`text`, JSON) into an [`Export`]: as
+/// [`read_tree_json`], with the paths it names relative to `base`; `name` stands for the
+/// description in messages (`<tree> at $.imports[0]: ...`).
+pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> {
+    let path = name;
+    let mut de = serde_json::Deserializer::from_slice(text);
     let root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(&e.path().to_string());
         let inner = e.into_inner();
@@ -61,7 +69,6 @@ pub fn read_tree_json(path: &Path) -> Result<Export> {
     })?;
     de.end()
         .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
-    let base = path.parent().unwrap_or(Path::new("."));
     let mut b = Builder {
         json: path,
         base,

@@ -26,7 +26,8 @@ use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::{Bytes, ImportTree, Layout, LoadedTree, Registry};
 use serde::Serialize;
 
-use super::inspect::{inspect_bytes, parse_layout};
+use super::inspect::parse_layout;
+use crate::inspect::inspect_bytes;
 use crate::{Error, Result};
 
 /// Arguments of `mblob extract`.

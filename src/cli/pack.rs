@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use mblob_runtime::{elf, load_blob, Layout, LoadOptions, ModuleTree, Registry};
+use mblob_runtime::Layout;
 
 use super::inspect::parse_layout;
 use crate::export::{Backend, Export, ExportReport, Progress};
@@ -228,31 +228,7 @@ pub struct PackArgs {
 /// Runs `mblob pack`.
 pub fn run(args: &PackArgs) -> Result<ExitCode> {
     check_host(args)?;
-    let path = &args.from;
-    let data = mblob_runtime::map_file(path)?;
-    let registry = Registry::default();
-    let (blob, layout) = if data.starts_with(b"\x7fELF") {
-        let (found, bytes) = elf::slice_blob(&data, None)
-            .map_err(|detail| mblob_runtime::Error::Elf { path: path.clone(), detail })?
-            .ok_or_else(|| Error::Invalid {
-                what: path.display().to_string(),
-                detail: "has no blob symbol: a plain library has no module tree to pack".into(),
-            })?;
-        (bytes, found.layout)
-    } else {
-        let layout = match args.from_layout {
-            Some(l) => l,
-            None => Layout::detect(&data, &registry)
-                .map_err(|source| mblob_runtime::Error::Detect { path: path.clone(), source })?,
-        };
-        (data.clone(), layout)
-    };
-    let loaded = load_blob(&blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
-        mblob_runtime::Error::Blob { source, .. } => mblob_runtime::Error::Blob { path: path.clone(), source }.into(),
-        other => Error::from(other),
-    })?;
-    let tree = ModuleTree::from_loaded(&loaded, "llvm")
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
+    let tree = mblob::repack::read_module_tree(&args.from, args.from_layout)?;
     let mut e = Export::from_tree(tree);
     for h in &args.host {
         if is_source(h) {

@@ -13,8 +13,9 @@ use mblob_runtime::{load_library, Layout, LoadOptions, Registry};
 
 mod parts;
 
-use super::inspect::{inspect_path, parse_layout, render_text, InspectArgs};
+use super::inspect::parse_layout;
 use crate::export::{Backend, Export};
+use crate::inspect::{inspect_path, render_text};
 use crate::{Error, Result};
 use parts::{HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
 
@@ -95,15 +96,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     );
 
     step(3, "inspect it (reads the ELF file, runs nothing)");
-    let inspect = InspectArgs {
-        paths: vec![so.clone()],
-        json: false,
-        load: false,
-        layout: None,
-        prefix: None,
-        keep_unknown: false,
-    };
-    for line in render_text(&inspect_path(&so, &inspect)?).lines() {
+    for line in render_text(&inspect_path(&so, &Default::default())?).lines() {
         println!("    {line}");
     }
 

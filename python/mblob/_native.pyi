@@ -1,0 +1,95 @@
+"""Type hints of mblob's native module (PyO3). Use the wrappers in :mod:`mblob`."""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+__version__: str
+
+class Error(Exception):
+    """Base class of every error mblob raises."""
+
+class FormatError(Error):
+    """A malformed blob, payload or ELF file."""
+
+class LoadError(Error):
+    """A library or module could not be loaded."""
+
+class ExportError(Error):
+    """An export or pack failed (compiler, linker, LLVM, size limit)."""
+
+class InputError(Error):
+    """An argument or tree description that makes no sense."""
+
+class FileError(Error):
+    """A file could not be read or written."""
+
+def inspect_json(
+    path: str,
+    layout_name: Optional[str] = None,
+    prefix: Optional[str] = None,
+    load: bool = False,
+    keep_unknown: bool = False,
+) -> str: ...
+def export(
+    output: str,
+    tree_json: Optional[bytes],
+    tree_path: Optional[str],
+    base: str,
+    backend_name: str,
+    layout_name: str,
+    system_lib: bool,
+    prefix: str,
+    target: Optional[str],
+    force_layout: bool,
+) -> Dict[str, Any]: ...
+def pack(
+    source: str,
+    output: str,
+    host: List[str],
+    blob_only: bool,
+    source_layout: Optional[str],
+    backend_name: str,
+    layout_name: str,
+    system_lib: bool,
+    prefix: str,
+    target: Optional[str],
+    force_layout: bool,
+) -> Dict[str, Any]: ...
+def read_blob(path: str, layout_name: Optional[str] = None) -> Tuple[bytes, str]: ...
+def pack_blob_file(
+    blob_path: str,
+    out_dir: str,
+    layout_name: str,
+    system_lib: bool,
+    prefix: str,
+    target: Optional[str],
+    backend_name: str,
+) -> str: ...
+def has_llvm() -> bool: ...
+
+class RunError(Error):
+    """A model or function failed to run."""
+
+class Library:
+    """A loaded module tree."""
+    def type_keys(self) -> List[str]: ...
+    def imports(self, index: int) -> List[int]: ...
+    def has_factory(self, name: str) -> bool: ...
+    def has_function(self, name: str) -> bool: ...
+    def call(self, name: str, args: List[Any]) -> Any: ...
+
+def load_library(path: str) -> Library: ...
+
+class GraphExecutor:
+    """A graph or AOT executor."""
+    def __init__(self, library: Library, devs: List[Tuple[int, int]]) -> None: ...
+    def set_input(self, name: str, data: bytes, dtype: str, shape: List[int]) -> None: ...
+    def run(self) -> None: ...
+    def get_output(self, index: int) -> Tuple[bytes, str, List[int]]: ...
+    def get_num_outputs(self) -> int: ...
+    def inputs(self) -> List[Tuple[str, List[int], str]]: ...
+
+class RelaxVm:
+    """A Relax virtual machine."""
+    def __init__(self, library: Library, dev: Tuple[int, int]) -> None: ...
+    def functions(self) -> List[str]: ...
+    def invoke(self, name: str, args: List[Tuple[bytes, str, List[int]]]) -> List[Tuple[bytes, str, List[int]]]: ...

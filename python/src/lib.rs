@@ -1,0 +1,389 @@
+//! `mblob._native`: the Rust side of the Python package `mblob` (PyO3, abi3).
+//!
+//! Each function here is a thin layer over the `mblob` library: arguments are checked and
+//! converted, the work runs with the GIL released, and every error becomes a Python exception
+//! of the `mblob.Error` family carrying mblob's message with its causes. A Rust panic never
+//! reaches Python as one: it is caught and raised as `mblob.Error`.
+//!
+//! The Python-facing API (docstrings, argument defaults, dicts) lives in `mblob/__init__.py`;
+//! these functions take plain arguments.
+#![deny(unsafe_code)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use mblob::export::{Backend, Export, ExportReport};
+use mblob::pack::{BlobSource, CStyle, PackOptions};
+use mblob::Error as MError;
+use mblob_runtime::Layout;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+mod run;
+
+create_exception!(mblob, Error, PyException, "Base class of every error mblob raises.");
+create_exception!(mblob, FormatError, Error, "A file is not what it claims: a malformed blob, payload or ELF file.");
+create_exception!(
+    mblob,
+    LoadError,
+    Error,
+    "A library or module could not be loaded (dlopen, a missing loader or symbol)."
+);
+create_exception!(
+    mblob,
+    ExportError,
+    Error,
+    "An export or pack failed: the compiler, linker or LLVM refused, or a size limit was passed."
+);
+create_exception!(
+    mblob,
+    InputError,
+    Error,
+    "An argument or a tree description makes no sense (bad layout, unknown field, missing host code)."
+);
+create_exception!(mblob, FileError, Error, "A file could not be read or written.");
+
+/// The message of an error with its causes, as the command line prints it: `a: b: c` (a cause
+/// already contained in the text is not repeated).
+fn message(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line
+}
+
+/// The exception class for a runtime (load side) error.
+fn runtime_class(e: &mblob_runtime::Error, msg: String) -> PyErr {
+    use mblob_runtime::Error as R;
+    match e {
+        R::Blob { .. } | R::Elf { .. } | R::Payload { .. } | R::Detect { .. } => FormatError::new_err(msg),
+        R::Io { .. } => FileError::new_err(msg),
+        R::Dlopen { .. } | R::NoLoader { .. } | R::Loader { .. } | R::MissingSymbol { .. } | R::Cuda(_) => {
+            LoadError::new_err(msg)
+        }
+        _ => Error::new_err(msg),
+    }
+}
+
+/// An mblob error as a Python exception of the matching class.
+fn to_py(e: MError) -> PyErr {
+    let msg = message(&e);
+    match &e {
+        MError::Runtime(r) => runtime_class(r, msg),
+        MError::Io { .. } => FileError::new_err(msg),
+        MError::Invalid { .. } | MError::FeatureDisabled { .. } => InputError::new_err(msg),
+        MError::Step { source, .. } if matches!(**source, MError::Io { .. }) => FileError::new_err(msg),
+        _ => ExportError::new_err(msg),
+    }
+}
+
+/// Runs `f` without the GIL, turning its errors into exceptions and a panic into
+/// `mblob.Error` (never a crash, never a `PanicException`).
+fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, PyErrLater> + Send) -> PyResult<T> {
+    let result = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+    match result {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.into_py_err()),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown cause".into());
+            Err(Error::new_err(format!("internal error in mblob (please report it): {what}")))
+        }
+    }
+}
+
+/// An error made without the GIL, turned into an exception once it is held again.
+enum PyErrLater {
+    Mblob(MError),
+    Input(String),
+    Run(String),
+}
+
+impl PyErrLater {
+    fn into_py_err(self) -> PyErr {
+        match self {
+            PyErrLater::Mblob(e) => to_py(e),
+            PyErrLater::Input(msg) => InputError::new_err(msg),
+            PyErrLater::Run(msg) => run::RunError::new_err(msg),
+        }
+    }
+}
+
+impl From<MError> for PyErrLater {
+    fn from(e: MError) -> Self {
+        PyErrLater::Mblob(e)
+    }
+}
+
+impl From<mblob_runtime::Error> for PyErrLater {
+    fn from(e: mblob_runtime::Error) -> Self {
+        PyErrLater::Mblob(e.into())
+    }
+}
+
+fn layout(name: &str) -> PyResult<Layout> {
+    Layout::from_name(name).ok_or_else(|| {
+        InputError::new_err(format!(
+            "unknown layout `{name}` (expected one of: {})",
+            Layout::ALL.map(|l| l.name()).join(", ")
+        ))
+    })
+}
+
+fn backend(name: &str) -> PyResult<Backend> {
+    name.parse::<Backend>().map_err(InputError::new_err)
+}
+
+/// The options `export` and `pack` share.
+struct PackArgs {
+    backend: Backend,
+    layout: Layout,
+    system_lib: bool,
+    prefix: String,
+    target: Option<String>,
+    force_layout: bool,
+}
+
+impl PackArgs {
+    fn apply(&self, e: &mut Export) {
+        e.backend(self.backend)
+            .layout(self.layout)
+            .system_lib(self.system_lib)
+            .prefix(self.prefix.clone())
+            .force_layout(self.force_layout);
+        if let Some(t) = &self.target {
+            e.target(t.clone());
+        }
+    }
+}
+
+/// What an export wrote, as a dict: `output`, `symbol` (None without imports), `blob_len`.
+fn report_dict<'py>(py: Python<'py>, r: &ExportReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("output", r.output.display().to_string())?;
+    d.set_item("symbol", r.symbol.clone())?;
+    d.set_item("blob_len", r.blob_len)?;
+    Ok(d)
+}
+
+/// `inspect --json` for one file, as a JSON string.
+#[pyfunction]
+#[pyo3(signature = (path, layout_name=None, prefix=None, load=false, keep_unknown=false))]
+fn inspect_json(
+    py: Python<'_>,
+    path: PathBuf,
+    layout_name: Option<&str>,
+    prefix: Option<String>,
+    load: bool,
+    keep_unknown: bool,
+) -> PyResult<String> {
+    let options = mblob::inspect::Options { layout: layout_name.map(layout).transpose()?, prefix, load, keep_unknown };
+    run(py, move || {
+        let report = mblob::inspect::inspect_path(&path, &options)?;
+        serde_json::to_string(&report).map_err(|e| PyErrLater::Input(format!("cannot write the report as JSON: {e}")))
+    })
+}
+
+/// Builds a library from a tree description: `tree_json` (its text) with paths relative to
+/// `base`, or the file `tree_path`.
+#[pyfunction]
+#[pyo3(signature = (output, tree_json, tree_path, base, backend_name, layout_name, system_lib, prefix, target, force_layout))]
+#[allow(clippy::too_many_arguments)]
+fn export<'py>(
+    py: Python<'py>,
+    output: PathBuf,
+    tree_json: Option<Vec<u8>>,
+    tree_path: Option<PathBuf>,
+    base: PathBuf,
+    backend_name: &str,
+    layout_name: &str,
+    system_lib: bool,
+    prefix: String,
+    target: Option<String>,
+    force_layout: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let args = PackArgs {
+        backend: backend(backend_name)?,
+        layout: layout(layout_name)?,
+        system_lib,
+        prefix,
+        target,
+        force_layout,
+    };
+    let report = run(py, move || {
+        let mut e = match (tree_json, tree_path) {
+            (Some(text), _) => mblob::tree_json::parse_tree_json(&text, Path::new("<tree>"), &base)?,
+            (None, Some(path)) => mblob::tree_json::read_tree_json(&path)?,
+            (None, None) => return Err(PyErrLater::Input("export: no tree given".into())),
+        };
+        args.apply(&mut e);
+        Ok(e.write(&output)?)
+    })?;
+    report_dict(py, &report)
+}
+
+/// Packs the module tree of `source` (a `.so` or raw `.blob`) again with the host objects or
+/// sources `host`.
+#[pyfunction]
+#[pyo3(signature = (source, output, host, blob_only, source_layout, backend_name, layout_name, system_lib, prefix, target, force_layout))]
+#[allow(clippy::too_many_arguments)]
+fn pack<'py>(
+    py: Python<'py>,
+    source: PathBuf,
+    output: PathBuf,
+    host: Vec<PathBuf>,
+    blob_only: bool,
+    source_layout: Option<&str>,
+    backend_name: &str,
+    layout_name: &str,
+    system_lib: bool,
+    prefix: String,
+    target: Option<String>,
+    force_layout: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    if host.is_empty() && !blob_only {
+        return Err(InputError::new_err(format!(
+            "host: missing: the new library needs the host code of {} (its model functions), which the blob \
+             does not hold; give the object files or sources it was built from (e.g. TVM's lib0.o), or pass \
+             blob_only=True",
+            source.display()
+        )));
+    }
+    let from = source_layout.map(layout).transpose()?;
+    let args = PackArgs {
+        backend: backend(backend_name)?,
+        layout: layout(layout_name)?,
+        system_lib,
+        prefix,
+        target,
+        force_layout,
+    };
+    let report = run(py, move || {
+        let tree = mblob::repack::read_module_tree(&source, from)?;
+        let mut e = Export::from_tree(tree);
+        for h in host {
+            let is_source = h.extension().is_some_and(|x| x == "c") || mblob::export::is_cxx(&h);
+            if is_source {
+                e.c_source(h);
+            } else {
+                e.object(h);
+            }
+        }
+        args.apply(&mut e);
+        Ok(e.write(&output)?)
+    })?;
+    report_dict(py, &report)
+}
+
+/// The blob of a `.so` or raw `.blob` file, header included, and its layout's name.
+#[pyfunction]
+#[pyo3(signature = (path, layout_name=None))]
+fn read_blob(py: Python<'_>, path: PathBuf, layout_name: Option<&str>) -> PyResult<(Py<pyo3::types::PyBytes>, String)> {
+    let from = layout_name.map(layout).transpose()?;
+    let (blob, layout) = run(py, move || Ok(mblob::repack::read_blob(&path, from)?))?;
+    Ok((pyo3::types::PyBytes::new(py, &blob).unbind(), layout.name().to_owned()))
+}
+
+/// A blob file as a [`BlobSource`], mapped rather than read.
+struct MappedBlob(mblob_runtime::Bytes);
+
+impl BlobSource for MappedBlob {
+    fn blob_len(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        out.write_all(&self.0)
+    }
+}
+
+/// Writes the object that holds the blob in `blob_path` (header included) under the layout's
+/// symbol, into `out_dir`; returns its path (`<prefix>devc.o`).
+#[pyfunction]
+#[pyo3(signature = (blob_path, out_dir, layout_name, system_lib, prefix, target, backend_name))]
+#[allow(clippy::too_many_arguments)]
+fn pack_blob_file(
+    py: Python<'_>,
+    blob_path: PathBuf,
+    out_dir: PathBuf,
+    layout_name: &str,
+    system_lib: bool,
+    prefix: String,
+    target: Option<String>,
+    backend_name: &str,
+) -> PyResult<String> {
+    let opts = PackOptions { layout: layout(layout_name)?, prefix, system_lib, target };
+    let backend = backend(backend_name)?;
+    let path = run(py, move || {
+        let data = mblob_runtime::map_file(&blob_path)?;
+        check_blob_header(&data, &blob_path)?;
+        let blob = MappedBlob(data);
+        let object = match backend {
+            #[cfg(feature = "llvm")]
+            Backend::Llvm => mblob::pack::llvm::write_object(&blob, &opts, &out_dir)?,
+            #[cfg(not(feature = "llvm"))]
+            Backend::Llvm => {
+                return Err(MError::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" }.into())
+            }
+            Backend::C(style) => {
+                let src = mblob::pack::c::write_source(&blob, &opts, style, &out_dir)?;
+                mblob::pack::c::compile_with(&src, &opts, &out_dir, style == CStyle::Tvm && opts.system_lib)?
+            }
+        };
+        Ok(object.display().to_string())
+    })?;
+    Ok(path)
+}
+
+/// A blob's first 8 bytes give the length of the rest.
+fn check_blob_header(data: &[u8], path: &Path) -> Result<(), PyErrLater> {
+    let claimed = data.get(..8).map(|h| u64::from_le_bytes(h.try_into().unwrap_or_default()));
+    if claimed.is_none() || claimed != (data.len() as u64).checked_sub(8) {
+        return Err(PyErrLater::Mblob(MError::Invalid {
+            what: path.display().to_string(),
+            detail: format!(
+                "not a blob: {} bytes, whose first 8 do not give the length of the rest ({claimed:?})",
+                data.len()
+            ),
+        }));
+    }
+    Ok(())
+}
+
+/// Whether this build has the LLVM packer.
+#[pyfunction]
+fn has_llvm() -> bool {
+    cfg!(feature = "llvm")
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("FormatError", py.get_type::<FormatError>())?;
+    m.add("LoadError", py.get_type::<LoadError>())?;
+    m.add("ExportError", py.get_type::<ExportError>())?;
+    m.add("InputError", py.get_type::<InputError>())?;
+    m.add("FileError", py.get_type::<FileError>())?;
+    m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
+    m.add_function(wrap_pyfunction!(export, m)?)?;
+    m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add_function(wrap_pyfunction!(read_blob, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_blob_file, m)?)?;
+    m.add_function(wrap_pyfunction!(has_llvm, m)?)?;
+    run::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

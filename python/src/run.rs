@@ -1,0 +1,381 @@
+//! Loading and running: `mblob.load_module`, the graph/AOT executors and the Relax VM.
+//!
+//! Tensors cross as `(bytes, dtype, shape)` triples (the Python side makes numpy arrays of
+//! them): abi3 for Python 3.9 has no buffer protocol, and the executors copy inputs into their
+//! own aligned storage anyway.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use mblob_runtime::exec::relax::{Dialect, RelaxExecutable, VirtualMachine};
+use mblob_runtime::exec::{Device, Executor, Tensor};
+use mblob_runtime::ffi::callconv::{PackedFunction, Value};
+use mblob_runtime::ffi::packed::{DLDevice, DLTensor};
+use mblob_runtime::ffi::workspace::AlignedBuffer;
+use mblob_runtime::format::DataType;
+use mblob_runtime::{LoadOptions, LoadedTree, Registry};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::{run, Error, PyErrLater};
+
+pyo3::create_exception!(
+    mblob,
+    RunError,
+    Error,
+    "A model or function failed to run (a kernel error, a wrong input, an unsupported device)."
+);
+
+/// A tensor as Python sees it: its bytes, dtype name and shape.
+type PyTensor<'py> = (Bound<'py, PyBytes>, String, Vec<i64>);
+
+fn tensor_of(data: &[u8], dtype: &str, shape: Vec<i64>) -> Result<Tensor, PyErrLater> {
+    let dt = DataType::parse(dtype).ok_or_else(|| PyErrLater::Input(format!("unknown dtype `{dtype}`")))?;
+    let n = data.len();
+    Tensor::new(dt, shape.clone(), data.to_vec())
+        .ok_or_else(|| PyErrLater::Input(format!("a {dtype} tensor of shape {shape:?} cannot hold {n} bytes")))
+}
+
+fn to_py_tensor<'py>(py: Python<'py>, t: &Tensor) -> PyTensor<'py> {
+    (PyBytes::new(py, &t.data), t.dtype.to_string(), t.shape.clone())
+}
+
+fn run_error(e: impl std::error::Error + 'static) -> PyErrLater {
+    PyErrLater::Run(crate::message(&e))
+}
+
+/// A loaded library: its module tree (shared by the modules, executors and VMs made from it).
+#[pyclass(frozen, module = "mblob._native")]
+pub struct Library {
+    tree: LoadedTree,
+}
+
+#[pymethods]
+impl Library {
+    /// Type keys of the loaded modules, in tree order (0 is the root).
+    fn type_keys(&self) -> Vec<String> {
+        self.tree.modules().iter().map(|m| m.module.type_key().to_owned()).collect()
+    }
+
+    /// The indices that module `index` imports.
+    fn imports(&self, index: usize) -> PyResult<Vec<usize>> {
+        self.tree
+            .modules()
+            .get(index)
+            .map(|m| m.imports.clone())
+            .ok_or_else(|| crate::InputError::new_err(format!("no module {index}")))
+    }
+
+    /// Whether the tree holds a graph or AOT executor factory named `name`.
+    fn has_factory(&self, name: &str) -> bool {
+        use mblob_runtime::payload::graph::GraphExecutorFactory;
+        let graph = self.tree.find::<GraphExecutorFactory>().is_some_and(|g| g.module_name == name);
+        let aot = name == "default"
+            && self
+                .tree
+                .modules()
+                .iter()
+                .any(|m| m.module.type_key() == mblob_runtime::exec::aot::AOT_EXECUTOR_FACTORY);
+        graph || aot
+    }
+
+    /// Whether a host function `name` is found from the root (through the imports).
+    fn has_function(&self, name: &str) -> bool {
+        self.tree.packed_function(name).is_some()
+    }
+
+    /// Calls host function `name`. Arguments are ints, floats, strings, None, or tensors as
+    /// `(bytearray, dtype, shape)`: each tensor is copied into aligned memory, passed as a
+    /// `DLTensor`, and its contents copied back into the bytearray after the call (compiled
+    /// functions write their outputs into their arguments). Returns the function's return
+    /// value (int, float, str or None).
+    fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
+        let function = self
+            .tree
+            .packed_function(name)
+            .ok_or_else(|| crate::InputError::new_err(format!("no function `{name}` in the module or its imports")))?;
+        let mut plain: Vec<Arg> = Vec::with_capacity(args.len());
+        for a in args.iter() {
+            plain.push(Arg::from_py(&a)?);
+        }
+        let (ret, outs) = run(py, move || call_host(&function, plain))?;
+        // Copy the tensors back into the caller's bytearrays.
+        let mut outs = outs.into_iter();
+        for a in args.iter() {
+            if let Ok(t) = a.cast::<PyTuple>() {
+                let buf = t.get_item(0)?;
+                let bytes = outs.next().unwrap_or_default();
+                buf.call_method1("__setitem__", (pyo3::types::PySlice::full(py), PyBytes::new(py, &bytes)))?;
+            }
+        }
+        Ok(match ret {
+            Arg::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Arg::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Arg::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+            _ => py.None(),
+        })
+    }
+}
+
+/// An argument or the result of a host call, owned (made with the GIL, used without it).
+enum Arg {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    None,
+    Tensor { data: Vec<u8>, dtype: DataType, shape: Vec<i64> },
+}
+
+impl Arg {
+    fn from_py(a: &Bound<'_, PyAny>) -> PyResult<Arg> {
+        if a.is_none() {
+            return Ok(Arg::None);
+        }
+        if let Ok(t) = a.cast::<PyTuple>() {
+            let data: Vec<u8> = t.get_item(0)?.extract()?;
+            let dtype_name: String = t.get_item(1)?.extract()?;
+            let shape: Vec<i64> = t.get_item(2)?.extract()?;
+            let dtype = DataType::parse(&dtype_name)
+                .ok_or_else(|| crate::InputError::new_err(format!("unknown dtype `{dtype_name}`")))?;
+            return Ok(Arg::Tensor { data, dtype, shape });
+        }
+        if a.is_instance_of::<pyo3::types::PyBool>() || a.is_instance_of::<pyo3::types::PyInt>() {
+            return Ok(Arg::Int(a.extract()?));
+        }
+        if a.is_instance_of::<pyo3::types::PyFloat>() {
+            return Ok(Arg::Float(a.extract()?));
+        }
+        if a.is_instance_of::<pyo3::types::PyString>() {
+            return Ok(Arg::Str(a.extract()?));
+        }
+        Err(crate::InputError::new_err(format!(
+            "cannot pass a {} to a compiled function (ints, floats, strings, None and arrays only)",
+            a.get_type().name()?
+        )))
+    }
+}
+
+/// Makes the call with tensors in aligned buffers; returns the value and each tensor's bytes
+/// after the call.
+#[allow(unsafe_code)]
+fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
+    let mut buffers: Vec<AlignedBuffer> = Vec::new();
+    let mut shapes: Vec<Box<[i64]>> = Vec::new();
+    for a in &args {
+        if let Arg::Tensor { data, shape, .. } = a {
+            let mut buf = AlignedBuffer::zeroed(data.len().max(1))
+                .ok_or_else(|| PyErrLater::Run(format!("cannot allocate {} bytes", data.len())))?;
+            buf.as_mut_slice()[..data.len()].copy_from_slice(data);
+            buffers.push(buf);
+            shapes.push(shape.clone().into_boxed_slice());
+        }
+    }
+    let mut tensors: Vec<DLTensor> = Vec::new();
+    let mut t = 0;
+    for a in &args {
+        if let Arg::Tensor { dtype, shape, .. } = a {
+            tensors.push(DLTensor {
+                data: buffers[t].as_ptr().cast(),
+                device: DLDevice { device_type: 1, device_id: 0 },
+                ndim: i32::try_from(shape.len()).map_err(|_| PyErrLater::Input("too many dimensions".into()))?,
+                dtype: (*dtype).into(),
+                shape: shapes[t].as_mut_ptr(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            });
+            t += 1;
+        }
+    }
+    let mut t = 0;
+    let mut values = Vec::with_capacity(args.len());
+    for a in &args {
+        values.push(match a {
+            Arg::Int(v) => Value::Int(*v),
+            Arg::Float(v) => Value::Float(*v),
+            Arg::Str(s) => Value::Str(s.clone()),
+            Arg::None => Value::None,
+            Arg::Tensor { .. } => {
+                let p: *mut DLTensor = &mut tensors[t];
+                t += 1;
+                Value::Tensor(p)
+            }
+        });
+    }
+    // SAFETY: the function comes from a library loaded by `load_library` (which installed its
+    // context); every tensor points to a live, 64-byte-aligned buffer of the size its dtype
+    // and shape give (checked when the arguments were made, rounded up to at least one
+    // byte), with a shape array that outlives the call; nothing is moved until it returns.
+    // A compiled function checks the dtype and shape it expects and reports a mismatch as an
+    // error rather than reading past the buffers.
+    let ret = match unsafe { function.call(&values) }.map_err(run_error)? {
+        Value::Int(v) => Arg::Int(v),
+        Value::Float(v) => Arg::Float(v),
+        Value::Str(s) => Arg::Str(s),
+        // Handles and objects mean nothing to Python here.
+        _ => Arg::None,
+    };
+    let outs = args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Tensor { data, .. } => Some(data.len()),
+            _ => None,
+        })
+        .zip(&buffers)
+        .map(|(n, b)| b.as_slice()[..n].to_vec())
+        .collect();
+    Ok((ret, outs))
+}
+
+/// Loads a shared library (running its initialisers, as TVM's `load_module` does) or a raw
+/// blob file.
+#[pyfunction]
+pub fn load_library(py: Python<'_>, path: PathBuf) -> PyResult<Library> {
+    let tree = run(py, move || {
+        let registry = Registry::default();
+        let options = LoadOptions::keep_unknown();
+        let data = mblob_runtime::map_file(&path)?;
+        if data.starts_with(b"\x7fELF") {
+            drop(data);
+            // SAFETY: loading a library runs its code (initialisers); the caller asked for
+            // exactly that with `mblob.load_module`, as with TVM's `load_module`.
+            #[allow(unsafe_code)]
+            let tree = unsafe { mblob_runtime::load_library(&path, &registry, &options) }?;
+            Ok(tree)
+        } else {
+            let layout = mblob_runtime::Layout::detect(&data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.clone(), source })?;
+            Ok(mblob_runtime::load_blob(&data, layout, &registry, &options)?)
+        }
+    })?;
+    Ok(Library { tree })
+}
+
+fn devices(devs: Vec<(i32, i32)>) -> Vec<Device> {
+    devs.into_iter().map(|(device_type, device_id)| Device { device_type, device_id }).collect()
+}
+
+/// A graph or AOT executor (`factory["default"](dev)`).
+#[pyclass(frozen, module = "mblob._native")]
+pub struct GraphExecutor {
+    inner: Mutex<Box<dyn Executor + Send>>,
+}
+
+impl GraphExecutor {
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut dyn Executor) -> Result<T, PyErrLater> + Send,
+    ) -> PyResult<T> {
+        run(py, || {
+            let mut guard = self.inner.lock().map_err(|_| PyErrLater::Run("the executor failed earlier".into()))?;
+            f(guard.as_mut())
+        })
+    }
+}
+
+#[pymethods]
+impl GraphExecutor {
+    /// Builds the executor of the library's factory on `devs` (`(device_type, id)` pairs).
+    #[new]
+    fn new(py: Python<'_>, library: &Library, devs: Vec<(i32, i32)>) -> PyResult<GraphExecutor> {
+        let tree = library.tree.clone();
+        let devs = devices(devs);
+        let inner = run(py, move || mblob_runtime::exec::executor(&tree, &devs).map_err(run_error))?;
+        Ok(GraphExecutor { inner: Mutex::new(inner) })
+    }
+
+    /// Copies a tensor into the input `name`.
+    fn set_input(&self, py: Python<'_>, name: String, data: Vec<u8>, dtype: String, shape: Vec<i64>) -> PyResult<()> {
+        self.with(py, move |e| {
+            let t = tensor_of(&data, &dtype, shape)?;
+            e.set_input_by_name(&name, &t).map_err(run_error)
+        })
+    }
+
+    /// Runs the model once.
+    fn run(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |e| e.run().map_err(run_error))
+    }
+
+    /// Output `index` as `(bytes, dtype, shape)`.
+    fn get_output<'py>(&self, py: Python<'py>, index: usize) -> PyResult<PyTensor<'py>> {
+        let t = self.with(py, move |e| e.get_output(index).map_err(run_error))?;
+        Ok(to_py_tensor(py, &t))
+    }
+
+    /// The number of outputs.
+    fn get_num_outputs(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |e| Ok(e.num_outputs()))
+    }
+
+    /// The inputs a caller sets: `(name, shape, dtype)`.
+    fn inputs(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<i64>, String)>> {
+        self.with(py, |e| Ok(e.inputs().into_iter().map(|i| (i.name, i.shape, i.dtype.to_string())).collect()))
+    }
+}
+
+/// A Relax virtual machine.
+#[pyclass(frozen, module = "mblob._native")]
+pub struct RelaxVm {
+    inner: Mutex<VirtualMachine>,
+    /// The executable is tvm-ffi's (TVM 0.22+), whose `bool` is DLPack's `kDLBool` (code 6, 8
+    /// bits) where numpy's bool reads as TVM 0.19's `uint1`.
+    ffi_bool: bool,
+}
+
+/// numpy's bool as TVM 0.19 names it (`uint1`), and as tvm-ffi does (`kDLBool`, 8 bits).
+const BOOL_UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+const BOOL_FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
+
+#[pymethods]
+impl RelaxVm {
+    /// The VM of the library's Relax executable, on device `(device_type, id)`.
+    #[new]
+    fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelaxVm> {
+        let tree = library.tree.clone();
+        let ffi_bool = tree.find::<RelaxExecutable>().is_some_and(|e| e.dialect == Dialect::Tvm022);
+        let device = DLDevice { device_type: dev.0, device_id: dev.1 };
+        let vm = run(py, move || VirtualMachine::new(&tree, device).map_err(run_error))?;
+        Ok(RelaxVm { inner: Mutex::new(vm), ffi_bool })
+    }
+
+    /// The VM functions' names.
+    fn functions(&self) -> PyResult<Vec<String>> {
+        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        Ok(vm.functions().into_iter().map(|f| f.name).collect())
+    }
+
+    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors.
+    fn invoke<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        args: Vec<(Vec<u8>, String, Vec<i64>)>,
+    ) -> PyResult<Vec<PyTensor<'py>>> {
+        let ffi_bool = self.ffi_bool;
+        let outs = run(py, || {
+            let mut inputs =
+                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            for t in inputs.iter_mut().filter(|t| ffi_bool && t.dtype == BOOL_UINT1) {
+                t.dtype = BOOL_FFI;
+            }
+            let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
+            for t in outs.iter_mut().filter(|t| t.dtype == BOOL_FFI) {
+                t.dtype = BOOL_UINT1;
+            }
+            Ok(outs)
+        })?;
+        Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
+    }
+}
+
+/// Registers the classes and functions of this file.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("RunError", m.py().get_type::<RunError>())?;
+    m.add_class::<Library>()?;
+    m.add_class::<GraphExecutor>()?;
+    m.add_class::<RelaxVm>()?;
+    m.add_function(wrap_pyfunction!(load_library, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,119 @@
+"""`mblob.export` and `mblob.pack` round trips against TVM's own blobs: a library built from
+TVM's payloads or re-packed from TVM's library holds, byte for byte, the blob TVM wrote; the
+library loads with the real loader; bad input raises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import mblob
+from conftest import golden, manifest
+
+BACKENDS = ["llvm", "c"] if mblob.default_backend() == "llvm" else ["c"]
+
+
+def payload_files(blob_name: str, out: Path) -> list:
+    """Writes each payload of a TVM blob to a file (`payload<i>.bin`), using the offsets that
+    TVM's manifest records, and returns their names in blob order with their type keys."""
+    data = golden(blob_name).read_bytes()
+    report = mblob.inspect(golden(blob_name))
+    files = []
+    for i, (key, off, n) in enumerate(zip(report["type_keys"], report["payload_offsets"], report["payload_lens"])):
+        name = f"payload{i}.bin"
+        (out / name).write_bytes(data[off : off + n])
+        files.append((key, name))
+    return files
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_export_a_dict_tree_gives_tvms_blob(tmp_path, backend):
+    (factory_key, factory), (lib_key, _), *_ = payload_files("graph_dense_relu.blob", tmp_path)
+    assert (factory_key, lib_key) == ("GraphExecutorFactory", "_lib")
+    lib0 = golden("graph_dense_relu.lib0.o")
+    tree = {"type_key": "GraphExecutorFactory", "payload": factory, "imports": [{"type_key": "llvm", "objects": [str(lib0)]}]}
+    out = tmp_path / "model.so"
+    r = mblob.export(tree, out, backend=backend, base=tmp_path)
+    assert r["symbol"] == "__tvm_dev_mblob" and Path(r["output"]) == out
+    blob, layout = mblob.read_blob(out)
+    assert layout == "classic"
+    assert blob == golden("graph_dense_relu.blob").read_bytes()
+    assert r["blob_len"] == len(blob)
+    # The real loader opens it: the factory imports the host library.
+    loaded = mblob.inspect(out, load=True)["loaded"]
+    assert loaded["type_key"] == "GraphExecutorFactory"
+    assert [m["type_key"] for m in loaded["imports"]] == ["library"]
+
+
+def test_export_a_tree_json_file(tmp_path):
+    (_, factory), *_ = payload_files("graph_dense_relu.blob", tmp_path)
+    (tmp_path / "lib0.o").write_bytes(golden("graph_dense_relu.lib0.o").read_bytes())
+    (tmp_path / "TREE.json").write_text(
+        json.dumps({"type_key": "GraphExecutorFactory", "payload": factory, "imports": [{"type_key": "llvm", "objects": ["lib0.o"]}]})
+    )
+    out = tmp_path / "out" / "m.so"
+    out.parent.mkdir()
+    mblob.export(tmp_path / "TREE.json", out)
+    assert mblob.read_blob(out)[0] == golden("graph_dense_relu.blob").read_bytes()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "version,layout", [("tvm-0.19.0", "classic"), ("tvm-0.21.0", "classic-0.21"), ("tvm-0.27.0.post1", "ffi")]
+)
+def test_pack_gives_each_tvm_versions_blob(tmp_path, version, layout, backend):
+    """The Relax model of each TVM version, re-packed from its library with its lib0.o, in its
+    version's layout: the blob is TVM's, under TVM's symbol."""
+    d = ("other_versions", version)
+    probe = manifest(*d, "probe.json")
+    out = tmp_path / "relax.so"
+    r = mblob.pack(golden(*d, "relax_add_mul.so"), out, host=[golden(*d, "relax_add_mul.lib0.o")], layout=layout, backend=backend)
+    assert r["symbol"] == probe["blob_symbol"]
+    blob, got_layout = mblob.read_blob(out)
+    assert got_layout == layout
+    assert blob == golden(*d, "relax_add_mul.blob").read_bytes()
+
+
+def test_pack_converts_between_layouts(tmp_path):
+    """TVM 0.19's graph library packed as `ffi` and back gives TVM's classic blob again."""
+    ffi = tmp_path / "ffi.so"
+    mblob.pack(golden("graph_dense_relu.so"), ffi, blob_only=True, layout="ffi")
+    assert mblob.inspect(ffi)["symbol"] == "__tvm_ffi__library_bin"
+    back = tmp_path / "classic.so"
+    mblob.pack(ffi, back, host=[golden("graph_dense_relu.lib0.o")], layout="classic")
+    assert mblob.read_blob(back)[0] == golden("graph_dense_relu.blob").read_bytes()
+
+
+def test_pack_a_raw_blob_to_tar(tmp_path):
+    out = tmp_path / "m.tar"
+    mblob.pack(golden("graph_two_dso_merged.blob"), out, host=[golden("graph_two_dso_merged.lib0.o")])
+    report = mblob.inspect(out)
+    assert report["kind"] == "tar"
+    assert report["type_keys"] == mblob.inspect(golden("graph_two_dso_merged.blob"))["type_keys"]
+
+
+def test_export_errors_are_exceptions(tmp_path):
+    with pytest.raises(mblob.InputError, match=r"<tree> at \$\.imports\[0\]\.object: unknown field `object`"):
+        mblob.export({"type_key": "GraphExecutorFactory", "payload": "x", "imports": [{"type_key": "llvm", "object": []}]}, tmp_path / "a.so", base=tmp_path)
+    with pytest.raises(mblob.Error, match="missing.bin"):
+        mblob.export({"type_key": "GraphExecutorFactory", "payload": "missing.bin"}, tmp_path / "a.so", base=tmp_path)
+    with pytest.raises(mblob.InputError, match="unknown layout"):
+        mblob.export({"type_key": "llvm"}, tmp_path / "a.so", layout="newest")
+    with pytest.raises(mblob.InputError, match="unknown backend `fortran`"):
+        mblob.export({"type_key": "llvm"}, tmp_path / "a.so", backend="fortran")
+    assert not (tmp_path / "a.so").exists()
+
+
+def test_pack_errors_are_exceptions(tmp_path):
+    with pytest.raises(mblob.InputError, match="host: missing"):
+        mblob.pack(golden("graph_dense_relu.so"), tmp_path / "a.so")
+    with pytest.raises(mblob.InputError, match="has no blob symbol"):
+        mblob.pack(golden("dso_add_one.so"), tmp_path / "a.so", blob_only=True)
+    bad = tmp_path / "bad.o"
+    bad.write_text("not an object")
+    with pytest.raises(mblob.ExportError):
+        mblob.pack(golden("graph_dense_relu.so"), tmp_path / "a.so", host=[bad])
+    assert not (tmp_path / "a.so").exists()

@@ -1,0 +1,132 @@
+"""`mblob.tvm.fpack_imports` inside TVM's own `export_library` (TVM 0.19 and 0.27 from PyPI).
+
+Skipped, and counted as skipped, when `import tvm` fails (CI has no TVM); run by hand in a
+TVM virtualenv. Each test builds a small model in TVM, exports it twice (TVM's default packer,
+then mblob's), and checks that both libraries hold the same blob bytes under the calling TVM's
+symbol, and that the library packed by mblob loads in TVM and computes what TVM's own does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mblob
+import mblob.tvm
+
+tvm = pytest.importorskip("tvm", reason="TVM is not installed (pip install apache-tvm or xtc-tvm-python-bindings)")
+
+SYMBOLS = {"classic": "__tvm_dev_mblob", "classic-0.21": "__tvm_ffi_library_bin", "ffi": "__tvm_ffi__library_bin"}
+LAYOUT = mblob.tvm.layout_of_version(tvm.__version__)
+RNG = np.random.default_rng(7)
+W1 = RNG.standard_normal((64, 32)).astype("float32")
+B1 = RNG.standard_normal((32,)).astype("float32")
+X = RNG.standard_normal((2, 64)).astype("float32")
+FPACKS = {"llvm": mblob.tvm.fpack_imports, "c": mblob.tvm.make_fpack_imports(backend="c")}
+if mblob.default_backend() != "llvm":
+    del FPACKS["llvm"]
+
+
+def tensor(a):
+    make = getattr(tvm.runtime, "tensor", None) or tvm.nd.array
+    return make(a, tvm.cpu(0))
+
+
+def relax_mlp():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    # TVM 0.27 names struct info "types" (relax.TensorType).
+    tensor_type = getattr(relax, "TensorStructInfo", None) or relax.TensorType
+    x = relax.Var("x", tensor_type((2, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(W1)))
+            y = bb.emit(relax.op.add(y, relax.const(B1)))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    build = getattr(tvm, "compile", None) or relax.build
+    return build(bb.get(), target="llvm")
+
+
+def run_relax(path):
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu(0))
+    return vm["main"](tensor(X)).numpy()
+
+
+def run_relax_mblob(path):
+    return mblob.VirtualMachine(mblob.load_module(path), mblob.cpu())["main"](X)
+
+
+def run_graph_mblob(path):
+    gmod = mblob.load_module(path)["default"](mblob.cpu())
+    gmod.set_input("x", X)
+    gmod.run()
+    return gmod.get_output(0)
+
+
+def graph_mlp():
+    relay = pytest.importorskip("tvm.relay", reason=f"TVM {tvm.__version__} has no Relay")
+    x = relay.var("x", shape=(2, 64), dtype="float32")
+    w = relay.var("w", shape=(32, 64), dtype="float32")
+    b = relay.var("b", shape=(32,), dtype="float32")
+    y = relay.nn.relu(relay.nn.bias_add(relay.nn.dense(x, w), b))
+    mod = tvm.IRModule.from_expr(relay.Function([x, w, b], y))
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target="llvm", params={"w": tensor(W1.T.copy()), "b": tensor(B1)})
+
+
+def run_graph(path):
+    from tvm.contrib import graph_executor
+
+    m = graph_executor.GraphModule(tvm.runtime.load_module(str(path))["default"](tvm.cpu(0)))
+    m.set_input("x", X)
+    m.run()
+    return m.get_output(0).numpy()
+
+
+MODELS = {"relax_mlp": (relax_mlp, run_relax, run_relax_mblob), "graph_mlp": (graph_mlp, run_graph, run_graph_mblob)}
+
+
+@pytest.mark.parametrize("backend", sorted(FPACKS))
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_export_library_with_mblobs_packer(tmp_path, model, backend):
+    build, run, run_mblob = MODELS[model]
+    lib = build()
+    theirs, ours = tmp_path / "tvm.so", tmp_path / "mblob.so"
+    lib.export_library(str(theirs))
+    calls = []
+
+    def fpack(mod, is_system_lib, prefix, workspace):
+        path = FPACKS[backend](mod, is_system_lib, prefix, workspace)
+        calls.append((is_system_lib, prefix, path))
+        return path
+
+    lib.export_library(str(ours), fpack_imports=fpack)
+    assert [(s, p, path.endswith("/devc.o")) for s, p, path in calls] == [(False, "", True)]
+    report = mblob.inspect(ours)
+    assert report["layout"] == LAYOUT and report["symbol"] == SYMBOLS[LAYOUT]
+    assert mblob.read_blob(ours) == mblob.read_blob(theirs)
+    want = run(theirs)
+    got = run(ours)
+    np.testing.assert_array_equal(got, want)
+    reference = np.maximum(X.astype("float64") @ W1 + B1, 0)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4)
+    # mblob's own runtime runs it too, with TVM's result.
+    np.testing.assert_array_equal(run_mblob(ours), want)
+
+
+def test_fpack_imports_writes_the_object_into_the_workspace(tmp_path):
+    lib = relax_mlp()
+    path = mblob.tvm.fpack_imports(lib.mod if hasattr(lib, "mod") else lib, False, "", str(tmp_path))
+    assert path == str(tmp_path / "devc.o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["devc.o"]
+
+
+def test_serialized_imports_are_a_blob():
+    lib = relax_mlp()
+    blob, via = mblob.tvm.serialize_imports(lib.mod if hasattr(lib, "mod") else lib)
+    assert via.startswith("runtime.ModulePackImports")
+    assert blob.dtype == np.uint8 and int.from_bytes(blob[:8].tobytes(), "little") == blob.size - 8

@@ -1,0 +1,1019 @@
+//! What a packed `.so`, a raw `.blob` or a `.tar` that mblob wrote holds, read without
+//! running it: the report behind `mblob inspect` and Python's `mblob.inspect`.
+//!
+//! The report is typed ([`Report`] and the structs below it); [`render_text`] gives the text
+//! form, and its serde form is the JSON that `mblob inspect --json` prints (one object per
+//! file). The doc comment of each field gives its JSON key and meaning: the keys are a wire
+//! format that scripts may rely on (README's "Command line" section lists them too).
+//!
+//! ```no_run
+//! let report = mblob::inspect::inspect_path("model.so".as_ref(), &Default::default())?;
+//! println!("{}", serde_json::to_string(&report).unwrap());
+//! # Ok::<(), mblob::Error>(())
+//! ```
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
+use mblob_runtime::payload::device::DeviceModule;
+use mblob_runtime::payload::graph::GraphExecutorFactory;
+use mblob_runtime::{elf, Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
+use serde::{Deserialize, Serialize};
+
+use crate::tree_json::FunctionTable;
+use crate::{Error, Result};
+
+/// What to read besides the blob, and how.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Read raw `.blob` files as this layout instead of detecting it.
+    pub layout: Option<Layout>,
+    /// Only consider blob symbols with this `c_symbol_prefix`.
+    pub prefix: Option<String>,
+    /// Also load the file with the real loader (this dlopens a shared library and so runs its
+    /// initialisers) and report the tree after loading ([`Report::loaded`]).
+    pub load: bool,
+    /// With `load`: keep payloads whose type key has no loader as opaque bytes instead of
+    /// failing, as TVM does.
+    pub keep_unknown: bool,
+}
+
+/// What kind of file was read (JSON `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileKind {
+    /// An ELF file: a shared library or an object.
+    Elf,
+    /// A raw blob.
+    Blob,
+    /// A tar archive of objects, as `export -o X.tar` writes it; the rest of the report is
+    /// about the member that holds the blob.
+    Tar,
+}
+
+/// What `inspect` found in one file.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `file`: the path as given.
+    pub file: String,
+    /// `kind`: `elf`, `blob` or `tar`.
+    pub kind: FileKind,
+    /// `tar` (tar archives only): the members and which one holds the blob.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tar: Option<TarReport>,
+    /// `symbol`: the blob symbol found; `null` for a raw blob or a library without one.
+    pub symbol: Option<String>,
+    /// `section`: the ELF section holding the blob symbol.
+    pub section: Option<String>,
+    /// `file_offset`: where the blob starts in the ELF file.
+    pub file_offset: Option<u64>,
+    /// `layout`: `classic`, `classic-0.21`, `ffi`, or `null` when there is no blob.
+    pub layout: Option<&'static str>,
+    /// `legacy`: a classic blob without an import tree.
+    pub legacy: bool,
+    /// `blob_len`: bytes of the blob, 8-byte header included.
+    pub blob_len: Option<u64>,
+    /// `type_keys`: the entries' keys in blob order (for the classic layouts `_lib` and
+    /// `_import_tree` included as they appear).
+    pub type_keys: Vec<String>,
+    /// `payload_lens`: the entries' payload lengths, in blob order.
+    pub payload_lens: Vec<u64>,
+    /// `payload_offsets`: where each payload starts, from the blob's first byte (header
+    /// included).
+    pub payload_offsets: Vec<u64>,
+    /// `key_offsets`: where each type key starts, from the blob's first byte.
+    pub key_offsets: Vec<u64>,
+    /// `row_ptr`: the CSR import tree's row pointers (empty without a tree).
+    pub row_ptr: Vec<u64>,
+    /// `child_indices`: the CSR import tree's children (empty without a tree).
+    pub child_indices: Vec<u64>,
+    /// `modules`: one object per entry, in blob order.
+    pub modules: Vec<ModuleReport>,
+    /// `tree`: the import tree, nested (`null` without a blob).
+    pub tree: Option<TreeNode>,
+    /// `host` (shared libraries): the functions the library exports and how TVM calls them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostReport>,
+    /// `loaded` (with `--load`): the tree after loading.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<LoadedNode>,
+    /// The blob's bytes (not in the JSON), for `extract`.
+    #[serde(skip)]
+    pub blob: Option<Bytes>,
+}
+
+/// One entry of the blob (JSON `modules[i]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleReport {
+    /// `type_key`.
+    pub type_key: String,
+    /// `index`: the module index (`null` for `_import_tree`).
+    pub index: Option<usize>,
+    /// `payload_len`: bytes of the payload.
+    pub payload_len: u64,
+    /// `error`: why a payload of a known kind could not be decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `note`: what inspect does not decode about this kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Graph factories: their keys, flattened into this object.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphReport>,
+    /// Device modules: their keys, flattened into this object.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceReport>,
+    /// `relax`: a Relax VM executable's function table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relax: Option<RelaxReport>,
+}
+
+/// The function table (global section) of a Relax VM executable; the constants and the code
+/// are not decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxReport {
+    /// `version`: the executable format's version string (`0.14`).
+    pub version: String,
+    /// `functions`: the functions the VM runs (Relax and TIR), in table order.
+    pub functions: Vec<RelaxFunction>,
+    /// `externs`: the packed functions the table names (VM builtins and kernels), in order.
+    pub externs: Vec<String>,
+}
+
+/// One VM function (JSON `relax.functions[i]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxFunction {
+    /// `name`.
+    pub name: String,
+    /// `kind`: `vm` (a Relax function) or `vm-tir`.
+    pub kind: &'static str,
+    /// `params`: the parameter names.
+    pub params: Vec<String>,
+}
+
+/// What a graph executor factory holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct GraphReport {
+    /// `graph_json_len`: bytes of the graph JSON.
+    pub graph_json_len: usize,
+    /// `module_name`: the model's name (`default`).
+    pub module_name: String,
+    /// `params`: the stored parameters, in payload order.
+    pub params: Vec<ParamReport>,
+    /// `inputs`: the graph's inputs (its argument nodes that are not parameters), in order.
+    pub inputs: Vec<GraphTensor>,
+    /// `outputs`: the graph's outputs (its heads), in order; `name` is the producing node's.
+    pub outputs: Vec<GraphTensor>,
+    /// `graph_error`: why the graph JSON could not be read for inputs and outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_error: Option<String>,
+}
+
+/// One stored parameter (JSON `params[i]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamReport {
+    /// `name`.
+    pub name: String,
+    /// `dtype`, as TVM spells it.
+    pub dtype: String,
+    /// `shape`.
+    pub shape: Vec<i64>,
+    /// `bytes`: the size of its data.
+    pub bytes: usize,
+}
+
+/// A graph input or output (JSON `inputs[i]`, `outputs[i]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GraphTensor {
+    /// `name`: the input's name; for an output, the name of the node that produces it.
+    pub name: String,
+    /// `shape`.
+    pub shape: Vec<i64>,
+    /// `dtype`, as TVM spells it.
+    pub dtype: String,
+}
+
+/// What a device module holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// `format`: `ptx`, `cubin`, `cl`, `metal`, ... (empty for WebGPU).
+    pub format: String,
+    /// `functions`: kernel name to `{name, arg_types, launch_param_tags, arg_extra_tags}`, in
+    /// payload order: the shape `mblob export` reads.
+    pub functions: FunctionTable,
+    /// `data_len`: bytes of the code (modules with one code blob).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_len: Option<usize>,
+    /// `smap`: per-kernel sources (Metal, WebGPU), name and bytes, in payload order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub smap: Vec<NamedLen>,
+    /// `shaders`: per-kernel SPIR-V (Vulkan), name and bytes, in payload order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shaders: Vec<NamedLen>,
+    /// `version`: the `MetalModule` form's version string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// A name and a length in bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct NamedLen {
+    /// `name`.
+    pub name: String,
+    /// `bytes`.
+    pub bytes: usize,
+}
+
+/// A node of the import tree (JSON `tree`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TreeNode {
+    /// `index`: the module index (`null` for the implicit library of a legacy blob).
+    pub index: Option<usize>,
+    /// `type_key`.
+    pub type_key: String,
+    /// `imports`.
+    pub imports: Vec<TreeNode>,
+}
+
+/// A node of the tree after loading (JSON `loaded`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadedNode {
+    /// `type_key`.
+    pub type_key: String,
+    /// `imports`.
+    pub imports: Vec<LoadedNode>,
+}
+
+/// A tar archive's members (JSON `tar`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TarReport {
+    /// `members`: name and size of each member, in archive order.
+    pub members: Vec<NamedLen>,
+    /// `blob_member`: the member holding the blob symbol (`null` when none does).
+    pub blob_member: Option<String>,
+}
+
+/// The host code of a shared library (JSON `host`), from its dynamic symbol table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostReport {
+    /// `convention`: how TVM calls the exported functions: `classic-packed` (TVM 0.8-0.20),
+    /// `tvm-ffi-0.21`, `tvm-ffi` (0.22 and later), or `c` (no TVM context symbols: plain C
+    /// functions).
+    pub convention: &'static str,
+    /// `context_symbols`: the TVM context symbols the library defines (`__tvm_module_ctx`,
+    /// `__TVMAPISetLastError`, `__tvm_ffi__library_ctx`, ...), which the runtime fills.
+    pub context_symbols: Vec<String>,
+    /// `functions`: the exported functions (global, defined code symbols), in symbol-table
+    /// order.
+    pub functions: Vec<HostFunction>,
+}
+
+/// One exported host function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostFunction {
+    /// `name`: the function's name as TVM looks it up (`add` for `__tvm_ffi_add`).
+    pub name: String,
+    /// `symbol`: the ELF symbol.
+    pub symbol: String,
+}
+
+/// Inspects one file.
+pub fn inspect_path(path: &Path, options: &Options) -> Result<Report> {
+    let data = mblob_runtime::map_file(path)?;
+    let mut report = inspect_bytes(&data, path, options.layout, options.prefix.as_deref())?;
+    if options.load {
+        report.loaded = Some(load_shape(path, &data, &report, options)?);
+    }
+    Ok(report)
+}
+
+/// Inspects the bytes of a file: an ELF file is searched for a blob symbol, a tar archive for
+/// the member that holds one, and anything else is read as a raw blob (of `layout`, or
+/// detected).
+pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: Option<&str>) -> Result<Report> {
+    let registry = Registry::default();
+    let mut report = empty_report(path, FileKind::Blob);
+    if is_tar(data) {
+        return inspect_tar(data, path, prefix);
+    }
+    if data.starts_with(b"\x7fELF") {
+        report.host = host_report(data);
+    } else {
+        check_raw_blob(data, path)?;
+    }
+    let blob_error = |source| Error::Runtime(mblob_runtime::Error::Blob { path: path.to_owned(), source });
+    let (blob, layout) = if data.starts_with(b"\x7fELF") {
+        report.kind = FileKind::Elf;
+        let found = elf::slice_blob(data, prefix)
+            .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?;
+        let Some((found, blob)) = found else { return Ok(report) };
+        report.symbol = Some(found.symbol.clone());
+        report.section = Some(found.section.clone());
+        report.file_offset = Some(found.file_offset);
+        (blob, found.layout)
+    } else {
+        let layout = match layout {
+            Some(l) => l,
+            None => Layout::detect(data, &registry)
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
+        };
+        (data.clone(), layout)
+    };
+    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque).map_err(blob_error)?;
+    fill(&mut report, &parsed, &blob, &registry);
+    report.blob = Some(blob.clone());
+    Ok(report)
+}
+
+/// Whether `data` is a tar archive: `ustar` (POSIX or GNU) at byte 257, and not a raw blob
+/// (whose first 8 bytes give the length of the rest; a tar file starts with a member name).
+fn is_tar(data: &[u8]) -> bool {
+    let blob_len = data.get(..8).map(|h| u64::from_le_bytes(h.try_into().unwrap_or_default()));
+    data.get(257..262) == Some(b"ustar") && blob_len != Some(data.len() as u64 - 8)
+}
+
+/// A file that is neither ELF nor tar must be a raw blob: its first 8 bytes, the length of
+/// what follows, must fit the file. Anything else (a text file, a truncated download) gets a
+/// message saying what the file is not, not a blob length of 8031924123371070824.
+fn check_raw_blob(data: &[u8], path: &Path) -> Result<()> {
+    let not = |detail: String| Error::Invalid {
+        what: path.display().to_string(),
+        detail: format!("not an ELF file, a tar archive or a raw blob: {detail}"),
+    };
+    let Some(header) = data.get(..8) else {
+        return Err(not(format!("{} bytes, fewer than a blob's 8-byte header", data.len())));
+    };
+    let claimed = u64::from_le_bytes(header.try_into().unwrap_or_default());
+    let follow = data.len() as u64 - 8;
+    if claimed > follow {
+        return Err(not(format!(
+            "{} bytes, and a raw blob starts with the length of what follows, which its first 8 bytes do not give",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Inspects a tar archive: lists its members and reports on the one that holds a blob symbol.
+fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report> {
+    let bad = |e: io::Error| Error::Invalid {
+        what: path.display().to_string(),
+        detail: format!("not a readable tar archive: {e}"),
+    };
+    let mut archive = tar::Archive::new(&data[..]);
+    let mut members = Vec::new();
+    let mut found: Option<(String, Report)> = None;
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let name = entry.path().map_err(bad)?.display().to_string();
+        let size = entry.size();
+        members.push(NamedLen { name: name.clone(), bytes: usize::try_from(size).unwrap_or(usize::MAX) });
+        if found.is_some() || !entry.header().entry_type().is_file() {
+            continue;
+        }
+        // The member's bytes, bounded by the archive's own size.
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(data.len()));
+        entry.read_to_end(&mut bytes).map_err(bad)?;
+        if !bytes.starts_with(b"\x7fELF") {
+            continue;
+        }
+        let member_path = PathBuf::from(format!("{}({name})", path.display()));
+        let has_blob = elf::find_blob(&bytes, prefix).ok().flatten().is_some();
+        if has_blob {
+            let report = inspect_bytes(&Bytes::from_vec(bytes), &member_path, None, prefix)?;
+            found = Some((name, report));
+        }
+    }
+    let (blob_member, mut report) = match found {
+        Some((name, report)) => (Some(name), report),
+        None => (None, empty_report(path, FileKind::Tar)),
+    };
+    report.file = path.display().to_string();
+    report.kind = FileKind::Tar;
+    report.host = None;
+    report.tar = Some(TarReport { members, blob_member });
+    Ok(report)
+}
+
+fn empty_report(path: &Path, kind: FileKind) -> Report {
+    Report {
+        file: path.display().to_string(),
+        kind,
+        tar: None,
+        symbol: None,
+        section: None,
+        file_offset: None,
+        layout: None,
+        legacy: false,
+        blob_len: None,
+        type_keys: vec![],
+        payload_lens: vec![],
+        payload_offsets: vec![],
+        key_offsets: vec![],
+        row_ptr: vec![],
+        child_indices: vec![],
+        modules: vec![],
+        tree: None,
+        host: None,
+        loaded: None,
+        blob: None,
+    }
+}
+
+fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &Registry) {
+    report.layout = Some(parsed.layout.name());
+    report.legacy = parsed.import_tree.is_none();
+    report.blob_len = Some(parsed.nbytes + 8);
+    if let Some(t) = &parsed.import_tree {
+        report.row_ptr = t.row_ptr.clone();
+        report.child_indices = t.child_indices.clone();
+    }
+    let mut index = 0usize;
+    for e in &parsed.entries {
+        report.type_keys.push(e.type_key.to_owned());
+        report.payload_lens.push(e.payload.len() as u64);
+        report.payload_offsets.push(e.payload_offset);
+        report.key_offsets.push(e.key_offset);
+        let mut m = ModuleReport {
+            type_key: e.type_key.to_owned(),
+            index: None,
+            payload_len: e.payload.len() as u64,
+            error: None,
+            note: None,
+            graph: None,
+            device: None,
+            relax: None,
+        };
+        if e.kind != EntryKind::ImportTree {
+            m.index = Some(index);
+            index += 1;
+        }
+        if e.kind == EntryKind::Module {
+            // A view of the blob by offset: the parser checked that the payload lies inside it.
+            let start = usize::try_from(e.payload_offset).ok();
+            match start.and_then(|s| blob.slice(s..s.checked_add(e.payload.len())?)) {
+                Some(payload) => describe(&mut m, payload, parsed.layout, registry),
+                None => m.error = Some("the payload lies outside the blob".into()),
+            }
+        }
+        report.modules.push(m);
+    }
+    report.tree = Some(tree_value(parsed));
+}
+
+/// Type keys of Relax executables, whose function table inspect reads.
+const RELAX_KEYS: [&str; 3] = ["relax.VMExecutable", "relax.Executable", "VMExecutable"];
+
+/// Adds what is known about a payload kind (decoded with its loader, which runs no code).
+fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Registry) {
+    if RELAX_KEYS.contains(&m.type_key.as_str()) {
+        match relax_table(&payload) {
+            Ok(r) => m.relax = Some(r),
+            Err(e) => m.note = Some(format!("a Relax VM executable whose function table cannot be read: {e}")),
+        }
+    }
+    let Some(loader) = registry.get(&m.type_key) else { return };
+    let module = match loader.load(payload, layout) {
+        Ok(module) => module,
+        Err(e) => {
+            m.error = Some(e.to_string());
+            return;
+        }
+    };
+    let Some(any) = module.as_payload().map(|p| p.as_any()) else { return };
+    if let Some(g) = any.downcast_ref::<GraphExecutorFactory>() {
+        m.graph = Some(describe_graph(g));
+    }
+    if let Some(d) = any.downcast_ref::<DeviceModule>() {
+        m.device = Some(describe_device(d));
+    }
+}
+
+/// Magic numbers that start a Relax VM executable (TVM 0.19; 0.21 and later).
+const RELAX_MAGICS: [u64; 2] = [0xD225_DE2F_4214_151D, 0xD225_DE2F_4214_151E];
+
+/// Reads the global section of a Relax executable: magic, version string, then per function
+/// `kind:i32 name:str start:i64 end:i64 num_args:i64 register_file_size:i64
+/// param_names:vec<str>` (kind 0 packed, 1 VM, 2 VM TIR). In a classic blob the executable is
+/// itself length-prefixed.
+fn relax_table(payload: &[u8]) -> std::result::Result<RelaxReport, String> {
+    struct Cursor<'a>(&'a [u8], usize);
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: u64, what: &str) -> std::result::Result<&'a [u8], String> {
+            let end = usize::try_from(n).ok().and_then(|n| self.1.checked_add(n)).filter(|&e| e <= self.0.len());
+            let end = end.ok_or_else(|| format!("{what} at byte {} runs past the end", self.1))?;
+            let bytes = &self.0[self.1..end];
+            self.1 = end;
+            Ok(bytes)
+        }
+        fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+            Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or_default()))
+        }
+        fn str(&mut self, what: &str) -> std::result::Result<String, String> {
+            let n = self.u64(what)?;
+            Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
+        }
+    }
+    let starts = |b: &[u8]| {
+        b.get(..8).is_some_and(|m| RELAX_MAGICS.contains(&u64::from_le_bytes(m.try_into().unwrap_or_default())))
+    };
+    let body = if starts(payload) {
+        payload
+    } else {
+        payload.get(8..).filter(|b| starts(b)).ok_or("no Relax executable magic")?
+    };
+    let mut c = Cursor(body, 8);
+    let version = c.str("version")?;
+    let count = c.u64("function count")?;
+    let mut report = RelaxReport { version, functions: Vec::new(), externs: Vec::new() };
+    for _ in 0..count {
+        let kind = i32::from_le_bytes(c.take(4, "function kind")?.try_into().unwrap_or_default());
+        let name = c.str("function name")?;
+        c.take(32, "function info")?;
+        let n = c.u64("param count")?;
+        let mut params = Vec::new();
+        for _ in 0..n {
+            params.push(c.str("param name")?);
+        }
+        match kind {
+            0 => report.externs.push(name),
+            1 => report.functions.push(RelaxFunction { name, kind: "vm", params }),
+            2 => report.functions.push(RelaxFunction { name, kind: "vm-tir", params }),
+            k => return Err(format!("function `{name}` has kind {k}, none of packed (0), VM (1), VM TIR (2)")),
+        }
+    }
+    Ok(report)
+}
+
+fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
+    let params = g
+        .params
+        .iter()
+        .map(|(name, t)| ParamReport {
+            name: name.clone(),
+            dtype: t.dtype.to_string(),
+            shape: t.shape.clone(),
+            bytes: t.data.len(),
+        })
+        .collect();
+    let (inputs, outputs, graph_error) = match graph_io(&g.graph_json, &g.params) {
+        Ok((i, o)) => (i, o, None),
+        Err(e) => (vec![], vec![], Some(e)),
+    };
+    GraphReport {
+        graph_json_len: g.graph_json.len(),
+        module_name: g.module_name.clone(),
+        params,
+        inputs,
+        outputs,
+        graph_error,
+    }
+}
+
+/// The parts of TVM's graph JSON that say what goes in and out.
+#[derive(Deserialize)]
+struct GraphJson {
+    nodes: Vec<GraphNode>,
+    arg_nodes: Vec<usize>,
+    heads: Vec<Vec<u64>>,
+    node_row_ptr: Option<Vec<usize>>,
+    attrs: GraphAttrs,
+}
+
+#[derive(Deserialize)]
+struct GraphNode {
+    name: String,
+    #[serde(default)]
+    attrs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+#[derive(Deserialize)]
+struct GraphAttrs {
+    dltype: (String, Vec<String>),
+    shape: (String, Vec<Vec<i64>>),
+}
+
+/// The graph's inputs (argument nodes that are not stored parameters) and outputs (heads),
+/// with the shape and type of their entries (`node_row_ptr[node] + output index`).
+fn graph_io(
+    json: &str,
+    params: &[(String, mblob_runtime::payload::graph::Tensor)],
+) -> std::result::Result<(Vec<GraphTensor>, Vec<GraphTensor>), String> {
+    let g: GraphJson = serde_json::from_str(json).map_err(|e| format!("graph JSON: {e}"))?;
+    let row_ptr = match g.node_row_ptr {
+        Some(r) => r,
+        None => {
+            // Older graphs: one entry per node unless `num_outputs` says otherwise.
+            let mut r = vec![0usize];
+            for n in &g.nodes {
+                let outs = n.attrs.as_ref().and_then(|a| a.get("num_outputs")).and_then(|v| match v {
+                    serde_json::Value::String(s) => s.parse().ok(),
+                    v => v.as_u64().and_then(|n| usize::try_from(n).ok()),
+                });
+                r.push(r.last().copied().unwrap_or(0).saturating_add(outs.unwrap_or(1)));
+            }
+            r
+        }
+    };
+    let tensor = |node: usize, index: usize| -> std::result::Result<GraphTensor, String> {
+        let n = g.nodes.get(node).ok_or_else(|| format!("node {node} does not exist"))?;
+        let entry =
+            row_ptr.get(node).and_then(|r| r.checked_add(index)).ok_or_else(|| format!("node {node} has no entry"))?;
+        let shape = g.attrs.shape.1.get(entry).ok_or_else(|| format!("entry {entry} has no shape"))?;
+        let dtype = g.attrs.dltype.1.get(entry).ok_or_else(|| format!("entry {entry} has no dltype"))?;
+        Ok(GraphTensor { name: n.name.clone(), shape: shape.clone(), dtype: dtype.clone() })
+    };
+    let mut inputs = Vec::new();
+    for &node in &g.arg_nodes {
+        let t = tensor(node, 0)?;
+        if !params.iter().any(|(p, _)| *p == t.name) {
+            inputs.push(t);
+        }
+    }
+    let mut outputs = Vec::new();
+    for head in &g.heads {
+        let (Some(&node), Some(&index)) = (head.first(), head.get(1)) else {
+            return Err("a head is not [node, index, version]".into());
+        };
+        let as_usize = |v: u64| usize::try_from(v).map_err(|_| format!("head index {v} out of range"));
+        outputs.push(tensor(as_usize(node)?, as_usize(index)?)?);
+    }
+    Ok((inputs, outputs))
+}
+
+fn describe_device(d: &DeviceModule) -> DeviceReport {
+    let named = |v: &[(String, Bytes)]| v.iter().map(|(n, b)| NamedLen { name: n.clone(), bytes: b.len() }).collect();
+    DeviceReport {
+        format: d.format.clone(),
+        functions: FunctionTable::of(&d.functions),
+        data_len: (!d.data.is_empty()).then_some(d.data.len()),
+        smap: named(&d.sources),
+        shaders: d.shaders.iter().map(|(n, s)| NamedLen { name: n.clone(), bytes: s.words.len() }).collect(),
+        version: match &d.form {
+            mblob_runtime::payload::device::DeviceForm::VersionSmapFmapFmt { version } => Some(version.clone()),
+            _ => None,
+        },
+    }
+}
+
+/// The exported functions of a shared library and the calling convention its TVM context
+/// symbols stand for (`tvm-abi.md`: the slots of 0.8-0.20, `__tvm_ffi_library_ctx` of 0.21,
+/// `__tvm_ffi_<name>` functions and `__tvm_ffi__library_ctx` of 0.22+). `None` for an ELF
+/// file without a dynamic symbol table (an object file).
+fn host_report(data: &[u8]) -> Option<HostReport> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let file = object::File::parse(data).ok()?;
+    let mut functions = Vec::new();
+    let mut context = Vec::new();
+    let mut any = false;
+    for sym in file.dynamic_symbols() {
+        any = true;
+        let Ok(name) = sym.name() else { continue };
+        if sym.is_undefined() || name.is_empty() {
+            continue;
+        }
+        if sym.kind() == SymbolKind::Text {
+            if sym.is_global() && !sym.is_weak() && !["_init", "_fini"].contains(&name) {
+                functions.push(name.to_owned());
+            }
+        } else if is_context_symbol(name) {
+            context.push(name.to_owned());
+        }
+    }
+    if !any {
+        return None;
+    }
+    let ffi = context.iter().any(|c| c == "__tvm_ffi__library_ctx")
+        || functions.iter().any(|f| f.starts_with("__tvm_ffi_"))
+        || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_ffi__library_bin"));
+    let ffi021 = context.iter().any(|c| c == "__tvm_ffi_library_ctx" || c.starts_with("__TVMFFI"))
+        || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_ffi_library_bin"));
+    let classic = !context.is_empty() || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_dev_mblob"));
+    let convention = if ffi {
+        "tvm-ffi"
+    } else if ffi021 {
+        "tvm-ffi-0.21"
+    } else if classic {
+        "classic-packed"
+    } else {
+        "c"
+    };
+    let functions = functions
+        .into_iter()
+        .map(|symbol| {
+            let name = match symbol.strip_prefix("__tvm_ffi_") {
+                Some(n) if convention == "tvm-ffi" => n.to_owned(),
+                _ => symbol.clone(),
+            };
+            HostFunction { name, symbol }
+        })
+        .collect();
+    Some(HostReport { convention, context_symbols: context, functions })
+}
+
+/// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots and the
+/// module context of each era.
+fn is_context_symbol(name: &str) -> bool {
+    name.starts_with("__TVM") || matches!(name, "__tvm_module_ctx" | "__tvm_ffi_library_ctx" | "__tvm_ffi__library_ctx")
+}
+
+/// What a convention means, for the text form.
+fn convention_text(convention: &str) -> &'static str {
+    match convention {
+        "classic-packed" => {
+            "classic packed functions (TVM 0.8-0.20): int f(TVMValue* args, int* type_codes, int n, TVMValue* ret, int* ret_code, void* resource)"
+        }
+        "tvm-ffi-0.21" => "tvm-ffi safe calls (TVM 0.21): int f(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result), plain names",
+        "tvm-ffi" => "tvm-ffi safe calls (TVM 0.22+): int f(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result), exported as __tvm_ffi_<name>",
+        _ => "plain C functions (no TVM context symbols)",
+    }
+}
+
+/// The import tree, nested. Bounded as [`mblob_runtime::LoadedTree::shape`] is: a module
+/// imported by several parents appears under each, so the expansion stops (nodes keep no
+/// imports) at as many nodes as there are modules and edges plus 4096, and below
+/// `LoadedTree::MAX_SHAPE_DEPTH` levels; without that, a 4 KB blob of shared imports hung.
+fn tree_value(parsed: &ParsedBlob<'_>) -> TreeNode {
+    fn walk(parsed: &ParsedBlob<'_>, modules: &[&str], index: usize, depth: usize, budget: &mut usize) -> TreeNode {
+        let key = modules.get(index).copied().unwrap_or("?");
+        let imports: Vec<TreeNode> = match &parsed.import_tree {
+            Some(t) => {
+                let children = t.children(index);
+                if depth < LoadedTree::MAX_SHAPE_DEPTH && *budget >= children.len() {
+                    *budget -= children.len();
+                    children.iter().map(|&c| walk(parsed, modules, c as usize, depth + 1, budget)).collect()
+                } else {
+                    vec![]
+                }
+            }
+            // Legacy: the library imports every module.
+            None if depth == 0 => {
+                let imports = modules
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| TreeNode { index: Some(i), type_key: (*k).to_owned(), imports: vec![] })
+                    .collect();
+                return TreeNode { index: None, type_key: "library".into(), imports };
+            }
+            None => vec![],
+        };
+        TreeNode { index: Some(index), type_key: key.to_owned(), imports }
+    }
+    let modules: Vec<&str> = parsed.modules().map(|e| e.type_key).collect();
+    let edges = parsed.import_tree.as_ref().map_or(0, |t| t.child_indices.len());
+    let mut budget = modules.len().saturating_add(edges).saturating_add(1 << 12);
+    walk(parsed, &modules, 0, 0, &mut budget)
+}
+
+#[allow(unsafe_code)]
+fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Result<LoadedNode> {
+    let registry = Registry::default();
+    let unknown = if args.keep_unknown { UnknownKeys::KeepOpaque } else { UnknownKeys::Error };
+    let options = LoadOptions { prefix: args.prefix.clone(), unknown };
+    let loaded = match report.kind {
+        FileKind::Elf => {
+            // SAFETY: `--load` is the user's explicit request to open the library with the real
+            // loader, which runs its initialisers; its help says so.
+            unsafe { mblob_runtime::load_library(path, &registry, &options) }
+        }
+        FileKind::Blob => {
+            let layout = report.layout.and_then(Layout::from_name).unwrap_or(Layout::Classic);
+            mblob_runtime::load_blob(data, layout, &registry, &options)
+        }
+        FileKind::Tar => {
+            return Err(Error::Invalid {
+                what: path.display().to_string(),
+                detail: "a tar archive holds objects, which cannot be loaded: link them into a shared library first"
+                    .into(),
+            })
+        }
+    };
+    let loaded = loaded.map_err(|e| match unknown_key(&e) {
+        Some(key) => Error::Invalid {
+            what: path.display().to_string(),
+            detail: format!(
+                "{e}: no loader knows `{key}`; pass --keep-unknown to keep such payloads as opaque bytes, as TVM does"
+            ),
+        },
+        None => e.into(),
+    })?;
+    Ok(shape_value(&loaded.shape()))
+}
+
+/// The type key of an "unknown type key" error in `e` or its causes.
+fn unknown_key(e: &mblob_runtime::Error) -> Option<String> {
+    if let mblob_runtime::Error::NoLoader { key, .. } = e {
+        return Some(key.clone());
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(FormatError { kind: FormatErrorKind::UnknownTypeKey { key, .. }, .. }) = s.downcast_ref() {
+            return Some(key.clone());
+        }
+        source = s.source();
+    }
+    None
+}
+
+fn shape_value(s: &TreeShape) -> LoadedNode {
+    LoadedNode { type_key: s.type_key.clone(), imports: s.imports.iter().map(shape_value).collect() }
+}
+
+/// The text form of a report.
+pub fn render_text(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "{}", r.file);
+    if let Some(tar) = &r.tar {
+        let _ = writeln!(s, "  tar      {} members", tar.members.len());
+        for m in &tar.members {
+            let mark = if tar.blob_member.as_deref() == Some(m.name.as_str()) { "  (holds the blob)" } else { "" };
+            let _ = writeln!(s, "           {} ({} bytes){mark}", m.name, m.bytes);
+        }
+    }
+    match (&r.symbol, r.kind) {
+        (Some(sym), _) => {
+            let _ = writeln!(
+                s,
+                "  symbol   {sym} (section {}, file offset {})",
+                r.section.as_deref().unwrap_or("?"),
+                r.file_offset.unwrap_or(0)
+            );
+        }
+        (None, FileKind::Elf) => {
+            let _ = writeln!(s, "  symbol   none: a plain library (loads as one `library` module)");
+        }
+        (None, FileKind::Tar) => {
+            let _ = writeln!(s, "  symbol   none: no member holds a blob");
+        }
+        (None, FileKind::Blob) => {
+            let _ = writeln!(s, "  symbol   none: raw blob file");
+        }
+    }
+    if let Some(layout) = r.layout {
+        let legacy = if r.legacy { " (legacy: no import tree)" } else { "" };
+        let _ = writeln!(s, "  layout   {layout}{legacy}");
+        let _ = writeln!(s, "  blob     {} bytes", r.blob_len.unwrap_or(0));
+        let _ = writeln!(s, "  entries  (offsets from the first byte of the blob)");
+        let width = r.type_keys.iter().map(|k| k.len()).max().unwrap_or(8).max(8);
+        let _ = writeln!(s, "    {:>5}  {:<width$}  {:>12}  {:>10}", "index", "type_key", "payload", "offset");
+        for (i, m) in r.modules.iter().enumerate() {
+            let index = m.index.map_or("-".to_owned(), |i| i.to_string());
+            let _ = writeln!(
+                s,
+                "    {:>5}  {:<width$}  {:>12}  {:>10}",
+                index, m.type_key, m.payload_len, r.payload_offsets[i]
+            );
+            render_module(&mut s, m);
+        }
+        if let Some(tree) = &r.tree {
+            let _ = writeln!(s, "  import tree");
+            for line in tree_shape(tree).render().lines() {
+                let _ = writeln!(s, "    {line}");
+            }
+        }
+    }
+    if let Some(host) = &r.host {
+        let _ = writeln!(s, "  host     {}", convention_text(host.convention));
+        if !host.context_symbols.is_empty() {
+            let _ = writeln!(s, "           context {}", host.context_symbols.join(", "));
+        }
+        for f in &host.functions {
+            if f.name == f.symbol {
+                let _ = writeln!(s, "           function {}", f.name);
+            } else {
+                let _ = writeln!(s, "           function {} (symbol {})", f.name, f.symbol);
+            }
+        }
+    }
+    if let Some(loaded) = &r.loaded {
+        let _ = writeln!(s, "  loaded tree");
+        for line in loaded_shape(loaded).render().lines() {
+            let _ = writeln!(s, "    {line}");
+        }
+    }
+    s
+}
+
+fn render_module(s: &mut String, m: &ModuleReport) {
+    use std::fmt::Write as _;
+    const AT: &str = "           ";
+    if let Some(e) = &m.error {
+        let _ = writeln!(s, "{AT}error {e}");
+    }
+    if let Some(note) = &m.note {
+        let _ = writeln!(s, "{AT}{note}");
+    }
+    if let Some(r) = &m.relax {
+        let _ = writeln!(s, "{AT}Relax executable {}", r.version);
+        for f in &r.functions {
+            let _ = writeln!(s, "{AT}function {}({}) [{}]", f.name, f.params.join(", "), f.kind);
+        }
+        if !r.externs.is_empty() {
+            let _ = writeln!(s, "{AT}calls {}", r.externs.join(", "));
+        }
+    }
+    if let Some(g) = &m.graph {
+        let _ = writeln!(s, "{AT}module {} (graph JSON {} bytes)", g.module_name, g.graph_json_len);
+        for t in &g.inputs {
+            let _ = writeln!(s, "{AT}input {} {}{:?}", t.name, t.dtype, t.shape);
+        }
+        for (i, t) in g.outputs.iter().enumerate() {
+            let _ = writeln!(s, "{AT}output {i} {}{:?} (from {})", t.dtype, t.shape, t.name);
+        }
+        if let Some(e) = &g.graph_error {
+            let _ = writeln!(s, "{AT}inputs and outputs unknown: {e}");
+        }
+        for p in &g.params {
+            let _ = writeln!(s, "{AT}param {} {}{:?} ({} bytes)", p.name, p.dtype, p.shape, p.bytes);
+        }
+    }
+    if let Some(d) = &m.device {
+        if !d.format.is_empty() {
+            let _ = writeln!(s, "{AT}format {}", d.format);
+        }
+        for (name, f) in &d.functions.0 {
+            let args: Vec<String> = f.arg_types.iter().map(|t| t.0.to_string()).collect();
+            let _ = writeln!(s, "{AT}kernel {name}({}) launch [{}]", args.join(", "), f.launch_param_tags.join(", "));
+        }
+        for src in &d.smap {
+            let _ = writeln!(s, "{AT}source {} ({} bytes)", src.name, src.bytes);
+        }
+        for sh in &d.shaders {
+            let _ = writeln!(s, "{AT}shader {} ({} bytes of SPIR-V)", sh.name, sh.bytes);
+        }
+    }
+}
+
+fn tree_shape(n: &TreeNode) -> TreeShape {
+    let type_key = match n.index {
+        Some(i) => format!("[{i}] {}", n.type_key),
+        None => n.type_key.clone(),
+    };
+    TreeShape { type_key, imports: n.imports.iter().map(tree_shape).collect() }
+}
+
+fn loaded_shape(n: &LoadedNode) -> TreeShape {
+    TreeShape { type_key: n.type_key.clone(), imports: n.imports.iter().map(loaded_shape).collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRAPH: &str = r#"{"nodes": [{"op": "null", "name": "x", "inputs": []}, {"op": "null", "name": "w", "inputs": []},
+        {"op": "tvm_op", "name": "f", "attrs": {"num_outputs": "2"}, "inputs": [[0, 0, 0], [1, 0, 0]]}],
+        "arg_nodes": [0, 1], "heads": [[2, 1, 0]],
+        "attrs": {"dltype": ["list_str", ["float32", "int8", "float32", "float16"]],
+                  "shape": ["list_shape", [[2], [3, 4], [5], [6, 7]]]}}"#;
+
+    #[test]
+    fn graph_io_without_node_row_ptr_counts_each_nodes_outputs() {
+        let w = mblob_runtime::payload::graph::Tensor::new(
+            mblob_runtime::format::stream::DataType::parse("int8").unwrap(),
+            vec![3, 4],
+            vec![0u8; 12],
+        )
+        .unwrap();
+        let (inputs, outputs) = graph_io(GRAPH, &[("w".into(), w)]).unwrap();
+        assert_eq!(inputs, vec![GraphTensor { name: "x".into(), shape: vec![2], dtype: "float32".into() }]);
+        // Node 2's entries are 2 and 3: its second output is entry 3.
+        assert_eq!(outputs, vec![GraphTensor { name: "f".into(), shape: vec![6, 7], dtype: "float16".into() }]);
+    }
+
+    #[test]
+    fn graph_io_refuses_what_does_not_add_up() {
+        for (from, to, why) in [
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[9, 0, 0]]"#, "node 9 does not exist"),
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[2, 5, 0]]"#, "entry 7 has no shape"),
+            (r#""heads": [[2, 1, 0]]"#, r#""heads": [[2]]"#, "a head is not"),
+            (r#""arg_nodes": [0, 1]"#, r#""arg_nodes": "x""#, "graph JSON: invalid type"),
+        ] {
+            let err = graph_io(&GRAPH.replace(from, to), &[]).unwrap_err();
+            assert!(err.contains(why), "{to}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_truncated_relax_table_is_an_error() {
+        let mut exe = RELAX_MAGICS[1].to_le_bytes().to_vec();
+        exe.extend_from_slice(&4u64.to_le_bytes());
+        exe.extend_from_slice(b"0.14");
+        exe.extend_from_slice(&u64::MAX.to_le_bytes());
+        exe.extend_from_slice(&1i32.to_le_bytes());
+        let err = relax_table(&exe).unwrap_err();
+        assert!(err.contains("function name at byte 32 runs past the end"), "{err}");
+        assert!(relax_table(b"not an executable").unwrap_err().contains("magic"));
+    }
+
+    #[test]
+    fn a_raw_blob_needs_a_fitting_header() {
+        let p = Path::new("f");
+        assert!(check_raw_blob(&[1, 0, 0, 0, 0, 0, 0, 0, 7], p).is_ok());
+        for bad in [&b"short"[..], b"hello world", &[2, 0, 0, 0, 0, 0, 0, 0, 7]] {
+            let e = check_raw_blob(bad, p).unwrap_err().to_string();
+            assert!(e.starts_with("f: not an ELF file, a tar archive or a raw blob"), "{e}");
+        }
+    }
+}

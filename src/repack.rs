@@ -1,0 +1,53 @@
+//! Reading the module tree of a packed library or a raw blob back into a [`ModuleTree`], to
+//! pack it again (`mblob pack`, Python's `mblob.pack`): with new host objects, in any layout.
+
+use std::path::Path;
+
+use mblob_runtime::{elf, load_blob, Bytes, Layout, LoadOptions, ModuleTree, Registry};
+
+use crate::{Error, Result};
+
+/// The blob of a `.so` (found by its symbol) or of a raw `.blob` file (of `layout`, detected
+/// when `None`), with its layout.
+///
+/// # Errors
+/// The file cannot be read, an ELF file without a blob symbol, or a raw blob that parses in
+/// no layout.
+pub fn read_blob(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout)> {
+    let data = mblob_runtime::map_file(path)?;
+    if data.starts_with(b"\x7fELF") {
+        let (found, bytes) = elf::slice_blob(&data, None)
+            .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?
+            .ok_or_else(|| Error::Invalid {
+                what: path.display().to_string(),
+                detail: "has no blob symbol: a plain library has no module tree to pack".into(),
+            })?;
+        Ok((bytes, found.layout))
+    } else {
+        let layout = match layout {
+            Some(l) => l,
+            None => Layout::detect(&data, &Registry::default())
+                .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
+        };
+        Ok((data, layout))
+    }
+}
+
+/// The module tree of a `.so` or raw `.blob` (see [`read_blob`]), read without running
+/// anything; payload kinds mblob does not know are kept as opaque bytes. The blob's `_lib`
+/// becomes an `llvm` host module, which the new export's host objects stand for.
+///
+/// # Errors
+/// As [`read_blob`], and a blob whose payloads or tree cannot be read.
+pub fn read_module_tree(path: &Path, layout: Option<Layout>) -> Result<ModuleTree> {
+    let (blob, layout) = read_blob(path, layout)?;
+    let registry = Registry::default();
+    let loaded = load_blob(&blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
+        mblob_runtime::Error::Blob { source, .. } => {
+            mblob_runtime::Error::Blob { path: path.to_owned(), source }.into()
+        }
+        other => Error::from(other),
+    })?;
+    ModuleTree::from_loaded(&loaded, "llvm")
+        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })
+}

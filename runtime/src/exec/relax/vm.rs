@@ -25,7 +25,9 @@ use crate::format::stream::DataType;
 use crate::format::Layout;
 use crate::module::{LoadedTree, Symbol};
 use crate::payload::graph::Tensor;
-use crate::payload::relax::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
+use crate::payload::relax::executable::{
+    dtype_name, Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable,
+};
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
@@ -410,6 +412,8 @@ impl VirtualMachine {
 
     /// Calls the VM function `name` with `inputs` (positionally, in parameter order) and
     /// returns its outputs: one tensor, or the tensors of a returned tuple, flattened in order.
+    /// A bool input may be spelled either way (`uint1` as TVM 0.19-0.21 do, or tvm-ffi's 8-bit
+    /// `kDLBool`); it is passed as the executable's TVM spells bool.
     ///
     /// A function that returns a shape (`R.shape_of`, a `ShapeTuple`) anywhere in its result is
     /// refused here with [`VmError::Output`]; [`VirtualMachine::invoke_outputs`] returns those.
@@ -438,6 +442,7 @@ impl VirtualMachine {
                 available: exec.vm_functions().map(|f| f.name.clone()).collect(),
             }
         })?;
+        let ffi_bool = exec.dialect == Dialect::Tvm022;
         let args = inputs
             .iter()
             .enumerate()
@@ -461,7 +466,7 @@ impl VirtualMachine {
                     buf: Arc::new(buf),
                     offset: 0,
                     shape: t.shape.as_slice().into(),
-                    dtype: t.dtype,
+                    dtype: bool_for_dialect(t.dtype, ffi_bool),
                 }))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -885,6 +890,18 @@ fn flatten(v: &Value, function: &str, out: &mut Vec<Tensor>) -> Result<(), VmErr
         v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
     }
     Ok(())
+}
+
+/// A bool input in the spelling of the executable's TVM: `uint1` (one byte per element) before
+/// tvm-ffi (0.19 to 0.21), tvm-ffi's 8-bit `kDLBool` after; either spelling is accepted.
+fn bool_for_dialect(d: DataType, ffi_bool: bool) -> DataType {
+    const UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+    const FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
+    match (d, ffi_bool) {
+        (FFI, false) => UINT1,
+        (UINT1, true) => FFI,
+        _ => d,
+    }
 }
 
 fn flatten_outputs(v: &Value, function: &str, out: &mut Vec<VmOutput>) -> Result<(), VmError> {

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::{
-    Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, RELAX_EXECUTABLE,
-    RELAX_VM_EXECUTABLE,
+    Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmOutput,
+    RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
+use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::packed::DLDevice;
 use mblob_runtime::payload::graph::Tensor;
@@ -43,6 +44,16 @@ fn npy(path: &Path) -> Tensor {
     let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
     let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
         "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        "<i8" => (
+            DataType { code: 0, bits: 64, lanes: 1 },
+            arr.into_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        // float16 as raw bytes (npyz reads it only with its `half` feature): after the
+        // version-1 header (magic 6 + version 2 + u16 header length).
+        "<f2" => {
+            let start = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+            (DataType { code: 2, bits: 16, lanes: 1 }, bytes[start..].to_vec())
+        }
         "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
         "|i1" => {
             (DataType { code: 0, bits: 8, lanes: 1 }, arr.into_vec::<i8>().unwrap().iter().map(|v| *v as u8).collect())
@@ -403,6 +414,138 @@ fn tvm_027_feature_models() {
                 assert_eq!((&o.shape, o.dtype), (&w.shape, w.dtype), "{name} run {k}");
                 assert!(o.data[..] == w.data[..], "{name} run {k}: output differs from TVM's");
             }
+        }
+    }
+}
+
+/// Equal to TVM's output: bit for bit where TVM's 1- and 4-thread runs agreed, else (float32)
+/// within 1e-5 relative.
+fn assert_like_tvms(got: &Tensor, want: &Tensor, bit_equal: bool, what: &str) {
+    assert_eq!((&got.shape, got.dtype), (&want.shape, want.dtype), "{what}: shape/dtype");
+    if bit_equal || want.dtype != DataType::F32 {
+        assert!(got.data[..] == want.data[..], "{what}: differs from TVM's output");
+        return;
+    }
+    let f = |d: &[u8]| d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+    for (i, (g, w)) in f(&got.data).into_iter().zip(f(&want.data)).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-30), "{what}: element {i}: {g} vs TVM's {w}");
+    }
+}
+
+/// Models no one wrote the VM against (`relax/unseen/make.py`: conv + pooling, layer norm /
+/// softmax / gelu, attention, concat / split with nested tuples, int8 / int32 / bool, a
+/// hand-written TIR kernel and a subfunction, an input and a shape returned), built by TVM 0.19
+/// (`relax.build`) and 0.27 (`tvm.compile`): each executable describes itself as TVM did, and
+/// each runs at 1 and 4 threads with TVM's outputs.
+#[test]
+fn unseen_models_from_tvm_019_and_027() {
+    let mut seen = 0;
+    for version in ["tvm-0.19-unseen", "tvm-0.27-unseen"] {
+        let dir = goldens().join("relax").join(version);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().into_string().ok()?.strip_suffix(".json").map(str::to_owned))
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 11, "{version}: {names:?}");
+        for name in &names {
+            let meta = json(&dir.join(format!("{name}.json")));
+            let tree = load(&dir.join(format!("{name}.so")));
+            let exec = executable(&tree);
+            let lines = |k: &str| -> Vec<String> {
+                meta[k].as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_owned()).collect()
+            };
+            assert_eq!(exec.as_text().split('\n').collect::<Vec<_>>(), lines("as_text"), "{version}/{name}: as_text");
+            assert_eq!(exec.stats().split('\n').collect::<Vec<_>>(), lines("stats"), "{version}/{name}: stats");
+            let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{version}/{name}: {e}"));
+            for run in meta["runs"].as_array().unwrap() {
+                let ins = run["inputs"].as_array().unwrap();
+                let inputs: Vec<Tensor> = ins.iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
+                let agree = run["threads_1_and_4_agree"].as_bool().unwrap();
+                let has_shape = run["outputs"].as_array().unwrap().iter().any(|o| o["kind"] == "shape");
+                for threads in [1, 4] {
+                    threadpool::set_num_threads(threads);
+                    let what = format!("{version}/{name} at {threads} threads");
+                    let outs = vm.invoke_outputs("main", &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let want = run["outputs"].as_array().unwrap();
+                    assert_eq!(outs.len(), want.len(), "{what}");
+                    for (j, (o, w)) in outs.iter().zip(want).enumerate() {
+                        let file = w[if threads == 4 && !agree && w.get("file_4_threads").is_some() {
+                            "file_4_threads"
+                        } else {
+                            "file"
+                        }]
+                        .as_str()
+                        .unwrap();
+                        let mut w_t = npy(&dir.join(file));
+                        if version == "tvm-0.19-unseen" && w_t.dtype == (DataType { code: 6, bits: 8, lanes: 1 }) {
+                            // TVM 0.19's bool is `uint1` (one byte per element), numpy's is `|b1`.
+                            w_t.dtype = DataType { code: 1, bits: 1, lanes: 1 };
+                        }
+                        match (o, w["kind"].as_str().unwrap()) {
+                            (VmOutput::Tensor(t), "tensor") => {
+                                assert_like_tvms(t, &w_t, agree, &format!("{what} out {j}"))
+                            }
+                            (VmOutput::Shape(s), "shape") => {
+                                let want: Vec<i64> = w_t
+                                    .data
+                                    .chunks_exact(8)
+                                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                                    .collect();
+                                assert_eq!(s, &want, "{what} out {j}");
+                            }
+                            (o, k) => panic!("{what} out {j}: got {o:?}, TVM returned a {k}"),
+                        }
+                    }
+                    // `invoke` (tensors only) gives the same, or names the shape it cannot return.
+                    match vm.invoke("main", &inputs) {
+                        Ok(t) => assert!(!has_shape && t.len() == want.len(), "{what}"),
+                        Err(e) => {
+                            assert!(has_shape, "{what}: {e}");
+                            assert!(matches!(e, VmError::Output { got: "runtime.ShapeTuple", .. }), "{what}: {e}");
+                        }
+                    }
+                    seen += 1;
+                }
+            }
+            threadpool::set_num_threads(0);
+        }
+    }
+    assert_eq!(seen, 44);
+}
+
+/// `unseen_dynamic_branch`'s else branch, as TVM 0.19 and 0.27 compile it, allocates a tensor
+/// from a storage register only the then branch sets (TVM's own VM segfaults there): a typed
+/// error naming the builtin and the argument, not a crash.
+#[test]
+fn miscompiled_else_branch_is_a_typed_error() {
+    for version in ["tvm-0.19-unseen", "tvm-0.27-unseen"] {
+        let dir = goldens().join("relax").join(version);
+        let tree = load(&dir.join("unseen_dynamic_branch.so"));
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let bool_dtype = if version == "tvm-0.19-unseen" {
+            DataType { code: 1, bits: 1, lanes: 1 }
+        } else {
+            DataType { code: 6, bits: 8, lanes: 1 }
+        };
+        let c = Tensor::new(bool_dtype, vec![], vec![0]).unwrap();
+        let x = npy(&dir.join("unseen_dynamic_branch.run0.in.x.npy"));
+        let w = npy(&dir.join("unseen_dynamic_branch.run0.in.w.npy"));
+        let err = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_err();
+        assert!(
+            matches!(
+                err.root(),
+                VmError::Type { callee, index: 0, got: "None", .. } if callee == "vm.builtin.alloc_tensor"
+            ),
+            "{version}: {err}"
+        );
+        assert!(err.to_string().contains("in `main` at instruction"), "{version}: {err}");
+        // The VM is still usable: the then branch gives TVM's output, with bool spelled either
+        // way (`uint1` as TVM 0.19 does, tvm-ffi's `kDLBool` as numpy's `|b1` reads).
+        for spelling in [DataType { code: 1, bits: 1, lanes: 1 }, DataType { code: 6, bits: 8, lanes: 1 }] {
+            let c = Tensor::new(spelling, vec![], vec![1]).unwrap();
+            let out = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+            assert_eq!(out[0].data, npy(&dir.join("unseen_dynamic_branch.run0.out.0.npy")).data, "{version}");
         }
     }
 }

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mblob_runtime::exec::relax::{Dialect, RelaxExecutable, VirtualMachine, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE};
+use mblob_runtime::exec::relax::{
+    Dialect, RelaxExecutable, VirtualMachine, VmOutput, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
+};
 use mblob_runtime::exec::Tensor;
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
@@ -101,20 +103,32 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     let inputs: Vec<Tensor> = slots.into_iter().flatten().collect();
 
-    let mut outputs = vm.invoke(function, &inputs).map_err(fail)?;
+    let mut results = vm.invoke_outputs(function, &inputs).map_err(fail)?;
     let mut times = Vec::new();
     for _ in 0..args.repeat.unwrap_or(0) {
         let start = Instant::now();
-        outputs = vm.invoke(function, &inputs).map_err(fail)?;
+        results = vm.invoke_outputs(function, &inputs).map_err(fail)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    for t in &mut outputs {
-        if t.dtype == BOOL_FFI {
-            t.dtype = BOOL_UINT1;
+    let mut outputs = Vec::with_capacity(results.len());
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            VmOutput::Tensor(mut t) => {
+                if t.dtype == BOOL_FFI {
+                    t.dtype = BOOL_UINT1;
+                }
+                println!("out.{i}: {} {:?}", t.dtype, t.shape);
+                outputs.push(t);
+            }
+            // A shape is written as a 1-d int64 array, as numpy sees a TVM shape.
+            VmOutput::Shape(s) => {
+                println!("out.{i}: shape {s:?}");
+                let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
+                let t = Tensor::new(DataType { code: 0, bits: 64, lanes: 1 }, vec![s.len() as i64], data)
+                    .ok_or_else(|| invalid(&model, format!("output {i}: shape {s:?} too long")))?;
+                outputs.push(t);
+            }
         }
-    }
-    for (i, t) in outputs.iter().enumerate() {
-        println!("out.{i}: {} {:?}", t.dtype, t.shape);
     }
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {

@@ -25,7 +25,9 @@ use crate::format::stream::DataType;
 use crate::format::Layout;
 use crate::module::{LoadedTree, Symbol};
 use crate::payload::graph::Tensor;
-use crate::payload::relax::executable::{dtype_name, Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
+use crate::payload::relax::executable::{
+    dtype_name, Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable,
+};
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
@@ -124,7 +126,7 @@ pub enum VmError {
     #[error("cannot allocate {0} bytes")]
     Alloc(u64),
     /// A function returned something other than tensors.
-    #[error("function `{function}` returned {got}; only tensors and tuples of tensors can be outputs")]
+    #[error("function `{function}` returned {got}; which cannot be an output here (`invoke` returns tensors, `invoke_outputs` tensors and shapes, each also inside tuples)")]
     Output {
         /// The function.
         function: String,
@@ -154,6 +156,16 @@ impl VmError {
             e => e,
         }
     }
+}
+
+/// One output of a VM function, as [`VirtualMachine::invoke_outputs`] returns them (a returned
+/// tuple flattened in order).
+#[derive(Debug, Clone)]
+pub enum VmOutput {
+    /// A tensor (TVM's `NDArray` / `Tensor`).
+    Tensor(Tensor),
+    /// A shape (TVM's `ShapeTuple` / `ffi.Shape`), such as `R.shape_of` returns.
+    Shape(Vec<i64>),
 }
 
 /// A tensor the VM holds: a view of an aligned buffer.
@@ -400,7 +412,28 @@ impl VirtualMachine {
 
     /// Calls the VM function `name` with `inputs` (positionally, in parameter order) and
     /// returns its outputs: one tensor, or the tensors of a returned tuple, flattened in order.
+    /// A bool input may be spelled either way (`uint1` as TVM 0.19-0.21 do, or tvm-ffi's 8-bit
+    /// `kDLBool`); it is passed as the executable's TVM spells bool.
+    ///
+    /// A function that returns a shape (`R.shape_of`, a `ShapeTuple`) anywhere in its result is
+    /// refused here with [`VmError::Output`]; [`VirtualMachine::invoke_outputs`] returns those.
     pub fn invoke(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, VmError> {
+        let result = self.invoke_value(name, inputs)?;
+        let mut out = Vec::new();
+        flatten(&result, name, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`VirtualMachine::invoke`], but a shape in the result (TVM's `ShapeTuple`, as
+    /// `R.shape_of` returns) comes back as [`VmOutput::Shape`] instead of being refused.
+    pub fn invoke_outputs(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<VmOutput>, VmError> {
+        let result = self.invoke_value(name, inputs)?;
+        let mut out = Vec::new();
+        flatten_outputs(&result, name, &mut out)?;
+        Ok(out)
+    }
+
+    fn invoke_value(&mut self, name: &str, inputs: &[Tensor]) -> Result<Value, VmError> {
         let _span = tracing::debug_span!("relax_vm_invoke", function = name, inputs = inputs.len()).entered();
         let exec = self.executable();
         let index = exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm).ok_or_else(|| {
@@ -409,6 +442,7 @@ impl VirtualMachine {
                 available: exec.vm_functions().map(|f| f.name.clone()).collect(),
             }
         })?;
+        let ffi_bool = exec.dialect == Dialect::Tvm022;
         let args = inputs
             .iter()
             .enumerate()
@@ -432,14 +466,11 @@ impl VirtualMachine {
                     buf: Arc::new(buf),
                     offset: 0,
                     shape: t.shape.as_slice().into(),
-                    dtype: t.dtype,
+                    dtype: bool_for_dialect(t.dtype, ffi_bool),
                 }))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let result = self.call_vm(index, args, 0)?;
-        let mut out = Vec::new();
-        flatten(&result, name, &mut out)?;
-        Ok(out)
+        self.call_vm(index, args, 0)
     }
 
     fn call_vm(&self, index: usize, args: Vec<Value>, depth: usize) -> Result<Value, VmError> {
@@ -854,6 +885,32 @@ fn flatten(v: &Value, function: &str, out: &mut Vec<Tensor>) -> Result<(), VmErr
         Value::Tuple(items) => {
             for i in items.iter() {
                 flatten(i, function, out)?;
+            }
+        }
+        v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
+    }
+    Ok(())
+}
+
+/// A bool input in the spelling of the executable's TVM: `uint1` (one byte per element) before
+/// tvm-ffi (0.19 to 0.21), tvm-ffi's 8-bit `kDLBool` after; either spelling is accepted.
+fn bool_for_dialect(d: DataType, ffi_bool: bool) -> DataType {
+    const UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+    const FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
+    match (d, ffi_bool) {
+        (FFI, false) => UINT1,
+        (UINT1, true) => FFI,
+        _ => d,
+    }
+}
+
+fn flatten_outputs(v: &Value, function: &str, out: &mut Vec<VmOutput>) -> Result<(), VmError> {
+    match v {
+        Value::Tensor(t) => out.push(VmOutput::Tensor(t.to_tensor()?)),
+        Value::Shape(s) => out.push(VmOutput::Shape(s.to_vec())),
+        Value::Tuple(items) => {
+            for i in items.iter() {
+                flatten_outputs(i, function, out)?;
             }
         }
         v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MBLOB_SHIM_SLOTS 12
+#define MBLOB_SHIM_SLOTS 13
 void* mblob_shim_table[MBLOB_SHIM_SLOTS];
 
 typedef void (*set_parts_t)(const char*, const char**, int32_t);
@@ -22,6 +22,7 @@ typedef int (*func_call_t)(void*, void*, int*, int, void*, int*);
 typedef int (*ffi_call_t)(void*, const void*, int32_t, void*);
 typedef int (*lookup_t)(void*, const char*, void**);
 typedef int (*init_once_t)(void**, int (*)(void**));
+typedef int (*syslib_reg_t)(const char*, void*);
 
 void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
   set_parts_t f = (set_parts_t)mblob_shim_table[0];
@@ -70,4 +71,8 @@ int TVMFFIEnvModLookupFromImports(void* ctx, const char* name, void** out) {
 int TVMFFIHandleInitOnce(void** handle, int (*init)(void**)) {
   init_once_t f = (init_once_t)mblob_shim_table[11];
   return f ? f(handle, init) : -1;
+}
+int TVMBackendRegisterSystemLibSymbol(const char* name, void* ptr) {
+  syslib_reg_t f = (syslib_reg_t)mblob_shim_table[12];
+  return f ? f(name, ptr) : -1;
 }

@@ -147,9 +147,12 @@ fn run_model(
     for (name, t) in inputs {
         m.set_input_by_name(name, t).map_err(fail)?;
     }
+    let given: Vec<usize> = inputs.iter().filter_map(|(n, _)| m.input_index(n)).collect();
     let missing: Vec<String> = wanted
         .iter()
-        .filter(|w| !inputs.iter().any(|(n, _)| n == &w.name))
+        .enumerate()
+        .filter(|(k, _)| !given.contains(k))
+        .map(|(_, w)| w)
         .map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape))
         .collect();
     if !missing.is_empty() {

@@ -274,7 +274,7 @@ impl AotExecutor {
         let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
-            if exec.metadata.inputs.iter().any(|i| &i.name == name) {
+            if exec.metadata.input_index(name).is_some() {
                 exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
             }
         }
@@ -308,6 +308,17 @@ impl AotExecutor {
     }
 }
 
+impl Metadata {
+    /// The index of the input called `name`, as written in the metadata or before TVM
+    /// sanitized it (every character other than an ASCII letter or digit made `_`).
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs.iter().position(|i| i.name == name).or_else(|| {
+            let sanitized: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            self.inputs.iter().position(|i| i.name == sanitized)
+        })
+    }
+}
+
 fn find(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
     let modules = tree.modules();
     let mut seen = vec![false; modules.len()];
@@ -333,12 +344,18 @@ impl Executor for AotExecutor {
         self.metadata.outputs.clone()
     }
 
+    fn input_index(&self, name: &str) -> Option<usize> {
+        self.metadata.input_index(name)
+    }
+
+    /// The input named `name`: its name in the metadata, or the name the model was built with
+    /// (`input.1`, `x:0`), which TVM's AOT codegen wrote sanitized (`input_1`, `x_0`) and which
+    /// TVM's `AotExecutor` accepts by sanitizing it the same way.
     fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
-        let index =
-            self.metadata.inputs.iter().position(|i| i.name == name).ok_or_else(|| ExecError::UnknownInput {
-                name: name.to_owned(),
-                known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
-            })?;
+        let index = self.metadata.input_index(name).ok_or_else(|| ExecError::UnknownInput {
+            name: name.to_owned(),
+            known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
+        })?;
         self.set_input(index, tensor)
     }
 

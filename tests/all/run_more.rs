@@ -1,10 +1,11 @@
-//! Models no one here had seen while writing the executors: 19 small TVM 0.19 graph and AOT
+//! Models no one here had seen while writing the executors: 21 small TVM 0.19 graph and AOT
 //! models built by `tests/fixtures/tvm-goldens/run-more/make.py` (convolutions with batch norm
 //! and pools, concatenate/split with several outputs, view-only graphs with `__nop` nodes and
 //! outputs that are inputs or params, an identity, int32/uint8/int64/bool/float16/float64, a
 //! dense chain with many params at opt_level 3 and 0, layout transforms with parallel kernels,
 //! a graph with no inputs, AOT with several inputs and outputs, `link-params` graph and AOT
-//! builds, a system-lib build, 0-d tensors and input names such as `input.1`). Each runs through the library
+//! builds, a system-lib build, AOT with the unified static memory planner (workspace and
+//! constant pools), 0-d tensors and input names such as `input.1`). Each runs through the library
 //! API and through `mblob run` at 1 and 4 threads, and its outputs are compared with the ones
 //! TVM computed from the same `.so` (only TVM's files are the reference).
 
@@ -37,7 +38,7 @@ fn models() -> Vec<Model> {
         .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".json").map(str::to_owned))
         .collect();
     names.sort();
-    assert!(names.len() >= 19, "run-more holds {} models", names.len());
+    assert!(names.len() >= 21, "run-more holds {} models", names.len());
     names
         .into_iter()
         .map(|name| {

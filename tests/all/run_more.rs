@@ -189,3 +189,41 @@ fn unseen_models_through_mblob_run_give_tvms_outputs_at_1_and_4_threads() {
         }
     }
 }
+
+/// The system-lib registrar mblob provides (so that TVM system-lib builds such as
+/// graph_ints_system_lib load) is global once loaded, yet a library that defines its own
+/// `TVMBackendRegisterSystemLibSymbol` still gets its own calls: here one is opened after a
+/// system-lib model, and its constructor's registration reaches its own definition.
+#[test]
+fn a_librarys_own_system_lib_registrar_is_not_taken_over() {
+    let opts = LoadOptions::keep_unknown();
+    // SAFETY: TVM's own export (make.py); loading it puts mblob's registrar in global scope.
+    let syslib = unsafe { load_library(&dir().join("graph_ints_system_lib.so"), &Registry::default(), &opts) }.unwrap();
+    assert!(exec::executor(&syslib, &[Device::cpu(0)]).is_ok());
+    let tmp = tempfile::tempdir().unwrap();
+    let (c, so) = (tmp.path().join("own.c"), tmp.path().join("own.so"));
+    std::fs::write(
+        &c,
+        "static int calls; static const char* last;\n\
+         int TVMBackendRegisterSystemLibSymbol(const char* n, void* p) { (void)p; calls++; last = n; return 0; }\n\
+         __attribute__((constructor)) static void reg(void) { TVMBackendRegisterSystemLibSymbol(\"mine\", 0); }\n\
+         int own_calls(void) { return calls; }\n\
+         const char* own_last(void) { return last; }\n",
+    )
+    .unwrap();
+    let st = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).status().unwrap();
+    assert!(st.success());
+    // SAFETY: the small library above; its constructor only calls its own function.
+    let own = unsafe { load_library(&so, &Registry::default(), &opts) }.unwrap();
+    let calls = own.get_function("own_calls").unwrap();
+    let last = own.get_function("own_last").unwrap();
+    // SAFETY: both are defined above with these signatures.
+    #[allow(unsafe_code)]
+    let (calls, last) = unsafe {
+        let f: extern "C" fn() -> i32 = std::mem::transmute(calls.addr());
+        let g: extern "C" fn() -> *const std::ffi::c_char = std::mem::transmute(last.addr());
+        let p = g();
+        (f(), (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()))
+    };
+    assert_eq!((calls, last.as_deref()), (1, Some("mine")));
+}

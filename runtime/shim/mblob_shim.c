@@ -4,10 +4,12 @@
  * that needs it, so that the model's undefined symbols bind here. Each function forwards to the
  * Rust function whose address mblob-runtime stores in `mblob_shim_table`; nothing else lives
  * here. Written for mblob (no TVM code). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define MBLOB_SHIM_SLOTS 12
+#define MBLOB_SHIM_SLOTS 13
 void* mblob_shim_table[MBLOB_SHIM_SLOTS];
 
 typedef void (*set_parts_t)(const char*, const char**, int32_t);
@@ -22,6 +24,7 @@ typedef int (*func_call_t)(void*, void*, int*, int, void*, int*);
 typedef int (*ffi_call_t)(void*, const void*, int32_t, void*);
 typedef int (*lookup_t)(void*, const char*, void**);
 typedef int (*init_once_t)(void**, int (*)(void**));
+typedef int (*syslib_reg_t)(const char*, void*);
 
 void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
   set_parts_t f = (set_parts_t)mblob_shim_table[0];
@@ -70,4 +73,21 @@ int TVMFFIEnvModLookupFromImports(void* ctx, const char* name, void** out) {
 int TVMFFIHandleInitOnce(void** handle, int (*init)(void**)) {
   init_once_t f = (init_once_t)mblob_shim_table[11];
   return f ? f(handle, init) : -1;
+}
+/* A library that defines its own TVMBackendRegisterSystemLibSymbol (a program's own registry)
+ * and calls it binds here too, because this shim is global. So the call goes to the caller's
+ * own definition when its library has one (looked up in that library alone); otherwise, a TVM
+ * system-lib build, to mblob-runtime's. */
+int TVMBackendRegisterSystemLibSymbol(const char* name, void* ptr) {
+  Dl_info info;
+  if (dladdr(__builtin_return_address(0), &info) && info.dli_fname) {
+    void* self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (self) {
+      syslib_reg_t own = (syslib_reg_t)dlsym(self, "TVMBackendRegisterSystemLibSymbol");
+      dlclose(self);
+      if (own && own != &TVMBackendRegisterSystemLibSymbol) return own(name, ptr);
+    }
+  }
+  syslib_reg_t f = (syslib_reg_t)mblob_shim_table[12];
+  return f ? f(name, ptr) : -1;
 }

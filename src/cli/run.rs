@@ -147,9 +147,12 @@ fn run_model(
     for (name, t) in inputs {
         m.set_input_by_name(name, t).map_err(fail)?;
     }
+    let given: Vec<usize> = inputs.iter().filter_map(|(n, _)| m.input_index(n)).collect();
     let missing: Vec<String> = wanted
         .iter()
-        .filter(|w| !inputs.iter().any(|(n, _)| n == &w.name))
+        .enumerate()
+        .filter(|(k, _)| !given.contains(k))
+        .map(|(_, w)| w)
         .map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape))
         .collect();
     if !missing.is_empty() {
@@ -266,7 +269,8 @@ macro_rules! npy_types {
     };
 }
 
-/// Reads a `.npy` file (C order; float, signed and unsigned integers of any byte order).
+/// Reads a `.npy` file (C order; float (16, 32, 64 bits), signed and unsigned integers and
+/// bools, of any byte order).
 pub fn read_npy(path: &Path) -> Result<Tensor> {
     let bytes =
         std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot read", source })?;
@@ -280,6 +284,22 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         return Err(invalid(&what, "structured arrays are not supported"));
     };
     let ts = ts.to_string();
+    if let Some(order) = ts.strip_suffix("f2") {
+        // float16: npyz has no f16 type without the `half` crate; the payload is 2-byte words
+        // right after the header, in the order the type string names.
+        let count = usize::try_from(npy.len()).map_err(|_| invalid(&what, "too many elements"))?;
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut npy.into_inner(), &mut data)
+            .map_err(|e| invalid(&what, format!("cannot read the data: {e}")))?;
+        if count.checked_mul(2) != Some(data.len()) {
+            return Err(invalid(&what, format!("{} data bytes for {count} float16 elements", data.len())));
+        }
+        if order == ">" {
+            data.chunks_exact_mut(2).for_each(|c| c.swap(0, 1));
+        }
+        let dtype = DataType { code: 2, bits: 16, lanes: 1 };
+        return Tensor::new(dtype, shape, data).ok_or_else(|| invalid(&what, "data length does not match the shape"));
+    }
     let (kind, size) = (ts.get(1..2).unwrap_or(""), ts.get(2..).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0));
     macro_rules! read {
         ($(($k:expr, $s:expr, $t:ty, $code:expr, $bits:expr)),*) => {
@@ -350,6 +370,16 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
                     w.extend(t.data.chunks_exact($bits / 8).map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk size")))).map_err(io("cannot encode"))?;
                     w.finish().map_err(io("cannot encode"))?;
                 })*
+                (2, 16, 1) => {
+                    // float16: written as `<u2` words by npyz, then the header's type string
+                    // (same length, so the padding holds) says `<f2`.
+                    use npyz::WriterBuilder;
+                    let mut w = npyz::WriteOptions::<u16>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
+                    w.extend(t.data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))).map_err(io("cannot encode"))?;
+                    w.finish().map_err(io("cannot encode"))?;
+                    let at = buf.windows(5).position(|w| w == b"'<u2'").ok_or_else(|| invalid(path.display().to_string(), "npyz wrote no '<u2' type string"))?;
+                    buf[at..at + 5].copy_from_slice(b"'<f2'");
+                }
                 (1, 1, 1) => {
                     use npyz::WriterBuilder;
                     let mut w = npyz::WriteOptions::<bool>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;

@@ -17,5 +17,6 @@ mod inspect;
 mod library;
 mod pack;
 mod run;
+mod run_more;
 mod run_relax;
 mod user_kind;

@@ -527,12 +527,12 @@ int uses_workspace(void* args, int* codes, int n, void* ret, int* rc, void* h) {
 
     let refused = build(
         "imports_missing",
-        "int TVMBackendRegisterSystemLibSymbol(const char*, void*);\nint f(void) { return TVMBackendRegisterSystemLibSymbol(\"x\", 0); }\n",
+        "int TVMArrayAlloc(const long*, int, int, int, int, int, int, void**);\nint f(void) { return TVMArrayAlloc(0, 0, 0, 0, 0, 0, 0, 0); }\n",
     );
     // SAFETY: refused before it is opened.
     let err = unsafe { load_library(&refused, &Registry::default(), &LoadOptions::default()) }.unwrap_err();
     assert!(
-        matches!(err, mblob_runtime::Error::MissingRuntimeSymbols { ref symbols, .. } if symbols == &["TVMBackendRegisterSystemLibSymbol"]),
+        matches!(err, mblob_runtime::Error::MissingRuntimeSymbols { ref symbols, .. } if symbols == &["TVMArrayAlloc"]),
         "{err}"
     );
 }

@@ -11,8 +11,10 @@
 //! `<mod_name>___tvm_main__` (the name is `tvmgen_default`) with inputs then outputs as `DLTensor*`, as TVM's
 //! `AotExecutor::Run` does. Intermediates come from `TVMBackendAllocWorkspace`.
 //!
-//! Models built with the unified static memory planner (workspace pools in the metadata) are
-//! refused with a typed error.
+//! Models built with the unified static memory planner (`tir.usmp.enable`) list workspace
+//! pools and constant pools in the metadata: after the outputs, the entry takes the constants
+//! merged into one byte tensor, then one byte tensor per workspace pool, which the executor
+//! allocates (zeroed, 64-byte aligned) and fills as TVM's does.
 
 use std::ffi::{c_char, c_void, CStr};
 
@@ -106,6 +108,14 @@ pub struct Metadata {
     pub inputs: Vec<TensorInfo>,
     /// Outputs, in argument order.
     pub outputs: Vec<TensorInfo>,
+    /// The workspace pools of a model built with the unified static memory planner (USMP),
+    /// in argument order after the outputs: each a byte tensor the executor allocates, as
+    /// TVM's `AotExecutor` does; empty otherwise.
+    pub workspace_pools: Vec<TensorInfo>,
+    /// A USMP model's pooled constants, merged into one byte blob (each at its offset); the
+    /// entry takes it as a byte tensor between the outputs and the workspace pools. Empty
+    /// when the model has no pooled constants.
+    pub constant_pool: Vec<u8>,
     /// The model's name.
     pub mod_name: String,
 }
@@ -127,10 +137,22 @@ struct CMetadata {
     num_outputs: i64,
     workspace_pools: *const CTensorInfo,
     num_workspace_pools: i64,
-    constant_pools: *const c_void,
+    constant_pools: *const CConstantInfo,
     num_constant_pools: i64,
     mod_name: *const c_char,
 }
+
+#[repr(C)]
+struct CConstantInfo {
+    name_hint: *const c_char,
+    byte_offset: i64,
+    data_len: i64,
+    /// A tensor in TVM's `NDArray::Save` format (the params format), `data_len` bytes.
+    data_bytes: *const c_void,
+}
+
+/// The largest merged constant pool (TVM checks the same bound).
+const MAX_CONSTANT_POOL: i64 = i32::MAX as i64;
 
 /// Limits on what the metadata may claim (beyond them it is not a real model's).
 const MAX_TENSORS: i64 = 1 << 16;
@@ -152,12 +174,6 @@ unsafe fn read_metadata(p: *const c_void) -> Result<Metadata, ExecError> {
     let m = unsafe { &*(p as *const CMetadata) };
     if m.version != METADATA_VERSION {
         return Err(bad(format!("version {} (this reader knows {METADATA_VERSION})", m.version)));
-    }
-    if m.num_workspace_pools != 0 {
-        return Err(bad(format!(
-            "{} workspace pools: models built with the unified static memory planner (USMP) are not supported",
-            m.num_workspace_pools
-        )));
     }
     // SAFETY: strings of the metadata are NUL-terminated constants of the library.
     let string = |s: *const c_char| unsafe { (!s.is_null()).then(|| CStr::from_ptr(s).to_string_lossy().into_owned()) };
@@ -182,11 +198,59 @@ unsafe fn read_metadata(p: *const c_void) -> Result<Metadata, ExecError> {
             })
             .collect()
     };
+    // SAFETY: per the contract, the constant pool entries are the metadata's own.
+    let constant_pool = unsafe { merge_constants(m.constant_pools, m.num_constant_pools) }?;
     Ok(Metadata {
+        constant_pool,
         inputs: infos(m.inputs, m.num_inputs, "inputs")?,
         outputs: infos(m.outputs, m.num_outputs, "outputs")?,
+        workspace_pools: infos(m.workspace_pools, m.num_workspace_pools, "workspace_pools")?,
         mod_name: string(m.mod_name).ok_or_else(|| bad("no mod_name".into()))?,
     })
+}
+
+/// Merges a USMP model's constant pools into one blob, each tensor's data at its byte offset,
+/// as TVM's `AotExecutor` does.
+///
+/// # Safety
+///
+/// `arr` holds `n` `TVMConstantInfo` entries of a loaded library's metadata, each `data_bytes`
+/// pointing to `data_len` readable bytes.
+#[allow(unsafe_code)]
+unsafe fn merge_constants(arr: *const CConstantInfo, n: i64) -> Result<Vec<u8>, ExecError> {
+    let bad = |m: String| ExecError::Metadata(m);
+    if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && arr.is_null()) {
+        return Err(bad(format!("constant_pools: count {n}")));
+    }
+    let mut pieces = Vec::new();
+    for i in 0..n as usize {
+        // SAFETY: the metadata holds `n` entries at `arr`.
+        let c = unsafe { &*arr.add(i) };
+        if c.data_len == 0 {
+            continue;
+        }
+        if !(0..=MAX_CONSTANT_POOL).contains(&c.data_len)
+            || !(0..=MAX_CONSTANT_POOL).contains(&c.byte_offset)
+            || c.data_bytes.is_null()
+        {
+            return Err(bad(format!("constant_pools[{i}]: {} bytes at offset {}", c.data_len, c.byte_offset)));
+        }
+        // SAFETY: `data_bytes` holds `data_len` bytes (the contract).
+        let raw = unsafe { std::slice::from_raw_parts(c.data_bytes.cast::<u8>(), c.data_len as usize) };
+        let src = crate::bytes::Bytes::from(raw.to_vec());
+        let t = PayloadTensor::read(&mut Reader::new(&src, 0), &src)
+            .map_err(|e| bad(format!("constant_pools[{i}]: {e}")))?;
+        pieces.push((c.byte_offset as usize, t.data));
+    }
+    let len = pieces.iter().map(|(at, d)| at + d.len()).max().unwrap_or(0);
+    if len as i64 >= MAX_CONSTANT_POOL {
+        return Err(bad(format!("constant pool of {len} bytes")));
+    }
+    let mut blob = vec![0u8; len];
+    for (at, d) in pieces {
+        blob[at..at + d.len()].copy_from_slice(&d);
+    }
+    Ok(blob)
 }
 
 /// An AOT executor: one tensor per input and output, and the entry call.
@@ -237,7 +301,22 @@ impl AotExecutor {
         let entry = format!("{}___tvm_main__", metadata.mod_name);
         let main = find(tree, factory.index, &entry)
             .ok_or_else(|| ExecError::MissingFunction { node: "__tvm_main__".into(), function: entry.clone() })?;
-        let all: Vec<&TensorInfo> = metadata.inputs.iter().chain(&metadata.outputs).collect();
+        // A USMP model's entry takes, after the outputs, the merged constants and then each
+        // workspace pool, all as byte tensors (TVM passes the constants even when there are
+        // none, as an empty tensor).
+        let u8_info = |name: String, bytes: u64| TensorInfo {
+            name,
+            shape: vec![i64::try_from(bytes).unwrap_or(i64::MAX)],
+            dtype: DataType { code: 1, bits: 8, lanes: 1 },
+        };
+        let mut extra = Vec::new();
+        if !metadata.workspace_pools.is_empty() {
+            extra.push(u8_info("constant_pool".into(), metadata.constant_pool.len() as u64));
+            for p in &metadata.workspace_pools {
+                extra.push(u8_info(p.name.clone(), tensor_bytes(p.dtype, &p.shape).unwrap_or(u64::MAX)));
+            }
+        }
+        let all: Vec<&TensorInfo> = metadata.inputs.iter().chain(&metadata.outputs).chain(&extra).collect();
         let buffers = all
             .iter()
             .map(|t| {
@@ -248,6 +327,11 @@ impl AotExecutor {
                     .ok_or(ExecError::Alloc { bytes: b, what: format!("tensor `{}`", t.name) })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut buffers = buffers;
+        if !metadata.workspace_pools.is_empty() {
+            let k = metadata.inputs.len() + metadata.outputs.len();
+            buffers[k].as_mut_slice().copy_from_slice(&metadata.constant_pool);
+        }
         let mut shapes: Vec<Box<[i64]>> = all.iter().map(|t| t.shape.clone().into_boxed_slice()).collect();
         let mut tensors: Box<[DLTensor]> = all
             .iter()
@@ -274,7 +358,7 @@ impl AotExecutor {
         let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
-            if exec.metadata.inputs.iter().any(|i| &i.name == name) {
+            if exec.metadata.input_index(name).is_some() {
                 exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
             }
         }
@@ -308,6 +392,17 @@ impl AotExecutor {
     }
 }
 
+impl Metadata {
+    /// The index of the input called `name`, as written in the metadata or before TVM
+    /// sanitized it (every character other than an ASCII letter or digit made `_`).
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs.iter().position(|i| i.name == name).or_else(|| {
+            let sanitized: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+            self.inputs.iter().position(|i| i.name == sanitized)
+        })
+    }
+}
+
 fn find(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
     let modules = tree.modules();
     let mut seen = vec![false; modules.len()];
@@ -333,12 +428,18 @@ impl Executor for AotExecutor {
         self.metadata.outputs.clone()
     }
 
+    fn input_index(&self, name: &str) -> Option<usize> {
+        self.metadata.input_index(name)
+    }
+
+    /// The input named `name`: its name in the metadata, or the name the model was built with
+    /// (`input.1`, `x:0`), which TVM's AOT codegen wrote sanitized (`input_1`, `x_0`) and which
+    /// TVM's `AotExecutor` accepts by sanitizing it the same way.
     fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
-        let index =
-            self.metadata.inputs.iter().position(|i| i.name == name).ok_or_else(|| ExecError::UnknownInput {
-                name: name.to_owned(),
-                known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
-            })?;
+        let index = self.metadata.input_index(name).ok_or_else(|| ExecError::UnknownInput {
+            name: name.to_owned(),
+            known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
+        })?;
         self.set_input(index, tensor)
     }
 

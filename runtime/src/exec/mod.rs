@@ -160,6 +160,12 @@ pub trait Executor {
     fn num_inputs(&self) -> usize {
         self.inputs().len()
     }
+    /// The position in [`Executor::inputs`] of the input that [`Executor::set_input_by_name`]
+    /// sets for `name` (an AOT model also answers to the names it was built with, before TVM
+    /// sanitized them), or `None`.
+    fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs().iter().position(|i| i.name == name)
+    }
 }
 
 /// Builds the executor for what `tree` holds: a graph factory or an AOT factory.

@@ -443,6 +443,14 @@ extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: 
     })
 }
 
+/// `TVMBackendRegisterSystemLibSymbol`: a system-lib build's static initialisers call it at
+/// `dlopen`, once per function (and for `__tvm_module_ctx` and the packed-imports blob). Every
+/// registered symbol of a system-lib `.so` is also a dynamic symbol of that file, where mblob
+/// finds it, so the registration has nothing to record; it only has to succeed.
+extern "C" fn backend_register_system_lib_symbol(_name: *const c_char, _ptr: *mut c_void) -> c_int {
+    0
+}
+
 type InitFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 
 extern "C" fn handle_init_once(handle: *mut *mut c_void, init: Option<InitFn>) -> c_int {
@@ -482,7 +490,7 @@ extern "C" fn handle_init_once(handle: *mut *mut c_void, init: Option<InitFn>) -
 }
 
 /// The context functions, by slot name (the data symbol is `__` + the name).
-pub(crate) fn context_functions() -> [(&'static str, *const c_void); 13] {
+pub(crate) fn context_functions() -> [(&'static str, *const c_void); 14] {
     [
         ("TVMAPISetLastError", api_set_last_error as *const c_void),
         ("TVMFFIErrorSetRaisedFromCStr", ffi_error_set_raised as *const c_void),
@@ -498,6 +506,7 @@ pub(crate) fn context_functions() -> [(&'static str, *const c_void); 13] {
         ("TVMFFIHandleInitOnce", handle_init_once as *const c_void),
         // The 0.21 name of the lookup, before tvm-ffi renamed it.
         ("TVMFFIEnvLookupFromImports", env_mod_lookup_from_imports as *const c_void),
+        ("TVMBackendRegisterSystemLibSymbol", backend_register_system_lib_symbol as *const c_void),
     ]
 }
 

@@ -16,9 +16,8 @@
 //! in any program that uses mblob-runtime. Libraries are then opened with `RTLD_NOW`, so any
 //! other unresolved symbol is an error at load, never a crash later.
 //!
-//! A library that imports a TVM function the shim does not provide (e.g.
-//! `TVMBackendRegisterSystemLibSymbol`) is refused before it is opened, with an error that lists
-//! them.
+//! A library that imports a TVM function the shim does not provide (e.g. `TVMArrayAlloc`) is
+//! refused before it is opened, with an error that lists them.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -31,7 +30,7 @@ use super::callconv::Abi;
 use crate::error::{Error, Result};
 
 /// The TVM runtime functions the shim provides, in the order of its table.
-pub const PROVIDED: [&str; 12] = [
+pub const PROVIDED: [&str; 13] = [
     "TVMFFIErrorSetRaisedFromCStrParts",
     "TVMFFIErrorSetRaisedFromCStr",
     "TVMAPISetLastError",
@@ -44,6 +43,7 @@ pub const PROVIDED: [&str; 12] = [
     "TVMFFIFunctionCall",
     "TVMFFIEnvModLookupFromImports",
     "TVMFFIHandleInitOnce",
+    "TVMBackendRegisterSystemLibSymbol",
 ];
 
 #[cfg(not(mblob_no_shim))]

@@ -312,48 +312,12 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
                     let v: Vec<bool> = npy.into_vec().map_err(|e| invalid(&what, e.to_string()))?;
                     (DataType { code: 1, bits: 1, lanes: 1 }, v.iter().map(|&b| u8::from(b)).collect())
                 }
-                ("f", 2) => (DataType { code: 2, bits: 16, lanes: 1 }, f16_data(&bytes, &shape, ts.starts_with('>')).ok_or_else(|| invalid(&what, "data length does not match the shape"))?),
                 _ => return Err(invalid(&what, format!("dtype {ts} is not supported"))),
             }
         };
     }
     let (dtype, data) = npy_types!(read);
     Tensor::new(dtype, shape, data).ok_or_else(|| invalid(&what, "data length does not match the shape"))
-}
-
-/// The little-endian float16 elements of a `.npy` file of `shape` (npyz reads float16 only
-/// with the `half` crate, and nothing here computes with them): the bytes after the header
-/// (version 1: 10 bytes + a u16 length; versions 2 and 3: 12 bytes + a u32 length), which must
-/// be exactly `2 * elements` long.
-fn f16_data(file: &[u8], shape: &[i64], big_endian: bool) -> Option<Vec<u8>> {
-    let n = shape.iter().try_fold(2usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
-    let start = match file.get(6)? {
-        1 => 10 + usize::from(u16::from_le_bytes(file.get(8..10)?.try_into().ok()?)),
-        2 | 3 => 12usize.checked_add(usize::try_from(u32::from_le_bytes(file.get(8..12)?.try_into().ok()?)).ok()?)?,
-        _ => return None,
-    };
-    let mut data = file.get(start..).filter(|d| d.len() == n)?.to_vec();
-    if big_endian {
-        data.chunks_exact_mut(2).for_each(|c| c.swap(0, 1));
-    }
-    Some(data)
-}
-
-/// A version 1.0 `.npy` file holding little-endian float16 `data` of `shape`: magic, version,
-/// header length, the header dict padded with spaces to a 64-byte boundary, newline, data.
-fn f16_npy(shape: &[u64], data: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-    let dims = if dims.len() == 1 { format!("{},", dims[0]) } else { dims.join(", ") };
-    let mut header = format!("{{'descr': '<f2', 'fortran_order': False, 'shape': ({dims}), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
 }
 
 /// Writes `t` as a `.npy` file, atomically (a temporary file renamed into place).
@@ -386,7 +350,6 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
                     w.extend(t.data.iter().map(|&b| b != 0)).map_err(io("cannot encode"))?;
                     w.finish().map_err(io("cannot encode"))?;
                 }
-                (2, 16, 1) => buf = f16_npy(&shape, &t.data),
                 _ => return Err(invalid(path.display().to_string(), format!("dtype {} cannot be written as .npy", t.dtype))),
             }
         };

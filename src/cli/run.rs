@@ -100,35 +100,42 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     for (i, t) in outputs.iter().enumerate() {
         println!("out.{i}: {} {:?}", t.dtype, t.shape);
     }
-    if let Some(dir) = &args.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.clone(),
-            action: "cannot create",
-            source,
-        })?;
-        for (i, t) in outputs.iter().enumerate() {
-            write_npy(&dir.join(format!("out.{i}.npy")), t)?;
-        }
-    }
-    if !times.is_empty() {
-        let mut sorted = times.clone();
-        sorted.sort_by(f64::total_cmp);
-        let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let median = if sorted.len() % 2 == 1 {
-            sorted[sorted.len() / 2]
-        } else {
-            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
-        };
-        println!(
-            "{} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
-            times.len(),
-            threadpool::num_threads(),
-            mean * 1e6,
-            median * 1e6,
-            sorted[0] * 1e6
-        );
-    }
+    write_outputs(args.output_dir.as_deref(), &outputs)?;
+    print_times(&times);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `DIR/out.0.npy`, `out.1.npy`, ... in output order (nothing without a directory).
+pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[Tensor]) -> Result<()> {
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_owned(),
+        action: "cannot create",
+        source,
+    })?;
+    for (i, t) in outputs.iter().enumerate() {
+        write_npy(&dir.join(format!("out.{i}.npy")), t)?;
+    }
+    Ok(())
+}
+
+/// Prints the time per run as TVM's `time_evaluator` reports it: mean, median and min.
+pub(crate) fn print_times(times: &[f64]) {
+    if times.is_empty() {
+        return;
+    }
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let mean = times.iter().sum::<f64>() / n as f64;
+    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+    println!(
+        "{n} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
+        threadpool::num_threads(),
+        mean * 1e6,
+        median * 1e6,
+        sorted[0] * 1e6
+    );
 }
 
 type Outcome = (Vec<Tensor>, Vec<f64>);

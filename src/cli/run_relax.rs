@@ -16,7 +16,7 @@ use mblob_runtime::format::{parse_blob, UnknownKeys};
 use mblob_runtime::packed::DLDevice;
 use mblob_runtime::{elf, load_library, map_file, LoadOptions, Registry};
 
-use super::run::{read_npy, write_npy, RunArgs};
+use super::run::{read_npy, RunArgs};
 use crate::{Error, Result};
 
 /// numpy's bool as TVM 0.19 names it (`uint1`) and as tvm-ffi does (`kDLBool`, 8 bits).
@@ -130,29 +130,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             }
         }
     }
-    if let Some(dir) = &args.output_dir {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.clone(),
-            action: "cannot create",
-            source,
-        })?;
-        for (i, t) in outputs.iter().enumerate() {
-            write_npy(&dir.join(format!("out.{i}.npy")), t)?;
-        }
-    }
-    if !times.is_empty() {
-        let mut sorted = times.clone();
-        sorted.sort_by(f64::total_cmp);
-        let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let n = sorted.len();
-        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-        println!(
-            "{n} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
-            threadpool::num_threads(),
-            mean * 1e6,
-            median * 1e6,
-            sorted[0] * 1e6
-        );
-    }
+    super::run::write_outputs(args.output_dir.as_deref(), &outputs)?;
+    super::run::print_times(&times);
     Ok(ExitCode::SUCCESS)
 }

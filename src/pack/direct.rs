@@ -143,7 +143,7 @@ pub fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result
     let tail_at = plan.tail_from + plan.shift;
     write_at(&file, library, tail, tail_at)?;
     // The blob, once, streamed.
-    let mut w = io::BufWriter::with_capacity(1 << 20, AtWriter { file: &file, pos: plan.at, written: 0 });
+    let mut w = io::BufWriter::with_capacity(1 << 20, super::AtWriter { file: &file, pos: plan.at, written: 0 });
     blob.write_blob(&mut w).and_then(|_| w.flush()).map_err(Error::io(library, "cannot write the blob"))?;
     let written = w.get_ref().written;
     drop(w);
@@ -303,23 +303,4 @@ fn plan(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Plan, String
         return Err(format!("`{symbol}` is not in the dynamic symbol table"));
     }
     Ok(Plan { at, tail_from: end, shift, patched })
-}
-
-/// Writes at increasing offsets of a file, counting what it wrote.
-struct AtWriter<'f> {
-    file: &'f File,
-    pos: u64,
-    written: u64,
-}
-
-impl Write for AtWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file.write_all_at(buf, self.pos)?;
-        self.pos += buf.len() as u64;
-        self.written += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }

@@ -357,7 +357,7 @@ fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource, large: bool) -> 
             .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?
     };
     let file = OpenOptions::new().write(true).open(path).map_err(Error::io(path, "cannot open"))?;
-    let mut w = io::BufWriter::with_capacity(1 << 20, AtWriter { file: &file, pos: place.offset, written: 0 });
+    let mut w = io::BufWriter::with_capacity(1 << 20, super::AtWriter { file: &file, pos: place.offset, written: 0 });
     blob.write_blob(&mut w).and_then(|_| w.flush()).map_err(Error::io(path, "cannot write"))?;
     let written = w.get_ref().written;
     drop(w);
@@ -411,25 +411,6 @@ fn locate(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Placement,
         _ => None,
     };
     Ok(Placement { offset: start + within, sh_flags_at })
-}
-
-/// Writes at increasing offsets of a file, counting what it wrote.
-struct AtWriter<'f> {
-    file: &'f File,
-    pos: u64,
-    written: u64,
-}
-
-impl Write for AtWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file.write_all_at(buf, self.pos)?;
-        self.pos += buf.len() as u64;
-        self.written += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

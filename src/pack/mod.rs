@@ -166,6 +166,26 @@ pub enum CStyle {
     Fast,
 }
 
+/// Writes at increasing offsets of a file, counting what it wrote: how the LLVM and direct
+/// routes stream the blob into the space they reserved for it.
+pub(crate) struct AtWriter<'f> {
+    pub(crate) file: &'f std::fs::File,
+    pub(crate) pos: u64,
+    pub(crate) written: u64,
+}
+
+impl Write for AtWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        std::os::unix::fs::FileExt::write_all_at(self.file, buf, self.pos)?;
+        self.pos += buf.len() as u64;
+        self.written += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

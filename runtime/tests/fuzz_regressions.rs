@@ -384,11 +384,11 @@ fn device_function_maps_stay_within_the_fuzz_bound() {
     }
 }
 
-/// The TVM goldens: `../shared/tvm-goldens` beside the repository, or `MBLOB_GOLDENS`.
+/// The TVM goldens kept in the repository (`tests/fixtures/tvm-goldens`), or `MBLOB_GOLDENS`.
 fn goldens() -> std::path::PathBuf {
     std::env::var_os("MBLOB_GOLDENS")
         .map(Into::into)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tvm-goldens"))
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens"))
 }
 
 fn le_u64(data: &[u8], at: usize) -> u64 {

@@ -329,11 +329,14 @@ fn pack_blob_file(
         let data = mblob_runtime::map_file(&blob_path)?;
         check_blob_header(&data, &blob_path)?;
         let blob = MappedBlob(data);
+        // TVM links the returned object itself, so the direct route (which writes the blob
+        // into a library after linking) falls back to the LLVM object, as `Export` does where
+        // it needs an object.
         let object = match backend {
             #[cfg(feature = "llvm")]
-            Backend::Llvm => mblob::pack::llvm::write_object(&blob, &opts, &out_dir)?,
+            Backend::Llvm | Backend::Direct => mblob::pack::llvm::write_object(&blob, &opts, &out_dir)?,
             #[cfg(not(feature = "llvm"))]
-            Backend::Llvm => {
+            Backend::Llvm | Backend::Direct => {
                 return Err(MError::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" }.into())
             }
             Backend::C(style) => {

@@ -58,9 +58,6 @@ pub struct ExtractArgs {
     pub quiet: bool,
 }
 
-/// Magic number of TVM's params file (`kTVMNDArrayListMagic`).
-pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
-
 /// Runs `mblob extract`.
 pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
     let path = &args.path;
@@ -311,22 +308,11 @@ fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
     walk.node(0, 0)
 }
 
-/// TVM's params file (`save_param_dict`): magic, reserved, the names (a count, then each),
-/// the count again, then each tensor in TVM's tensor format.
+/// TVM's params file (`save_param_dict`), written by the runtime's writer beside its reader.
 fn params_file(g: &GraphExecutorFactory) -> Vec<u8> {
     let mut out = Vec::new();
-    out.extend_from_slice(&PARAMS_MAGIC.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
-    out.extend_from_slice(&(g.params.len() as u64).to_le_bytes());
-    for (name, _) in &g.params {
-        out.extend_from_slice(&(name.len() as u64).to_le_bytes());
-        out.extend_from_slice(name.as_bytes());
-    }
-    out.extend_from_slice(&(g.params.len() as u64).to_le_bytes());
-    for (_, t) in &g.params {
-        // Writing into a Vec cannot fail.
-        let _ = t.write_to(&mut out);
-    }
+    // Writing into a Vec cannot fail.
+    let _ = mblob_runtime::exec::graph::write_params(&g.params, &mut out);
     out
 }
 

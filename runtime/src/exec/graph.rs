@@ -336,6 +336,21 @@ pub fn read_params(bytes: &Bytes) -> Result<Vec<(String, PayloadTensor)>, ExecEr
     Ok(out)
 }
 
+/// Writes a params file as `relay.save_param_dict` does (what [`read_params`] reads back and
+/// `tvm.runtime.load_param_dict` loads).
+pub fn write_params(params: &[(String, PayloadTensor)], out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use crate::format::stream;
+    stream::write_u64(out, PARAMS_MAGIC)?;
+    stream::write_u64(out, 0)?;
+    let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+    stream::write_vec_str(out, &names)?;
+    stream::write_u64(out, params.len() as u64)?;
+    for (_, t) in params {
+        t.write_to(out)?;
+    }
+    Ok(())
+}
+
 /// A graph factory of a loaded tree: the `GraphExecutorFactory` and the modules its kernels
 /// come from.
 #[derive(Debug, Clone)]
@@ -739,11 +754,7 @@ mod tests {
     fn params_file_reads_and_rejects_truncation() {
         let t = PayloadTensor::new(DataType::F32, vec![2], vec![0u8; 8]).unwrap();
         let mut buf = Vec::new();
-        crate::format::stream::write_u64(&mut buf, PARAMS_MAGIC).unwrap();
-        crate::format::stream::write_u64(&mut buf, 0).unwrap();
-        crate::format::stream::write_vec_str(&mut buf, &["p0"]).unwrap();
-        crate::format::stream::write_u64(&mut buf, 1).unwrap();
-        t.write_to(&mut buf).unwrap();
+        write_params(&[("p0".to_owned(), t.clone())], &mut buf).unwrap();
         let got = read_params(&Bytes::from_vec(buf.clone())).unwrap();
         assert_eq!(got, vec![("p0".to_owned(), t)]);
         for cut in [0, 8, 20, buf.len() - 1] {

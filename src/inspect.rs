@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
+use mblob_runtime::payload::relax::executable::VM_VERSION;
+use mblob_runtime::payload::relax::{FuncKind, RelaxExecutable};
 use mblob_runtime::{elf, Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::{Deserialize, Serialize};
 
@@ -462,17 +464,8 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
     report.tree = Some(tree_value(parsed));
 }
 
-/// Type keys of Relax executables, whose function table inspect reads.
-const RELAX_KEYS: [&str; 3] = ["relax.VMExecutable", "relax.Executable", "VMExecutable"];
-
 /// Adds what is known about a payload kind (decoded with its loader, which runs no code).
 fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Registry) {
-    if RELAX_KEYS.contains(&m.type_key.as_str()) {
-        match relax_table(&payload) {
-            Ok(r) => m.relax = Some(r),
-            Err(e) => m.note = Some(format!("a Relax VM executable whose function table cannot be read: {e}")),
-        }
-    }
     let Some(loader) = registry.get(&m.type_key) else { return };
     let module = match loader.load(payload, layout) {
         Ok(module) => module,
@@ -488,62 +481,24 @@ fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Reg
     if let Some(d) = any.downcast_ref::<DeviceModule>() {
         m.device = Some(describe_device(d));
     }
+    if let Some(x) = any.downcast_ref::<RelaxExecutable>() {
+        m.relax = Some(describe_relax(x));
+    }
 }
 
-/// Magic numbers that start a Relax VM executable (TVM 0.19; 0.21 and later).
-const RELAX_MAGICS: [u64; 2] = [0xD225_DE2F_4214_151D, 0xD225_DE2F_4214_151E];
-
-/// Reads the global section of a Relax executable: magic, version string, then per function
-/// `kind:i32 name:str start:i64 end:i64 num_args:i64 register_file_size:i64
-/// param_names:vec<str>` (kind 0 packed, 1 VM, 2 VM TIR). In a classic blob the executable is
-/// itself length-prefixed.
-fn relax_table(payload: &[u8]) -> std::result::Result<RelaxReport, String> {
-    struct Cursor<'a>(&'a [u8], usize);
-    impl<'a> Cursor<'a> {
-        fn take(&mut self, n: u64, what: &str) -> std::result::Result<&'a [u8], String> {
-            let end = usize::try_from(n).ok().and_then(|n| self.1.checked_add(n)).filter(|&e| e <= self.0.len());
-            let end = end.ok_or_else(|| format!("{what} at byte {} runs past the end", self.1))?;
-            let bytes = &self.0[self.1..end];
-            self.1 = end;
-            Ok(bytes)
-        }
-        fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
-            Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or_default()))
-        }
-        fn str(&mut self, what: &str) -> std::result::Result<String, String> {
-            let n = self.u64(what)?;
-            Ok(String::from_utf8_lossy(self.take(n, what)?).into_owned())
+/// The function table of a Relax executable, as the runtime's reader decoded it (the loader
+/// that `describe` already ran; it accepts only the VM version string TVM has written).
+fn describe_relax(x: &RelaxExecutable) -> RelaxReport {
+    let mut report = RelaxReport { version: VM_VERSION.to_owned(), functions: Vec::new(), externs: Vec::new() };
+    for f in &x.functions {
+        let (name, params) = (f.name.clone(), f.param_names.clone());
+        match f.kind {
+            FuncKind::Packed => report.externs.push(name),
+            FuncKind::Vm => report.functions.push(RelaxFunction { name, kind: "vm", params }),
+            FuncKind::VmTir => report.functions.push(RelaxFunction { name, kind: "vm-tir", params }),
         }
     }
-    let starts = |b: &[u8]| {
-        b.get(..8).is_some_and(|m| RELAX_MAGICS.contains(&u64::from_le_bytes(m.try_into().unwrap_or_default())))
-    };
-    let body = if starts(payload) {
-        payload
-    } else {
-        payload.get(8..).filter(|b| starts(b)).ok_or("no Relax executable magic")?
-    };
-    let mut c = Cursor(body, 8);
-    let version = c.str("version")?;
-    let count = c.u64("function count")?;
-    let mut report = RelaxReport { version, functions: Vec::new(), externs: Vec::new() };
-    for _ in 0..count {
-        let kind = i32::from_le_bytes(c.take(4, "function kind")?.try_into().unwrap_or_default());
-        let name = c.str("function name")?;
-        c.take(32, "function info")?;
-        let n = c.u64("param count")?;
-        let mut params = Vec::new();
-        for _ in 0..n {
-            params.push(c.str("param name")?);
-        }
-        match kind {
-            0 => report.externs.push(name),
-            1 => report.functions.push(RelaxFunction { name, kind: "vm", params }),
-            2 => report.functions.push(RelaxFunction { name, kind: "vm-tir", params }),
-            k => return Err(format!("function `{name}` has kind {k}, none of packed (0), VM (1), VM TIR (2)")),
-        }
-    }
-    Ok(report)
+    report
 }
 
 fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
@@ -995,16 +950,29 @@ mod tests {
         }
     }
 
+    /// A Relax executable whose function table runs past its end: the Relax reader's error,
+    /// no table.
     #[test]
     fn a_truncated_relax_table_is_an_error() {
-        let mut exe = RELAX_MAGICS[1].to_le_bytes().to_vec();
+        let mut exe = 0xD225_DE2F_4214_151Eu64.to_le_bytes().to_vec();
         exe.extend_from_slice(&4u64.to_le_bytes());
-        exe.extend_from_slice(b"0.14");
+        exe.extend_from_slice(VM_VERSION.as_bytes());
         exe.extend_from_slice(&u64::MAX.to_le_bytes());
         exe.extend_from_slice(&1i32.to_le_bytes());
-        let err = relax_table(&exe).unwrap_err();
-        assert!(err.contains("function name at byte 32 runs past the end"), "{err}");
-        assert!(relax_table(b"not an executable").unwrap_err().contains("magic"));
+        let mut m = ModuleReport {
+            type_key: "relax.VMExecutable".to_owned(),
+            index: None,
+            payload_len: exe.len() as u64,
+            error: None,
+            note: None,
+            graph: None,
+            device: None,
+            relax: None,
+        };
+        describe(&mut m, Bytes::from_vec(exe), Layout::Ffi, &Registry::default());
+        assert!(m.relax.is_none());
+        let err = m.error.expect("an error");
+        assert!(err.contains("function table length 18446744073709551615 is larger than"), "{err}");
     }
 
     #[test]

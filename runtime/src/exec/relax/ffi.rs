@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use crate::exec::tensor_bytes;
+use crate::ffi::callconv::{Abi, PackedCFn, SafeCallFn, TVMFFIAny, TVMValue};
 use crate::ffi::context;
 use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
 use crate::format::stream::DataType;
@@ -204,35 +206,6 @@ pub(crate) enum CallArg<'a> {
     Null,
 }
 
-/// How a kernel is called.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Convention {
-    /// `int f(TVMValue*, int*, int, TVMValue*, int*, void*)` (TVM 0.8 to 0.20).
-    Packed,
-    /// `int f(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result)` (TVM 0.21+).
-    Ffi,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-union TVMValue {
-    v_int64: i64,
-    v_float64: f64,
-    v_handle: *mut c_void,
-}
-
-/// `TVMFFIAny`: type index, 4 bytes of padding, an 8-byte payload.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct TVMFFIAny {
-    type_index: i32,
-    zero_padding: u32,
-    value: u64,
-}
-
-type PackedFn = unsafe extern "C" fn(*mut TVMValue, *mut c_int, c_int, *mut TVMValue, *mut c_int, *mut c_void) -> c_int;
-type SafeCallFn = unsafe extern "C" fn(*mut c_void, *const TVMFFIAny, i32, *mut TVMFFIAny) -> c_int;
-
 /// Why a kernel call failed.
 #[derive(Debug)]
 pub(crate) enum CallFailure {
@@ -242,22 +215,16 @@ pub(crate) enum CallFailure {
     Kernel(i32, String),
 }
 
-/// Bytes of a tensor as TVM's `GetDataSize` counts them.
-pub(crate) fn data_size(shape: &[i64], dtype: DataType) -> Option<u64> {
-    let elem = (u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8);
-    shape.iter().try_fold(elem, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
-}
-
 /// Calls a compiled kernel of a loaded library with `convention`'s signature.
 ///
 /// Each tensor view is checked to lie within its buffer first, so the kernel is given only
 /// live memory of the size the shape and dtype say. That the symbol is a kernel with this
 /// signature is what the library's TVM version promises (the trust taken when the library was
 /// opened with the `unsafe` [`crate::load_library`]).
-pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> Result<(), CallFailure> {
+pub(crate) fn call(f: &Symbol, convention: Abi, args: &[CallArg<'_>]) -> Result<(), CallFailure> {
     for (i, a) in args.iter().enumerate() {
         if let CallArg::Tensor { buf, offset, shape, dtype } = *a {
-            let fits = data_size(shape, dtype)
+            let fits = tensor_bytes(dtype, shape)
                 .and_then(|n| n.checked_add(offset as u64))
                 .is_some_and(|end| end <= buf.len() as u64);
             if !fits || i32::try_from(shape.len()).is_err() {
@@ -285,7 +252,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
     let mut next_tensor = tensors.iter_mut().map(|t| (t as *mut DLTensor).cast::<c_void>());
     context::clear_last_error();
     let code = match convention {
-        Convention::Packed => {
+        Abi::Packed => {
             let mut values: SmallVec<[TVMValue; 4]> = SmallVec::with_capacity(args.len());
             let mut codes: SmallVec<[c_int; 4]> = SmallVec::with_capacity(args.len());
             for a in args {
@@ -306,7 +273,7 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
             // to fit their buffers, which `args` borrows; the argument arrays and the DLTensors
             // they point to live until the call returns. Kernels never write the shapes.
             unsafe {
-                let func = std::mem::transmute::<*mut c_void, PackedFn>(f.addr());
+                let func = std::mem::transmute::<*mut c_void, PackedCFn>(f.addr());
                 func(
                     values.as_mut_ptr(),
                     codes.as_mut_ptr(),
@@ -317,8 +284,12 @@ pub(crate) fn call(f: &Symbol, convention: Convention, args: &[CallArg<'_>]) -> 
                 )
             }
         }
-        Convention::Ffi => {
-            let any = |type_index: i32, value: u64| TVMFFIAny { type_index, zero_padding: 0, value };
+        Abi::Ffi => {
+            let any = |type_index: i32, value: u64| TVMFFIAny {
+                type_index,
+                small_len: 0,
+                value: TVMValue { v_int64: value as i64 },
+            };
             let values: SmallVec<[TVMFFIAny; 4]> = args
                 .iter()
                 .map(|a| match *a {

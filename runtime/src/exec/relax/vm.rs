@@ -18,8 +18,10 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::ffi::{self, data_size, Buffer, CallArg, CallFailure, Convention, Pool};
+use super::ffi::{self, Buffer, CallArg, CallFailure, Pool};
 use crate::bytes::Bytes;
+use crate::exec::tensor_bytes;
+use crate::ffi::callconv::Abi;
 use crate::ffi::packed::DLDevice;
 use crate::format::stream::DataType;
 use crate::format::Layout;
@@ -179,7 +181,7 @@ struct NdArray {
 
 impl NdArray {
     fn nbytes(&self) -> usize {
-        data_size(&self.shape, self.dtype).unwrap_or(0) as usize
+        tensor_bytes(self.dtype, &self.shape).unwrap_or(0) as usize
     }
 
     fn call_arg(&self) -> CallArg<'_> {
@@ -306,7 +308,7 @@ pub fn supported_builtins() -> impl Iterator<Item = &'static str> {
 enum Callee {
     Vm(usize),
     Builtin(Builtin),
-    Kernel(Symbol, Convention),
+    Kernel(Symbol, Abi),
 }
 
 /// A function of the executable that a caller can invoke.
@@ -447,7 +449,7 @@ impl VirtualMachine {
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                let expected = data_size(&t.shape, t.dtype);
+                let expected = tensor_bytes(t.dtype, &t.shape);
                 if expected != Some(t.data.len() as u64) {
                     return Err(VmError::Input {
                         index: i,
@@ -738,7 +740,7 @@ impl VirtualMachine {
                         )));
                     }
                 }
-                let size = data_size(&shape, dtype).ok_or(VmError::Alloc(u64::MAX))?;
+                let size = tensor_bytes(dtype, &shape).ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
                 Ok(Value::Storage(Arc::new(Buffer::pooled(len, &self.pool).ok_or(VmError::Alloc(size))?)))
             }
@@ -750,7 +752,7 @@ impl VirtualMachine {
                 if args.len() > 4 && &*a.str(4)? != b"global" {
                     return Err(VmError::Unsupported("tensors in a memory scope other than `global`".into()));
                 }
-                let needed = data_size(&shape, dtype);
+                let needed = tensor_bytes(dtype, &shape);
                 let fits = u64::try_from(offset)
                     .ok()
                     .zip(needed)
@@ -784,7 +786,7 @@ impl VirtualMachine {
             Builtin::Reshape => {
                 let t = a.tensor(0)?;
                 let shape = a.shape(1)?;
-                let new_size = data_size(&shape, t.dtype);
+                let new_size = tensor_bytes(t.dtype, &shape);
                 if new_size.is_none_or(|n| n > t.nbytes() as u64) {
                     return Err(VmError::Program(format!(
                         "{name}: shape {:?} does not fit in a tensor of shape {:?}",
@@ -841,13 +843,13 @@ fn resolve(tree: &LoadedTree, layout: Option<Layout>, name: &str) -> Result<Call
     // signature; 0.8-0.20 use the classic packed signature.
     let ffi_name = format!("__tvm_ffi_{name}");
     let found = match layout {
-        Some(Layout::Ffi) => tree.get_function(&ffi_name).map(|s| (s, Convention::Ffi)),
-        Some(Layout::Classic021) => tree.get_function(name).map(|s| (s, Convention::Ffi)),
-        Some(Layout::Classic) => tree.get_function(name).map(|s| (s, Convention::Packed)),
+        Some(Layout::Ffi) => tree.get_function(&ffi_name).map(|s| (s, Abi::Ffi)),
+        Some(Layout::Classic021) => tree.get_function(name).map(|s| (s, Abi::Ffi)),
+        Some(Layout::Classic) => tree.get_function(name).map(|s| (s, Abi::Packed)),
         None => tree
             .get_function(&ffi_name)
-            .map(|s| (s, Convention::Ffi))
-            .or_else(|| tree.get_function(name).map(|s| (s, Convention::Packed))),
+            .map(|s| (s, Abi::Ffi))
+            .or_else(|| tree.get_function(name).map(|s| (s, Abi::Packed))),
     };
     match found {
         Some((sym, conv)) => Ok(Callee::Kernel(sym, conv)),
@@ -934,7 +936,7 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 }
 
 /// Calls a kernel with the VM values as arguments.
-fn call_kernel(name: &str, sym: &Symbol, conv: Convention, args: &[&Value], _depth: usize) -> Result<(), VmError> {
+fn call_kernel(name: &str, sym: &Symbol, conv: Abi, args: &[&Value], _depth: usize) -> Result<(), VmError> {
     let call_args = args
         .iter()
         .enumerate()

@@ -5,6 +5,10 @@
 # inputs land in fuzz/artifacts/TARGET/. Exits non-zero when a target found something.
 #   bash ci/fuzz.sh [SECONDS] [TARGET...]
 #   MBLOB_GOLDENS=/path/to/tvm-goldens   (default: tests/fixtures/tvm-goldens in this repository)
+#   MBLOB_FUZZ_RUNS=N        stop each target after N executions as well (a campaign: SECONDS 0
+#                            means no time limit, so `MBLOB_FUZZ_RUNS=10000000 bash ci/fuzz.sh 0`)
+#   MBLOB_FUZZ_SANITIZER=S   cargo-fuzz's --sanitizer (default address; none runs the targets
+#                            about 4 times faster, see fuzz/RESULTS.md for when that is sound)
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
@@ -60,14 +64,17 @@ seed() { # target
 
 for t in "${targets[@]}"; do seed "$t"; done
 # Default build: optimised, with debug assertions and overflow checks (`-O` would drop them).
-cargo +nightly fuzz build
+san=${MBLOB_FUZZ_SANITIZER:-address}
+runs=()
+[ -z "${MBLOB_FUZZ_RUNS:-}" ] || runs=(-runs="$MBLOB_FUZZ_RUNS")
+cargo +nightly fuzz build -s "$san"
 
 status=0
 for t in "${targets[@]}"; do
   mkdir -p "artifacts/$t"
   # -max_len: the .so seeds are up to 40 KB. -timeout: one input taking 10 s is a hang.
-  if ! cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 \
-      -timeout=10 -max_len=65536 -print_final_stats=1 > "fuzz-$t.log" 2>&1; then
+  if ! cargo +nightly fuzz run -s "$san" "$t" "corpus/$t" -- -max_total_time="$secs" "${runs[@]}" \
+      -rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=1 > "fuzz-$t.log" 2>&1; then
     status=1
     echo "$t: FOUND SOMETHING (see fuzz/fuzz-$t.log and fuzz/artifacts/$t/)"
   fi

@@ -459,8 +459,12 @@ fn chain(ctx: &Ctx<'_, '_>, at: usize) -> Result<Chain, &'static str> {
 fn key_at(bytes: &[u8]) -> Option<&str> {
     let mut r = Reader::new(bytes, 0);
     let len = r.read_u64("key").ok().filter(|&l| l > 0 && l <= MAX_KEY_LEN)?;
-    let k = std::str::from_utf8(r.read_bytes(len, "key").ok()?).ok()?;
-    super::detect::is_plausible_key(k).then_some(k)
+    let k = r.read_bytes(len, "key").ok()?;
+    // Plausible key bytes are ASCII: the UTF-8 check cannot fail after this one.
+    if !super::detect::is_plausible_key_bytes(k) {
+        return None;
+    }
+    std::str::from_utf8(k).ok()
 }
 
 /// Bytes of the classic body for these entries.

@@ -125,6 +125,23 @@ fn strict_parse<'a>(data: &'a [u8], layout: Layout, sizer: &dyn PayloadSizer) ->
 
 /// Whether `key` looks like a type key: 1 to 128 bytes of letters, digits, `_`, `.` or `-`.
 pub fn is_plausible_key(key: &str) -> bool {
-    (1..=128).contains(&key.len())
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+    is_plausible_key_bytes(key.as_bytes())
 }
+
+/// [`is_plausible_key`] on bytes (such bytes are ASCII, hence UTF-8). One table load per byte:
+/// the classic reader's end search asks this at every position that could start a key.
+pub(crate) fn is_plausible_key_bytes(key: &[u8]) -> bool {
+    (1..=128).contains(&key.len()) && key.iter().all(|&b| KEY_BYTE[usize::from(b)])
+}
+
+/// The bytes a type key may hold: letters, digits, `_`, `.` and `-`.
+static KEY_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'_' || c == b'.' || c == b'-';
+        b += 1;
+    }
+    table
+};

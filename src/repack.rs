@@ -41,8 +41,17 @@ pub fn read_blob(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout)>
 /// As [`read_blob`], and a blob whose payloads or tree cannot be read.
 pub fn read_module_tree(path: &Path, layout: Option<Layout>) -> Result<ModuleTree> {
     let (blob, layout) = read_blob(path, layout)?;
+    module_tree_of(&blob, layout, path)
+}
+
+/// The module tree of `blob` (header included) in `layout`, as [`read_module_tree`] reads it;
+/// `path` names the blob's file in errors.
+///
+/// # Errors
+/// A blob whose payloads or tree cannot be read.
+pub fn module_tree_of(blob: &Bytes, layout: Layout, path: &Path) -> Result<ModuleTree> {
     let registry = Registry::default();
-    let loaded = load_blob(&blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
+    let loaded = load_blob(blob, layout, &registry, &LoadOptions::keep_unknown()).map_err(|e| match e {
         mblob_runtime::Error::Blob { source, .. } => {
             mblob_runtime::Error::Blob { path: path.to_owned(), source }.into()
         }
@@ -50,4 +59,45 @@ pub fn read_module_tree(path: &Path, layout: Option<Layout>) -> Result<ModuleTre
     })?;
     ModuleTree::from_loaded(&loaded, "llvm")
         .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })
+}
+
+/// What a blob object (a `devc.o`, TVM's or mblob's) says about how it was packed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobObject {
+    /// The blob symbol's full name.
+    pub symbol: String,
+    /// The layout its name stands for.
+    pub layout: Layout,
+    /// The `c_symbol_prefix` in front of the blob name.
+    pub prefix: String,
+    /// Whether it registers the blob with TVM's system library at start-up (it calls the
+    /// layout's registration function, `TVMBackendRegisterSystemLibSymbol` or
+    /// `TVMFFIEnvModRegisterSystemLibSymbol`).
+    pub system_lib: bool,
+}
+
+/// The blob symbol of a relocatable ELF object, `None` for any other file (a shared library,
+/// a source file, an object without a blob symbol). Used to tell, among the files TVM's
+/// `export_library` hands its `fcompile`, the blob object from the host code.
+///
+/// # Errors
+/// The file cannot be read, or it is a relocatable ELF object whose blob symbol is malformed.
+pub fn blob_object(path: &Path) -> Result<Option<BlobObject>> {
+    use object::{Object, ObjectKind, ObjectSymbol};
+    let data = mblob_runtime::map_file(path)?;
+    if !data.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    let file = match object::File::parse(&*data) {
+        Ok(f) if f.kind() == ObjectKind::Relocatable => f,
+        _ => return Ok(None),
+    };
+    let Some(found) =
+        elf::find_blob(&data, None).map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?
+    else {
+        return Ok(None);
+    };
+    let register = crate::pack::PackOptions { layout: found.layout, ..Default::default() }.register_function();
+    let system_lib = file.symbols().any(|s| s.is_undefined() && s.name() == Ok(register));
+    Ok(Some(BlobObject { symbol: found.symbol, layout: found.layout, prefix: found.prefix, system_lib }))
 }

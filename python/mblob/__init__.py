@@ -68,7 +68,8 @@ BACKENDS = ("llvm", "c", "c-tvm")
 
 
 def default_backend() -> str:
-    """``"llvm"`` when this build of mblob has the LLVM packer, else ``"c"``."""
+    """The packer of blob objects (:func:`mblob.tvm.fpack_imports`, and the fallback of the
+    ``"direct"`` route): ``"llvm"`` when this build of mblob has the LLVM packer, else ``"c"``."""
     return "llvm" if _native.has_llvm() else "c"
 
 
@@ -124,7 +125,10 @@ def export(
         current directory); in a file, relative to the file.
     :param output: the library to write; it appears only when the export succeeds. A name
         ending in ``.tar`` gets the objects in a tar archive instead.
-    :param backend: ``"llvm"``, ``"c"`` or ``"c-tvm"`` (default: :func:`default_backend`).
+    :param backend: ``"direct"`` (the default, as ``mblob export``'s: the library is linked
+        with a placeholder and the blob written into it once; it falls back to the object
+        packer where an object is needed: ``.tar`` output, ``system_lib``, non-x86-64/AArch64
+        targets), ``"llvm"``, ``"c"`` or ``"c-tvm"`` (a blob object linked in).
     :param layout: ``"classic"`` (TVM 0.8-0.20), ``"classic-0.21"`` or ``"ffi"`` (TVM 0.22+).
     :param system_lib: register the blob at start-up with TVM's system library.
     :param prefix: TVM's ``c_symbol_prefix``, put in front of the blob symbol.
@@ -136,7 +140,7 @@ def export(
     :raises ExportError: the compiler, linker or LLVM failed.
     """
     _check_layout(layout)
-    backend = backend or default_backend()
+    backend = backend or "direct"
     if isinstance(tree, dict):
         text = json.dumps(tree).encode()
         root = os.fspath(base) if base is not None else os.getcwd()
@@ -161,6 +165,9 @@ def pack(
     prefix: str = "",
     target: Optional[str] = None,
     force_layout: bool = False,
+    flags: Iterable[str] = (),
+    link_args: Iterable[str] = (),
+    cc: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """Pack the module tree of a ``.so`` or raw ``.blob`` again, as ``mblob pack``.
 
@@ -173,6 +180,10 @@ def pack(
         from, e.g. TVM's ``lib0.o``. Required unless ``blob_only``.
     :param blob_only: write a library holding only the blob.
     :param source_layout: layout of a raw ``.blob`` source (default: detected).
+    :param flags: extra compiler flags for host sources (``-O3``, ``-I...``).
+    :param link_args: extra link arguments, after the objects (``-lm``, ``-Wl,...``).
+    :param cc: the compiler that compiles host sources and drives the link (default: ``$CC``,
+        then ``cc``).
     :returns: as :func:`export`.
     """
     _check_layout(layout)
@@ -184,12 +195,15 @@ def pack(
         [os.fspath(h) for h in host],
         blob_only,
         source_layout,
-        backend or default_backend(),
+        backend or "direct",
         layout,
         system_lib,
         prefix,
         target,
         force_layout,
+        list(flags),
+        list(link_args),
+        None if cc is None else os.fspath(cc),
     )
 
 

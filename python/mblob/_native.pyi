@@ -53,7 +53,11 @@ def pack(
     prefix: str,
     target: Optional[str],
     force_layout: bool,
+    flags: List[str] = ...,
+    link_args: List[str] = ...,
+    cc: Optional[str] = ...,
 ) -> Dict[str, Any]: ...
+def blob_object(path: str) -> Optional[Dict[str, Any]]: ...
 def read_blob(path: str, layout_name: Optional[str] = None) -> Tuple[bytes, str]: ...
 def pack_blob_file(
     blob_path: str,

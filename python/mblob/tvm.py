@@ -8,18 +8,32 @@ imports (the blob bytes TVM's own packers embed, through TVM's public
 a file in the workspace, and has mblob write the object from that file: the blob in the
 library is byte for byte TVM's, under the symbol and layout of the TVM that calls.
 
+TVM then links that object with ``g++`` like any other. For speed, :func:`export_library` (or
+``fpack_imports=fpack_blob, fcompile=fcompile``) hands the blob to mblob's own link instead:
+the linker sees only the host code and a placeholder, and mblob writes the blob once into the
+linked library (the "direct" route of ``mblob export``), so no tool copies the blob three times.
+
 TVM is imported only when a function here is called; ``import mblob`` works without it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 
-__all__ = ["fpack_imports", "make_fpack_imports", "layout_of_version", "serialize_imports"]
+__all__ = [
+    "export_library",
+    "fcompile",
+    "fpack_blob",
+    "fpack_imports",
+    "layout_of_version",
+    "make_fpack_imports",
+    "serialize_imports",
+]
 
 
 def layout_of_version(version: str) -> str:
@@ -131,3 +145,124 @@ def fpack_imports(mod: Any, is_system_lib: bool, symbol_prefix: str, workspace_d
     registration when ``is_system_lib``. Returns the object's path, which TVM links.
     """
     return make_fpack_imports()(mod, is_system_lib, symbol_prefix, workspace_dir)
+
+
+#: The file name ending of the raw blobs :func:`fpack_blob` writes for :func:`fcompile`.
+BLOB_SUFFIX = ".mblob"
+
+
+def fpack_blob(mod: Any, is_system_lib: bool, symbol_prefix: str, workspace_dir: str) -> str:
+    """An ``fpack_imports`` for use with :func:`fcompile` only: writes the serialized imports
+    as a raw blob ``<workspace_dir>/<prefix>devc.mblob`` (with how to pack it in
+    ``devc.mblob.json`` beside it) instead of an object, so that the blob's bytes are copied
+    once, by :func:`fcompile`, into the linked library. TVM's own ``fcompile`` cannot link
+    this file; :func:`export_library` passes the two together.
+    """
+    tvm = _tvm()
+    prefix = symbol_prefix or ""
+    blob, _ = serialize_imports(mod)
+    path = os.path.join(workspace_dir, f"{prefix}devc{BLOB_SUFFIX}")
+    blob.tofile(path)
+    del blob
+    how = {
+        "layout": layout_of_version(tvm.__version__),
+        "system_lib": bool(is_system_lib),
+        "prefix": prefix,
+        "target": _target_triple(mod),
+    }
+    with open(path + ".json", "w") as f:
+        json.dump(how, f)
+    return path
+
+
+def _split_options(options: Union[None, str, Sequence[str]]) -> Tuple[List[str], List[str]]:
+    """TVM's ``options`` (one ``g++`` command line does both) as compiler flags and link
+    arguments: libraries, library directories and ``-Wl,`` options go to the link only,
+    everything else to both."""
+    if options is None:
+        return [], []
+    opts = [options] if isinstance(options, str) else [str(o) for o in options]
+    link_only = ("-l", "-L", "-Wl,", "-shared", "-static", "-rdynamic", "-fuse-ld=")
+    flags = [o for o in opts if not o.startswith(link_only)]
+    return flags, opts
+
+
+def _blob_input(path: str) -> Optional[Dict[str, Any]]:
+    """How to pack the blob `path` holds: a raw blob from :func:`fpack_blob`, or a blob
+    object (TVM's or mblob's ``devc.o``); None for host code."""
+    if path.endswith(BLOB_SUFFIX):
+        try:
+            with open(path + ".json") as f:
+                how = json.load(f)
+        except (OSError, ValueError) as e:
+            raise _native.InputError(f"{path}: a raw blob without a readable {path}.json beside it: {e}") from e
+        how["source_layout"] = how["layout"]
+        return how
+    if path.endswith(".o"):
+        found = _native.blob_object(path)
+        if found is not None:
+            return {
+                "layout": found["layout"],
+                "source_layout": None,
+                "system_lib": found["system_lib"],
+                "prefix": found["prefix"],
+                "target": None,
+            }
+    return None
+
+
+def fcompile(
+    output: str,
+    objects: Sequence[str],
+    options: Union[None, str, Sequence[str]] = None,
+    cc: Optional[str] = None,
+    cwd: Optional[str] = None,
+    **kwargs: Any,
+) -> None:
+    """TVM's ``fcompile`` (the signature of ``tvm.contrib.cc.create_shared``), linking with
+    mblob: the host objects and sources are compiled and linked with a placeholder, and the
+    blob (from :func:`fpack_blob`'s raw blob, or taken out of a blob object such as TVM's own
+    ``devc.o``) is written once into the linked library, re-serialized by mblob in the same
+    layout. Without a blob among ``objects`` it calls TVM's ``create_shared``.
+
+    ``options`` go to the compiler and to the link (``-l``, ``-L`` and ``-Wl,`` options to the
+    link only); ``cc`` compiles and drives the link (default ``$CC``, then ``cc``).
+    """
+    paths = [os.path.join(cwd, os.fspath(o)) if cwd else os.fspath(o) for o in objects]
+    blobs = [(p, how) for p in paths for how in [_blob_input(p)] if how is not None]
+    if not blobs:
+        from tvm.contrib import cc as _cc  # noqa: PLC0415
+
+        return _cc.create_shared(output, list(objects), options=options, cc=cc, cwd=cwd, **kwargs)
+    if len(blobs) > 1:
+        raise _native.InputError("more than one blob among the inputs: " + ", ".join(p for p, _ in blobs))
+    source, how = blobs[0]
+    host = [p for p in paths if p != source]
+    flags, link_args = _split_options(options)
+    from . import pack  # noqa: PLC0415
+
+    pack(
+        source,
+        os.path.join(cwd, output) if cwd else output,
+        host=host,
+        blob_only=not host,
+        source_layout=how["source_layout"],
+        layout=how["layout"],
+        system_lib=how["system_lib"],
+        prefix=how["prefix"],
+        target=how["target"],
+        flags=flags,
+        link_args=link_args,
+        cc=cc,
+    )
+    return None
+
+
+def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
+    """``mod.export_library(file_name, **kwargs)`` with mblob packing and linking
+    (:func:`fpack_blob` and :func:`fcompile`): the blob is written once, into the library.
+    Other arguments (``workspace_dir``, ``options``, ``cc``, ...) go to TVM's ``export_library``.
+    """
+    kwargs.setdefault("fpack_imports", fpack_blob)
+    kwargs.setdefault("fcompile", fcompile)
+    return mod.export_library(file_name, **kwargs)

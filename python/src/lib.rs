@@ -12,8 +12,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use mblob::export::{Backend, Export, ExportReport};
-use mblob::pack::{BlobSource, CStyle, PackOptions};
+use mblob::export::{Backend, Export, ExportReport, SerializedBlob};
+use mblob::pack::{CStyle, PackOptions};
 use mblob::Error as MError;
 use mblob_runtime::Layout;
 use pyo3::create_exception;
@@ -237,7 +237,7 @@ fn export<'py>(
 /// Packs the module tree of `source` (a `.so` or raw `.blob`) again with the host objects or
 /// sources `host`.
 #[pyfunction]
-#[pyo3(signature = (source, output, host, blob_only, source_layout, backend_name, layout_name, system_lib, prefix, target, force_layout))]
+#[pyo3(signature = (source, output, host, blob_only, source_layout, backend_name, layout_name, system_lib, prefix, target, force_layout, flags=Vec::new(), link_args=Vec::new(), cc=None))]
 #[allow(clippy::too_many_arguments)]
 fn pack<'py>(
     py: Python<'py>,
@@ -252,6 +252,9 @@ fn pack<'py>(
     prefix: String,
     target: Option<String>,
     force_layout: bool,
+    flags: Vec<String>,
+    link_args: Vec<String>,
+    cc: Option<PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
     if host.is_empty() && !blob_only {
         return Err(InputError::new_err(format!(
@@ -282,9 +285,32 @@ fn pack<'py>(
             }
         }
         args.apply(&mut e);
+        for f in flags {
+            e.flag(f);
+        }
+        for a in link_args {
+            e.link_arg(a);
+        }
+        if let Some(cc) = cc {
+            e.compiler(cc.clone()).driver(cc);
+        }
         Ok(e.write(&output)?)
     })?;
     report_dict(py, &report)
+}
+
+/// The blob symbol of a relocatable object (a `devc.o`, TVM's or mblob's) as a dict
+/// (`symbol`, `layout`, `prefix`, `system_lib`), or None for any other file.
+#[pyfunction]
+fn blob_object<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let found = run(py, move || Ok(mblob::repack::blob_object(&path)?))?;
+    let Some(found) = found else { return Ok(None) };
+    let d = PyDict::new(py);
+    d.set_item("symbol", found.symbol)?;
+    d.set_item("layout", found.layout.name())?;
+    d.set_item("prefix", found.prefix)?;
+    d.set_item("system_lib", found.system_lib)?;
+    Ok(Some(d))
 }
 
 /// The blob of a `.so` or raw `.blob` file, header included, and its layout's name.
@@ -296,20 +322,10 @@ fn read_blob(py: Python<'_>, path: PathBuf, layout_name: Option<&str>) -> PyResu
     Ok((pyo3::types::PyBytes::new(py, &blob).unbind(), layout.name().to_owned()))
 }
 
-/// A blob file as a [`BlobSource`], mapped rather than read.
-struct MappedBlob(mblob_runtime::Bytes);
-
-impl BlobSource for MappedBlob {
-    fn blob_len(&self) -> u64 {
-        self.0.len() as u64
-    }
-    fn write_blob(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        out.write_all(&self.0)
-    }
-}
-
-/// Writes the object that holds the blob in `blob_path` (header included) under the layout's
-/// symbol, into `out_dir`; returns its path (`<prefix>devc.o`).
+/// Writes the object that holds the blob in `blob_path` (header included, in the layout
+/// `layout_name`) under the layout's symbol, into `out_dir`; returns its path
+/// (`<prefix>devc.o`). The blob is decoded into its module tree and written again by mblob's
+/// serializer (payload kinds mblob does not know are carried over as their bytes).
 #[pyfunction]
 #[pyo3(signature = (blob_path, out_dir, layout_name, system_lib, prefix, target, backend_name))]
 #[allow(clippy::too_many_arguments)]
@@ -328,7 +344,12 @@ fn pack_blob_file(
     let path = run(py, move || {
         let data = mblob_runtime::map_file(&blob_path)?;
         check_blob_header(&data, &blob_path)?;
-        let blob = MappedBlob(data);
+        let tree = mblob::repack::module_tree_of(&data, opts.layout, &blob_path)?;
+        let serialized = mblob_runtime::serialize(&tree).map_err(MError::from)?;
+        let blob = SerializedBlob::new(&serialized, &tree, opts.layout).map_err(|e| MError::Invalid {
+            what: blob_path.display().to_string(),
+            detail: e.to_string(),
+        })?;
         // TVM links the returned object itself, so the direct route (which writes the blob
         // into a library after linking) falls back to the LLVM object, as `Export` does where
         // it needs an object.
@@ -385,6 +406,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     m.add_function(wrap_pyfunction!(read_blob, m)?)?;
     m.add_function(wrap_pyfunction!(pack_blob_file, m)?)?;
+    m.add_function(wrap_pyfunction!(blob_object, m)?)?;
     m.add_function(wrap_pyfunction!(has_llvm, m)?)?;
     run::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

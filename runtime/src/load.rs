@@ -162,7 +162,14 @@ impl PayloadSizer for DecodingReader<'_> {
                 Ok(Measure::Len(len))
             }
             Ok(None) => Ok(Measure::Unmeasured),
-            Err(e) => Err(format_error(e, base)),
+            // A payload that measures but does not decode: the parse must split the blob as
+            // `parse_blob` does (a stricter measure here would send the classic reader's end
+            // search to another reading of an ambiguous blob, found by the `blob_classic`
+            // fuzzer), so the length stands and `build` reports the loader's error.
+            Err(e) => match loader.measure(bytes, base, layout) {
+                Ok(m) => Ok(m),
+                Err(_) => Err(format_error(e, base)),
+            },
         })
     }
 

@@ -180,6 +180,28 @@ fn legacy_opaque_blob_reads_in_both_modes() {
     assert_eq!(tree.modules().len(), 5, "a library root and the four entries");
 }
 
+/// Found by the `blob_classic` target in a 10 M campaign (its check "`load_blob` succeeds only
+/// where `parse_blob` does"): a classic blob with two `relax.Executable` payloads that measure
+/// (their string wrapper) but do not decode (VM version "0.24", a bad magic). `load_blob`
+/// measured by decoding, so for it those payloads had no length, and the end search found
+/// another reading of the body that loads, while `parse_blob` took the measured lengths and
+/// refused the import tree they lead to. A load now measures as the parser does and reports
+/// the loader's error: both refuse, and the two split every blob alike.
+#[test]
+fn load_measures_payloads_that_do_not_decode_as_the_parser_does() {
+    let data = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fuzz_regressions/load_accepts_parse_refuses.blob"
+    ))
+    .expect("the regression input");
+    let registry = Registry::default();
+    let parsed = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepOpaque);
+    let err = parsed.expect_err("the measured reading has a bad import tree");
+    assert!(err.to_string().contains("imports module"), "{err}");
+    let loaded = load_blob(&Bytes::from_vec(data), Layout::Classic, &registry, &LoadOptions::keep_unknown());
+    assert!(loaded.is_err(), "load_blob accepted what parse_blob refused: {:?}", loaded.map(|t| t.render()));
+}
+
 /// A classic body whose first entry is an opaque kind followed by `candidates` entries of the
 /// same kind, then `tail` zero bytes: every candidate end lies before the tail, so each try of
 /// the opaque search walked the whole tail again.

@@ -19,6 +19,13 @@ Routes:
   tvm-c       TVM's fallback without LLVM (ModulePackImportsToC: the blob as C hex text, gcc)
   mblob-llvm  fpack_imports=mblob.tvm.fpack_imports (mblob's LLVM packer)
   mblob-c     fpack_imports=mblob.tvm.make_fpack_imports(backend="c") (no LLVM anywhere)
+  mblob-link  mblob.tvm.export_library: fpack_imports=mblob.tvm.fpack_blob (the raw blob) and
+              fcompile=mblob.tvm.fcompile (the host code linked with a placeholder, the blob
+              written into the library once; no LLVM needed either)
+  tvm-llvm+fcompile  TVM's default packer, then fcompile=mblob.tvm.fcompile (the blob taken out
+              of TVM's devc.o and written into the library)
+
+--repeat N runs every (size, route) N times, the routes taking turns, and prints each run.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import tempfile
 import threading
 import time
 
-ROUTES = ("tvm-llvm", "tvm-c", "mblob-llvm", "mblob-c")
+ROUTES = ("tvm-llvm", "tvm-c", "mblob-llvm", "mblob-c", "mblob-link", "tvm-llvm+fcompile")
 
 
 def rss_bytes() -> int:
@@ -59,7 +66,7 @@ def build(size_mib: int):
 
 
 def fpack_for(route: str):
-    if route == "tvm-llvm":
+    if route in ("tvm-llvm", "tvm-llvm+fcompile"):
         return None
     if route == "tvm-c":
         import tvm
@@ -78,12 +85,23 @@ def fpack_for(route: str):
 
     if route == "mblob-llvm":
         return mblob.tvm.fpack_imports
+    if route == "mblob-link":
+        return mblob.tvm.fpack_blob
     return mblob.tvm.make_fpack_imports(backend="c")
+
+
+def fcompile_for(route: str):
+    if route in ("mblob-link", "tvm-llvm+fcompile"):
+        import mblob.tvm
+
+        return mblob.tvm.fcompile
+    return None
 
 
 def one(size_mib: int, route: str, options: list) -> dict:
     lib = build(size_mib)
     fpack = fpack_for(route)
+    fcompile = fcompile_for(route)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "model.so")
         before = rss_bytes()
@@ -100,6 +118,8 @@ def one(size_mib: int, route: str, options: list) -> dict:
         kwargs = {"options": options} if options else {}
         if fpack is not None:
             kwargs["fpack_imports"] = fpack
+        if fcompile is not None:
+            kwargs["fcompile"] = fcompile
         lib.export_library(out, **kwargs)
         wall = time.perf_counter() - start
         done.set()
@@ -133,13 +153,14 @@ def main() -> int:
         default=[],
         help="an option for TVM's compile-and-link step (e.g. -fuse-ld=lld, with ld.lld on PATH)",
     )
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each (size, route), routes taking turns")
     ap.add_argument("--one", nargs=2, metavar=("SIZE", "ROUTE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one(int(args.one[0]), args.one[1], args.link_option)), flush=True)
         return 0
     for size in args.sizes:
-        for route in args.routes:
+        for route in [r for _ in range(args.repeat) for r in args.routes]:
             cmd = [sys.executable, __file__, "--one", str(size), route]
             cmd += [f"--link-option={o}" for o in args.link_option]
             try:

@@ -573,7 +573,8 @@ impl Export {
                 })
             }
             Backend::C(style) => {
-                let src = pack::c::write_source(watched, opts, style, tmp)?;
+                // Payload files are `.incbin`ed in place: the source is compiled at once.
+                let src = pack::c::write_source_in_place(watched, opts, style, tmp)?;
                 if let Some(dir) = &self.emit_devc {
                     // Written there, not copied: the fast form's `.incbin` names the blob
                     // file beside the source, which must outlive the temporary directory.

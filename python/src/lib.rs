@@ -361,7 +361,7 @@ fn pack_blob_file(
                 return Err(MError::FeatureDisabled { what: "the LLVM backend".into(), feature: "llvm" }.into())
             }
             Backend::C(style) => {
-                let src = mblob::pack::c::write_source(&blob, &opts, style, &out_dir)?;
+                let src = mblob::pack::c::write_source_in_place(&blob, &opts, style, &out_dir)?;
                 mblob::pack::c::compile_with(&src, &opts, &out_dir, style == CStyle::Tvm && opts.system_lib)?
             }
         };

@@ -189,11 +189,9 @@ fn legacy_opaque_blob_reads_in_both_modes() {
 /// the loader's error: both refuse, and the two split every blob alike.
 #[test]
 fn load_measures_payloads_that_do_not_decode_as_the_parser_does() {
-    let data = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fuzz_regressions/load_accepts_parse_refuses.blob"
-    ))
-    .expect("the regression input");
+    let data =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz_regressions/load_accepts_parse_refuses.blob"))
+            .expect("the regression input");
     let registry = Registry::default();
     let parsed = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepOpaque);
     let err = parsed.expect_err("the measured reading has a bad import tree");

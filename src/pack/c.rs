@@ -15,6 +15,7 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::filespan::MappedFiles;
 use super::{BlobSource, CStyle, PackOptions};
 use crate::{Error, Result};
 
@@ -90,6 +91,29 @@ impl Write for HexLines<'_> {
 /// ELF (its assembly directives are ELF's); [`Error::Io`] when a file cannot be written (the
 /// files written so far are removed).
 pub fn write_source(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, dir: &Path) -> Result<PathBuf> {
+    write_source_with(blob, opts, style, dir, false)
+}
+
+/// [`write_source`], except that in the fast form the bytes of large payloads that are
+/// read-only mappings of files (payloads read with [`mblob_runtime::map_file`]) are
+/// `.incbin`ed from those files where they lie, and only the rest goes into `<stem>.bin`: the
+/// blob's bytes are read once, by the assembler, instead of being written to `<stem>.bin`
+/// first. The source is then valid only while those files stay as they are: compile it at
+/// once (an export does).
+///
+/// # Errors
+/// As [`write_source`].
+pub fn write_source_in_place(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, dir: &Path) -> Result<PathBuf> {
+    write_source_with(blob, opts, style, dir, true)
+}
+
+fn write_source_with(
+    blob: &dyn BlobSource,
+    opts: &PackOptions,
+    style: CStyle,
+    dir: &Path,
+    in_place: bool,
+) -> Result<PathBuf> {
     opts.check()?;
     let len = blob.blob_len();
     let _span =
@@ -107,10 +131,12 @@ pub fn write_source(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, di
                 detail: "the fast C form uses ELF assembly directives; use TVM's C text for other targets".into(),
             })?;
             let bin = dir.join(format!("{}.bin", opts.file_stem()));
-            let mut b = created.create(&bin)?;
-            blob.write_blob(&mut b).and_then(|_| b.flush()).map_err(Error::io(&bin, "cannot write"))?;
-            drop(b);
-            let written = std::fs::metadata(&bin).map_err(Error::io(&bin, "cannot read"))?.len();
+            let mut pieces = Pieces { bin: created.create(&bin)?, bin_len: 0, list: Vec::new(), files: None };
+            if in_place {
+                pieces.files = Some(MappedFiles::default());
+            }
+            blob.write_blob(&mut pieces).and_then(|_| pieces.bin.flush()).map_err(Error::io(&bin, "cannot write"))?;
+            let written: u64 = pieces.list.iter().map(|p| p.len).sum();
             if written != len {
                 return Err(Error::Invalid {
                     what: bin.display().to_string(),
@@ -118,8 +144,13 @@ pub fn write_source(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, di
                 });
             }
             let bin = bin.canonicalize().map_err(Error::io(&bin, "cannot resolve"))?;
+            let list: Vec<(PathBuf, u64, u64)> =
+                pieces.list.into_iter().map(|p| (p.file.unwrap_or_else(|| bin.clone()), p.offset, p.len)).collect();
+            if list.len() > 1 {
+                tracing::debug!(pieces = list.len(), "blob .incbin'ed in pieces, payload files in place");
+            }
             let mut out = created.create(&path)?;
-            write_fast_text(len, section, &bin, opts, &mut out)
+            write_fast_text(len, section, &list, opts, &mut out)
                 .and_then(|_| out.flush())
                 .map_err(Error::io(&path, "cannot write"))?;
         }
@@ -148,28 +179,81 @@ impl Drop for Created {
     }
 }
 
+/// The blob as it goes into the fast form: spans of `<stem>.bin` (what was copied) and, in
+/// place, spans of payload files. Adjacent spans of one file are merged.
+struct Pieces {
+    bin: BufWriter<File>,
+    bin_len: u64,
+    list: Vec<Piece>,
+    /// Looks up payload files; `None`: copy everything.
+    files: Option<MappedFiles>,
+}
+
+/// `len` bytes from `offset` of `file` (`None`: the `.bin` file).
+struct Piece {
+    file: Option<PathBuf>,
+    offset: u64,
+    len: u64,
+}
+
+impl Pieces {
+    fn push(&mut self, file: Option<PathBuf>, offset: u64, len: u64) {
+        match self.list.last_mut() {
+            Some(last) if last.file == file && last.offset + last.len == offset => last.len += len,
+            _ => self.list.push(Piece { file, offset, len }),
+        }
+    }
+}
+
+impl Write for Pieces {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(span) = self.files.as_mut().and_then(|f| f.span(buf)) {
+            self.push(Some(span.path), span.offset, buf.len() as u64);
+            return Ok(buf.len());
+        }
+        let n = self.bin.write(buf)?;
+        let at = self.bin_len;
+        self.bin_len += n as u64;
+        self.push(None, at, n as u64);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.bin.flush()
+    }
+}
+
 /// The fast form: a top-level `__asm__` block defines the symbol in `section` and `.incbin`s
-/// the blob file `bin`. Valid C and C++, for any ELF target (`%` type prefixes, which both the
-/// x86 and the Arm assemblers accept).
-fn write_fast_text(len: u64, section: &str, bin: &Path, opts: &PackOptions, out: &mut dyn Write) -> io::Result<()> {
+/// the blob's pieces (file, offset, length) in order. Valid C and C++, for any ELF target (`%`
+/// type prefixes, which both the x86 and the Arm assemblers accept).
+fn write_fast_text(
+    len: u64,
+    section: &str,
+    pieces: &[(PathBuf, u64, u64)],
+    opts: &PackOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     let sym = opts.symbol();
     // `a` = allocatable; `l` marks x86-64 large data (SHF_X86_64_LARGE), which gold needs to
     // place the section away from the small ones.
     let flags = if section == ".lrodata" { "al" } else { "a" };
-    let incbin = format!(".incbin \"{}\"", gas_string(bin.as_os_str().as_bytes()));
-    writeln!(out, "/* The blob of a packed module tree: {len} bytes, in the file named below. Generated by mblob. */")?;
+    let incbins = pieces
+        .iter()
+        .map(|(file, offset, n)| format!(".incbin \"{}\",{offset},{n}", gas_string(file.as_os_str().as_bytes())));
+    writeln!(
+        out,
+        "/* The blob of a packed module tree: {len} bytes, in the files named below. Generated by mblob. */"
+    )?;
     writeln!(out, "#ifdef __cplusplus\nextern \"C\" {{\n#endif")?;
     writeln!(out, "extern const unsigned char {sym}[];")?;
     writeln!(out, "__asm__(")?;
-    for line in [
+    let head = [
         format!(".pushsection {section},\"{flags}\",%progbits"),
         format!(".globl {sym}"),
         format!(".type {sym}, %object"),
         format!(".size {sym}, {len}"),
         format!("{sym}:"),
-        incbin,
-        ".popsection".to_owned(),
-    ] {
+    ];
+    for line in head.into_iter().chain(incbins).chain([".popsection".to_owned()]) {
         writeln!(out, "  \"{}\\n\"", c_string(&line))?;
     }
     writeln!(out, ");")?;
@@ -369,7 +453,8 @@ mod tests {
     #[test]
     fn fast_text_for_large_blobs_uses_large_data_flags() {
         let mut text = Vec::new();
-        write_fast_text(5 << 30, ".lrodata", Path::new("/x/devc.bin"), &PackOptions::default(), &mut text).unwrap();
+        let pieces = [(PathBuf::from("/x/devc.bin"), 0, 5 << 30)];
+        write_fast_text(5 << 30, ".lrodata", &pieces, &PackOptions::default(), &mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains(r#"".pushsection .lrodata,\"al\",%progbits\n""#), "{text}");
         assert!(text.contains(r#"".size __tvm_dev_mblob, 5368709120\n""#), "{text}");
@@ -385,7 +470,8 @@ mod tests {
         let opts = PackOptions::default();
         let src = dir.path().join("devc.c");
         let mut text = Vec::new();
-        write_fast_text(blob.len() as u64, ".lrodata", &bin, &opts, &mut text).unwrap();
+        write_fast_text(blob.len() as u64, ".lrodata", &[(bin.clone(), 0, blob.len() as u64)], &opts, &mut text)
+            .unwrap();
         std::fs::write(&src, text).unwrap();
         let o = compile(&src, &opts, dir.path()).unwrap();
         let data = std::fs::read(&o).unwrap();
@@ -402,6 +488,57 @@ mod tests {
         let data = std::fs::read(&so).unwrap();
         let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
         assert!(found.bytes(&data).unwrap() == blob);
+    }
+
+    /// A blob of small parts and a large payload mapped from a file.
+    struct Mixed(mblob_runtime::Bytes);
+
+    impl BlobSource for Mixed {
+        fn blob_len(&self) -> u64 {
+            8 + self.0.len() as u64 + 3
+        }
+        fn write_blob(&self, out: &mut dyn Write) -> io::Result<()> {
+            out.write_all(&(self.0.len() as u64 + 3).to_le_bytes())?;
+            // In two slices, as the export's progress writer hands it over.
+            let half = self.0.len() / 2;
+            out.write_all(&self.0[..half])?;
+            out.write_all(&self.0[half..])?;
+            out.write_all(b"end")
+        }
+    }
+
+    #[test]
+    fn in_place_form_incbins_the_payload_file_and_compiles_to_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let payload_path = dir.path().join("payload \"odd\".bin");
+        let payload: Vec<u8> = (0..(3u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+        std::fs::write(&payload_path, &payload).unwrap();
+        let blob = Mixed(mblob_runtime::map_file(&payload_path).unwrap());
+        let mut want = Vec::new();
+        blob.write_blob(&mut want).unwrap();
+        let opts = PackOptions::default();
+        let objects: Vec<Vec<u8>> = [false, true]
+            .into_iter()
+            .map(|in_place| {
+                let out = dir.path().join(if in_place { "in-place" } else { "copy" });
+                std::fs::create_dir(&out).unwrap();
+                let src = write_source_with(&blob, &opts, CStyle::Fast, &out, in_place).unwrap();
+                let bin_len = std::fs::metadata(out.join("devc.bin")).unwrap().len();
+                let text = std::fs::read_to_string(&src).unwrap();
+                if in_place {
+                    assert_eq!(bin_len, 11, "only the header and the tail are copied");
+                    assert_eq!(text.matches(".incbin").count(), 3, "{text}");
+                } else {
+                    assert_eq!(bin_len, want.len() as u64);
+                }
+                let o = compile(&src, &opts, &out).unwrap();
+                let data = std::fs::read(&o).unwrap();
+                let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
+                assert!(found.bytes(&data).unwrap() == want, "in place: {in_place}");
+                data
+            })
+            .collect();
+        assert!(objects[0] == objects[1], "the two objects differ");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod abi;
 pub mod c;
 pub mod direct;
+mod filespan;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 

@@ -189,15 +189,23 @@ fn legacy_opaque_blob_reads_in_both_modes() {
 /// the loader's error: both refuse, and the two split every blob alike.
 #[test]
 fn load_measures_payloads_that_do_not_decode_as_the_parser_does() {
-    let data =
-        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz_regressions/load_accepts_parse_refuses.blob"))
-            .expect("the regression input");
-    let registry = Registry::default();
-    let parsed = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepOpaque);
-    let err = parsed.expect_err("the measured reading has a bad import tree");
-    assert!(err.to_string().contains("imports module"), "{err}");
-    let loaded = load_blob(&Bytes::from_vec(data), Layout::Classic, &registry, &LoadOptions::keep_unknown());
-    assert!(loaded.is_err(), "load_blob accepted what parse_blob refused: {:?}", loaded.map(|t| t.render()));
+    // The second input is `blob_classic_021`'s finding of the same campaign.
+    for (name, layout) in [
+        ("load_accepts_parse_refuses.blob", Layout::Classic),
+        ("load_accepts_parse_refuses_021.blob", Layout::Classic021),
+    ] {
+        let path = format!("{}/tests/fuzz_regressions/{name}", env!("CARGO_MANIFEST_DIR"));
+        let data = std::fs::read(&path).expect("the regression input");
+        let registry = Registry::default();
+        let parsed = parse_blob(&data, layout, &registry, UnknownKeys::KeepOpaque);
+        assert!(parsed.is_err(), "{name}: the measured reading is refused");
+        let loaded = load_blob(&Bytes::from_vec(data), layout, &registry, &LoadOptions::keep_unknown());
+        assert!(
+            loaded.is_err(),
+            "{name}: load_blob accepted what parse_blob refused: {:?}",
+            loaded.map(|t| t.render())
+        );
+    }
 }
 
 /// A classic body whose first entry is an opaque kind followed by `candidates` entries of the

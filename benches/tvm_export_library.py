@@ -19,9 +19,12 @@ Routes:
   tvm-c       TVM's fallback without LLVM (ModulePackImportsToC: the blob as C hex text, gcc)
   mblob-llvm  fpack_imports=mblob.tvm.fpack_imports (mblob's LLVM packer)
   mblob-c     fpack_imports=mblob.tvm.make_fpack_imports(backend="c") (no LLVM anywhere)
-  mblob-link  mblob.tvm.export_library: fpack_imports=mblob.tvm.fpack_blob (the raw blob) and
-              fcompile=mblob.tvm.fcompile (the host code linked with a placeholder, the blob
-              written into the library once; no LLVM needed either)
+  mblob-link  mblob.tvm.export_library(lib, path): for this graph model TVM serializes the
+              factory with empty parameters only, mblob writes the parameter arrays, and the
+              host code is linked with a placeholder, the blob written into the library once
+              (no LLVM needed either)
+  mblob-link-generic  fpack_imports=mblob.tvm.fpack_blob (TVM serializes the imports, written
+              as a raw blob) and fcompile=mblob.tvm.fcompile (the same link)
   tvm-llvm+fcompile  TVM's default packer, then fcompile=mblob.tvm.fcompile (the blob taken out
               of TVM's devc.o and written into the library)
 
@@ -40,7 +43,7 @@ import tempfile
 import threading
 import time
 
-ROUTES = ("tvm-llvm", "tvm-c", "mblob-llvm", "mblob-c", "mblob-link", "tvm-llvm+fcompile")
+ROUTES = ("tvm-llvm", "tvm-c", "mblob-llvm", "mblob-c", "mblob-link", "mblob-link-generic", "tvm-llvm+fcompile")
 
 
 def rss_bytes() -> int:
@@ -85,13 +88,13 @@ def fpack_for(route: str):
 
     if route == "mblob-llvm":
         return mblob.tvm.fpack_imports
-    if route == "mblob-link":
+    if route in ("mblob-link", "mblob-link-generic"):
         return mblob.tvm.fpack_blob
     return mblob.tvm.make_fpack_imports(backend="c")
 
 
 def fcompile_for(route: str):
-    if route in ("mblob-link", "tvm-llvm+fcompile"):
+    if route in ("mblob-link", "mblob-link-generic", "tvm-llvm+fcompile"):
         import mblob.tvm
 
         return mblob.tvm.fcompile
@@ -120,7 +123,12 @@ def one(size_mib: int, route: str, options: list) -> dict:
             kwargs["fpack_imports"] = fpack
         if fcompile is not None:
             kwargs["fcompile"] = fcompile
-        lib.export_library(out, **kwargs)
+        if route == "mblob-link":
+            import mblob.tvm
+
+            mblob.tvm.export_library(lib, out, **{k: v for k, v in kwargs.items() if k == "options"})
+        else:
+            lib.export_library(out, **kwargs)
         wall = time.perf_counter() - start
         done.set()
         t.join()

@@ -3,7 +3,11 @@
 
 use std::path::Path;
 
-use mblob_runtime::{elf, load_blob, Bytes, Layout, LoadOptions, ModuleTree, Registry};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use mblob_runtime::payload::graph::{GraphExecutorFactory, Tensor};
+use mblob_runtime::{elf, load_blob, Bytes, Layout, LoadOptions, ModuleKind, ModuleTree, Registry};
 
 use crate::{Error, Result};
 
@@ -100,4 +104,59 @@ pub fn blob_object(path: &Path) -> Result<Option<BlobObject>> {
     let register = crate::pack::PackOptions { layout: found.layout, ..Default::default() }.register_function();
     let system_lib = file.symbols().any(|s| s.is_undefined() && s.name() == Ok(register));
     Ok(Some(BlobObject { symbol: found.symbol, layout: found.layout, prefix: found.prefix, system_lib }))
+}
+
+/// `template` with the parameters of its graph executor factories replaced by `params`, by
+/// name, in the template's order (the order TVM's factory writes them in); everything else
+/// (the graph, the module name, the other modules and the imports) is kept.
+///
+/// This is how Python's `mblob.tvm.export_library` serializes a TVM graph model without
+/// having TVM serialize its parameters: TVM serializes a copy of the factory whose parameters
+/// are empty (which gives the order), and the real tensors come from the model's arrays.
+///
+/// # Errors
+/// [`Error::Invalid`] when the template has no graph executor factory, or when the names of
+/// `params` are not exactly those of the factory's parameters.
+pub fn with_graph_params(template: &ModuleTree, mut params: HashMap<String, Tensor>) -> Result<ModuleTree> {
+    let invalid = |detail: String| Error::Invalid { what: "the graph parameters".into(), detail };
+    let mut tree = ModuleTree::new();
+    let mut factories = 0;
+    for id in template.ids() {
+        let kind = template.kind(id).ok_or_else(|| invalid(format!("module {} missing from the template", id.0)))?;
+        let factory = match kind {
+            ModuleKind::Payload(p) => p.as_any().downcast_ref::<GraphExecutorFactory>(),
+            ModuleKind::Dso { .. } => None,
+        };
+        let new_id = match factory {
+            Some(f) => {
+                factories += 1;
+                let mut replaced = Vec::with_capacity(f.params.len());
+                for (name, _) in &f.params {
+                    let tensor = params
+                        .remove(name)
+                        .ok_or_else(|| invalid(format!("no array for the model's parameter `{name}`")))?;
+                    replaced.push((name.clone(), tensor));
+                }
+                let g = GraphExecutorFactory { params: replaced, ..f.clone() };
+                tree.add_payload_arc(Arc::new(g))
+            }
+            None => tree.add(kind.clone()),
+        };
+        debug_assert_eq!(new_id, id, "the ids are the template's");
+    }
+    if factories == 0 {
+        return Err(invalid("the template holds no graph executor factory".into()));
+    }
+    if let Some(extra) = params.keys().min() {
+        return Err(invalid(format!("`{extra}` is not a parameter of the model ({} more unused)", params.len() - 1)));
+    }
+    for id in template.ids() {
+        for &child in template.imports(id).unwrap_or_default() {
+            tree.import(id, child);
+        }
+    }
+    if let Some(root) = template.root() {
+        tree.set_root(root);
+    }
+    Ok(tree)
 }

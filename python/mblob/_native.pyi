@@ -58,6 +58,17 @@ def pack(
     cc: Optional[str] = ...,
 ) -> Dict[str, Any]: ...
 def blob_object(path: str) -> Optional[Dict[str, Any]]: ...
+def pack_graph_params(
+    template: str,
+    output: str,
+    host: List[str],
+    params: List[Tuple[str, str, List[int], Any]],
+    layout_name: str,
+    target: Optional[str] = ...,
+    flags: List[str] = ...,
+    link_args: List[str] = ...,
+    cc: Optional[str] = ...,
+) -> Dict[str, Any]: ...
 def read_blob(path: str, layout_name: Optional[str] = None) -> Tuple[bytes, str]: ...
 def pack_blob_file(
     blob_path: str,

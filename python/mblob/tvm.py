@@ -262,7 +262,90 @@ def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
     """``mod.export_library(file_name, **kwargs)`` with mblob packing and linking
     (:func:`fpack_blob` and :func:`fcompile`): the blob is written once, into the library.
     Other arguments (``workspace_dir``, ``options``, ``cc``, ...) go to TVM's ``export_library``.
+
+    For a Relay graph model (TVM 0.19's ``GraphExecutorFactoryModule`` of a CPU library: the
+    factory imports one ``llvm`` module that imports nothing), TVM does not serialize the
+    parameters either: it serializes a copy of the factory whose parameters are empty arrays,
+    which gives the module tree and the order TVM writes the parameters in, and mblob writes
+    the factory with the model's parameter arrays, read in place. The blob is the one TVM's
+    own packer writes (the tests compare them byte for byte).
     """
+    if "fpack_imports" not in kwargs and "fcompile" not in kwargs and not str(file_name).endswith(".tar"):
+        parts = _graph_factory_parts(mod)
+        if parts is not None:
+            fpack, link = parts
+            return mod.export_library(file_name, fpack_imports=fpack, fcompile=link, **kwargs)
     kwargs.setdefault("fpack_imports", fpack_blob)
     kwargs.setdefault("fcompile", fcompile)
     return mod.export_library(file_name, **kwargs)
+
+
+def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callable[..., None]]]:
+    """For a graph model whose parameters mblob can write itself, the ``fpack_imports`` and
+    ``fcompile`` pair that does it; None for anything else."""
+    import numpy as np  # noqa: PLC0415
+
+    tvm = _tvm()
+    module = getattr(lib, "module", None)
+    graph_json = getattr(lib, "graph_json", None)
+    params = getattr(lib, "params", None)
+    name = getattr(lib, "libmod_name", None)
+    create = tvm.get_global_func("tvm.graph_executor_factory.create", allow_missing=True)
+    if create is None or module is None or not isinstance(graph_json, str) or not isinstance(name, str):
+        return None
+    if not isinstance(params, dict) or getattr(module, "type_key", None) != "GraphExecutorFactory":
+        return None
+    imports = module.imported_modules
+    if len(imports) != 1 or imports[0].type_key != "llvm" or imports[0].imported_modules:
+        return None
+    arrays = []
+    try:
+        for key, value in params.items():
+            a = np.ascontiguousarray(_as_numpy(value))
+            arrays.append((str(key), str(value.dtype), [int(d) for d in a.shape], a.reshape(-1).view(np.uint8)))
+    except Exception:  # noqa: BLE001 - a dtype numpy cannot hold: TVM serializes the arrays
+        return None
+    templates: Dict[str, Any] = {}
+
+    def fpack(mod: Any, is_system_lib: bool, symbol_prefix: str, workspace_dir: str) -> str:
+        handle = getattr(getattr(mod, "handle", None), "value", None)
+        same = mod is module or (handle is not None and handle == getattr(module.handle, "value", None))
+        if is_system_lib or not same:
+            return fpack_blob(mod, is_system_lib, symbol_prefix, workspace_dir)
+        args: List[Any] = []
+        for key, value in params.items():
+            args += [key, tvm.nd.empty((0,), str(value.dtype))]
+        empty = create(graph_json, imports[0], name, *args)
+        path = fpack_blob(empty, is_system_lib, symbol_prefix, workspace_dir)
+        templates[path] = True
+        return path
+
+    def link(
+        output: str,
+        objects: Sequence[str],
+        options: Union[None, str, Sequence[str]] = None,
+        cc: Optional[str] = None,
+        cwd: Optional[str] = None,
+        **kw: Any,
+    ) -> None:
+        paths = [os.path.join(cwd, os.fspath(o)) if cwd else os.fspath(o) for o in objects]
+        template = [p for p in paths if p in templates]
+        if not template:
+            return fcompile(output, objects, options=options, cc=cc, cwd=cwd, **kw)
+        with open(template[0] + ".json") as f:
+            how = json.load(f)
+        flags, link_args = _split_options(options)
+        _native.pack_graph_params(
+            template[0],
+            os.path.join(cwd, output) if cwd else output,
+            [p for p in paths if p != template[0]],
+            arrays,
+            how["layout"],
+            how["target"],
+            flags,
+            link_args,
+            cc,
+        )
+        return None
+
+    return fpack, link

@@ -273,10 +273,28 @@ fn pack<'py>(
         target,
         force_layout,
     };
+    let tools = HostTools { host, flags, link_args, cc };
     let report = run(py, move || {
         let tree = mblob::repack::read_module_tree(&source, from)?;
         let mut e = Export::from_tree(tree);
-        for h in host {
+        tools.apply(&mut e);
+        args.apply(&mut e);
+        Ok(e.write(&output)?)
+    })?;
+    report_dict(py, &report)
+}
+
+/// The host code of an export and the tools that build it.
+struct HostTools {
+    host: Vec<PathBuf>,
+    flags: Vec<String>,
+    link_args: Vec<String>,
+    cc: Option<PathBuf>,
+}
+
+impl HostTools {
+    fn apply(self, e: &mut Export) {
+        for h in self.host {
             let is_source = h.extension().is_some_and(|x| x == "c") || mblob::export::is_cxx(&h);
             if is_source {
                 e.c_source(h);
@@ -284,15 +302,103 @@ fn pack<'py>(
                 e.object(h);
             }
         }
-        args.apply(&mut e);
-        for f in flags {
+        for f in self.flags {
             e.flag(f);
         }
-        for a in link_args {
+        for a in self.link_args {
             e.link_arg(a);
         }
-        if let Some(cc) = cc {
+        if let Some(cc) = self.cc {
             e.compiler(cc.clone()).driver(cc);
+        }
+    }
+}
+
+/// The bytes of a one-dimensional, C-contiguous numpy `uint8` array, read in place and kept
+/// alive with it: the data of a parameter tensor. (PyO3's buffer protocol support needs the
+/// stable ABI of Python 3.11; this package targets 3.9, so numpy's array interface is used.)
+struct ArrayBytes {
+    _owner: Py<PyAny>,
+    addr: usize,
+    len: usize,
+}
+
+impl ArrayBytes {
+    /// Reads the array interface of `array` and checks it describes `len` contiguous bytes.
+    fn new(array: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayBytes> {
+        let bad = |why: &str| InputError::new_err(format!("{what}: {why} (expected a 1-d contiguous uint8 numpy array)"));
+        let iface = array.getattr("__array_interface__").map_err(|_| bad("no __array_interface__"))?;
+        let typestr: String = iface.get_item("typestr")?.extract()?;
+        let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
+        let strides = iface.get_item("strides").ok().filter(|s| !s.is_none());
+        let (addr, _readonly): (usize, bool) = iface.get_item("data")?.extract()?;
+        if typestr != "|u1" || shape.len() != 1 || strides.is_some() {
+            return Err(bad(&format!("typestr {typestr}, shape {shape:?}")));
+        }
+        if addr == 0 && shape[0] != 0 {
+            return Err(bad("null data"));
+        }
+        Ok(ArrayBytes { _owner: array.clone().unbind(), addr, len: shape[0] })
+    }
+}
+
+#[allow(unsafe_code)]
+impl AsRef<[u8]> for ArrayBytes {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ArrayBytes::new` took `addr` and `len` from the array interface of a
+        // C-contiguous one-dimensional `uint8` numpy array (strides None), which numpy keeps
+        // valid and in place while the array lives, and `_owner` holds a reference to it for as
+        // long as this view exists. The arrays are the model's parameters, which nothing
+        // writes to during `export_library`.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+}
+
+/// Writes a graph model's library: the module tree of the raw blob `template` (TVM's
+/// serialization of the model's factory with empty parameters), with the parameters given as
+/// `(name, dtype, shape, bytes)` in its factory, linked with `host` by the direct route.
+#[pyfunction]
+#[pyo3(signature = (template, output, host, params, layout_name, target=None, flags=Vec::new(), link_args=Vec::new(), cc=None))]
+#[allow(clippy::too_many_arguments)]
+fn pack_graph_params<'py>(
+    py: Python<'py>,
+    template: PathBuf,
+    output: PathBuf,
+    host: Vec<PathBuf>,
+    params: Vec<(String, String, Vec<i64>, Bound<'py, PyAny>)>,
+    layout_name: &str,
+    target: Option<String>,
+    flags: Vec<String>,
+    link_args: Vec<String>,
+    cc: Option<PathBuf>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let layout = layout(layout_name)?;
+    let mut tensors = std::collections::HashMap::with_capacity(params.len());
+    for (name, dtype, shape, array) in params {
+        let bytes = ArrayBytes::new(&array, &format!("parameter `{name}`"))?;
+        let dt = mblob_runtime::format::DataType::parse(&dtype)
+            .ok_or_else(|| InputError::new_err(format!("parameter `{name}`: unknown dtype `{dtype}`")))?;
+        let n = bytes.len;
+        let data = mblob_runtime::Bytes::from_owner(std::sync::Arc::new(bytes));
+        let tensor = mblob_runtime::payload::graph::Tensor::new(dt, shape.clone(), data).ok_or_else(|| {
+            InputError::new_err(format!("parameter `{name}`: {n} bytes do not make a {dtype} tensor of shape {shape:?}"))
+        })?;
+        tensors.insert(name, tensor);
+    }
+    let tools = HostTools { host, flags, link_args, cc };
+    let report = run(py, move || {
+        let data = mblob_runtime::map_file(&template)?;
+        check_blob_header(&data, &template)?;
+        let shape = mblob::repack::module_tree_of(&data, layout, &template)?;
+        let tree = mblob::repack::with_graph_params(&shape, tensors)?;
+        let mut e = Export::from_tree(tree);
+        tools.apply(&mut e);
+        e.layout(layout).backend(Backend::Direct);
+        if let Some(t) = target {
+            e.target(t);
         }
         Ok(e.write(&output)?)
     })?;
@@ -407,6 +513,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_blob, m)?)?;
     m.add_function(wrap_pyfunction!(pack_blob_file, m)?)?;
     m.add_function(wrap_pyfunction!(blob_object, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_graph_params, m)?)?;
     m.add_function(wrap_pyfunction!(has_llvm, m)?)?;
     run::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -20,9 +20,16 @@
 //! no process holds it in memory. The address and every relocation stay as the linker made
 //! them: only the last segment grows, and nothing lies above it.
 //!
+//! The linker's build ID (`.note.gnu.build-id`, which Debian's compilers ask for) covers the
+//! placeholder, not the blob: two exports of the same host code with different blobs would
+//! share it, and debuggers and `debuginfod` would take one library for the other. [`place_blob`]
+//! therefore replaces it, same size, with a hash (XXH3-128, extended with seeds to the note's
+//! size) of the linker's ID and of the blob's bytes, computed as they stream by. It is not the
+//! linker's algorithm over the whole file (that would read the blob a second time), but like it
+//! it changes whenever the host code or the blob does, and is the same for the same inputs.
+//!
 //! What the route does not give: the blob object itself (a `.tar` output or `--emit-devc` need
-//! one), and a build ID (`.note.gnu.build-id`) that covers the blob: the linker computes it
-//! over the placeholder.
+//! one).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -36,6 +43,8 @@ use object::{
     Architecture, BinaryFormat, Endianness, LittleEndian as LE, SectionFlags, SectionKind, SymbolFlags, SymbolKind,
     SymbolScope, U64,
 };
+
+use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
 
 use super::{BlobSource, PackOptions};
 use crate::{Error, Result};
@@ -120,6 +129,8 @@ struct Plan {
     shift: u64,
     /// The linked file with the headers, section headers and symbols already changed.
     patched: Vec<u8>,
+    /// The build ID's bytes in the file, replaced once the blob's hash is known.
+    build_id: Option<std::ops::Range<u64>>,
 }
 
 /// Writes the blob into `library`, a shared library linked with the placeholder of
@@ -142,11 +153,20 @@ pub fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result
     let tail = plan.patched.get(usize::try_from(plan.tail_from).unwrap_or(usize::MAX)..).unwrap_or_default();
     let tail_at = plan.tail_from + plan.shift;
     write_at(&file, library, tail, tail_at)?;
-    // The blob, once, streamed.
-    let mut w = io::BufWriter::with_capacity(1 << 20, super::AtWriter { file: &file, pos: plan.at, written: 0 });
+    // The blob, once, streamed (and hashed on the way, for the build ID).
+    let at = super::AtWriter { file: &file, pos: plan.at, written: 0 };
+    let mut w = io::BufWriter::with_capacity(1 << 20, Hashing { inner: at, hash: Xxh3::new() });
     blob.write_blob(&mut w).and_then(|_| w.flush()).map_err(Error::io(library, "cannot write the blob"))?;
-    let written = w.get_ref().written;
-    drop(w);
+    let Hashing { inner, hash } =
+        w.into_inner().map_err(|e| Error::io(library, "cannot write the blob")(e.into_error()))?;
+    let written = inner.written;
+    let mut patched = plan.patched;
+    if let Some(id) = plan.build_id {
+        let range = usize::try_from(id.start).unwrap_or(usize::MAX)..usize::try_from(id.end).unwrap_or(usize::MAX);
+        let old = patched.get(range.clone()).ok_or_else(|| invalid("build ID outside the file".into()))?.to_vec();
+        let new = build_id(&old, hash.digest128());
+        patched[range].copy_from_slice(&new);
+    }
     if written != len {
         return Err(invalid(format!("the blob source wrote {written} bytes but announced {len}")));
     }
@@ -154,9 +174,64 @@ pub fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result
     let gap_from = plan.at + len;
     let gap = usize::try_from(tail_at - gap_from).map_err(|_| invalid("gap too large".into()))?;
     write_at(&file, library, &vec![0u8; gap], gap_from)?;
-    // The headers, last.
-    write_at(&file, library, &plan.patched[..usize::try_from(plan.at).unwrap_or(0)], 0)?;
+    // The headers (and the build ID), last.
+    write_at(&file, library, &patched[..usize::try_from(plan.at).unwrap_or(0)], 0)?;
     Ok(())
+}
+
+/// Passes writes on and hashes what was written.
+struct Hashing<W> {
+    inner: W,
+    hash: Xxh3,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The new build ID: as many bytes as the linker's `old` one, from XXH3-128 of the old ID
+/// and the blob's hash, with seeds 0, 1, ... for each further 16 bytes.
+fn build_id(old: &[u8], blob_hash: u128) -> Vec<u8> {
+    let mut input = old.to_vec();
+    input.extend_from_slice(&blob_hash.to_le_bytes());
+    let mut id = Vec::with_capacity(old.len() + 16);
+    for seed in 0u64.. {
+        if id.len() >= old.len() {
+            break;
+        }
+        id.extend_from_slice(&xxh3_128_with_seed(&input, seed).to_le_bytes());
+    }
+    id.truncate(old.len());
+    id
+}
+
+/// Where the descriptor of the `NT_GNU_BUILD_ID` note lies in the file, when there is one
+/// before `before` (in the loaded part, which the headers' rewrite covers).
+fn find_build_id(
+    data: &[u8],
+    sections: &object::read::elf::SectionTable<'_, elf::FileHeader64<LE>>,
+    before: u64,
+) -> Option<std::ops::Range<u64>> {
+    let e = LE;
+    for s in sections.iter().filter(|s| s.sh_type(e) == elf::SHT_NOTE) {
+        let Ok(Some(mut notes)) = s.notes(e, data) else { continue };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == elf::ELF_NOTE_GNU && note.n_type(e) == elf::NT_GNU_BUILD_ID {
+                let desc = note.desc();
+                let start = desc.as_ptr() as usize - data.as_ptr() as usize;
+                let range = start as u64..(start + desc.len()) as u64;
+                return (!desc.is_empty() && range.end <= before).then_some(range);
+            }
+        }
+    }
+    None
 }
 
 /// Checks the linked layout and prepares the patched headers.
@@ -302,5 +377,6 @@ fn plan(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Plan, String
     if !found_dynamic {
         return Err(format!("`{symbol}` is not in the dynamic symbol table"));
     }
-    Ok(Plan { at, tail_from: end, shift, patched })
+    let build_id = find_build_id(data, &sections, at);
+    Ok(Plan { at, tail_from: end, shift, patched, build_id })
 }

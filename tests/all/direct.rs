@@ -192,3 +192,36 @@ fn direct_refuses_a_layout_it_did_not_ask_for_and_leaves_nothing() {
     // The same export through the linked route works.
     e.backend(linked_route()).write(&so).unwrap();
 }
+
+/// The build ID covers the blob: the same inputs give the same ID, another blob (same host
+/// code, same length) another one, with each linker; the note keeps the linker's size.
+#[test]
+fn direct_build_id_changes_with_the_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let build_id = |so: &Path| -> Vec<u8> {
+        let data = read(so);
+        let file = object::File::parse(&*data).unwrap();
+        file.build_id().unwrap().expect("the linker wrote a build ID").to_vec()
+    };
+    for linker in linkers() {
+        let write = |name: &str, fill: u8| {
+            let so = dir.path().join(name);
+            let mut e = export(0);
+            e.import(Opaque::new("metadata", vec![fill; 50_000]));
+            e.linker(linker.clone()).backend(Backend::Direct).write(&so).unwrap();
+            readelf_clean(&so);
+            so
+        };
+        let (a, again, other) = (write("a.so", 1), write("again.so", 1), write("other.so", 2));
+        let (ia, iagain, iother) = (build_id(&a), build_id(&again), build_id(&other));
+        assert_eq!(ia, iagain, "{linker:?}: the same inputs, another ID");
+        assert_ne!(ia, iother, "{linker:?}: another blob, the same ID");
+        assert!(ia.len() >= 8, "{linker:?}: {} bytes", ia.len());
+        // A library linked the usual way has a note of the same size.
+        let plain = dir.path().join("plain.so");
+        let mut e = export(0);
+        e.import(Opaque::new("metadata", vec![1; 50_000]));
+        e.linker(linker.clone()).backend(linked_route()).write(&plain).unwrap();
+        assert_eq!(build_id(&plain).len(), ia.len(), "{linker:?}: the note's size is the linker's");
+    }
+}

@@ -11,8 +11,11 @@ Each (size, route) runs in a fresh process: the model (`relu(x + w)`, `w` a floa
 SIZE MiB, a Relay graph-executor model) is built, then `export_library` is timed. Memory is
 sampled from /proc (VmRSS every 5 ms) during the export: `peak_rss` is the process's highest
 resident size during it, `delta_rss` that minus the size just before, and `child_rss` the
-largest resident size of a child process (the compiler and linker TVM runs). Results are
-printed as one JSON object per line.
+largest resident size of a child process (the compiler and linker TVM runs; a child forked
+from the Python process counts the parent's resident pages until it execs, so this is at
+least about half the parent's size whatever the tool). `blob_sha1` identifies the blob in
+the written library (read after the timing): every route must give the one of `tvm-llvm`.
+Results are printed as one JSON object per line.
 
 Routes:
   tvm-llvm    TVM's default packer (ModulePackImportsToLLVM: the blob as an LLVM constant)
@@ -135,6 +138,12 @@ def one(size_mib: int, route: str, options: list) -> dict:
         peak[0] = max(peak[0], rss_bytes())
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         so_bytes = os.path.getsize(out)
+        # The blob's hash (outside the timed part): every route must embed TVM's bytes.
+        import hashlib
+
+        import mblob
+
+        blob_sha1 = hashlib.sha1(mblob.read_blob(out)[0]).hexdigest()[:16]
     import tvm
 
     return {
@@ -147,6 +156,7 @@ def one(size_mib: int, route: str, options: list) -> dict:
         "delta_rss_mib": round((peak[0] - before) / 2**20),
         "child_rss_mib": round(child / 2**20),
         "so_mib": round(so_bytes / 2**20, 1),
+        "blob_sha1": blob_sha1,
     }
 
 

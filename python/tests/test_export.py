@@ -117,3 +117,58 @@ def test_pack_errors_are_exceptions(tmp_path):
     with pytest.raises(mblob.ExportError):
         mblob.pack(golden("graph_dense_relu.so"), tmp_path / "a.so", host=[bad])
     assert not (tmp_path / "a.so").exists()
+
+
+def tvm_params(path: Path) -> list:
+    """The tensors of a TVM `save_param_dict` file (TVM's byte layout: magic, reserved, names,
+    count, then each tensor as magic, reserved, device, ndim, dtype, shape, byte count, data)
+    as `(name, dtype, shape, array)` in the file's order."""
+    import numpy as np
+
+    data = path.read_bytes()
+    pos = 16
+
+    def u64() -> int:
+        nonlocal pos
+        pos += 8
+        return int.from_bytes(data[pos - 8 : pos], "little")
+
+    names = []
+    for _ in range(u64()):
+        n = u64()
+        names.append(data[pos : pos + n].decode())
+        pos += n
+    assert u64() == len(names)
+    out = []
+    for name in names:
+        pos += 16 + 8  # magic, reserved, device
+        ndim = int.from_bytes(data[pos : pos + 4], "little")
+        code, bits = data[pos + 4], data[pos + 5]
+        pos += 8
+        shape = [u64() for _ in range(ndim)]
+        nbytes = u64()
+        dtype = {0: "int", 1: "uint", 2: "float"}[code] + str(bits)
+        out.append((name, dtype, shape, np.frombuffer(data[pos : pos + nbytes], dtype=np.uint8).copy()))
+        pos += nbytes
+    return out
+
+
+def test_graph_params_written_by_mblob_give_tvms_blob(tmp_path):
+    """`_native.pack_graph_params` (what `mblob.tvm.export_library` uses for graph models):
+    TVM's blob as the template, TVM's parameter arrays given in another order; the library
+    holds TVM's blob byte for byte. A wrong array is an InputError naming the parameter."""
+    from mblob import _native
+
+    params = tvm_params(golden("graph_dense_relu.params"))[::-1]
+    out = tmp_path / "graph.so"
+    blob = golden("graph_dense_relu.blob")
+    _native.pack_graph_params(str(blob), str(out), [str(golden("graph_dense_relu.lib0.o"))], params, "classic")
+    assert mblob.read_blob(out)[0] == blob.read_bytes()
+    name, dtype, shape, array = params[0]
+    with pytest.raises(mblob.InputError, match=f"parameter `{name}`: .* bytes do not make"):
+        _native.pack_graph_params(str(blob), str(tmp_path / "x.so"), [], [(name, dtype, shape, array[:-1]), *params[1:]], "classic")
+    with pytest.raises(mblob.InputError, match=f"parameter `{name}`: .*uint8 numpy array"):
+        _native.pack_graph_params(str(blob), str(tmp_path / "x.so"), [], [(name, dtype, shape, b"xx"), *params[1:]], "classic")
+    with pytest.raises(mblob.Error, match="no array for the model's parameter"):
+        _native.pack_graph_params(str(blob), str(tmp_path / "x.so"), [], params[1:], "classic")
+    assert not (tmp_path / "x.so").exists()

@@ -592,3 +592,43 @@ fn relax_executables_are_not_converted_across_tvm_0_21() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `repack::with_graph_params`: TVM's `graph_dense_relu` blob as the template, its parameters
+/// from TVM's own `.params` file; the library written holds TVM's blob byte for byte, in the
+/// template's parameter order whatever order the arrays come in. Names that do not match
+/// the model's are refused.
+#[test]
+fn graph_params_replaced_by_name_give_tvms_blob() {
+    use std::collections::HashMap;
+
+    use mblob::export::Export;
+    use mblob::repack::{module_tree_of, with_graph_params};
+
+    let blob_path = goldens().join("graph_dense_relu.blob");
+    let blob = mblob_runtime::map_file(&blob_path).unwrap();
+    let template = module_tree_of(&blob, Layout::Classic, &blob_path).unwrap();
+    let params_file = mblob_runtime::map_file(&goldens().join("graph_dense_relu.params")).unwrap();
+    let mut params: Vec<_> = mblob_runtime::exec::graph::read_params(&params_file).unwrap();
+    assert!(params.len() >= 2, "the model has parameters");
+    params.reverse();
+    let by_name: HashMap<_, _> = params.iter().cloned().collect();
+    let tree = with_graph_params(&template, by_name.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("graph.so");
+    let mut e = Export::from_tree(tree);
+    e.object(goldens().join("graph_dense_relu.lib0.o"));
+    e.write(&so).unwrap();
+    let data = read(&so);
+    let found = mblob_runtime::elf::find_blob(&data, None).unwrap().unwrap();
+    assert!(found.bytes(&data).unwrap() == &blob[..], "not TVM's blob");
+
+    let mut missing = by_name.clone();
+    let gone = params[0].0.clone();
+    missing.remove(&gone);
+    let err = with_graph_params(&template, missing).unwrap_err().to_string();
+    assert!(err.contains(&format!("no array for the model's parameter `{gone}`")), "{err}");
+    let mut extra = by_name;
+    extra.insert("not_a_param".into(), params[0].1.clone());
+    let err = with_graph_params(&template, extra).unwrap_err().to_string();
+    assert!(err.contains("`not_a_param` is not a parameter of the model"), "{err}");
+}

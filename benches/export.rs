@@ -16,7 +16,8 @@
 //! This VM's times for the same command vary by 2 to 3x from run to run (first-touch page
 //! faults, `toolchain-measurements.md` section 7, and other jobs on its 2 cores), so every
 //! route and the floor run `MBLOB_BENCH_REPS` times (default 3; once for 2.5 GiB), routes
-//! taking turns, and the best time of each is used. Peak RSS is the largest seen.
+//! taking turns, and the best time of each is used. Peak RSS is the largest seen. Before
+//! each run, `sync` writes back what the previous one left dirty (untimed).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -108,6 +109,13 @@ fn floor_child(blob: &Path, out: &Path) {
     let link_s = t2.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&obj);
     println!("{} {assemble} {link_s} {} {}", t.elapsed().as_secs_f64(), vm_hwm_kib(), children_max_rss_kib());
+}
+
+/// Writes back the dirty pages the previous run left (untimed), so that no run pays for the
+/// writeback of another's gigabyte of output: without it, a route's time depended on which
+/// route ran before it (the C route's link took 0.33 to 1.0 s for the same object).
+fn settle() {
+    let _ = Command::new("sync").status();
 }
 
 fn payload_file(dir: &Path, mib: u64) -> PathBuf {
@@ -243,6 +251,7 @@ fn main() {
         let mut results: Vec<Option<Run>> = vec![None; routes.len()];
         let mut floor: Option<Run> = None;
         for _ in 0..reps {
+            settle();
             if let Some(r) = run_child(&["--floor", blob.to_str().unwrap(), floor_out.to_str().unwrap()]) {
                 floor = Some(floor.map_or(r, |b| b.best(r)));
             }
@@ -250,6 +259,7 @@ fn main() {
             for (slot, &(backend, linker)) in results.iter_mut().zip(&routes) {
                 let out = dir.path().join(format!("out-{backend}-{linker}.so"));
                 let args = ["--child", payload.to_str().unwrap(), backend, linker, out.to_str().unwrap()];
+                settle();
                 if let Some(r) = run_child(&args) {
                     *slot = Some(slot.map_or(r, |b| b.best(r)));
                 }

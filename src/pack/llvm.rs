@@ -23,7 +23,7 @@
 //! - **`.init_array` for the system-lib constructor on ELF** (see [`build_module`]).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -148,20 +148,226 @@ pub(crate) fn write_object_in(
     let _span = span.entered();
     check_len(len)?;
     let tm = target_machine(&triple)?;
-    let ctx = Context::create();
-    let module = build_module_in(&ctx, &tm, opts, len, section)?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
     check_room(&path, len.saturating_add(1 << 16))?;
-    let emitted = write_module(&tm, &module, &path, "emit object");
-    drop(module);
     let large = section == Some(".lrodata") && opts.is_x86_64_elf();
-    let placed = emitted.and_then(|_| place_blob(&path, &opts.symbol(), blob, large));
-    if let Err(e) = placed {
+    // The object of a 1-byte blob, grown to the blob's length as LLVM would have laid it out;
+    // where that layout cannot be reproduced, the object LLVM emits for the real length.
+    let ctx = Context::create();
+    let small = build_module_in(&ctx, &tm, opts, GROW_FROM, section)?;
+    let small = tm.write_to_memory_buffer(&small, FileType::Object).map_err(|e| llvm("emit object")(e.to_string()))?;
+    let written = match GrownObject::plan(small.as_slice(), &opts.symbol(), len, large) {
+        Some(plan) => plan.write(&path, blob),
+        None => {
+            tracing::debug!("the small object's layout is not LLVM's usual one: emitting at full size");
+            write_object_full(&ctx, &tm, opts, blob, section, &path, large)
+        }
+    };
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&path);
         return Err(e);
     }
     tracing::debug!(object = %path.display(), "wrote blob object");
     Ok(path)
+}
+
+/// The blob length of the object that [`GrownObject`] grows.
+const GROW_FROM: u64 = 1;
+
+/// LLVM's object for the real length, with the blob written over the zeros it emits.
+fn write_object_full(
+    ctx: &Context,
+    tm: &TargetMachine,
+    opts: &PackOptions,
+    blob: &dyn BlobSource,
+    section: Option<&str>,
+    path: &Path,
+    large: bool,
+) -> Result<()> {
+    let module = build_module_in(ctx, tm, opts, blob.blob_len(), section)?;
+    let emitted = write_module(tm, &module, path, "emit object");
+    drop(module);
+    emitted.and_then(|_| place_blob(path, &opts.symbol(), blob, large))
+}
+
+/// An object emitted by LLVM for a [`GROW_FROM`]-byte blob, and how to write it for the real
+/// length: LLVM's ELF writer lays out section contents one after the other in file order, each
+/// at the next multiple of its alignment, then the section header table at the next multiple
+/// of 8. The blob ends its section, so only its section's size, the blob symbol's size and the
+/// offsets of what follows change; they are recomputed by the same rule, and the object is
+/// written in one pass with the blob streamed in (LLVM would first write the blob's length in
+/// zeros, then mblob the blob over them). [`GrownObject::plan`] checks that the small object
+/// follows the rule and answers `None` otherwise (a system-lib object, whose section holds the
+/// blob's name after the blob, is one); a test compares the result with LLVM's own object for
+/// many lengths.
+struct GrownObject<'a> {
+    small: &'a [u8],
+    /// File offset of the blob's first byte (the same in both objects).
+    blob_at: usize,
+    /// Bytes of the blob.
+    len: u64,
+    /// The small object's section contents after the blob: (old offset, size, new offset).
+    moved: Vec<(usize, usize, u64)>,
+    /// Patches to the small object's bytes: (offset, bytes).
+    patches: Vec<(usize, Vec<u8>)>,
+    /// The section header table: old offset, size, new offset.
+    shdrs: (usize, usize, u64),
+}
+
+impl<'a> GrownObject<'a> {
+    fn plan(small: &'a [u8], symbol: &str, len: u64, large: bool) -> Option<GrownObject<'a>> {
+        use object::elf;
+        use object::read::elf::{FileHeader, SectionHeader, Sym};
+        let e = object::LittleEndian;
+        let header = elf::FileHeader64::<object::LittleEndian>::parse(small).ok()?;
+        if header.e_ident.data != elf::ELFDATA2LSB || header.e_type(e) != elf::ET_REL {
+            return None;
+        }
+        let sections = header.sections(e, small).ok()?;
+        let symtab = sections.symbols(e, small, elf::SHT_SYMTAB).ok()?;
+        let (sym_index, sym) = symtab
+            .symbols()
+            .iter()
+            .enumerate()
+            .find(|(_, s)| symtab.symbol_name(e, s) == Ok(symbol.as_bytes()) && s.st_shndx(e) != elf::SHN_UNDEF)?;
+        let blob_sec = usize::from(sym.st_shndx(e).index()?);
+        let sec = sections.section(object::SectionIndex(blob_sec)).ok()?;
+        let (sec_off, sec_size) = (sec.sh_offset(e), sec.sh_size(e));
+        if sec.sh_type(e) != elf::SHT_PROGBITS || sym.st_size(e) != GROW_FROM || sym.st_value(e) + GROW_FROM != sec_size
+        {
+            return None;
+        }
+        let blob_at = usize::try_from(sec_off + sym.st_value(e)).ok()?;
+        let delta = len.checked_sub(GROW_FROM)?;
+        // The contents in file order, checked against the layout rule.
+        let mut contents: Vec<(usize, u64, u64, u64)> = sections
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.sh_type(e) != elf::SHT_NULL && s.sh_type(e) != elf::SHT_NOBITS)
+            .map(|(i, s)| (i, s.sh_offset(e), s.sh_size(e), s.sh_addralign(e).max(1)))
+            .collect();
+        contents.sort_by_key(|c| c.1);
+        let mut cursor = u64::from(header.e_ehsize(e));
+        for &(_, off, size, align) in &contents {
+            if !align.is_power_of_two() || off != cursor.checked_next_multiple_of(align)? {
+                return None;
+            }
+            cursor = off + size;
+        }
+        let shoff = header.e_shoff(e);
+        let shsize = usize::from(header.e_shnum(e)) * usize::from(header.e_shentsize(e));
+        if shoff != cursor.checked_next_multiple_of(8)? || shoff as usize + shsize != small.len() {
+            return None;
+        }
+        // The new layout.
+        let mut patches = Vec::new();
+        let mut moved = Vec::new();
+        let mut cursor = u64::from(header.e_ehsize(e));
+        let mut new_offsets = vec![None; sections.len()];
+        for &(i, off, size, align) in &contents {
+            let new_off = if off > sec_off { cursor.checked_next_multiple_of(align)? } else { off };
+            let new_size = if i == blob_sec { size + delta } else { size };
+            if off > sec_off {
+                moved.push((usize::try_from(off).ok()?, usize::try_from(size).ok()?, new_off));
+            }
+            new_offsets[i] = Some(new_off);
+            cursor = new_off.checked_add(new_size)?;
+        }
+        let new_shoff = cursor.checked_next_multiple_of(8)?;
+        let mut fh = *header;
+        fh.e_shoff = object::U64::new(e, new_shoff);
+        patches.push((0, object::bytes_of(&fh).to_vec()));
+        let mut table = small.get(shoff as usize..shoff as usize + shsize)?.to_vec();
+        let entsize = usize::from(header.e_shentsize(e));
+        for (i, s) in sections.iter().enumerate() {
+            let mut h = *s;
+            if let Some(off) = new_offsets[i] {
+                h.sh_offset = object::U64::new(e, off);
+            }
+            if i == blob_sec {
+                h.sh_size = object::U64::new(e, sec_size + delta);
+                if large {
+                    h.sh_flags =
+                        object::U64::new(e, object::elf::SectionFlags(s.sh_flags(e).0 | super::SHF_X86_64_LARGE));
+                }
+            }
+            table.get_mut(i * entsize..(i + 1) * entsize)?.copy_from_slice(object::bytes_of(&h));
+        }
+        // The blob symbol's size.
+        let symtab_header = sections.section(symtab.section()).ok()?;
+        let at =
+            symtab_header.sh_offset(e) as usize + sym_index * std::mem::size_of::<elf::Sym64<object::LittleEndian>>();
+        let mut new_sym = *sym;
+        new_sym.st_size = object::U64::new(e, len);
+        patches.push((at, object::bytes_of(&new_sym).to_vec()));
+        Some(GrownObject { small, blob_at, len, moved, patches, shdrs: (shoff as usize, table.len(), new_shoff) }).map(
+            |mut g| {
+                g.patches.push((usize::MAX, table));
+                g
+            },
+        )
+    }
+
+    /// The small object's bytes in `range`, with the patches applied.
+    fn patched(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let mut out = self.small[range.clone()].to_vec();
+        for (at, bytes) in &self.patches {
+            if *at == usize::MAX {
+                continue;
+            }
+            for (k, b) in bytes.iter().enumerate() {
+                if (range.start..range.end).contains(&(at + k)) {
+                    out[at + k - range.start] = *b;
+                }
+            }
+        }
+        out
+    }
+
+    fn write(&self, path: &Path, blob: &dyn BlobSource) -> Result<()> {
+        let file = File::create(path).map_err(Error::io(path, "cannot create"))?;
+        let mut w = io::BufWriter::with_capacity(1 << 20, Counted { inner: file, written: 0 });
+        let io_err = |e: io::Error| Error::io(path, "cannot write")(e);
+        w.write_all(&self.patched(0..self.blob_at)).map_err(&io_err)?;
+        let before = w.get_ref().written + w.buffer().len() as u64;
+        blob.write_blob(&mut w).map_err(&io_err)?;
+        let after = w.get_ref().written + w.buffer().len() as u64;
+        if after - before != self.len {
+            return Err(Error::Invalid {
+                what: path.display().to_string(),
+                detail: format!("the blob source wrote {} bytes but announced {}", after - before, self.len),
+            });
+        }
+        let pad_to = |w: &mut io::BufWriter<Counted>, to: u64| -> io::Result<()> {
+            let at = w.get_ref().written + w.buffer().len() as u64;
+            io::copy(&mut io::repeat(0).take(to.saturating_sub(at)), w).map(|_| ())
+        };
+        for &(off, size, new_off) in &self.moved {
+            pad_to(&mut w, new_off).map_err(&io_err)?;
+            w.write_all(&self.patched(off..off + size)).map_err(&io_err)?;
+        }
+        pad_to(&mut w, self.shdrs.2).map_err(&io_err)?;
+        let table = &self.patches.iter().find(|p| p.0 == usize::MAX).expect("the table is patched").1;
+        w.write_all(table).map_err(&io_err)?;
+        w.flush().map_err(&io_err)
+    }
+}
+
+/// A writer that counts what it wrote.
+struct Counted {
+    inner: File,
+    written: u64,
+}
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Writes `module` as an object file at `path` (`step` names the job in an error).
@@ -527,8 +733,60 @@ mod tests {
         assert!(found.bytes(&data).unwrap() == blob);
     }
 
+    /// Grown objects (and the full-size fallback) are byte for byte what LLVM writes with the
+    /// blob as the initializer (TVM's way), for lengths around every alignment the sections
+    /// after the blob have, both targets, system-lib or not, with and without a prefix, and in
+    /// `.lrodata`; and the grown route is the one taken.
     #[test]
     fn patched_objects_equal_what_llvm_writes_with_the_real_initializer() {
+        let dir = tempfile::tempdir().unwrap();
+        let lens = [1usize, 2, 3, 7, 8, 9, 15, 16, 17, 4095, 4096, 4097, 70_001];
+        let cases = ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"]
+            .into_iter()
+            .flat_map(|t| [false, true].into_iter().map(move |s| (t, s)))
+            .flat_map(|(t, s)| ["", "p_"].into_iter().map(move |p| (t, s, p)))
+            .flat_map(|c| lens.into_iter().map(move |n| (c, n)));
+        for ((target, system_lib, prefix), n) in cases {
+            let blob: Vec<u8> = (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+            let opts = PackOptions {
+                target: Some(target.into()),
+                system_lib,
+                prefix: prefix.into(),
+                ..PackOptions::default()
+            };
+            for section in [Some(".rodata"), Some(".lrodata")] {
+                let large = section == Some(".lrodata") && target.starts_with("x86_64");
+                let what = format!("{target} system_lib={system_lib} prefix={prefix:?} len={n} {section:?}");
+                let ours = std::fs::read(write_object_in(&blob, &opts, dir.path(), section).unwrap()).unwrap();
+                let ctx = Context::create();
+                let tm = target_machine(target).unwrap();
+                let small = build_module_in(&ctx, &tm, &opts, GROW_FROM, section).unwrap();
+                let small = tm.write_to_memory_buffer(&small, FileType::Object).unwrap();
+                // System-lib objects put the blob's name after it in its section: they are
+                // emitted at full size.
+                let grown = GrownObject::plan(small.as_slice(), &opts.symbol(), n as u64, large).is_some();
+                assert_eq!(grown, !system_lib, "{what}: grown");
+                // TVM's way: the bytes as the initializer, emitted by LLVM.
+                let module = build_module_in(&ctx, &tm, &opts, blob.len() as u64, section).unwrap();
+                let global = module.get_global(&opts.symbol()).unwrap();
+                global.set_initializer(&ctx.const_string(&blob, false));
+                let mut theirs = tm.write_to_memory_buffer(&module, FileType::Object).unwrap().as_slice().to_vec();
+                if large {
+                    let placed = locate(&theirs, &opts.symbol(), n as u64).unwrap();
+                    let (at, flags) = placed.sh_flags_at.unwrap();
+                    theirs[at as usize..at as usize + 8]
+                        .copy_from_slice(&(flags | super::super::SHF_X86_64_LARGE).to_le_bytes());
+                }
+                assert!(ours == theirs, "{what}: objects differ");
+                let full = dir.path().join("full.o");
+                write_object_full(&ctx, &tm, &opts, &blob, section, &full, large).unwrap();
+                assert!(std::fs::read(&full).unwrap() == theirs, "{what}: the full-size route differs");
+            }
+        }
+    }
+
+    #[test]
+    fn write_object_equals_the_object_llvm_writes_to_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let blob: Vec<u8> = (0..70_001u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
         for target in ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"] {

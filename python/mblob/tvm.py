@@ -187,6 +187,11 @@ def _split_options(options: Union[None, str, Sequence[str]]) -> Tuple[List[str],
     return flags, opts
 
 
+def _paths(objects: Sequence[str], cwd: Optional[str]) -> List[str]:
+    """``fcompile``'s inputs as paths (relative ones are relative to ``cwd``, as TVM's)."""
+    return [os.path.join(cwd, os.fspath(o)) if cwd else os.fspath(o) for o in objects]
+
+
 def _blob_input(path: str) -> Optional[Dict[str, Any]]:
     """How to pack the blob `path` holds: a raw blob from :func:`fpack_blob`, or a blob
     object (TVM's or mblob's ``devc.o``); None for host code."""
@@ -228,7 +233,7 @@ def fcompile(
     ``options`` go to the compiler and to the link (``-l``, ``-L`` and ``-Wl,`` options to the
     link only); ``cc`` compiles and drives the link (default ``$CC``, then ``cc``).
     """
-    paths = [os.path.join(cwd, os.fspath(o)) if cwd else os.fspath(o) for o in objects]
+    paths = _paths(objects, cwd)
     blobs = [(p, how) for p in paths for how in [_blob_input(p)] if how is not None]
     if not blobs:
         from tvm.contrib import cc as _cc  # noqa: PLC0415
@@ -328,7 +333,7 @@ def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callabl
         cwd: Optional[str] = None,
         **kw: Any,
     ) -> None:
-        paths = [os.path.join(cwd, os.fspath(o)) if cwd else os.fspath(o) for o in objects]
+        paths = _paths(objects, cwd)
         template = [p for p in paths if p in templates]
         if not template:
             return fcompile(output, objects, options=options, cc=cc, cwd=cwd, **kw)

@@ -122,10 +122,7 @@ mod tests {
     #[test]
     fn pages_of_a_mapped_file_are_dropped_and_read_again_unchanged() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.bin");
-        let bytes: Vec<u8> = (0..(8u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let mapped = mblob_runtime::map_file(&path).unwrap();
+        let (_, bytes, mapped) = crate::pack::mapped_test_file(dir.path(), "p.bin", 8 << 20, 13);
         assert!(mapped[..] == bytes[..]);
         let mut r = Release::default();
         r.written(&mapped, mapped.len());

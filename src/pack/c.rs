@@ -538,10 +538,8 @@ mod tests {
     #[test]
     fn in_place_form_incbins_the_payload_file_and_compiles_to_the_same_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let payload_path = dir.path().join("payload \"odd\".bin");
-        let payload: Vec<u8> = (0..(3u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
-        std::fs::write(&payload_path, &payload).unwrap();
-        let blob = Mixed(mblob_runtime::map_file(&payload_path).unwrap());
+        let (_, _, mapped) = super::super::mapped_test_file(dir.path(), "payload \"odd\".bin", 3 << 20, 9);
+        let blob = Mixed(mapped);
         let mut want = Vec::new();
         blob.write_blob(&mut want).unwrap();
         let opts = PackOptions::default();

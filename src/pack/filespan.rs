@@ -113,10 +113,7 @@ mod tests {
     #[test]
     fn a_mapped_file_is_found_and_heap_memory_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("payload.bin");
-        let bytes: Vec<u8> = (0..(2u32 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let mapped = mblob_runtime::map_file(&path).unwrap();
+        let (path, bytes, mapped) = super::super::mapped_test_file(dir.path(), "payload.bin", 2 << 20, 11);
         let mut files = MappedFiles::default();
         let span = files.span(&mapped[4096..4096 + (1 << 20)]).expect("a slice of the mapping");
         assert_eq!(span.path.canonicalize().unwrap(), path.canonicalize().unwrap());

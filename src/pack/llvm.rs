@@ -326,7 +326,7 @@ impl<'a> GrownObject<'a> {
 
     fn write(&self, path: &Path, blob: &dyn BlobSource) -> Result<()> {
         let file = File::create(path).map_err(Error::io(path, "cannot create"))?;
-        let mut w = io::BufWriter::with_capacity(1 << 20, Counted { inner: file, written: 0 });
+        let mut w = io::BufWriter::with_capacity(1 << 20, super::AtWriter { file: &file, pos: 0, written: 0 });
         let io_err = |e: io::Error| Error::io(path, "cannot write")(e);
         w.write_all(&self.patched(0..self.blob_at)).map_err(&io_err)?;
         let before = w.get_ref().written + w.buffer().len() as u64;
@@ -338,7 +338,7 @@ impl<'a> GrownObject<'a> {
                 detail: format!("the blob source wrote {} bytes but announced {}", after - before, self.len),
             });
         }
-        let pad_to = |w: &mut io::BufWriter<Counted>, to: u64| -> io::Result<()> {
+        let pad_to = |w: &mut io::BufWriter<super::AtWriter<'_>>, to: u64| -> io::Result<()> {
             let at = w.get_ref().written + w.buffer().len() as u64;
             io::copy(&mut io::repeat(0).take(to.saturating_sub(at)), w).map(|_| ())
         };
@@ -350,23 +350,6 @@ impl<'a> GrownObject<'a> {
         let table = &self.patches.iter().find(|p| p.0 == usize::MAX).expect("the table is patched").1;
         w.write_all(table).map_err(&io_err)?;
         w.flush().map_err(&io_err)
-    }
-}
-
-/// A writer that counts what it wrote.
-struct Counted {
-    inner: File,
-    written: u64,
-}
-
-impl Write for Counted {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
     }
 }
 

@@ -187,6 +187,22 @@ impl Write for AtWriter<'_> {
     }
 }
 
+/// For tests: a file of `len` pseudo-random bytes (`seed` varies them) in `dir`, its bytes,
+/// and a read-only mapping of it, as payloads read from files are mapped.
+#[cfg(test)]
+pub(crate) fn mapped_test_file(
+    dir: &std::path::Path,
+    name: &str,
+    len: u32,
+    seed: u32,
+) -> (std::path::PathBuf, Vec<u8>, mblob_runtime::Bytes) {
+    let path = dir.join(name);
+    let bytes: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> (seed % 16)) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let mapped = mblob_runtime::map_file(&path).unwrap();
+    (path, bytes, mapped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -326,7 +326,8 @@ struct ArrayBytes {
 impl ArrayBytes {
     /// Reads the array interface of `array` and checks it describes `len` contiguous bytes.
     fn new(array: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayBytes> {
-        let bad = |why: &str| InputError::new_err(format!("{what}: {why} (expected a 1-d contiguous uint8 numpy array)"));
+        let bad =
+            |why: &str| InputError::new_err(format!("{what}: {why} (expected a 1-d contiguous uint8 numpy array)"));
         let iface = array.getattr("__array_interface__").map_err(|_| bad("no __array_interface__"))?;
         let typestr: String = iface.get_item("typestr")?.extract()?;
         let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
@@ -384,7 +385,9 @@ fn pack_graph_params<'py>(
         let n = bytes.len;
         let data = mblob_runtime::Bytes::from_owner(std::sync::Arc::new(bytes));
         let tensor = mblob_runtime::payload::graph::Tensor::new(dt, shape.clone(), data).ok_or_else(|| {
-            InputError::new_err(format!("parameter `{name}`: {n} bytes do not make a {dtype} tensor of shape {shape:?}"))
+            InputError::new_err(format!(
+                "parameter `{name}`: {n} bytes do not make a {dtype} tensor of shape {shape:?}"
+            ))
         })?;
         tensors.insert(name, tensor);
     }
@@ -452,10 +455,8 @@ fn pack_blob_file(
         check_blob_header(&data, &blob_path)?;
         let tree = mblob::repack::module_tree_of(&data, opts.layout, &blob_path)?;
         let serialized = mblob_runtime::serialize(&tree).map_err(MError::from)?;
-        let blob = SerializedBlob::new(&serialized, &tree, opts.layout).map_err(|e| MError::Invalid {
-            what: blob_path.display().to_string(),
-            detail: e.to_string(),
-        })?;
+        let blob = SerializedBlob::new(&serialized, &tree, opts.layout)
+            .map_err(|e| MError::Invalid { what: blob_path.display().to_string(), detail: e.to_string() })?;
         // TVM links the returned object itself, so the direct route (which writes the blob
         // into a library after linking) falls back to the LLVM object, as `Export` does where
         // it needs an object.

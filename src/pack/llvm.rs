@@ -21,6 +21,13 @@
 //!   GNU gold places large sections by flag (it fails to link a 2.5 GiB blob otherwise); we set
 //!   the flag in the section header, as GCC and the C packer's assembly do.
 //! - **`.init_array` for the system-lib constructor on ELF** (see [`build_module`]).
+//! - **Relaxable GOT relocations on x86-64.** The system-lib constructor loads the blob's
+//!   address through the GOT; LLVM 14's C API writes `R_X86_64_GOTPCREL`, the LLVM of TVM's
+//!   wheels `R_X86_64_REX_GOTPCRELX` (same instruction, relaxable by the linker), which we
+//!   write too. With the constructor first, as TVM defines it, a system-lib object is TVM
+//!   0.19's byte for byte (checked with TVM from PyPI); TVM 0.27's LLVM also relocates the
+//!   `.init_array` entry against the constructor's symbol instead of its section's.
+//! - **Grown, not emitted at full size.** See [`GrownObject`].
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -156,7 +163,11 @@ pub(crate) fn write_object_in(
     let ctx = Context::create();
     let small = build_module_in(&ctx, &tm, opts, GROW_FROM, section)?;
     let small = tm.write_to_memory_buffer(&small, FileType::Object).map_err(|e| llvm("emit object")(e.to_string()))?;
-    let written = match GrownObject::plan(small.as_slice(), &opts.symbol(), len, large) {
+    let mut small = small.as_slice().to_vec();
+    for (at, bytes) in relaxed_relocations(&small) {
+        small[at..at + 8].copy_from_slice(&bytes);
+    }
+    let written = match GrownObject::plan(&small, &opts.symbol(), len, large) {
         Some(plan) => plan.write(&path, blob),
         None => {
             tracing::debug!("the small object's layout is not LLVM's usual one: emitting at full size");
@@ -187,7 +198,53 @@ fn write_object_full(
     let module = build_module_in(ctx, tm, opts, blob.blob_len(), section)?;
     let emitted = write_module(tm, &module, path, "emit object");
     drop(module);
-    emitted.and_then(|_| place_blob(path, &opts.symbol(), blob, large))
+    emitted.and_then(|_| place_blob(path, &opts.symbol(), blob, large))?;
+    let patches = relaxed_relocations(&mblob_runtime::map_file(path)?);
+    if !patches.is_empty() {
+        let file = OpenOptions::new().write(true).open(path).map_err(Error::io(path, "cannot open"))?;
+        for (at, bytes) in patches {
+            file.write_all_at(&bytes, at as u64).map_err(Error::io(path, "cannot write"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The `r_info` words (file offset, new bytes) that turn an x86-64 object's
+/// `R_X86_64_GOTPCREL` relocations into the relaxable `R_X86_64_REX_GOTPCRELX` (after a REX
+/// prefix and `mov`) or `R_X86_64_GOTPCRELX` (after a plain `mov`), as LLVM does from version
+/// 18 on (`RelaxELFRelocations`, which LLVM 14's C API cannot set) and as the TVM wheels'
+/// LLVM does: the system-lib constructor loads the blob's address through the GOT, and with
+/// this its object is TVM 0.19's byte for byte. The instruction bytes do not change; linkers
+/// may relax the load to a `lea`.
+fn relaxed_relocations(data: &[u8]) -> Vec<(usize, [u8; 8])> {
+    use object::elf;
+    use object::read::elf::{FileHeader, Rela, SectionHeader};
+    let e = object::LittleEndian;
+    let mut out = Vec::new();
+    let Ok(header) = elf::FileHeader64::<object::LittleEndian>::parse(data) else { return out };
+    if header.e_machine(e) != elf::EM_X86_64 || header.e_ident.data != elf::ELFDATA2LSB {
+        return out;
+    }
+    let Ok(sections) = header.sections(e, data) else { return out };
+    for rela_sec in sections.iter().filter(|s| s.sh_type(e) == elf::SHT_RELA) {
+        let Ok(target) = sections.section(object::SectionIndex(rela_sec.sh_info(e) as usize)) else { continue };
+        let (Ok(Some((relas, _))), Ok(code)) = (rela_sec.rela(e, data), target.data(e, data)) else { continue };
+        for (i, r) in relas.iter().enumerate() {
+            if r.r_type(e, false) != elf::R_X86_64_GOTPCREL {
+                continue;
+            }
+            let Some(o) = usize::try_from(r.r_offset(e)).ok().filter(|&o| o >= 2) else { continue };
+            let new_type = match (o.checked_sub(3).and_then(|k| code.get(k)), code.get(o - 2)) {
+                (Some(0x48..=0x4f), Some(0x8b)) => elf::R_X86_64_REX_GOTPCRELX,
+                (_, Some(0x8b)) => elf::R_X86_64_GOTPCRELX,
+                _ => continue,
+            };
+            let info = (u64::from(r.r_sym(e, false)) << 32) | u64::from(new_type.0);
+            let at = rela_sec.sh_offset(e) as usize + i * std::mem::size_of::<elf::Rela64<object::LittleEndian>>() + 8;
+            out.push((at, info.to_le_bytes()));
+        }
+    }
+    out
 }
 
 /// An object emitted by LLVM for a [`GROW_FROM`]-byte blob, and how to write it for the real
@@ -452,8 +509,9 @@ fn add_registration<'c>(
     name_g.set_initializer(&name);
     let register = module.add_function(opts.register_function(), i32t.fn_type(&[i8p.into(), i8p.into()], false), None);
     let void_fn = ctx.void_type().fn_type(&[], false);
-    let init = module.add_function("__cxx_global_var_init", void_fn, Some(Linkage::Internal));
+    // In TVM's order: the objects TVM's LLVM writes have `_GLOBAL__sub_I_*` first.
     let sub = module.add_function(&format!("_GLOBAL__sub_I_{}", opts.file_stem()), void_fn, Some(Linkage::Internal));
+    let init = module.add_function("__cxx_global_var_init", void_fn, Some(Linkage::Internal));
     let startup = if triple.contains("apple") || triple.contains("darwin") {
         Some("__TEXT,__StaticInit,regular,pure_instructions")
     } else if opts.is_elf() {
@@ -477,14 +535,16 @@ fn add_registration<'c>(
 
     let fn_ptr = void_fn.ptr_type(AddressSpace::default());
     if opts.is_elf() {
-        // See `build_module`: `.init_array`, kept alive by `llvm.used`.
+        // See `build_module`: `.init_array`, kept by `llvm.compiler.used` (`llvm.used` would
+        // also mark the section `SHF_GNU_RETAIN`, and the object ELFOSABI_GNU, which TVM's
+        // objects are not).
         let init = module.add_global(fn_ptr.array_type(1), None, &format!("{sym}_init_array_"));
         init.set_linkage(Linkage::Private);
         init.set_constant(true);
         init.set_section(Some(".init_array"));
         init.set_alignment(8);
         init.set_initializer(&fn_ptr.const_array(&[sub.as_global_value().as_pointer_value()]));
-        let used = module.add_global(i8p.array_type(1), None, "llvm.used");
+        let used = module.add_global(i8p.array_type(1), None, "llvm.compiler.used");
         used.set_linkage(Linkage::Appending);
         used.set_section(Some("llvm.metadata"));
         used.set_initializer(&i8p.const_array(&[init.as_pointer_value().const_cast(i8p)]));
@@ -754,6 +814,7 @@ mod tests {
                 let global = module.get_global(&opts.symbol()).unwrap();
                 global.set_initializer(&ctx.const_string(&blob, false));
                 let mut theirs = tm.write_to_memory_buffer(&module, FileType::Object).unwrap().as_slice().to_vec();
+                relax(&mut theirs);
                 if large {
                     let placed = locate(&theirs, &opts.symbol(), n as u64).unwrap();
                     let (at, flags) = placed.sh_flags_at.unwrap();
@@ -784,9 +845,53 @@ mod tests {
                 global.set_initializer(&ctx.const_string(&blob, false));
                 let theirs_path = dir.path().join("theirs.o");
                 tm.write_to_file(&module, FileType::Object, &theirs_path).unwrap();
-                let theirs = std::fs::read(&theirs_path).unwrap();
+                let mut theirs = std::fs::read(&theirs_path).unwrap();
+                relax(&mut theirs);
                 assert!(ours == theirs, "{target} system_lib={system_lib}: objects differ");
             }
+        }
+    }
+
+    /// LLVM's object with the GOT relocations relaxed, as [`write_object`] writes it.
+    fn relax(object: &mut [u8]) {
+        for (at, bytes) in relaxed_relocations(object) {
+            object[at..at + 8].copy_from_slice(&bytes);
+        }
+    }
+
+    /// The system-lib constructor's load of the blob's address: `movq blob@GOTPCREL(%rip)`
+    /// with a REX prefix, relocated as `R_X86_64_REX_GOTPCRELX` on x86-64; nothing to relax on
+    /// AArch64 or without system-lib.
+    #[test]
+    fn the_constructors_got_load_is_relaxable() {
+        use object::ObjectSection;
+        let dir = tempfile::tempdir().unwrap();
+        for (target, system_lib, want) in [
+            ("x86_64-unknown-linux-gnu", true, 1),
+            ("x86_64-unknown-linux-gnu", false, 0),
+            ("aarch64-unknown-linux-gnu", true, 0),
+        ] {
+            let opts = PackOptions { target: Some(target.into()), system_lib, ..PackOptions::default() };
+            let data = std::fs::read(write_object(&vec![1u8; 64], &opts, dir.path()).unwrap()).unwrap();
+            let file = object::File::parse(&*data).unwrap();
+            let mut relaxed = 0;
+            for section in file.sections() {
+                for (offset, r) in section.relocations() {
+                    match r.flags() {
+                        object::RelocationFlags::Elf { r_type } if r_type == object::elf::R_X86_64_REX_GOTPCRELX => {
+                            let code = section.data().unwrap();
+                            assert_eq!(code[offset as usize - 2], 0x8b, "a mov");
+                            assert!((0x48..=0x4f).contains(&code[offset as usize - 3]), "after a REX prefix");
+                            relaxed += 1;
+                        }
+                        object::RelocationFlags::Elf { r_type } => {
+                            assert_ne!(r_type, object::elf::R_X86_64_GOTPCREL, "{target}: a GOTPCREL left")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            assert_eq!(relaxed, want, "{target} system_lib={system_lib}");
         }
     }
 

@@ -27,7 +27,10 @@
 //!   write too. With the constructor first, as TVM defines it, a system-lib object is TVM
 //!   0.19's byte for byte (checked with TVM from PyPI); TVM 0.27's LLVM also relocates the
 //!   `.init_array` entry against the constructor's symbol instead of its section's.
-//! - **Grown, not emitted at full size.** See [`GrownObject`].
+//! - **Grown, not emitted at full size.** LLVM emits the object of a 1-byte blob; mblob
+//!   writes it out at the blob's length by LLVM's layout rule (section contents at their
+//!   alignments in file order, the section header table last), streaming the blob in, so the
+//!   blob is written once. A test compares the result with LLVM's object for many lengths.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};

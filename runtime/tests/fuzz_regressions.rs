@@ -246,27 +246,11 @@ fn opaque_search_looks_at_a_bounded_number_of_positions() {
     }
 }
 
-/// A classic blob of `k` opaque payloads of `size` bytes each, then `_lib` and the import tree
-/// (module 0 imports every other one).
+/// A classic blob of `k` opaque payloads of `size` bytes each (`relax.Executable`, which
+/// [`opaque_relax_registry`] keeps opaque, and two unknown kinds), then `_lib` and the import
+/// tree (module 0 imports every other one).
 fn classic_opaque_chain(k: usize, size: usize) -> Vec<u8> {
-    let keys: [&[u8]; 3] = [b"relax.Executable", b"metadata", b"const_loader"];
-    let mut body = u64le(k as u64 + 2).to_vec();
-    for i in 0..k {
-        push_str(&mut body, keys[i % keys.len()]);
-        body.extend((0..size).map(|j| (j * 7 + i) as u8 & 0x3f));
-    }
-    push_str(&mut body, b"_lib");
-    push_str(&mut body, b"_import_tree");
-    body.extend_from_slice(&u64le(k as u64 + 2));
-    body.extend_from_slice(&u64le(0));
-    for _ in 0..=k {
-        body.extend_from_slice(&u64le(k as u64));
-    }
-    body.extend_from_slice(&u64le(k as u64));
-    for c in 1..=k {
-        body.extend_from_slice(&u64le(c as u64));
-    }
-    blob(body)
+    support::adversarial::classic_opaque_chain_keyed(b"relax.Executable", k, size)
 }
 
 /// The cap leaves room for real blobs: one large opaque payload, and ten in a row (each

@@ -105,7 +105,13 @@ pub fn real_chain_then_junk(n: usize) -> Vec<u8> {
 /// A valid classic blob of `k` unmeasured payloads of `size` bytes each, then `_lib` and the
 /// import tree (module 0 imports every other one).
 pub fn classic_opaque_chain_ok(k: usize, size: usize) -> Vec<u8> {
-    let keys: [&[u8]; 3] = [b"VMExecutable", b"metadata", b"const_loader"];
+    classic_opaque_chain_keyed(b"VMExecutable", k, size)
+}
+
+/// [`classic_opaque_chain_ok`] with `first_key` in place of `VMExecutable` (every third
+/// payload's key; the others are `metadata` and `const_loader`).
+pub fn classic_opaque_chain_keyed(first_key: &[u8], k: usize, size: usize) -> Vec<u8> {
+    let keys: [&[u8]; 3] = [first_key, b"metadata", b"const_loader"];
     let mut body = u64le(k as u64 + 2).to_vec();
     for i in 0..k {
         push_str(&mut body, keys[i % keys.len()]);

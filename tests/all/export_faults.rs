@@ -142,24 +142,36 @@ fn processes_mentioning(needle: &[u8]) -> Vec<String> {
     found
 }
 
+/// `mblob export JSON -o SO --backend BACKEND` with its own `TMPDIR` and debug logs, running;
+/// its stderr as lines.
+fn spawn_export(
+    json: &Path,
+    so: &Path,
+    backend: &str,
+    tmpdir: &Path,
+) -> (std::process::Child, std::io::Lines<std::io::BufReader<std::process::ChildStderr>>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .args([os("export"), json.as_os_str(), os("-o"), so.as_os_str(), os("--backend"), os(backend)])
+        .env("TMPDIR", tmpdir)
+        .env("MBLOB_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    (child, lines)
+}
+
 #[test]
 fn sigint_and_sigterm_remove_what_the_export_wrote_and_kill_the_compiler() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     // 16 MiB as TVM's C text: the compiler takes many seconds on it.
     let json = tree(dir.path(), 16 << 20, serde_json::json!({}));
     for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let tmp = tempfile::tempdir().unwrap();
         let so = dir.path().join("big.so");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
-            .args([os("export"), json.as_os_str(), os("-o"), so.as_os_str(), os("--backend"), os("c-tvm")])
-            .env("TMPDIR", tmp.path())
-            .env("MBLOB_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (mut child, mut lines) = spawn_export(&json, &so, "c-tvm", tmp.path());
         let compiling = lines.by_ref().map_while(Result::ok).any(|l| l.contains("running step=\"compile"));
         assert!(compiling, "{signal}: the compile stage never began");
         // The compiler is running, with the export's C source.
@@ -193,21 +205,12 @@ fn sigint_and_sigterm_remove_what_the_export_wrote_and_kill_the_compiler() {
 
 #[test]
 fn sigint_while_the_blob_is_written_removes_it() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let json = tree(dir.path(), 192 << 20, serde_json::json!({}));
     for backend in backends().into_iter().filter(|b| *b != "c-tvm") {
         let tmp = tempfile::tempdir().unwrap();
         let so = dir.path().join("big.so");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mblob"))
-            .args([os("export"), json.as_os_str(), os("-o"), so.as_os_str(), os("--backend"), os(backend)])
-            .env("TMPDIR", tmp.path())
-            .env("MBLOB_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (mut child, mut lines) = spawn_export(&json, &so, backend, tmp.path());
         let packing = lines.by_ref().map_while(Result::ok).any(|l| l.contains("stage{stage=\"pack\"}: started"));
         assert!(packing, "{backend}: the pack stage never began");
         let pid = libc::pid_t::try_from(child.id()).unwrap();

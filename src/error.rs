@@ -121,3 +121,19 @@ impl Error {
         move |source| Error::Io { path, action, source }
     }
 }
+
+/// An error and its causes on one line, `a: b: c`, as the command line and Python's
+/// exceptions show them; a cause whose text the line already holds is not repeated.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line
+}

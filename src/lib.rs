@@ -21,5 +21,5 @@ pub mod repack;
 pub mod tool;
 pub mod tree_json;
 
-pub use error::{Error, Result};
+pub use error::{with_causes, Error, Result};
 pub use mblob_runtime as runtime;

@@ -45,20 +45,9 @@ create_exception!(
 );
 create_exception!(mblob, FileError, Error, "A file could not be read or written.");
 
-/// The message of an error with its causes, as the command line prints it: `a: b: c` (a cause
-/// already contained in the text is not repeated).
+/// The message of an error with its causes, as the command line prints it.
 fn message(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = s.source();
-    }
-    line
+    mblob::with_causes(e)
 }
 
 /// The exception class for a runtime (load side) error.
@@ -157,6 +146,25 @@ struct PackArgs {
 }
 
 impl PackArgs {
+    /// The arguments, with the backend and layout names checked.
+    fn parse(
+        backend_name: &str,
+        layout_name: &str,
+        system_lib: bool,
+        prefix: String,
+        target: Option<String>,
+        force_layout: bool,
+    ) -> PyResult<PackArgs> {
+        Ok(PackArgs {
+            backend: backend(backend_name)?,
+            layout: layout(layout_name)?,
+            system_lib,
+            prefix,
+            target,
+            force_layout,
+        })
+    }
+
     fn apply(&self, e: &mut Export) {
         e.backend(self.backend)
             .layout(self.layout)
@@ -214,14 +222,7 @@ fn export<'py>(
     target: Option<String>,
     force_layout: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let args = PackArgs {
-        backend: backend(backend_name)?,
-        layout: layout(layout_name)?,
-        system_lib,
-        prefix,
-        target,
-        force_layout,
-    };
+    let args = PackArgs::parse(backend_name, layout_name, system_lib, prefix, target, force_layout)?;
     let report = run(py, move || {
         let mut e = match (tree_json, tree_path) {
             (Some(text), _) => mblob::tree_json::parse_tree_json(&text, Path::new("<tree>"), &base)?,
@@ -265,14 +266,7 @@ fn pack<'py>(
         )));
     }
     let from = source_layout.map(layout).transpose()?;
-    let args = PackArgs {
-        backend: backend(backend_name)?,
-        layout: layout(layout_name)?,
-        system_lib,
-        prefix,
-        target,
-        force_layout,
-    };
+    let args = PackArgs::parse(backend_name, layout_name, system_lib, prefix, target, force_layout)?;
     let tools = HostTools { host, flags, link_args, cc };
     let report = run(py, move || {
         let tree = mblob::repack::read_module_tree(&source, from)?;

@@ -126,16 +126,7 @@ fn init_logging() {
 
 /// Prints an error and its causes on one line: `mblob: a: b: c`.
 pub fn report(e: &(dyn std::error::Error + 'static)) {
-    let mut line = format!("mblob: {e}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = s.source();
-    }
+    let line = format!("mblob: {}", mblob::with_causes(e));
     let stdout = io::stdout().lock();
     let _ = writeln!(io::stderr().lock(), "{line}");
     drop(stdout);

@@ -354,11 +354,30 @@ pub(crate) unsafe fn call_classic(
     args: &[Value],
 ) -> Result<Value, CallError> {
     let (mut values, mut codes, _strings) = encode_classic(args)?;
+    // SAFETY: per the contract `addr` has this signature; the argument arrays (and the strings
+    // they point to) live until it returns.
+    let (ret, ret_code) = unsafe { invoke_classic(addr, resource, &mut values, &mut codes) }?;
+    // SAFETY: a compiled function returns strings as NUL-terminated C strings.
+    Ok(unsafe { decode_classic(ret, ret_code) })
+}
+
+/// Calls the classic packed function at `addr` on encoded arguments, after clearing this
+/// thread's last error; its return value and type code, or the error it reported.
+///
+/// # Safety
+///
+/// `addr` must be a `TVMBackendPackedCFunc`, and the values (with what they point to) must be
+/// valid arguments for it until it returns.
+pub(crate) unsafe fn invoke_classic(
+    addr: *mut c_void,
+    resource: *mut c_void,
+    values: &mut [TVMValue],
+    codes: &mut [c_int],
+) -> Result<(TVMValue, c_int), CallError> {
     let mut ret = TVMValue { v_int64: 0 };
     let mut ret_code: c_int = K_NULL;
     super::context::clear_last_error();
-    // SAFETY: per the contract `addr` has this signature; the argument arrays (and the strings
-    // they point to) live until it returns.
+    // SAFETY: forwarded from the caller; `ret` and `ret_code` outlive the call.
     let code = unsafe {
         let f = std::mem::transmute::<*mut c_void, PackedCFn>(addr);
         f(values.as_mut_ptr(), codes.as_mut_ptr(), values.len() as c_int, &mut ret, &mut ret_code, resource)
@@ -366,8 +385,33 @@ pub(crate) unsafe fn call_classic(
     if code != 0 {
         return Err(call_error(code));
     }
-    // SAFETY: a compiled function returns strings as NUL-terminated C strings.
-    Ok(unsafe { decode_classic(ret, ret_code) })
+    Ok((ret, ret_code))
+}
+
+/// Calls the tvm-ffi safe-call function at `addr` on encoded arguments, after clearing this
+/// thread's last error; its result (None to start with, as the convention requires), or the
+/// error it reported.
+///
+/// # Safety
+///
+/// `addr` must be a `TVMFFISafeCallType`, and the values (with what they point to) must be
+/// valid arguments for it until it returns.
+pub(crate) unsafe fn invoke_ffi(
+    addr: *mut c_void,
+    resource: *mut c_void,
+    values: &[TVMFFIAny],
+) -> Result<TVMFFIAny, CallError> {
+    let mut result = TVMFFIAny::none();
+    super::context::clear_last_error();
+    // SAFETY: forwarded from the caller; `result` outlives the call.
+    let code = unsafe {
+        let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
+        f(resource, values.as_ptr(), values.len() as i32, &mut result)
+    };
+    if code != 0 {
+        return Err(call_error(code));
+    }
+    Ok(result)
 }
 
 /// Calls a tvm-ffi safe-call function.
@@ -377,17 +421,8 @@ pub(crate) unsafe fn call_classic(
 /// `addr` must be a `TVMFFISafeCallType`; see [`PackedFunction::call`].
 pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
     let (values, _strings) = encode_ffi(args)?;
-    let mut result = TVMFFIAny::none();
-    super::context::clear_last_error();
-    // SAFETY: per the contract `addr` has this signature; `result` starts as None as the
-    // convention requires; the arguments live until it returns.
-    let code = unsafe {
-        let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
-        f(resource, values.as_ptr(), values.len() as i32, &mut result)
-    };
-    if code != 0 {
-        return Err(call_error(code));
-    }
+    // SAFETY: per the contract `addr` has this signature; the arguments live until it returns.
+    let result = unsafe { invoke_ffi(addr, resource, &values) }?;
     // SAFETY: as in `call_classic`.
     Ok(unsafe { decode_ffi(&result) })
 }
@@ -460,38 +495,13 @@ impl PreparedCall {
         let resource = self.function.symbol().map_or(std::ptr::null_mut(), |s| s.resource());
         match (&mut self.encoded, addr) {
             (Encoded::Classic { values, codes, .. }, Some(addr)) => {
-                let mut ret = TVMValue { v_int64: 0 };
-                let mut ret_code: c_int = K_NULL;
-                super::context::clear_last_error();
-                // SAFETY: per the contract; the arrays live in `self`.
-                let code = unsafe {
-                    let f = std::mem::transmute::<*mut c_void, PackedCFn>(addr);
-                    f(
-                        values.as_mut_ptr(),
-                        codes.as_mut_ptr(),
-                        values.len() as c_int,
-                        &mut ret,
-                        &mut ret_code,
-                        std::ptr::null_mut(),
-                    )
-                };
-                if code != 0 {
-                    return Err(call_error(code));
-                }
-                Ok(())
+                // SAFETY: per the contract; the arrays live in `self`. TVM's library module
+                // passes no resource handle to compiled functions either.
+                unsafe { invoke_classic(addr, std::ptr::null_mut(), values, codes) }.map(|_| ())
             }
             (Encoded::Ffi { values, .. }, Some(addr)) => {
-                let mut result = TVMFFIAny::none();
-                super::context::clear_last_error();
                 // SAFETY: per the contract; the values live in `self`.
-                let code = unsafe {
-                    let f = std::mem::transmute::<*mut c_void, SafeCallFn>(addr);
-                    f(resource, values.as_ptr(), values.len() as i32, &mut result)
-                };
-                if code != 0 {
-                    return Err(call_error(code));
-                }
-                Ok(())
+                unsafe { invoke_ffi(addr, resource, values) }.map(|_| ())
             }
             (Encoded::Rust(args), _) => {
                 // SAFETY: forwarded from the caller.

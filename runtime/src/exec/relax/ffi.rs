@@ -14,8 +14,7 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::exec::tensor_bytes;
-use crate::ffi::callconv::{Abi, PackedCFn, SafeCallFn, TVMFFIAny, TVMValue};
-use crate::ffi::context;
+use crate::ffi::callconv::{invoke_classic, invoke_ffi, Abi, TVMFFIAny, TVMValue};
 use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
 use crate::format::stream::DataType;
 use crate::module::Symbol;
@@ -250,8 +249,7 @@ pub(crate) fn call(f: &Symbol, convention: Abi, args: &[CallArg<'_>]) -> Result<
         })
         .collect();
     let mut next_tensor = tensors.iter_mut().map(|t| (t as *mut DLTensor).cast::<c_void>());
-    context::clear_last_error();
-    let code = match convention {
+    let called = match convention {
         Abi::Packed => {
             let mut values: SmallVec<[TVMValue; 4]> = SmallVec::with_capacity(args.len());
             let mut codes: SmallVec<[c_int; 4]> = SmallVec::with_capacity(args.len());
@@ -267,22 +265,10 @@ pub(crate) fn call(f: &Symbol, convention: Abi, args: &[CallArg<'_>]) -> Result<
                 values.push(v);
                 codes.push(c);
             }
-            let mut ret = TVMValue { v_int64: 0 };
-            let mut ret_code: c_int = 0;
             // SAFETY: the symbol has the packed signature (see above); the tensors were checked
             // to fit their buffers, which `args` borrows; the argument arrays and the DLTensors
             // they point to live until the call returns. Kernels never write the shapes.
-            unsafe {
-                let func = std::mem::transmute::<*mut c_void, PackedCFn>(f.addr());
-                func(
-                    values.as_mut_ptr(),
-                    codes.as_mut_ptr(),
-                    values.len() as c_int,
-                    &mut ret,
-                    &mut ret_code,
-                    std::ptr::null_mut(),
-                )
-            }
+            unsafe { invoke_classic(f.addr(), std::ptr::null_mut(), &mut values, &mut codes) }.map(|_| ())
         }
         Abi::Ffi => {
             let any = |type_index: i32, value: u64| TVMFFIAny {
@@ -299,21 +285,13 @@ pub(crate) fn call(f: &Symbol, convention: Abi, args: &[CallArg<'_>]) -> Result<
                     CallArg::Null => any(0, 0),
                 })
                 .collect();
-            let mut result = any(0, 0);
             // SAFETY: as above, with tvm-ffi's safe-call signature; `self` is unused by
-            // compiled kernels and passed as null, the result starts as None (kernels in
-            // destination-passing style return None).
-            unsafe {
-                let func = std::mem::transmute::<*mut c_void, SafeCallFn>(f.addr());
-                func(std::ptr::null_mut(), values.as_ptr(), values.len() as i32, &mut result)
-            }
+            // compiled kernels and passed as null (kernels in destination-passing style return
+            // None).
+            unsafe { invoke_ffi(f.addr(), std::ptr::null_mut(), &values) }.map(|_| ())
         }
     };
     drop(next_tensor);
     drop(tensors);
-    if code == 0 {
-        Ok(())
-    } else {
-        Err(CallFailure::Kernel(code, context::last_error()))
-    }
+    called.map_err(|e| CallFailure::Kernel(e.code, e.message))
 }

@@ -586,18 +586,9 @@ impl GraphExecutor {
 
     fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
         let info = self.input_info(nid);
-        if tensor.dtype != info.dtype || tensor.shape != info.shape {
-            return Err(ExecError::InputMismatch {
-                name: info.name,
-                expected_dtype: info.dtype,
-                expected_shape: info.shape,
-                dtype: tensor.dtype,
-                shape: tensor.shape.clone(),
-            });
-        }
         let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
         let n = self.entry_bytes[e];
-        if tensor.data.len() != n {
+        if tensor.dtype != info.dtype || tensor.shape != info.shape || tensor.data.len() != n {
             return Err(ExecError::InputMismatch {
                 name: info.name,
                 expected_dtype: info.dtype,

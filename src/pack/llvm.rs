@@ -270,8 +270,8 @@ struct GrownObject<'a> {
     moved: Vec<(usize, usize, u64)>,
     /// Patches to the small object's bytes: (offset, bytes).
     patches: Vec<(usize, Vec<u8>)>,
-    /// The section header table: old offset, size, new offset.
-    shdrs: (usize, usize, u64),
+    /// The new section header table, and its offset.
+    shdrs: (Vec<u8>, u64),
 }
 
 impl<'a> GrownObject<'a> {
@@ -360,21 +360,13 @@ impl<'a> GrownObject<'a> {
         let mut new_sym = *sym;
         new_sym.st_size = object::U64::new(e, len);
         patches.push((at, object::bytes_of(&new_sym).to_vec()));
-        Some(GrownObject { small, blob_at, len, moved, patches, shdrs: (shoff as usize, table.len(), new_shoff) }).map(
-            |mut g| {
-                g.patches.push((usize::MAX, table));
-                g
-            },
-        )
+        Some(GrownObject { small, blob_at, len, moved, patches, shdrs: (table, new_shoff) })
     }
 
     /// The small object's bytes in `range`, with the patches applied.
     fn patched(&self, range: std::ops::Range<usize>) -> Vec<u8> {
         let mut out = self.small[range.clone()].to_vec();
         for (at, bytes) in &self.patches {
-            if *at == usize::MAX {
-                continue;
-            }
             for (k, b) in bytes.iter().enumerate() {
                 if (range.start..range.end).contains(&(at + k)) {
                     out[at + k - range.start] = *b;
@@ -406,9 +398,8 @@ impl<'a> GrownObject<'a> {
             pad_to(&mut w, new_off).map_err(&io_err)?;
             w.write_all(&self.patched(off..off + size)).map_err(&io_err)?;
         }
-        pad_to(&mut w, self.shdrs.2).map_err(&io_err)?;
-        let table = &self.patches.iter().find(|p| p.0 == usize::MAX).expect("the table is patched").1;
-        w.write_all(table).map_err(&io_err)?;
+        pad_to(&mut w, self.shdrs.1).map_err(&io_err)?;
+        w.write_all(&self.shdrs.0).map_err(&io_err)?;
         w.flush().map_err(&io_err)
     }
 }

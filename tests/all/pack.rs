@@ -174,6 +174,25 @@ fn llvm_objects_are_tvms_devc_o_byte_for_byte() {
     assert!(checked >= 20, "only {checked} devc.o goldens");
 }
 
+/// System-lib objects (with and without a symbol prefix) against what TVM 0.19's own LLVM
+/// packer wrote (`tvm-goldens/syslib/`, made by its `make.py`): the blob taken out of TVM's
+/// object and packed again by mblob gives TVM's object byte for byte (the registration
+/// constructor, its `.init_array` entry and the relaxable GOT relocation included).
+#[cfg(feature = "llvm")]
+#[test]
+fn llvm_system_lib_objects_are_tvm_019s_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    for prefix in ["", "demo_"] {
+        let golden = read(&goldens().join("syslib").join(format!("{prefix}devc.o")));
+        let found = mblob_runtime::elf::find_blob(&golden, Some(prefix)).unwrap().unwrap();
+        assert_eq!(found.symbol, format!("{prefix}__tvm_dev_mblob"));
+        let blob = found.bytes(&golden).unwrap().to_vec();
+        let opts = PackOptions { layout: Layout::Classic, prefix: prefix.into(), system_lib: true, target: None };
+        let ours = read(&mblob::pack::llvm::write_object(&blob, &opts, dir.path()).unwrap());
+        assert!(ours == golden, "prefix `{prefix}`: object differs from TVM 0.19's");
+    }
+}
+
 #[cfg(feature = "llvm")]
 #[test]
 fn llvm_objects_hold_any_blob_under_any_prefix_and_link() {

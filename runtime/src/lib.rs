@@ -47,7 +47,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod array;
 mod bytes;
+pub mod device;
 pub mod elf;
 mod error;
 pub mod exec;
@@ -60,7 +62,9 @@ pub mod registry;
 pub mod serialize;
 pub mod tree;
 
+pub use array::NdArray;
 pub use bytes::Bytes;
+pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
 #[cfg(feature = "cuda")]
 pub use ffi::cuda;

@@ -89,6 +89,8 @@ impl Default for Registry {
         }
         #[cfg(feature = "cuda")]
         r.register(CudaLoader);
+        #[cfg(feature = "opencl")]
+        r.register(OpenClLoader);
         // The Relax executables are decoded (they replace the raw loaders of their keys).
         r.register(RelaxLoader(RELAX_EXECUTABLE));
         r.register(RelaxLoader(RELAX_VM_EXECUTABLE));
@@ -241,6 +243,30 @@ impl Loader for CudaLoader {
     fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
         let (m, used) = DeviceModule::read(src, base, crate::payload::device::CUDA, layout)?;
         Ok(Some((Arc::new(crate::ffi::cuda::CudaModule::new(m)), used)))
+    }
+}
+
+/// Loader of `opencl` payloads that makes [`OpenClModule`](crate::ffi::opencl::OpenClModule)s
+/// (registered by [`Registry::default`] when the `opencl` feature is on).
+#[cfg(feature = "opencl")]
+#[derive(Debug, Clone, Copy)]
+pub struct OpenClLoader;
+
+#[cfg(feature = "opencl")]
+impl Loader for OpenClLoader {
+    fn type_key(&self) -> &str {
+        crate::payload::device::OPENCL
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        DeviceLoader(crate::payload::device::OPENCL).measure(bytes, base, layout)
+    }
+    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        let device = DeviceModule::read_exact(&payload, crate::payload::device::OPENCL, layout)?;
+        Ok(Arc::new(crate::ffi::opencl::OpenClModule::new(device)))
+    }
+    fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
+        let (m, used) = DeviceModule::read(src, base, crate::payload::device::OPENCL, layout)?;
+        Ok(Some((Arc::new(crate::ffi::opencl::OpenClModule::new(m)), used)))
     }
 }
 

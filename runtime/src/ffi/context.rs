@@ -195,12 +195,16 @@ fn globals() -> &'static Mutex<HashMap<String, PackedFunction>> {
     static GLOBALS: OnceLock<Mutex<HashMap<String, PackedFunction>>> = OnceLock::new();
     GLOBALS.get_or_init(|| {
         let mut m = HashMap::new();
-        // Host code of device kernels selects the device first; mblob's device modules bind
-        // their own context on every launch, so this only checks its arguments.
+        // Host code of device kernels selects the device first: the device modules launch on
+        // the current device of their kind.
         m.insert(
             "__tvm_set_device".to_owned(),
             PackedFunction::from_fn(|args| match args {
-                [Value::Int(_), Value::Int(_)] => Ok(Value::None),
+                [Value::Int(t), Value::Int(i)] => {
+                    let device = crate::device::Device::from_dlpack(*t as i32, *i as i32);
+                    super::device_api::set_current_device(device);
+                    Ok(Value::None)
+                }
                 _ => Err(format!("__tvm_set_device takes (device_type, device_id), got {args:?}")),
             }),
         );
@@ -258,27 +262,51 @@ extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *con
 }
 
 extern "C" fn backend_alloc_workspace(
-    _dev_type: c_int,
-    _dev_id: c_int,
+    dev_type: c_int,
+    dev_id: c_int,
     nbytes: u64,
     _code: c_int,
     _bits: c_int,
 ) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        let p = workspace::alloc(nbytes);
-        if p.is_null() {
-            set_last_error(&format!("TVMBackendAllocWorkspace: cannot allocate {nbytes} bytes"));
+        if dev_type == 1 {
+            let p = workspace::alloc(nbytes);
+            if p.is_null() {
+                set_last_error(&format!("TVMBackendAllocWorkspace: cannot allocate {nbytes} bytes"));
+            }
+            return p;
         }
-        p
+        // Workspace on a device: its device API's pool.
+        let device = crate::device::Device::from_dlpack(dev_type, dev_id);
+        let got = usize::try_from(nbytes)
+            .map_err(|_| crate::device::DeviceError::OutOfMemory { device, bytes: nbytes })
+            .and_then(|n| super::device_api::device_api(device)?.alloc_workspace(n));
+        match got {
+            Ok(p) => p.as_ptr(),
+            Err(e) => {
+                set_last_error(&format!("TVMBackendAllocWorkspace: {e}"));
+                std::ptr::null_mut()
+            }
+        }
     })
 }
 
-extern "C" fn backend_free_workspace(_dev_type: c_int, _dev_id: c_int, ptr: *mut c_void) -> c_int {
-    guard(-1, || match workspace::free(ptr) {
-        Ok(()) => 0,
-        Err(e) => {
-            set_last_error(&e);
-            -1
+extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, ptr: *mut c_void) -> c_int {
+    guard(-1, || {
+        let freed = if dev_type == 1 {
+            workspace::free(ptr)
+        } else {
+            let device = crate::device::Device::from_dlpack(dev_type, dev_id);
+            super::device_api::device_api(device)
+                .and_then(|api| api.free_workspace(super::device_api::DevicePtr::from_ptr(ptr)))
+                .map_err(|e| e.to_string())
+        };
+        match freed {
+            Ok(()) => 0,
+            Err(e) => {
+                set_last_error(&format!("TVMBackendFreeWorkspace: {e}"));
+                -1
+            }
         }
     })
 }

@@ -800,3 +800,14 @@ mod tests {
         assert!(matches!(m.as_payload(), Some(p) if p.type_key() == CUDA));
     }
 }
+
+/// The CUDA device API (TODO: being written).
+#[derive(Debug)]
+pub struct CudaApi;
+
+impl CudaApi {
+    /// Opens `device`.
+    pub fn open(device: crate::device::Device) -> Result<Arc<dyn super::device_api::DeviceApi>, crate::device::DeviceError> {
+        Err(crate::device::DeviceError::Unsupported { device, what: "running".into() })
+    }
+}

@@ -18,9 +18,12 @@ pub mod callconv;
 pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device_api;
 #[cfg(feature = "cuda")]
 pub mod cuda_packed;
 pub mod library;
+#[cfg(feature = "opencl")]
+pub mod opencl;
 pub mod packed;
 pub(crate) mod shim;
 pub mod threadpool;

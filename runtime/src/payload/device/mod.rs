@@ -42,6 +42,8 @@ use crate::format::{DataType, FormatError, FormatErrorKind, Layout};
 
 /// Type key of CUDA modules.
 pub const CUDA: &str = "cuda";
+/// Type key of OpenCL modules.
+pub const OPENCL: &str = "opencl";
 /// Type key of Metal modules.
 pub const METAL: &str = "metal";
 /// Type key of WebGPU modules.

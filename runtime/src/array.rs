@@ -1,0 +1,259 @@
+//! [`NdArray`]: the one tensor of the run side. Owned (shared) storage on a device, a shape and
+//! a dtype; the executors' inputs, outputs, parameters and storage, the Relax VM's registers,
+//! and what the CLI and Python hand in and get back.
+//!
+//! It lends a `DLTensor` ([`NdArray::dl_tensor`]) for calls into compiled code, copies to and
+//! from host bytes, and makes views (a part of its storage with another shape). The host-side
+//! form of a tensor, as a blob stores it, is [`crate::payload::graph::Tensor`];
+//! [`NdArray::from_tensor`] and [`NdArray::to_tensor`] convert.
+
+use std::sync::Arc;
+
+use crate::bytes::Bytes;
+use crate::device::{Device, DeviceError};
+use crate::ffi::device_api::{DeviceApi, Storage};
+use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
+use crate::format::DataType;
+use crate::payload::graph::Tensor;
+
+/// What is wrong with a tensor made from parts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArrayError {
+    /// A negative extent, or a size that overflows.
+    #[error("shape {shape:?} of {dtype} is not a valid tensor shape")]
+    BadShape {
+        /// The shape.
+        shape: Vec<i64>,
+        /// The dtype.
+        dtype: DataType,
+    },
+    /// Data whose length is not what the shape and dtype need.
+    #[error("{dtype} {shape:?} needs {expected} bytes, {found} given")]
+    Size {
+        /// The dtype.
+        dtype: DataType,
+        /// The shape.
+        shape: Vec<i64>,
+        /// Bytes needed.
+        expected: u64,
+        /// Bytes given.
+        found: u64,
+    },
+    /// The device refused.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Bytes of a tensor of `dtype` and `shape` as TVM counts them (`(bits * lanes + 7) / 8` per
+/// element), or `None` on overflow or a negative extent.
+pub fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
+    let per = (u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8);
+    shape.iter().try_fold(per, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+}
+
+/// A tensor on a device: shared storage, a shape and a dtype. Cloning shares the storage (as
+/// TVM's `NDArray` reference does); [`NdArray::copy`] makes a new one.
+#[derive(Debug, Clone)]
+pub struct NdArray {
+    storage: Arc<Storage>,
+    shape: Arc<[i64]>,
+    dtype: DataType,
+}
+
+impl NdArray {
+    fn checked_len(dtype: DataType, shape: &[i64]) -> Result<usize, ArrayError> {
+        tensor_bytes(dtype, shape)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| ArrayError::BadShape { shape: shape.to_vec(), dtype })
+    }
+
+    /// An empty (zeroed on the CPU) tensor on `device`.
+    pub fn empty(shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        Ok(NdArray { storage: Storage::new(device, n)?, shape: shape.into(), dtype })
+    }
+
+    /// An empty tensor from `api`'s device.
+    pub fn empty_with(shape: &[i64], dtype: DataType, api: &Arc<dyn DeviceApi>) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype })
+    }
+
+    /// A tensor on `device` holding `data` (little-endian elements, row-major).
+    pub fn from_bytes(data: &[u8], shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        if n != data.len() {
+            return Err(ArrayError::Size { dtype, shape: shape.to_vec(), expected: n as u64, found: data.len() as u64 });
+        }
+        let a = NdArray::empty(shape, dtype, device)?;
+        a.storage.write(0, data)?;
+        Ok(a)
+    }
+
+    /// A `float32` tensor on `device`.
+    pub fn from_f32(data: &[f32], shape: &[i64], device: Device) -> Result<NdArray, ArrayError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        NdArray::from_bytes(&bytes, shape, DataType::F32, device)
+    }
+
+    /// A tensor on `device` with the contents of a host tensor.
+    pub fn from_tensor(t: &Tensor, device: Device) -> Result<NdArray, ArrayError> {
+        NdArray::from_bytes(&t.data, &t.shape, t.dtype, device)
+    }
+
+    /// A view of `storage` from `offset` with `shape` and `dtype` (TVM's
+    /// `Storage::AllocNDArray`).
+    pub fn in_storage(storage: &Arc<Storage>, offset: usize, shape: &[i64], dtype: DataType) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        Ok(NdArray { storage: storage.view(offset, n)?, shape: shape.into(), dtype })
+    }
+
+    /// The same bytes with another shape and dtype (as many bytes or fewer).
+    pub fn view(&self, shape: &[i64], dtype: DataType) -> Result<NdArray, ArrayError> {
+        NdArray::in_storage(&self.storage, 0, shape, dtype)
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        // The storage was made exactly this size (or a view of it).
+        self.storage.nbytes()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `data` (exactly [`NdArray::nbytes`] bytes) into the tensor.
+    pub fn copy_from_bytes(&self, data: &[u8]) -> Result<(), ArrayError> {
+        if data.len() != self.nbytes() {
+            return Err(ArrayError::Size {
+                dtype: self.dtype,
+                shape: self.shape.to_vec(),
+                expected: self.nbytes() as u64,
+                found: data.len() as u64,
+            });
+        }
+        Ok(self.storage.write(0, data)?)
+    }
+
+    /// The elements as host bytes (a copy from the device).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ArrayError> {
+        let mut out = vec![0u8; self.nbytes()];
+        self.storage.read(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// The elements as a host tensor.
+    pub fn to_tensor(&self) -> Result<Tensor, ArrayError> {
+        Ok(Tensor { dtype: self.dtype, shape: self.shape.to_vec(), device: (1, 0), data: Bytes::from_vec(self.to_bytes()?) })
+    }
+
+    /// The elements as `f32`s, when the dtype is `float32`.
+    pub fn to_f32(&self) -> Result<Option<Vec<f32>>, ArrayError> {
+        if self.dtype != DataType::F32 {
+            return Ok(None);
+        }
+        let b = self.to_bytes()?;
+        Ok(Some(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+    }
+
+    /// Copies this tensor's bytes into `dst` (same size; any devices).
+    pub fn copy_to(&self, dst: &NdArray) -> Result<(), ArrayError> {
+        if dst.nbytes() != self.nbytes() {
+            return Err(ArrayError::Size {
+                dtype: dst.dtype,
+                shape: dst.shape.to_vec(),
+                expected: dst.nbytes() as u64,
+                found: self.nbytes() as u64,
+            });
+        }
+        Ok(self.storage.copy_to(0, &dst.storage, 0, self.nbytes())?)
+    }
+
+    /// A new tensor on `device` with the same contents.
+    pub fn copy(&self, device: Device) -> Result<NdArray, ArrayError> {
+        let out = NdArray::empty(&self.shape, self.dtype, device)?;
+        self.copy_to(&out)?;
+        Ok(out)
+    }
+
+    /// This tensor on `device`: itself when already there, else a copy.
+    pub fn to_device(&self, device: Device) -> Result<NdArray, ArrayError> {
+        if self.device() == device {
+            Ok(self.clone())
+        } else {
+            self.copy(device)
+        }
+    }
+
+    /// A `DLTensor` describing this tensor, for a call into compiled code. It points into the
+    /// tensor's storage and shape: use it while `self` (or a clone) is alive.
+    pub fn dl_tensor(&self) -> DLTensor {
+        let (device_type, device_id) = self.device().to_dlpack();
+        DLTensor {
+            data: self.storage.ptr().as_ptr(),
+            device: DLDevice { device_type, device_id },
+            ndim: self.shape.len() as i32,
+            dtype: DLDataType::from(self.dtype),
+            shape: self.shape.as_ptr().cast_mut(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+
+    /// Like [`NdArray::dl_tensor`], but presented as 1-D (a graph op's `flatten_data`); the
+    /// shape lives in `shape`, which must outlive the tensor's use.
+    pub fn dl_tensor_flat(&self, shape: &mut [i64; 1]) -> DLTensor {
+        shape[0] = self.len() as i64;
+        DLTensor { ndim: 1, shape: shape.as_mut_ptr(), ..self.dl_tensor() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_views_and_checks() {
+        let a = NdArray::from_f32(&[1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu(0)).unwrap();
+        assert_eq!(a.nbytes(), 16);
+        assert_eq!(a.to_f32().unwrap().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        let v = a.view(&[4], DataType::F32).unwrap();
+        assert_eq!(v.dl_tensor().data, a.dl_tensor().data);
+        let b = a.copy(Device::cpu(0)).unwrap();
+        b.copy_from_bytes(&[0u8; 16]).unwrap();
+        assert_eq!(a.to_f32().unwrap().unwrap()[3], 4.0);
+        assert!(matches!(a.copy_from_bytes(&[0u8; 3]), Err(ArrayError::Size { expected: 16, found: 3, .. })));
+        assert!(matches!(NdArray::empty(&[-1], DataType::F32, Device::cpu(0)), Err(ArrayError::BadShape { .. })));
+        assert!(NdArray::empty(&[i64::MAX, 4], DataType::F32, Device::cpu(0)).is_err());
+        let t = a.to_tensor().unwrap();
+        assert_eq!(NdArray::from_tensor(&t, Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap());
+    }
+}

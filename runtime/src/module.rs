@@ -154,19 +154,23 @@ impl LoadedTree {
     /// TVM's `GetFunction(name, query_imports=true)` does. The library module is where native
     /// functions live.
     pub fn get_function(&self, name: &str) -> Option<Symbol> {
+        self.depth_first(0).find_map(|i| self.modules[i].module.get_function(name))
+    }
+
+    /// Module `from` and everything it imports, depth first, each module once: the order in
+    /// which TVM's `GetFunction(name, query_imports = true)` asks them (an index out of range
+    /// gives nothing). Every lookup through the imports walks this order.
+    pub fn depth_first(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
         let mut seen = vec![false; self.modules.len()];
-        let mut stack = vec![0usize];
-        while let Some(i) = stack.pop() {
+        let mut stack = if from < self.modules.len() { vec![from] } else { Vec::new() };
+        std::iter::from_fn(move || loop {
+            let i = stack.pop()?;
             if std::mem::replace(&mut seen[i], true) {
                 continue;
             }
-            let m = &self.modules[i];
-            if let Some(s) = m.module.get_function(name) {
-                return Some(s);
-            }
-            stack.extend(m.imports.iter().rev());
-        }
-        None
+            stack.extend(self.modules[i].imports.iter().rev());
+            return Some(i);
+        })
     }
 
     /// The first module, in index order (the blob's order; the root first), that is of type

@@ -7,7 +7,6 @@ pub mod extract;
 pub mod inspect;
 pub mod pack;
 pub mod run;
-mod run_relax;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

@@ -1,18 +1,16 @@
-//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable: see
-//! `run_relax.rs`) or one host function of a plain library with `mblob-runtime` alone, inputs
-//! and outputs as `.npy` files.
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable) or
+//! one host function of a plain library with `mblob-runtime` alone, on the CPU or the device
+//! the library was built for, inputs and outputs as `.npy` files.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mblob_runtime::exec::{self, Device, Tensor};
+use mblob_runtime::exec::{self, Device, DeviceType, Model, ModelKind, Output, Tensor};
 use mblob_runtime::ffi::threadpool;
-use mblob_runtime::ffi::workspace::AlignedBuffer;
 use mblob_runtime::ffi::Value;
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::packed::{DLDataType, DLDevice, DLTensor};
-use mblob_runtime::{load_library, LoadOptions, Registry};
+use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
 
 use crate::{Error, Result};
 
@@ -21,7 +19,8 @@ use crate::{Error, Result};
 /// Examples:
 ///
 /// ```text
-/// mblob run model.so --input x=x.npy --output-dir out/          (graph or AOT model)
+/// mblob run model.so --input x=x.npy --output-dir out/          (graph, AOT or Relax model)
+/// mblob run model.so --input x=x.npy --device opencl            (on an OpenCL device)
 /// mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
 /// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
 /// ```
@@ -30,32 +29,36 @@ pub struct RunArgs {
     /// The shared library TVM exported (`export_library`) or mblob wrote.
     #[arg(value_name = "MODEL.so")]
     pub model: PathBuf,
-    /// An input, as NAME=FILE.npy (repeatable). The names, shapes and dtypes are checked
-    /// against the model's before anything runs. With `--function`, the inputs are the
-    /// function's first arguments, in the order given. A Relax model takes NAME=FILE.npy by
-    /// parameter name or FILE.npy in parameter order.
-    #[arg(short, long = "input", value_name = "NAME=FILE.npy")]
+    /// An input, as NAME=FILE.npy, or FILE.npy for the next input in order (repeatable).
+    /// The names, shapes and dtypes are checked against the model's before anything runs.
+    /// With `--function` on a plain library, the inputs are the function's first arguments,
+    /// in the order given.
+    #[arg(short, long = "input", value_name = "[NAME=]FILE.npy")]
     pub inputs: Vec<String>,
     /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
     /// created; each file appears whole or not at all).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
+    /// The device to run on: cpu, opencl or cuda, with :N for another ordinal (cuda:1).
+    /// Default: the kind of device code the library holds when it holds exactly one kind
+    /// (said on stderr), else the CPU.
+    #[arg(short, long, value_name = "DEVICE")]
+    pub device: Option<Device>,
     /// Threads for the kernels' parallel loops, this thread included (default:
     /// MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Run N more times after the first and print the time per run (mean, median, min), as
-    /// TVM's `time_evaluator` reports it.
+    /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// Call this host function of the library instead of a graph/AOT factory (for plain
-    /// libraries such as TVM's `tvm.build` output). Its arguments are the inputs, then the
-    /// outputs given with `--output`. For a Relax model: the VM function to call (default
-    /// `main`).
+    /// For a Relax model: the VM function to call (default `main`). For a plain library
+    /// (such as TVM's `tvm.build` output): the host function to call; its arguments are the
+    /// inputs, then the outputs given with `--output`.
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
-    /// With `--function`: an output argument, as `NAME=DTYPE[SHAPE]`, e.g. `B=float32[4]` or
-    /// `y=int8[2,16]` (repeatable, in argument order).
+    /// With `--function` on a plain library: an output argument, as `NAME=DTYPE[SHAPE]`, e.g.
+    /// `B=float32[4]` or `y=int8[2,16]` (repeatable, in argument order).
     #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]")]
     pub outputs: Vec<String>,
 }
@@ -64,42 +67,62 @@ fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
     Error::Invalid { what: what.into(), detail: detail.into() }
 }
 
+/// The device to run on: the one asked for, else the one kind of device code the library
+/// holds (said on stderr), else the CPU.
+fn pick_device(tree: &LoadedTree, asked: Option<Device>) -> Device {
+    if let Some(d) = asked {
+        return d;
+    }
+    match exec::device_kinds(tree, 0)[..] {
+        [kind] => {
+            let d = Device { device_type: kind, device_id: 0 };
+            eprintln!("mblob: running on {d}: the library holds {kind} device code (--device to choose)");
+            d
+        }
+        _ => Device::cpu(0),
+    }
+}
+
 /// Runs `mblob run`.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
-    if super::run_relax::is_relax_model(&args.model)? {
-        return super::run_relax::run(args);
-    }
     if let Some(n) = args.threads {
         if n == 0 {
             return Err(invalid("--threads", "must be at least 1"));
         }
         threadpool::set_num_threads(n);
     }
-    let inputs: Vec<(String, Tensor)> = args
+    let inputs: Vec<(Option<String>, Tensor)> = args
         .inputs
         .iter()
-        .map(|spec| {
-            let (name, file) =
-                spec.split_once('=').ok_or_else(|| invalid(format!("--input {spec}"), "expected NAME=FILE.npy"))?;
-            Ok((name.to_owned(), read_npy(Path::new(file))?))
+        .map(|spec| match spec.split_once('=') {
+            Some((name, file)) => Ok((Some(name.to_owned()), read_npy(Path::new(file))?)),
+            None => Ok((None, read_npy(Path::new(spec))?)),
         })
         .collect::<Result<_>>()?;
     // SAFETY: running a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
     let model = args.model.display().to_string();
-    let (outputs, times) = match &args.function {
-        Some(name) => run_function(&tree, &model, name, &inputs, &args.outputs, args.repeat)?,
-        None => {
+    let kind = Model::kind_of(&tree);
+    let device = pick_device(&tree, args.device);
+    let (outputs, times) = match (&args.function, kind) {
+        (Some(name), None) => run_function(&tree, &model, name, device, &inputs, &args.outputs, args.repeat)?,
+        (_, None) => {
+            return Err(invalid(
+                &model,
+                format!(
+                    "the library holds no model (modules: {}): call one of its functions with --function NAME",
+                    tree.type_keys().join(", ")
+                ),
+            ))
+        }
+        (function, Some(kind)) => {
             if !args.outputs.is_empty() {
-                return Err(invalid("--output", "only with --function (a model knows its outputs)"));
+                return Err(invalid("--output", "only with --function on a plain library (a model knows its outputs)"));
             }
-            run_model(&tree, &model, &inputs, args.repeat)?
+            run_model(&tree, &model, kind, device, function.as_deref(), &inputs, args.repeat)?
         }
     };
-    for (i, t) in outputs.iter().enumerate() {
-        println!("out.{i}: {} {:?}", t.dtype, t.shape);
-    }
     write_outputs(args.output_dir.as_deref(), &outputs)?;
     print_times(&times);
     Ok(ExitCode::SUCCESS)
@@ -141,31 +164,63 @@ pub(crate) fn print_times(times: &[f64]) {
 type Outcome = (Vec<Tensor>, Vec<f64>);
 
 fn run_model(
-    tree: &mblob_runtime::LoadedTree,
+    tree: &LoadedTree,
     model: &str,
-    inputs: &[(String, Tensor)],
+    kind: ModelKind,
+    device: Device,
+    function: Option<&str>,
+    inputs: &[(Option<String>, Tensor)],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
-    let mut m = exec::executor(tree, &[Device::cpu(0)]).map_err(fail)?;
+    let mut m = Model::new(tree, device).map_err(fail)?;
+    let function_name = function.unwrap_or("main").to_owned();
+    if kind == ModelKind::Relax {
+        if !m.functions().contains(&function_name) {
+            return Err(invalid(
+                model,
+                format!("no VM function `{function_name}` (functions: {})", m.functions().join(", ")),
+            ));
+        }
+        m.select_function(&function_name).map_err(fail)?;
+    } else if function.is_some() {
+        return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
+    }
     // Every input is checked (names, shapes, dtypes) and every one the model needs is given,
     // before anything runs.
-    let wanted = m.inputs();
+    let names: Vec<String> = m.inputs().into_iter().map(|(n, _)| n).collect();
     for (name, t) in inputs {
-        m.set_input_by_name(name, t).map_err(fail)?;
+        let spec = |n: &str| format!("--input {n}");
+        if let Some(n) = name {
+            // Graph and AOT models answer unknown names themselves (AOT ones also take the
+            // names the model was built with).
+            if kind == ModelKind::Relax {
+                match m.input_position(n) {
+                    None => return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", ")))),
+                    Some(i) if m.is_set(i) => return Err(invalid(spec(n), format!("`{n}` is given twice"))),
+                    Some(_) => {}
+                }
+            }
+        } else if m.missing_inputs().is_empty() {
+            return Err(invalid("--input", format!("the model takes {} inputs", names.len())));
+        }
+        m.set_input(name.as_deref(), t).map_err(fail)?;
     }
-    let given: Vec<usize> = inputs.iter().filter_map(|(n, _)| m.input_index(n)).collect();
-    let missing: Vec<String> = wanted
-        .iter()
-        .enumerate()
-        .filter(|(k, _)| !given.contains(k))
-        .map(|(_, w)| w)
-        .map(|w| format!("{} ({} {:?})", w.name, w.dtype, w.shape))
-        .collect();
+    let missing = m.missing_inputs();
     if !missing.is_empty() {
+        let described: Vec<String> = m
+            .inputs()
+            .into_iter()
+            .filter(|(n, _)| missing.contains(n))
+            .map(|(n, info)| match info {
+                Some(i) => format!("{n} ({} {:?})", i.dtype, i.shape),
+                None => n,
+            })
+            .collect();
+        let of = if kind == ModelKind::Relax { format!(" of `{function_name}`") } else { String::new() };
         return Err(invalid(
             model,
-            format!("missing inputs: {} (give them with --input NAME=FILE.npy)", missing.join(", ")),
+            format!("missing inputs{of}: {} (give them with --input NAME=FILE.npy)", described.join(", ")),
         ));
     }
     m.run().map_err(fail)?;
@@ -175,7 +230,23 @@ fn run_model(
         m.run().map_err(fail)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let outputs = (0..m.num_outputs()).map(|i| m.get_output(i)).collect::<std::result::Result<_, _>>().map_err(fail)?;
+    let mut outputs = Vec::new();
+    for (i, o) in m.outputs().map_err(fail)?.into_iter().enumerate() {
+        match o {
+            Output::Tensor(t) => {
+                println!("out.{i}: {} {:?}", t.dtype, t.shape);
+                outputs.push(t);
+            }
+            // A shape is written as a 1-d int64 array, as numpy sees a TVM shape.
+            Output::Shape(s) => {
+                println!("out.{i}: shape {s:?}");
+                let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
+                let t = Tensor::new(DataType { code: 0, bits: 64, lanes: 1 }, vec![s.len() as i64], data)
+                    .ok_or_else(|| invalid(model, format!("output {i}: shape {s:?} too long")))?;
+                outputs.push(t);
+            }
+        }
+    }
     Ok((outputs, times))
 }
 
@@ -193,59 +264,39 @@ fn parse_output(spec: &str) -> Result<(String, DataType, Vec<i64>)> {
     Ok((name.to_owned(), dtype, shape))
 }
 
-struct Arg {
-    buf: AlignedBuffer,
-    shape: Vec<i64>,
-    dtype: DataType,
-}
-
 fn run_function(
-    tree: &mblob_runtime::LoadedTree,
+    tree: &LoadedTree,
     model: &str,
     name: &str,
-    inputs: &[(String, Tensor)],
+    device: Device,
+    inputs: &[(Option<String>, Tensor)],
     outputs: &[String],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
     let f = tree.packed_function(name).ok_or_else(|| invalid(model, format!("no function `{name}`")))?;
-    let alloc = |bytes: usize| {
-        AlignedBuffer::zeroed(bytes).ok_or_else(|| invalid(model, format!("cannot allocate {bytes} bytes")))
-    };
-    let mut args: Vec<Arg> = Vec::new();
+    let fail = |e: mblob_runtime::array::ArrayError| invalid(model, e.to_string());
+    let mut args: Vec<NdArray> = Vec::new();
     for (_, t) in inputs {
-        let mut buf = alloc(t.data.len())?;
-        buf.as_mut_slice().copy_from_slice(&t.data);
-        args.push(Arg { buf, shape: t.shape.clone(), dtype: t.dtype });
+        args.push(NdArray::from_tensor(t, device).map_err(fail)?);
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;
-        let bytes = shape
-            .iter()
-            .try_fold((u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8), |a, &d| a.checked_mul(d as u64));
-        let bytes = bytes
-            .and_then(|b| usize::try_from(b).ok())
-            .ok_or_else(|| invalid(format!("--output {spec}"), "too large"))?;
-        args.push(Arg { buf: alloc(bytes)?, shape, dtype });
+        args.push(NdArray::empty(&shape, dtype, device).map_err(|e| invalid(format!("--output {spec}"), e.to_string()))?);
     }
-    let mut tensors: Vec<DLTensor> = args
-        .iter_mut()
-        .map(|a| DLTensor {
-            data: a.buf.as_ptr().cast(),
-            device: DLDevice { device_type: 1, device_id: 0 },
-            ndim: a.shape.len() as i32,
-            dtype: DLDataType::from(a.dtype),
-            shape: a.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        })
-        .collect();
+    let mut tensors: Vec<_> = args.iter().map(NdArray::dl_tensor).collect();
     let values: Vec<Value> = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
     let call = || -> Result<()> {
-        // SAFETY: the tensors describe 64-byte aligned buffers of exactly their shapes and
-        // dtypes, alive for the call; a compiled function checks the ndim, dtype and shape of
-        // each before it touches the data (what the user gave is not trusted beyond that).
+        // SAFETY: the tensors describe live allocations of exactly their shapes and dtypes on
+        // `device` (64-byte aligned on the CPU), alive for the call; a compiled function checks
+        // the ndim, dtype, shape and device of each before it touches the data (what the user
+        // gave is not trusted beyond that).
         #[allow(unsafe_code)]
-        unsafe { f.call(&values) }.map(|_| ()).map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))
+        unsafe { f.call(&values) }.map(|_| ()).map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))?;
+        if device.device_type != DeviceType::Cpu {
+            let api = mblob_runtime::ffi::device_api::device_api(device).map_err(|e| invalid(model, e.to_string()))?;
+            api.synchronize().map_err(|e| invalid(model, e.to_string()))?;
+        }
+        Ok(())
     };
     call()?;
     let mut times = Vec::new();
@@ -254,15 +305,11 @@ fn run_function(
         call()?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let outs = args[inputs.len()..]
-        .iter()
-        .map(|a| Tensor {
-            dtype: a.dtype,
-            shape: a.shape.clone(),
-            device: (1, 0),
-            data: a.buf.as_slice().to_vec().into(),
-        })
-        .collect();
+    let outs: Vec<Tensor> =
+        args[inputs.len()..].iter().map(NdArray::to_tensor).collect::<std::result::Result<_, _>>().map_err(fail)?;
+    for (i, t) in outs.iter().enumerate() {
+        println!("out.{i}: {} {:?}", t.dtype, t.shape);
+    }
     Ok((outs, times))
 }
 

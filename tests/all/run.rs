@@ -200,7 +200,7 @@ fn wrong_inputs_are_typed_errors() {
         assert!(err.to_string().contains("[64, 2]"), "{so}: {err}");
         assert!(matches!(m.get_output(5), Err(ExecError::Index { what: "output", index: 5, count: 1 })));
         assert!(
-            exec::executor(&tree, &[Device { device_type: 2, device_id: 0 }]).is_err(),
+            exec::executor(&tree, &[Device::cuda(0)]).is_err(),
             "{so}: CUDA device refused"
         );
     }
@@ -459,7 +459,8 @@ fn mblob_run_checks_inputs_first() {
         (vec!["--input".into(), format!("x={}", int8.display()).into()], "expected float32 [2, 64], got int8 [4, 32]"),
         (vec![], "missing inputs: x (float32 [2, 64])"),
         (vec!["--input".into(), format!("x={}", so.display()).into()], "not a .npy file"),
-        (vec!["--input".into(), "x".into()], "expected NAME=FILE.npy"),
+        // A bare FILE.npy is the next input in order: here a file that is not there.
+        (vec!["--input".into(), "x".into()], "x: cannot read"),
     ];
     for (extra, want) in cases {
         let mut args: Vec<std::ffi::OsString> = vec![so.clone().into(), "-o".into(), dir.path().into()];

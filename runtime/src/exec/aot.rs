@@ -278,7 +278,7 @@ impl std::fmt::Debug for AotExecutor {
 impl AotExecutor {
     fn new(factory: &AotFactory, devices: &[Device]) -> Result<AotExecutor, ExecError> {
         let _span = tracing::info_span!("aot_executor_init").entered();
-        check_devices(devices)?;
+        check_devices(devices, "AOT")?;
         let tree = &factory.tree;
         let get_md = find(tree, factory.index, "get_c_metadata").ok_or_else(|| ExecError::MissingFunction {
             node: "metadata_module".into(),

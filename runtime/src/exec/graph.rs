@@ -20,11 +20,15 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
+use std::sync::Arc;
+
+use super::{ExecError, Executor, Tensor, TensorInfo};
+use crate::array::{tensor_bytes, NdArray};
 use crate::bytes::Bytes;
+use crate::device::Device;
 use crate::ffi::callconv::{PreparedCall, Value};
-use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
-use crate::ffi::workspace::AlignedBuffer;
+use crate::ffi::device_api::Storage;
+use crate::ffi::packed::DLTensor;
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -382,8 +386,8 @@ impl GraphFactory {
         &self.factory().module_name
     }
 
-    /// `factory["default"](dev)`: builds an executor on `devices` (the CPU only), with the
-    /// params set.
+    /// `factory["default"](dev)`: builds an executor on `devices` (the first holds
+    /// every entry the graph does not place elsewhere), with the params copied there.
     pub fn default(&self, devices: &[Device]) -> Result<GraphExecutor, ExecError> {
         GraphExecutor::new(&self.tree, self.index, devices)
     }
@@ -404,16 +408,19 @@ struct Op {
     _shapes: Vec<Box<[i64]>>,
 }
 
-/// A graph executor: the storage of every entry, and the ops.
+/// A graph executor: the storage of every entry on its device, and the ops.
 pub struct GraphExecutor {
     graph: Graph,
-    pools: Vec<AlignedBuffer>,
-    /// Per entry: its bytes.
-    entry_bytes: Vec<usize>,
+    /// Per storage id: its memory, on the device the graph places it.
+    pools: Vec<Arc<Storage>>,
+    /// Per entry: its tensor (a view at offset 0 of its pool).
+    entries: Vec<NdArray>,
     ops: Vec<Op>,
     /// Input node ids by name.
     input_index: HashMap<String, usize>,
     params: std::collections::HashSet<String>,
+    /// The devices it runs on: the first one holds every entry unless the graph places it.
+    devices: Vec<Device>,
     _tree: LoadedTree,
 }
 
@@ -427,6 +434,7 @@ impl std::fmt::Debug for GraphExecutor {
         f.debug_struct("GraphExecutor")
             .field("nodes", &self.graph.nodes.len())
             .field("pools", &self.pools.len())
+            .field("devices", &self.devices)
             .finish()
     }
 }
@@ -434,63 +442,73 @@ impl std::fmt::Debug for GraphExecutor {
 impl GraphExecutor {
     fn new(tree: &LoadedTree, index: usize, devices: &[Device]) -> Result<GraphExecutor, ExecError> {
         let _span = tracing::info_span!("graph_executor_init").entered();
-        check_devices(devices)?;
+        let first = *devices
+            .first()
+            .ok_or(ExecError::UnsupportedDevice { device: Device::cpu(0), detail: "no device given".into() })?;
         let factory: &GraphExecutorFactory = tree.modules()[index]
             .module
             .as_any()
             .downcast_ref()
             .ok_or_else(|| ExecError::NoFactory("not a graph factory".into()))?;
         let graph = Graph::parse(&factory.graph_json)?;
-        if let Some(d) = graph.device_index.as_ref().and_then(|v| v.iter().find(|&&d| d != 1)) {
-            return Err(ExecError::UnsupportedDevice {
-                device_type: *d as i32,
-                device_id: 0,
-                detail: "the graph places an entry on it (attrs.device_index)".into(),
-            });
-        }
-        // Storage: one pool per storage id, sized by its largest entry.
+        super::check_device_code(tree, index, first)?;
+        // The device of each entry: the first device, or the one of the type the graph's
+        // `device_index` names (TVM's heterogeneous execution).
         let n_entries = graph.dltype.len();
-        let mut entry_bytes = Vec::with_capacity(n_entries);
-        let mut pool_size: Vec<u64> = Vec::new();
+        let entry_device = |e: usize| -> Result<Device, ExecError> {
+            match &graph.device_index {
+                None => Ok(first),
+                Some(types) => {
+                    let code = types.get(e).copied().unwrap_or(1) as i32;
+                    devices.iter().copied().find(|d| d.device_type.code() == code).ok_or_else(|| {
+                        ExecError::UnsupportedDevice {
+                            device: Device::from_dlpack(code, 0),
+                            detail: format!(
+                                "the graph places entry {e} on it (attrs.device_index), but the executor was made for {}",
+                                devices.iter().map(Device::to_string).collect::<Vec<_>>().join(", ")
+                            ),
+                        }
+                    })
+                }
+            }
+        };
+        // Storage: one pool per storage id, sized by its largest entry, on that entry's device.
+        let mut pool_size: Vec<(u64, Option<Device>)> = Vec::new();
         for e in 0..n_entries {
             let bytes = tensor_bytes(graph.dltype[e], &graph.shape[e]).expect("checked in parse");
             let sid = graph.storage_id[e];
             if pool_size.len() <= sid {
-                pool_size.resize(sid + 1, 0);
+                pool_size.resize(sid + 1, (0, None));
             }
-            pool_size[sid] = pool_size[sid].max(bytes);
-            entry_bytes
-                .push(usize::try_from(bytes).map_err(|_| ExecError::Alloc { bytes, what: format!("entry {e}") })?);
+            let dev = entry_device(e)?;
+            let slot = &mut pool_size[sid];
+            if slot.1.is_some_and(|d| d != dev) {
+                return Err(bad(format!("storage {sid} is shared by entries on two devices")));
+            }
+            *slot = (slot.0.max(bytes), Some(dev));
         }
         let pools = pool_size
             .iter()
             .enumerate()
-            .map(|(sid, &b)| {
+            .map(|(sid, &(b, dev))| {
                 let rounded = b.div_ceil(4) * 4;
-                usize::try_from(rounded)
-                    .ok()
-                    .and_then(AlignedBuffer::zeroed)
-                    .ok_or(ExecError::Alloc { bytes: rounded, what: format!("storage pool {sid}") })
+                let n = usize::try_from(rounded)
+                    .map_err(|_| ExecError::Alloc { bytes: rounded, what: format!("storage pool {sid}") })?;
+                Storage::new(dev.unwrap_or(first), n).map_err(ExecError::Device)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let dl = |e: usize, shape: &mut Box<[i64]>| DLTensor {
-            data: pools[graph.storage_id[e]].as_ptr().cast(),
-            device: DLDevice { device_type: 1, device_id: devices[0].device_id },
-            ndim: shape.len() as i32,
-            dtype: DLDataType::from(graph.dltype[e]),
-            shape: shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        };
+        let entries = (0..n_entries)
+            .map(|e| NdArray::in_storage(&pools[graph.storage_id[e]], 0, &graph.shape[e], graph.dltype[e]))
+            .collect::<Result<Vec<_>, _>>()?;
         // Ops: the kernels are looked up now, in the factory's imports.
         let mut ops = Vec::new();
         for (nid, node) in graph.nodes.iter().enumerate() {
             if node.op != "tvm_op" {
                 continue;
             }
-            let mut entries: Vec<usize> = node.inputs.iter().map(|&e| graph.entry_id(e)).collect();
-            entries.extend((0..node.num_outputs).map(|i| graph.entry_id(NodeEntry { node: nid, index: i })));
-            let mut shapes: Vec<Box<[i64]>> = entries
+            let mut ids: Vec<usize> = node.inputs.iter().map(|&e| graph.entry_id(e)).collect();
+            ids.extend((0..node.num_outputs).map(|i| graph.entry_id(NodeEntry { node: nid, index: i })));
+            let mut shapes: Vec<Box<[i64]>> = ids
                 .iter()
                 .map(|&e| {
                     if node.flatten_data {
@@ -500,23 +518,27 @@ impl GraphExecutor {
                     }
                 })
                 .collect();
-            let mut tensors: Box<[DLTensor]> = entries.iter().zip(shapes.iter_mut()).map(|(&e, s)| dl(e, s)).collect();
+            let mut tensors: Box<[DLTensor]> = ids
+                .iter()
+                .zip(shapes.iter_mut())
+                .map(|(&e, s)| DLTensor { ndim: s.len() as i32, shape: s.as_mut_ptr(), ..entries[e].dl_tensor() })
+                .collect();
             let kind = match node.func_name.as_str() {
                 "__nop" => OpKind::Nop,
                 "__copy" => {
-                    if entries.len() != 2 {
+                    if ids.len() != 2 {
                         return Err(bad(format!("`__copy` node `{}` must have one input and one output", node.name)));
                     }
-                    if entry_bytes[entries[0]] != entry_bytes[entries[1]] {
+                    if entries[ids[0]].nbytes() != entries[ids[1]].nbytes() {
                         return Err(bad(format!(
                             "`__copy` node `{}` copies between entries of different sizes",
                             node.name
                         )));
                     }
-                    OpKind::Copy { from: entries[0], to: entries[1] }
+                    OpKind::Copy { from: ids[0], to: ids[1] }
                 }
                 name => {
-                    let f = find_function(tree, index, name).ok_or_else(|| ExecError::MissingFunction {
+                    let f = tree.lookup(index, name).ok_or_else(|| ExecError::MissingFunction {
                         node: node.name.clone(),
                         function: name.to_owned(),
                     })?;
@@ -540,13 +562,15 @@ impl GraphExecutor {
         let mut exec = GraphExecutor {
             graph,
             pools,
-            entry_bytes,
+            entries,
             ops,
             input_index,
             params: Default::default(),
+            devices: devices.to_vec(),
             _tree: tree.clone(),
         };
-        // Params that are graph inputs, largest first (as TVM's factory does).
+        // Params that are graph inputs, largest first (as TVM's factory does), copied to the
+        // device once.
         let mut params: Vec<&(String, PayloadTensor)> = factory.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
@@ -555,13 +579,18 @@ impl GraphExecutor {
                 exec.params.insert(name.clone());
             }
         }
-        tracing::debug!(ops = exec.ops.len(), pools = exec.pools.len(), "graph executor ready");
+        tracing::debug!(ops = exec.ops.len(), pools = exec.pools.len(), device = %first, "graph executor ready");
         Ok(exec)
     }
 
     /// The graph.
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The devices it runs on.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
     }
 
     fn input_info(&self, nid: usize) -> TensorInfo {
@@ -584,51 +613,47 @@ impl GraphExecutor {
         self.set_node_input(nid, tensor)
     }
 
-    fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
+    fn check_input(&self, nid: usize, dtype: DataType, shape: &[i64], nbytes: usize) -> Result<usize, ExecError> {
         let info = self.input_info(nid);
         let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
-        let n = self.entry_bytes[e];
-        if tensor.dtype != info.dtype || tensor.shape != info.shape || tensor.data.len() != n {
+        if dtype != info.dtype || shape != info.shape || nbytes != self.entries[e].nbytes() {
             return Err(ExecError::InputMismatch {
                 name: info.name,
                 expected_dtype: info.dtype,
                 expected_shape: info.shape,
-                dtype: tensor.dtype,
-                shape: tensor.shape.clone(),
+                dtype,
+                shape: shape.to_vec(),
             });
         }
-        self.pools[self.graph.storage_id[e]].as_mut_slice()[..n].copy_from_slice(&tensor.data);
-        Ok(())
+        Ok(e)
     }
 
-    /// The bytes of output `index`, without a copy.
-    pub fn output_data(&self, index: usize) -> Result<&[u8], ExecError> {
+    fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
+        let e = self.check_input(nid, tensor.dtype, &tensor.shape, tensor.data.len())?;
+        Ok(self.entries[e].copy_from_bytes(&tensor.data)?)
+    }
+
+    /// Copies `array` (on any device) into the input called `name`: within the device when it
+    /// is already there.
+    pub fn set_input_array(&mut self, name: &str, array: &NdArray) -> Result<(), ExecError> {
+        let nid = *self.input_index.get(name).ok_or_else(|| ExecError::UnknownInput {
+            name: name.to_owned(),
+            known: self.inputs().into_iter().map(|i| i.name).collect(),
+        })?;
+        let e = self.check_input(nid, array.dtype(), array.shape(), array.nbytes())?;
+        Ok(array.copy_to(&self.entries[e])?)
+    }
+
+    /// Output `index` as the executor holds it, on its device (shared: the next run
+    /// overwrites it, as TVM's `get_output` without a destination).
+    pub fn output_array(&self, index: usize) -> Result<&NdArray, ExecError> {
         let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
             what: "output",
             index,
             count: self.graph.heads.len(),
         })?;
-        let e = self.graph.entry_id(h);
-        Ok(&self.pools[self.graph.storage_id[e]].as_slice()[..self.entry_bytes[e]])
+        Ok(&self.entries[self.graph.entry_id(h)])
     }
-}
-
-/// Finds `name` in the imports of module `index` (depth first), as TVM's factory looks kernels
-/// up in `imports[0]` with `query_imports`.
-fn find_function(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
-    let modules = tree.modules();
-    let mut seen = vec![false; modules.len()];
-    let mut stack: Vec<usize> = modules[index].imports.iter().rev().copied().collect();
-    while let Some(i) = stack.pop() {
-        if std::mem::replace(seen.get_mut(i)?, true) {
-            continue;
-        }
-        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
-            return Some(f);
-        }
-        stack.extend(modules[i].imports.iter().rev());
-    }
-    None
 }
 
 impl Executor for GraphExecutor {
@@ -672,17 +697,15 @@ impl Executor for GraphExecutor {
                 OpKind::Nop => {}
                 OpKind::Copy { from, to } => {
                     let (from, to) = (*from, *to);
-                    let n = self.entry_bytes[from];
-                    let (sf, st) = (self.graph.storage_id[from], self.graph.storage_id[to]);
-                    if sf != st {
-                        let src = self.pools[sf].as_slice()[..n].to_vec();
-                        self.pools[st].as_mut_slice()[..n].copy_from_slice(&src);
+                    if self.graph.storage_id[from] != self.graph.storage_id[to] {
+                        self.entries[from].copy_to(&self.entries[to])?;
                     }
                 }
                 OpKind::Call(call) => {
                     // SAFETY: the call's tensors point into this executor's pools (sized by
-                    // the graph's shapes and dtypes, 64-byte aligned) and its own shape arrays;
-                    // the kernel is the one the graph names for them.
+                    // the graph's shapes and dtypes, 64-byte aligned on the CPU, device
+                    // allocations elsewhere) and its own shape arrays; the kernel is the one
+                    // the graph names for them.
                     #[allow(unsafe_code)]
                     unsafe { call.invoke() }.map_err(|e| ExecError::Kernel {
                         node: op.node.clone(),
@@ -692,23 +715,16 @@ impl Executor for GraphExecutor {
                 }
             }
         }
+        // Kernels on a device are queued: wait for them, so that a run's errors and time are
+        // its own.
+        if let Some(p) = self.pools.iter().find(|p| !p.device().is_cpu()) {
+            p.api().synchronize()?;
+        }
         Ok(())
     }
 
     fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
-        let h = *self.graph.heads.get(index).ok_or(ExecError::Index {
-            what: "output",
-            index,
-            count: self.graph.heads.len(),
-        })?;
-        let e = self.graph.entry_id(h);
-        let data = self.output_data(index)?.to_vec();
-        Ok(Tensor {
-            dtype: self.graph.dltype[e],
-            shape: self.graph.shape[e].clone(),
-            device: (1, 0),
-            data: data.into(),
-        })
+        Ok(self.output_array(index)?.to_tensor()?)
     }
 }
 

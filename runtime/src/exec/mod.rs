@@ -23,24 +23,12 @@ pub mod aot;
 pub mod graph;
 pub mod relax;
 
+pub mod model;
+
+pub use crate::device::{Device, DeviceType};
 use crate::format::DataType;
 pub use crate::payload::graph::Tensor;
-
-/// A device, as `tvm.cpu(0)` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Device {
-    /// DLPack device type: 1 for CPU.
-    pub device_type: i32,
-    /// Ordinal.
-    pub device_id: i32,
-}
-
-impl Device {
-    /// The CPU.
-    pub fn cpu(id: i32) -> Device {
-        Device { device_type: 1, device_id: id }
-    }
-}
+pub use model::{Model, ModelKind, Output};
 
 /// Name, shape and dtype of an input or output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,16 +54,21 @@ pub enum ExecError {
     /// The loaded tree has no module of the kind asked for.
     #[error("{0}")]
     NoFactory(String),
-    /// Only the CPU is supported here.
-    #[error("unsupported device {device_type}:{device_id} ({detail})")]
+    /// The model cannot run on this device: built for another, or an executor or kernel kind
+    /// mblob runs on the CPU only.
+    #[error("not supported on {device}: {detail}")]
     UnsupportedDevice {
-        /// DLPack device type.
-        device_type: i32,
-        /// Ordinal.
-        device_id: i32,
-        /// Where it was asked for.
+        /// The device asked for.
+        device: Device,
+        /// Why.
         detail: String,
     },
+    /// The device failed (no driver, out of memory, a copy, a kernel that does not build).
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    /// A tensor could not be made or copied.
+    #[error(transparent)]
+    Array(#[from] crate::array::ArrayError),
     /// An input name the model does not have.
     #[error("no input named `{name}` (inputs: {})", known.join(", "))]
     UnknownInput {
@@ -84,6 +77,23 @@ pub enum ExecError {
         /// The model's inputs.
         known: Vec<String>,
     },
+    /// Inputs a run needs that were not given.
+    #[error("missing inputs: {}", names.join(", "))]
+    MissingInputs {
+        /// Their names.
+        names: Vec<String>,
+    },
+    /// A Relax model has no function of that name.
+    #[error("no function `{name}` (functions: {})", known.join(", "))]
+    NoFunction {
+        /// The name given.
+        name: String,
+        /// The model's functions.
+        known: Vec<String>,
+    },
+    /// The Relax VM failed.
+    #[error(transparent)]
+    Relax(Box<relax::VmError>),
     /// An input or output index out of range.
     #[error("{what} index {index} is out of range (there are {count})")]
     Index {
@@ -182,23 +192,67 @@ pub fn executor(tree: &crate::module::LoadedTree, devices: &[Device]) -> Result<
     )))
 }
 
-/// Bytes of a tensor of `dtype` and `shape` as TVM counts them (`(bits * lanes + 7) / 8` per
-/// element), or `None` on overflow or a negative extent.
+/// Bytes of a tensor of `dtype` and `shape` as TVM counts them (see
+/// [`crate::array::tensor_bytes`]).
 pub(crate) fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
-    let per = (u64::from(dtype.bits) * u64::from(dtype.lanes)).div_ceil(8);
-    shape.iter().try_fold(per, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+    crate::array::tensor_bytes(dtype, shape)
 }
 
-pub(crate) fn check_devices(devices: &[Device]) -> Result<(), ExecError> {
+/// Checks that executors that run on the CPU alone (AOT) were asked for the CPU.
+pub(crate) fn check_devices(devices: &[Device], executor: &str) -> Result<(), ExecError> {
     match devices {
-        [] => Err(ExecError::UnsupportedDevice { device_type: 0, device_id: 0, detail: "no device given".into() }),
-        ds => match ds.iter().find(|d| d.device_type != 1) {
+        [] => Err(ExecError::UnsupportedDevice { device: Device::cpu(0), detail: "no device given".into() }),
+        ds => match ds.iter().find(|d| !d.is_cpu()) {
             Some(d) => Err(ExecError::UnsupportedDevice {
-                device_type: d.device_type,
-                device_id: d.device_id,
-                detail: "mblob runs graph and AOT models on the CPU (kDLCPU = 1)".into(),
+                device: *d,
+                detail: format!("mblob runs {executor} models on the CPU only"),
             }),
             None => Ok(()),
         },
     }
+}
+
+/// Refuses to build an executor on `device` for a library whose device code is for another
+/// kind of device (a model built for OpenCL asked to run on CUDA, or on the CPU), or that
+/// mblob cannot run (Vulkan, Metal, WebGPU, ...).
+pub(crate) fn check_device_code(tree: &crate::module::LoadedTree, index: usize, device: Device) -> Result<(), ExecError> {
+    let kinds = device_kinds(tree, index);
+    if !matches!(device.device_type, DeviceType::Cpu | DeviceType::Cuda | DeviceType::OpenCl) {
+        return Err(ExecError::UnsupportedDevice {
+            device,
+            detail: "mblob runs models on cpu, opencl and cuda devices".into(),
+        });
+    }
+    if kinds.is_empty() && !device.is_cpu() {
+        return Err(ExecError::UnsupportedDevice {
+            device,
+            detail: "the model holds no device code: it was built for the CPU".into(),
+        });
+    }
+    if let Some(&kind) = kinds.iter().find(|&&k| k != device.device_type) {
+        let built = kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+        return Err(ExecError::UnsupportedDevice {
+            device,
+            detail: if matches!(kind, DeviceType::Cuda | DeviceType::OpenCl) {
+                format!("the model was built for {built} (run it on {kind})")
+            } else {
+                format!("the model holds {kind} kernels, which mblob loads and inspects but cannot run")
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The kinds of device code module `from` reaches through its imports, each once, in
+/// lookup order.
+pub fn device_kinds(tree: &crate::module::LoadedTree, from: usize) -> Vec<DeviceType> {
+    let mut kinds = Vec::new();
+    for i in tree.depth_first(from) {
+        if let Some(k) = DeviceType::of_module_key(tree.modules()[i].module.type_key()) {
+            if !kinds.contains(&k) {
+                kinds.push(k);
+            }
+        }
+    }
+    kinds
 }

@@ -428,24 +428,20 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[
 }
 
 impl LoadedTree {
-    /// Finds a function by name from the root, depth first through the imports (as TVM's
-    /// `GetFunction(name, query_imports = true)`), through [`Module::get_function`]:
-    /// native functions of the library with their convention (on a tvm-ffi library, `add`
-    /// finds `__tvm_ffi_add`), and functions that other module kinds offer (classic).
+    /// Finds a function by name from the root (as TVM's `GetFunction(name, query_imports =
+    /// true)`): [`LoadedTree::lookup`] from module 0.
     pub fn packed_function(&self, name: &str) -> Option<PackedFunction> {
-        let mut seen = vec![false; self.modules.len()];
-        let mut stack = vec![0usize];
-        while let Some(i) = stack.pop() {
-            if std::mem::replace(seen.get_mut(i)?, true) {
-                continue;
-            }
-            let m = &self.modules[i];
-            if let Some(f) = module_function(m.module.as_ref(), name) {
-                return Some(f);
-            }
-            stack.extend(m.imports.iter().rev());
-        }
-        None
+        self.lookup(0, name)
+    }
+
+    /// Finds `name` in module `from` and its imports, depth first
+    /// ([`LoadedTree::depth_first`]), each module answering in its own calling convention
+    /// ([`module_function`]): native functions of a library with the library's convention (on
+    /// a tvm-ffi library `add` finds `__tvm_ffi_add`), and the functions other module kinds
+    /// offer (a device module's kernels). This is the one lookup: the executors, the Relax VM
+    /// and `GetFuncFromEnv` all go through it.
+    pub fn lookup(&self, from: usize, name: &str) -> Option<PackedFunction> {
+        self.depth_first(from).find_map(|i| module_function(self.modules()[i].module.as_ref(), name))
     }
 }
 
@@ -495,9 +491,10 @@ impl PreparedCall {
         let resource = self.function.symbol().map_or(std::ptr::null_mut(), |s| s.resource());
         match (&mut self.encoded, addr) {
             (Encoded::Classic { values, codes, .. }, Some(addr)) => {
-                // SAFETY: per the contract; the arrays live in `self`. TVM's library module
-                // passes no resource handle to compiled functions either.
-                unsafe { invoke_classic(addr, std::ptr::null_mut(), values, codes) }.map(|_| ())
+                // SAFETY: per the contract; the arrays live in `self`. The resource handle is
+                // the symbol's, as `PackedFunction::call` passes it (null for a library's
+                // functions; a Rust function's own for `function_symbol`s).
+                unsafe { invoke_classic(addr, resource, values, codes) }.map(|_| ())
             }
             (Encoded::Ffi { values, .. }, Some(addr)) => {
                 // SAFETY: per the contract; the values live in `self`.

@@ -174,17 +174,9 @@ pub(crate) fn link_imports(tree: &LoadedTree) {
     for (i, m) in tree.modules().iter().enumerate() {
         let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
         let Some(ctx) = lib.context() else { continue };
-        let mut order = Vec::new();
-        let mut seen = vec![false; tree.modules().len()];
-        seen[i] = true;
-        let mut stack: Vec<usize> = m.imports.iter().rev().copied().collect();
-        while let Some(j) = stack.pop() {
-            if std::mem::replace(&mut seen[j], true) {
-                continue;
-            }
-            order.push(Arc::downgrade(&tree.modules()[j].module));
-            stack.extend(tree.modules()[j].imports.iter().rev());
-        }
+        // The library's imports in lookup order, the library itself left out.
+        let order: Vec<Weak<dyn Module>> =
+            tree.depth_first(i).skip(1).map(|j| Arc::downgrade(&tree.modules()[j].module)).collect();
         // Only direct imports are searched first by TVM, each with its own imports: the depth
         // first order above is the same sequence.
         *ctx.imports.write().unwrap_or_else(|e| e.into_inner()) = order;

@@ -265,6 +265,8 @@ enum StorageKind {
     Owned,
     /// A view of part of `parent` (kept alive): released with `free_view`.
     View { _parent: Arc<Storage> },
+    /// The start of `parent` (kept alive), with fewer bytes: nothing to release.
+    Alias { _parent: Arc<Storage> },
 }
 
 impl fmt::Debug for Storage {
@@ -325,6 +327,15 @@ impl Storage {
         if offset == 0 && nbytes == self.nbytes {
             return Ok(self.clone());
         }
+        if offset == 0 {
+            // The same pointer, fewer bytes: no device object needed.
+            return Ok(Arc::new(Storage {
+                api: self.api.clone(),
+                ptr: self.ptr,
+                nbytes,
+                kind: StorageKind::Alias { _parent: self.clone() },
+            }));
+        }
         // SAFETY: `self.ptr` is live while `self` is (the view keeps it), and the range was
         // checked to lie within it.
         let ptr = unsafe { self.api.view(self.ptr, offset, nbytes) }?;
@@ -377,6 +388,7 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
+            StorageKind::Alias { .. } => {}
         }
     }
 }

@@ -1,0 +1,292 @@
+//! [`Model`]: one handle on whatever a library holds (a graph factory, an AOT factory or a
+//! Relax executable), on one device, for the CLI, Python and a C API: set inputs by name or
+//! in order, run, read the outputs.
+//!
+//! ```no_run
+//! use mblob_runtime::exec::{Device, Model};
+//! use mblob_runtime::{load_library, LoadOptions, Registry};
+//! # fn input() -> mblob_runtime::payload::graph::Tensor { unimplemented!() }
+//!
+//! // SAFETY: a library we trust to run.
+//! let tree = unsafe { load_library("deploy.so".as_ref(), &Registry::default(), &LoadOptions::default())? };
+//! let mut m = Model::new(&tree, Device::opencl(0))?;
+//! m.set_input(Some("x"), &input())?;
+//! m.run()?;
+//! let outputs = m.outputs()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use super::relax::{Dialect, RelaxExecutable, VirtualMachine, VmOutput};
+use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::format::DataType;
+use crate::module::LoadedTree;
+use crate::payload::graph::GraphExecutorFactory;
+
+/// What kind of model a library holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// A `GraphExecutorFactory` (Relay's `relay.build`).
+    Graph,
+    /// An `AotExecutorFactory`.
+    Aot,
+    /// A Relax executable (`relax.build` / `tvm.compile`), run by the VM.
+    Relax,
+}
+
+/// One output of a run.
+#[derive(Debug, Clone)]
+pub enum Output {
+    /// A tensor, copied to the host.
+    Tensor(Tensor),
+    /// A shape (a Relax function can return one).
+    Shape(Vec<i64>),
+}
+
+/// numpy's bool as TVM 0.19 names it (`uint1`), and as tvm-ffi does (`kDLBool`, 8 bits).
+const BOOL_UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+const BOOL_FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
+
+/// A model ready to run on a device.
+pub struct Model {
+    device: Device,
+    inner: Inner,
+}
+
+enum Inner {
+    Executor { exec: Box<dyn Executor + Send>, kind: ModelKind, given: Vec<bool> },
+    Relax(Box<RelaxState>),
+}
+
+struct RelaxState {
+    vm: VirtualMachine,
+    function: String,
+    params: Vec<String>,
+    inputs: Vec<Option<Tensor>>,
+    outputs: Vec<VmOutput>,
+    /// The executable's dialect takes tvm-ffi's 8-bit bool.
+    ffi_bool: bool,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("kind", &self.kind()).field("device", &self.device).finish()
+    }
+}
+
+impl Model {
+    /// The kind of model `tree` holds, if any: a Relax executable first (a Relax library
+    /// can also carry other modules), then a graph factory, then an AOT factory.
+    pub fn kind_of(tree: &LoadedTree) -> Option<ModelKind> {
+        if tree.find::<RelaxExecutable>().is_some() {
+            Some(ModelKind::Relax)
+        } else if tree.find::<GraphExecutorFactory>().is_some() {
+            Some(ModelKind::Graph)
+        } else if tree.modules().iter().any(|m| m.module.type_key() == aot::AOT_EXECUTOR_FACTORY) {
+            Some(ModelKind::Aot)
+        } else {
+            None
+        }
+    }
+
+    /// Builds the executor for what `tree` holds on `device` (a Relax model calls `main`
+    /// until [`Model::select_function`] picks another). Parameters and constants are copied
+    /// to the device here, once.
+    pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
+        let kind = Model::kind_of(tree).ok_or_else(|| {
+            ExecError::NoFactory(format!(
+                "the library holds no GraphExecutorFactory, AotExecutorFactory or Relax executable (modules: {})",
+                tree.type_keys().join(", ")
+            ))
+        })?;
+        super::check_device_code(tree, 0, device)?;
+        let inner = match kind {
+            ModelKind::Relax => {
+                let vm = VirtualMachine::new(tree, { let (device_type, device_id) = device.to_dlpack(); crate::ffi::packed::DLDevice { device_type, device_id } }).map_err(|e| ExecError::Relax(Box::new(e)))?;
+                let ffi_bool = vm.executable().dialect == Dialect::Tvm022;
+                let mut state = RelaxState {
+                    vm,
+                    function: String::new(),
+                    params: Vec::new(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                    ffi_bool,
+                };
+                state.select("main", false)?;
+                Inner::Relax(Box::new(state))
+            }
+            ModelKind::Graph => {
+                let exec = graph::GraphFactory::from_tree(tree)?.default(&[device])?;
+                let given = vec![false; exec.inputs().len()];
+                Inner::Executor { exec: Box::new(exec), kind, given }
+            }
+            ModelKind::Aot => {
+                let exec = aot::AotFactory::from_tree(tree)?.default(&[device])?;
+                let given = vec![false; exec.inputs().len()];
+                Inner::Executor { exec: Box::new(exec), kind, given }
+            }
+        };
+        Ok(Model { device, inner })
+    }
+
+    /// The kind of model.
+    pub fn kind(&self) -> ModelKind {
+        match &self.inner {
+            Inner::Executor { kind, .. } => *kind,
+            Inner::Relax(_) => ModelKind::Relax,
+        }
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The Relax VM, for a Relax model.
+    pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
+        match &mut self.inner {
+            Inner::Relax(r) => Some(&mut r.vm),
+            Inner::Executor { .. } => None,
+        }
+    }
+
+    /// The functions a caller can pick: the Relax VM's, or none for graph and AOT models.
+    pub fn functions(&self) -> Vec<String> {
+        match &self.inner {
+            Inner::Relax(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
+            Inner::Executor { .. } => Vec::new(),
+        }
+    }
+
+    /// Makes `name` the function [`Model::run`] calls (Relax models); the inputs given so
+    /// far are dropped.
+    pub fn select_function(&mut self, name: &str) -> Result<(), ExecError> {
+        match &mut self.inner {
+            Inner::Relax(r) => r.select(name, true),
+            Inner::Executor { kind, .. } => Err(ExecError::NoFactory(format!(
+                "a {} model has no functions to choose from (only Relax models do)",
+                if *kind == ModelKind::Graph { "graph" } else { "AOT" }
+            ))),
+        }
+    }
+
+    /// The inputs a caller sets, in order: names, and for graph and AOT models their shapes and
+    /// dtypes (a Relax function's parameters are checked by the function itself).
+    pub fn inputs(&self) -> Vec<(String, Option<TensorInfo>)> {
+        match &self.inner {
+            Inner::Executor { exec, .. } => exec.inputs().into_iter().map(|i| (i.name.clone(), Some(i))).collect(),
+            Inner::Relax(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
+        }
+    }
+
+    /// Sets an input by name, or with `None` the first one not set yet (parameter order).
+    /// Names, shapes and dtypes are checked (graph and AOT) before anything runs.
+    pub fn set_input(&mut self, name: Option<&str>, tensor: &Tensor) -> Result<(), ExecError> {
+        let known = || self.inputs().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let index = match name {
+            Some(n) => self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })?,
+            None => self.next_unset().ok_or(ExecError::Index { what: "input", index: known().len(), count: known().len() })?,
+        };
+        match &mut self.inner {
+            Inner::Executor { exec, given, .. } => {
+                let name = exec.inputs()[index].name.clone();
+                exec.set_input_by_name(name.as_str(), tensor)?;
+                given[index] = true;
+            }
+            Inner::Relax(r) => {
+                let mut t = tensor.clone();
+                if r.ffi_bool && t.dtype == BOOL_UINT1 {
+                    t.dtype = BOOL_FFI;
+                }
+                r.inputs[index] = Some(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// The position in [`Model::inputs`] of the input called `name` (an AOT model also
+    /// answers to the names it was built with).
+    pub fn input_position(&self, name: &str) -> Option<usize> {
+        match &self.inner {
+            Inner::Executor { exec, .. } => exec.input_index(name),
+            Inner::Relax(r) => r.params.iter().position(|p| p == name),
+        }
+    }
+
+    fn next_unset(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Executor { given, .. } => given.iter().position(|g| !g),
+            Inner::Relax(r) => r.inputs.iter().position(Option::is_none),
+        }
+    }
+
+    /// Whether input `index` was set.
+    pub fn is_set(&self, index: usize) -> bool {
+        match &self.inner {
+            Inner::Executor { given, .. } => given.get(index).copied().unwrap_or(false),
+            Inner::Relax(r) => r.inputs.get(index).is_some_and(Option::is_some),
+        }
+    }
+
+    /// The inputs not set yet, by name.
+    pub fn missing_inputs(&self) -> Vec<String> {
+        self.inputs().into_iter().enumerate().filter(|(i, _)| !self.is_set(*i)).map(|(_, (n, _))| n).collect()
+    }
+
+    /// Runs the model (the selected function of a Relax model) once. Every input must be set.
+    pub fn run(&mut self) -> Result<(), ExecError> {
+        let missing = self.missing_inputs();
+        if !missing.is_empty() {
+            return Err(ExecError::MissingInputs { names: missing });
+        }
+        match &mut self.inner {
+            Inner::Executor { exec, .. } => exec.run(),
+            Inner::Relax(r) => {
+                let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
+                r.outputs = r.vm.invoke_outputs(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The outputs of the last run, copied to the host, in order (a Relax function's returned
+    /// tuple flattened).
+    pub fn outputs(&self) -> Result<Vec<Output>, ExecError> {
+        match &self.inner {
+            Inner::Executor { exec, .. } => (0..exec.num_outputs()).map(|i| exec.get_output(i).map(Output::Tensor)).collect(),
+            Inner::Relax(r) => Ok(r
+                .outputs
+                .iter()
+                .map(|o| match o {
+                    VmOutput::Tensor(t) => {
+                        let mut t = t.clone();
+                        if t.dtype == BOOL_FFI {
+                            t.dtype = BOOL_UINT1;
+                        }
+                        Output::Tensor(t)
+                    }
+                    VmOutput::Shape(s) => Output::Shape(s.clone()),
+                })
+                .collect()),
+        }
+    }
+}
+
+impl RelaxState {
+    fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
+        let functions = self.vm.functions();
+        match functions.iter().find(|f| f.name == name) {
+            Some(f) => {
+                self.function = f.name.clone();
+                self.params = f.params.clone();
+                self.inputs = vec![None; f.params.len()];
+                self.outputs.clear();
+                Ok(())
+            }
+            None if !strict => Ok(()),
+            None => Err(ExecError::NoFunction {
+                name: name.to_owned(),
+                known: functions.into_iter().map(|f| f.name).collect(),
+            }),
+        }
+    }
+}

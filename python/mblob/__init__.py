@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 from . import _native
 from ._native import Error, ExportError, FileError, FormatError, InputError, LoadError, RunError
-from .runtime import Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, load_module
+from .runtime import Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, cuda, load_module, opencl
 
 __all__ = [
     "Error",
@@ -45,6 +45,8 @@ __all__ = [
     "PackedFunction",
     "VirtualMachine",
     "cpu",
+    "cuda",
+    "opencl",
     "load_module",
     "LAYOUTS",
     "BACKENDS",

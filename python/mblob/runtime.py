@@ -11,8 +11,10 @@
     vm = mblob.VirtualMachine(mblob.load_module("relax.so"), mblob.cpu())
     y = vm["main"](x)
 
-Tensors are numpy arrays; they are copied into the executors' aligned memory and out again.
-Running needs the CPU (``mblob.cpu``).
+Tensors are numpy arrays; they are copied into the executors' memory on the device and out
+again. Devices: ``mblob.cpu(n)``, ``mblob.opencl(n)`` and ``mblob.cuda(n)``; a model built for
+OpenCL or CUDA runs on a device of that kind (``m["default"](mblob.opencl(0))``,
+``mblob.VirtualMachine(mod, mblob.cuda(0))``).
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Device", "cpu", "load_module", "Module", "GraphModule", "VirtualMachine", "PackedFunction"]
+__all__ = ["Device", "cpu", "cuda", "opencl", "load_module", "Module", "GraphModule", "VirtualMachine", "PackedFunction"]
+
+
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm", 15: "webgpu"}
 
 
 class Device:
-    """A device as TVM names it: ``(device_type, device_id)``; 1 is the CPU (kDLCPU)."""
+    """A device as TVM names it: ``(device_type, device_id)`` with DLPack's device types
+    (1 CPU, 2 CUDA, 4 OpenCL)."""
 
     __slots__ = ("device_type", "device_id")
 
@@ -37,7 +43,7 @@ class Device:
         self.device_id = int(device_id)
 
     def __repr__(self) -> str:
-        name = "cpu" if self.device_type == 1 else f"device_type={self.device_type}"
+        name = _DEVICE_NAMES.get(self.device_type, f"device_type={self.device_type}")
         return f"mblob.Device({name}, {self.device_id})"
 
     def __eq__(self, other: object) -> bool:
@@ -53,6 +59,17 @@ class Device:
 def cpu(dev_id: int = 0) -> Device:
     """The CPU, as ``tvm.cpu(dev_id)``."""
     return Device(1, dev_id)
+
+
+def cuda(dev_id: int = 0) -> Device:
+    """An NVIDIA GPU, as ``tvm.cuda(dev_id)``."""
+    return Device(2, dev_id)
+
+
+def opencl(dev_id: int = 0) -> Device:
+    """An OpenCL device, as ``tvm.opencl(dev_id)`` (GPUs first, then other devices, in the
+    order of the OpenCL platforms)."""
+    return Device(4, dev_id)
 
 
 def _dtype_name(dtype: np.dtype) -> str:

@@ -10,10 +10,9 @@ use std::sync::Mutex;
 use mblob_runtime::exec::relax::{Dialect, RelaxExecutable, VirtualMachine};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
-use mblob_runtime::ffi::packed::{DLDevice, DLTensor};
-use mblob_runtime::ffi::workspace::AlignedBuffer;
+use mblob_runtime::ffi::packed::DLTensor;
 use mblob_runtime::format::DataType;
-use mblob_runtime::{LoadOptions, LoadedTree, Registry};
+use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -155,38 +154,18 @@ impl Arg {
     }
 }
 
-/// Makes the call with tensors in aligned buffers; returns the value and each tensor's bytes
-/// after the call.
+/// Makes the call with each tensor copied into a CPU `NdArray`; returns the value and each
+/// tensor's bytes after the call.
 #[allow(unsafe_code)]
 fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
-    let mut buffers: Vec<AlignedBuffer> = Vec::new();
-    let mut shapes: Vec<Box<[i64]>> = Vec::new();
+    let mut arrays: Vec<NdArray> = Vec::new();
     for a in &args {
-        if let Arg::Tensor { data, shape, .. } = a {
-            let mut buf = AlignedBuffer::zeroed(data.len().max(1))
-                .ok_or_else(|| PyErrLater::Run(format!("cannot allocate {} bytes", data.len())))?;
-            buf.as_mut_slice()[..data.len()].copy_from_slice(data);
-            buffers.push(buf);
-            shapes.push(shape.clone().into_boxed_slice());
+        if let Arg::Tensor { data, dtype, shape } = a {
+            arrays.push(NdArray::from_bytes(data, shape, *dtype, Device::cpu(0)).map_err(run_error)?);
         }
     }
-    let mut tensors: Vec<DLTensor> = Vec::new();
-    let mut t = 0;
-    for a in &args {
-        if let Arg::Tensor { dtype, shape, .. } = a {
-            tensors.push(DLTensor {
-                data: buffers[t].as_ptr().cast(),
-                device: DLDevice { device_type: 1, device_id: 0 },
-                ndim: i32::try_from(shape.len()).map_err(|_| PyErrLater::Input("too many dimensions".into()))?,
-                dtype: (*dtype).into(),
-                shape: shapes[t].as_mut_ptr(),
-                strides: std::ptr::null_mut(),
-                byte_offset: 0,
-            });
-            t += 1;
-        }
-    }
-    let mut t = 0;
+    let mut tensors: Vec<DLTensor> = arrays.iter().map(NdArray::dl_tensor).collect();
+    let mut next = tensors.iter_mut();
     let mut values = Vec::with_capacity(args.len());
     for a in &args {
         values.push(match a {
@@ -194,19 +173,13 @@ fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<
             Arg::Float(v) => Value::Float(*v),
             Arg::Str(s) => Value::Str(s.clone()),
             Arg::None => Value::None,
-            Arg::Tensor { .. } => {
-                let p: *mut DLTensor = &mut tensors[t];
-                t += 1;
-                Value::Tensor(p)
-            }
+            Arg::Tensor { .. } => Value::Tensor(next.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor)),
         });
     }
     // SAFETY: the function comes from a library loaded by `load_library` (which installed its
-    // context); every tensor points to a live, 64-byte-aligned buffer of the size its dtype
-    // and shape give (checked when the arguments were made, rounded up to at least one
-    // byte), with a shape array that outlives the call; nothing is moved until it returns.
-    // A compiled function checks the dtype and shape it expects and reports a mismatch as an
-    // error rather than reading past the buffers.
+    // context); every tensor describes a live, 64-byte-aligned CPU array of the size its dtype
+    // and shape give, which outlives the call. A compiled function checks the dtype and shape
+    // it expects and reports a mismatch as an error rather than reading past the arrays.
     let ret = match unsafe { function.call(&values) }.map_err(run_error)? {
         Value::Int(v) => Arg::Int(v),
         Value::Float(v) => Arg::Float(v),
@@ -214,15 +187,7 @@ fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<
         // Handles and objects mean nothing to Python here.
         _ => Arg::None,
     };
-    let outs = args
-        .iter()
-        .filter_map(|a| match a {
-            Arg::Tensor { data, .. } => Some(data.len()),
-            _ => None,
-        })
-        .zip(&buffers)
-        .map(|(n, b)| b.as_slice()[..n].to_vec())
-        .collect();
+    let outs = arrays.iter().map(NdArray::to_bytes).collect::<Result<_, _>>().map_err(run_error)?;
     Ok((ret, outs))
 }
 
@@ -251,7 +216,7 @@ pub fn load_library(py: Python<'_>, path: PathBuf) -> PyResult<Library> {
 }
 
 fn devices(devs: Vec<(i32, i32)>) -> Vec<Device> {
-    devs.into_iter().map(|(device_type, device_id)| Device { device_type, device_id }).collect()
+    devs.into_iter().map(|(device_type, device_id)| Device::from_dlpack(device_type, device_id)).collect()
 }
 
 /// A graph or AOT executor (`factory["default"](dev)`).
@@ -275,7 +240,8 @@ impl GraphExecutor {
 
 #[pymethods]
 impl GraphExecutor {
-    /// Builds the executor of the library's factory on `devs` (`(device_type, id)` pairs).
+    /// Builds the executor of the library's factory on `devs` (`(device_type, id)` pairs):
+    /// its storage on the first, parameters copied there once.
     #[new]
     fn new(py: Python<'_>, library: &Library, devs: Vec<(i32, i32)>) -> PyResult<GraphExecutor> {
         let tree = library.tree.clone();
@@ -334,7 +300,7 @@ impl RelaxVm {
     fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelaxVm> {
         let tree = library.tree.clone();
         let ffi_bool = tree.find::<RelaxExecutable>().is_some_and(|e| e.dialect == Dialect::Tvm022);
-        let device = DLDevice { device_type: dev.0, device_id: dev.1 };
+        let device = Device::from_dlpack(dev.0, dev.1);
         let vm = run(py, move || VirtualMachine::new(&tree, device).map_err(run_error))?;
         Ok(RelaxVm { inner: Mutex::new(vm), ffi_bool })
     }

@@ -118,3 +118,47 @@ def test_relax_goldens_of_tvm_027(name):
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and g.shape == w.shape
             np.testing.assert_array_equal(g, w)
+
+
+DEVICE_RUN = golden("..", "device-run")
+DEVICE_MODELS = {
+    name: m
+    for name, m in manifest("..", "device-run", "manifest.json")["models"].items()
+    if m["device"] == "opencl"
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_MODELS))
+def test_opencl_models_run_on_opencl_with_tvms_outputs(name):
+    """Models TVM built for OpenCL run on an OpenCL device (pocl here and in CI) and give
+    TVM's CPU outputs of the same model within rtol * max(1, max|ref|)."""
+    model = DEVICE_MODELS[name]
+    m = mblob.load_module(DEVICE_RUN / model["so"])
+    cases = model.get("cases") or [model]
+    for case in cases:
+        ins = [(i["name"], np.load(DEVICE_RUN / i["file"])) for i in case["inputs"]]
+        want = [np.load(DEVICE_RUN / o["file"]) for o in case["outputs"]]
+        if model["executor"] == "relax":
+            vm = mblob.VirtualMachine(m, mblob.opencl(0))
+            got = vm[model["entry"]](*[a for _, a in ins])
+            got = list(got) if isinstance(got, tuple) else [got]
+        else:
+            gmod = m[model["entry"]](mblob.opencl(0))
+            for n, a in ins:
+                gmod.set_input(n, a)
+            gmod.run()
+            got = [gmod.get_output(i) for i in range(gmod.get_num_outputs())]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            scale = max(1.0, float(np.abs(w).max()))
+            assert float(np.abs(g - w).max()) <= model["rtol"] * scale
+
+
+def test_device_names_and_wrong_device():
+    assert mblob.opencl(1) == mblob.Device(4, 1)
+    assert mblob.cuda() == mblob.Device(2, 0)
+    assert repr(mblob.opencl(0)) == "mblob.Device(opencl, 0)"
+    m = mblob.load_module(DEVICE_RUN / "dev_relax_mlp_opencl.so")
+    with pytest.raises(mblob.RunError, match="not supported on cuda:0"):
+        mblob.VirtualMachine(m, mblob.cuda(0))

@@ -8,9 +8,8 @@ use std::time::Instant;
 
 use mblob_runtime::exec::relax::VirtualMachine;
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::packed::DLDevice;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{load_library, LoadOptions, Registry};
+use mblob_runtime::{load_library, Device, LoadOptions, Registry};
 
 fn npy_f32(path: &Path) -> Tensor {
     let bytes = std::fs::read(path).unwrap();
@@ -32,7 +31,7 @@ fn main() {
         let tree =
             unsafe { load_library(&dir.join(format!("{name}.so")), &Registry::default(), &LoadOptions::default()) }
                 .unwrap();
-        let mut vm = VirtualMachine::new(&tree, DLDevice { device_type: 1, device_id: 0 }).unwrap();
+        let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
         let x = npy_f32(&dir.join(format!("{name}.in.x.npy")));
         let inputs = [x];
         for _ in 0..200 {

@@ -10,11 +10,12 @@ use mblob_runtime::exec::relax::{
 };
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::packed::DLDevice;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{load_blob, load_library, Bytes, Layout, LoadOptions, LoadedTree, Payload, Registry};
+use mblob_runtime::{
+    load_blob, load_library, Bytes, Device, DeviceType, Layout, LoadOptions, LoadedTree, NdArray, Payload, Registry,
+};
 
-const CPU: DLDevice = DLDevice { device_type: 1, device_id: 0 };
+const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
 fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens")

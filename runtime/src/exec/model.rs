@@ -101,7 +101,7 @@ impl Model {
         super::check_device_code(tree, 0, device)?;
         let inner = match kind {
             ModelKind::Relax => {
-                let vm = VirtualMachine::new(tree, { let (device_type, device_id) = device.to_dlpack(); crate::ffi::packed::DLDevice { device_type, device_id } }).map_err(|e| ExecError::Relax(Box::new(e)))?;
+                let vm = VirtualMachine::new(tree, device).map_err(|e| ExecError::Relax(Box::new(e)))?;
                 let ffi_bool = vm.executable().dialect == Dialect::Tvm022;
                 let mut state = RelaxState {
                     vm,

@@ -1,45 +1,72 @@
-//! CUDA payloads on a GPU, through the driver API with cudarc (feature `cuda`).
+//! CUDA on a GPU, through the driver API with cudarc (feature `cuda`): device memory
+//! ([`CudaApi`], the [`DeviceApi`] of `cuda:N`) and `cuda` payloads ([`CudaModule`]).
+//!
+//! Every device is used through its primary context, retained once per process and shared
+//! by the device API and every module on that device, with its default stream: memory from
+//! [`CudaApi`] is what the modules' kernels read, and copies, kernels and synchronisation are
+//! ordered on that one stream.
 //!
 //! With the feature on, `cuda` payloads load as [`CudaModule`]s (the loader is registered in
 //! [`crate::registry`]). Loading a tree never touches the driver: the module keeps its
 //! [`DeviceModule`] (which [`Module::as_payload`] returns, so the tree can be packed again, and
 //! through which `LoadedTree::find::<DeviceModule>()` finds it as it does without the feature)
-//! and loads the image into the driver on first use.
+//! and loads the image into a device on first use there, once per device.
 //!
 //! First use checks that the driver library (`libcuda`) can be opened before any other
-//! cudarc call (cudarc panics when it cannot), creates a context on device 0, checks the image
-//! and hands it to `cuModuleLoadData`:
+//! cudarc call (cudarc panics when it cannot), checks the device and the image and hands the
+//! image to `cuModuleLoadData`:
 //! - PTX (`fmt` `ptx`, or text): copied with the NUL the driver needs (TVM stores none);
 //! - cubin (an ELF file) and fatbin (magic `0xBA55ED50`), whatever `fmt` says, as TVM does:
 //!   their headers' sizes and ranges are checked against the payload's length first, since
 //!   the driver reads the image from a pointer alone;
 //! - CUDA C source (`fmt` `cuda`) needs NVRTC, which mblob does not use: an error.
 //!
-//! [`CudaModule::launch`] takes the kernel arguments, checked against the function info's
-//! `arg_types`, then the thread extents in the order of its `launch_param_tags` (and the
-//! dynamic shared memory when tagged), as TVM's packed call does; it waits for the kernel, so
-//! its errors come back from the call that caused them. Buffers are [`DeviceBuffer`]s made by
-//! the module. A kernel that reads or writes outside its buffers faults on the device and the
-//! launch returns the driver's error; the host's memory is not at risk.
+//! Kernels run two ways:
+//! - host code compiled by TVM looks a kernel up ([`Module::get_function`]) and calls it with
+//!   its arguments (device pointers, scalars) and launch extents (see
+//!   [`crate::ffi::cuda_packed`]). The kernel runs on the current CUDA device of the calling
+//!   thread (`__tvm_set_device`, [`super::device_api::current_device`]). How the arguments are
+//!   passed and the launch tags are worked out once per kernel, the kernel is looked up once
+//!   per device, and a launch is queued without waiting for it: the stream keeps the order,
+//!   and a copy to the host (or [`DeviceApi::synchronize`]) waits, so the error of a kernel
+//!   that faults comes back from that call.
+//! - [`CudaModule::launch`] (on device 0) takes [`KernelArg`]s, checked against the function
+//!   info's `arg_types`, then the thread extents in the order of its `launch_param_tags` (and
+//!   the dynamic shared memory when tagged), as TVM's packed call does; it waits for the
+//!   kernel, so its errors come back from the call that caused them. Buffers are
+//!   [`DeviceBuffer`]s made by the module.
 //!
-//! Every driver error, a missing driver included, is [`Error::Cuda`]. This file is the only
-//! one of the crate that calls the CUDA driver.
+//! A kernel that reads or writes outside its buffers faults on the device and the driver
+//! reports it; the host's memory is not at risk.
+//!
+//! Errors of the device API are [`DeviceError`]s (a missing driver is
+//! [`DeviceError::NoDriver`]); those of modules are [`Error::Cuda`]. Every cudarc call runs
+//! inside a guard that turns a panic into an error. This file is the only one of the crate
+//! that calls the CUDA driver.
 #![allow(unsafe_code)]
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::result::DriverError;
+use cudarc::driver::DevicePtr as _;
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream};
+use smallvec::SmallVec;
 
 use object::{Object, ObjectSection, ObjectSegment};
 
+use super::cuda_packed::{self, ArgKind};
+use super::device_api::{DeviceApi, DevicePtr, TransferCounters, TransferStats, WorkspacePool};
+use crate::device::{Device, DeviceError, DeviceType};
 use crate::error::{Error, Result};
 use crate::format::DataType;
 use crate::module::Module;
-use crate::payload::device::DeviceModule;
+use crate::payload::device::{DeviceModule, FunctionInfo, LaunchDims, LaunchParams};
 use crate::payload::Payload;
 
 /// A kernel argument for [`CudaModule::launch`]; each must match the kernel's `arg_types`.
@@ -63,24 +90,21 @@ pub enum KernelArg<'a> {
 }
 
 impl KernelArg<'_> {
-    /// The argument type it stands for, in TVM's spelling.
-    fn type_name(&self) -> &'static str {
+    /// How it is passed.
+    fn kind(&self) -> ArgKind {
         match self {
-            KernelArg::Buffer(_) | KernelArg::DevicePtr(_) => "handle",
-            KernelArg::I32(_) => "int32",
-            KernelArg::U32(_) => "uint32",
-            KernelArg::I64(_) => "int64",
-            KernelArg::F32(_) => "float32",
-            KernelArg::F64(_) => "float64",
+            KernelArg::Buffer(_) | KernelArg::DevicePtr(_) => ArgKind::Handle,
+            KernelArg::I32(_) => ArgKind::I32,
+            KernelArg::U32(_) => ArgKind::U32,
+            KernelArg::I64(_) => ArgKind::I64,
+            KernelArg::F32(_) => ArgKind::F32,
+            KernelArg::F64(_) => ArgKind::F64,
         }
     }
 
-    /// Bytes the kernel parameter takes.
-    fn size(&self) -> usize {
-        match self {
-            KernelArg::I32(_) | KernelArg::U32(_) | KernelArg::F32(_) => 4,
-            KernelArg::Buffer(_) | KernelArg::DevicePtr(_) | KernelArg::I64(_) | KernelArg::F64(_) => 8,
-        }
+    /// The argument type it stands for, in TVM's spelling.
+    fn type_name(&self) -> &'static str {
+        self.kind().name()
     }
 }
 
@@ -126,19 +150,93 @@ impl DeviceBuffer {
     }
 }
 
-/// A CUDA module: the payload, and its image loaded into the driver on first use.
+// ---- per-device slots ------------------------------------------------------------------
+
+/// Device ordinals whose slots are read without a lock.
+const FAST_DEVICES: usize = 8;
+
+/// A value per device ordinal, made on first use there: lock-free for the first
+/// [`FAST_DEVICES`] ordinals, behind a mutex beyond.
+struct PerDevice<T> {
+    fast: [OnceLock<T>; FAST_DEVICES],
+    rest: Mutex<Vec<(usize, Arc<OnceLock<T>>)>>,
+}
+
+impl<T> Default for PerDevice<T> {
+    fn default() -> Self {
+        PerDevice { fast: std::array::from_fn(|_| OnceLock::new()), rest: Mutex::new(Vec::new()) }
+    }
+}
+
+impl<T> PerDevice<T> {
+    /// Runs `f` on the value of `ordinal`, made with `init` if there is none yet (once, even
+    /// when threads race).
+    #[inline]
+    fn with<R>(&self, ordinal: usize, init: impl FnOnce() -> T, f: impl FnOnce(&T) -> R) -> R {
+        if let Some(slot) = self.fast.get(ordinal) {
+            return f(slot.get_or_init(init));
+        }
+        let slot = {
+            let mut rest = self.rest.lock().unwrap_or_else(|e| e.into_inner());
+            match rest.iter().find(|(o, _)| *o == ordinal) {
+                Some((_, slot)) => slot.clone(),
+                None => {
+                    let slot = Arc::new(OnceLock::new());
+                    rest.push((ordinal, slot.clone()));
+                    slot
+                }
+            }
+        };
+        f(slot.get_or_init(init))
+    }
+
+    /// Every value made so far, by ordinal.
+    fn for_each(&self, mut f: impl FnMut(usize, &T)) {
+        for (ordinal, slot) in self.fast.iter().enumerate() {
+            if let Some(v) = slot.get() {
+                f(ordinal, v);
+            }
+        }
+        let rest = self.rest.lock().unwrap_or_else(|e| e.into_inner());
+        for (ordinal, slot) in rest.iter() {
+            if let Some(v) = slot.get() {
+                f(*ordinal, v);
+            }
+        }
+    }
+}
+
+// ---- the module ---------------------------------------------------------------------------
+
+/// A CUDA module: the payload, and its image loaded into each device it runs on, on first use
+/// there.
 pub struct CudaModule {
     device: DeviceModule,
-    loaded: OnceLock<Result<Arc<Loaded>, String>>,
+    /// The driver side, made on first use (a tree of many modules that never run keeps one
+    /// empty cell per module).
+    run: OnceLock<Arc<Run>>,
+}
+
+/// What a module and the kernels it hands out share: a copy of the payload (its bytes
+/// shared), the image per device, and the kernels' plans.
+struct Run {
+    device: DeviceModule,
+    /// The image loaded per device ordinal (or why it did not load).
+    images: PerDevice<Result<Arc<Loaded>, String>>,
+    /// One plan per entry of `device.functions`.
+    plans: Vec<Arc<KernelPlan>>,
 }
 
 impl fmt::Debug for CudaModule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.loaded.get() {
-            None => "not loaded",
-            Some(Ok(_)) => "loaded",
-            Some(Err(_)) => "failed to load",
-        };
+        let mut states = Vec::new();
+        if let Some(run) = self.run.get() {
+            run.images.for_each(|ordinal, loaded| {
+                let state = if loaded.is_ok() { "loaded" } else { "failed to load" };
+                states.push(format!("{state} on cuda:{ordinal}"));
+            });
+        }
+        let state = if states.is_empty() { "not loaded".to_owned() } else { states.join(", ") };
         f.debug_struct("CudaModule").field("device", &self.device).field("driver", &state).finish()
     }
 }
@@ -146,7 +244,16 @@ impl fmt::Debug for CudaModule {
 impl CudaModule {
     /// A module for `device` (a `cuda` payload). Nothing is loaded until first use.
     pub fn new(device: DeviceModule) -> CudaModule {
-        CudaModule { device, loaded: OnceLock::new() }
+        CudaModule { device, run: OnceLock::new() }
+    }
+
+    /// The driver side, made on first use.
+    fn run(&self) -> &Arc<Run> {
+        self.run.get_or_init(|| {
+            let device = self.device.clone();
+            let plans = device.functions.iter().map(|(name, info)| Arc::new(KernelPlan::new(name, info))).collect();
+            Arc::new(Run { device, images: PerDevice::default(), plans })
+        })
     }
 
     /// The payload.
@@ -162,25 +269,34 @@ impl CudaModule {
         *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
     }
 
-    /// Loads the image into the driver now (otherwise the first buffer or launch does).
+    /// Loads the image into device 0 now (otherwise the first buffer or launch does).
     pub fn ensure_loaded(&self) -> Result<()> {
         self.loaded().map(|_| ())
     }
 
-    fn loaded(&self) -> Result<&Arc<Loaded>> {
-        match self.loaded.get_or_init(|| Loaded::new(&self.device)) {
-            Ok(l) => Ok(l),
-            Err(e) => Err(Error::Cuda(e.clone())),
+    /// Loads the image into `device` (a CUDA device) now, otherwise the first kernel launched
+    /// there does.
+    pub fn ensure_loaded_on(&self, device: Device) -> Result<()> {
+        if device.device_type != DeviceType::Cuda {
+            return Err(Error::Cuda(format!("a CUDA module cannot load into {device}")));
         }
+        let ordinal =
+            usize::try_from(device.device_id).map_err(|_| Error::Cuda(format!("{device} is not a device")))?;
+        self.run().loaded(ordinal).map(|_| ()).map_err(Error::Cuda)
     }
 
-    /// The name of the GPU the module runs on.
+    /// The image in device 0.
+    fn loaded(&self) -> Result<Arc<Loaded>> {
+        self.run().loaded(0).map_err(Error::Cuda)
+    }
+
+    /// The name of the GPU the module runs on (device 0).
     pub fn device_name(&self) -> Result<String> {
         let l = self.loaded()?;
         guard("device name", || l.ctx.name().map_err(|e| format!("device name: {e}")))
     }
 
-    /// Copies `host` to a new device buffer.
+    /// Copies `host` to a new device buffer on device 0.
     pub fn upload(&self, host: &[u8]) -> Result<DeviceBuffer> {
         let l = self.loaded()?;
         if host.is_empty() {
@@ -193,13 +309,13 @@ impl CudaModule {
         })
     }
 
-    /// Copies `host` to a new device buffer of `f32`s.
+    /// Copies `host` to a new device buffer of `f32`s on device 0.
     pub fn upload_f32(&self, host: &[f32]) -> Result<DeviceBuffer> {
         let bytes: Vec<u8> = host.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.upload(&bytes)
     }
 
-    /// A new device buffer of `len` zero bytes.
+    /// A new device buffer of `len` zero bytes on device 0.
     pub fn zeros(&self, len: usize) -> Result<DeviceBuffer> {
         let l = self.loaded()?;
         if len == 0 {
@@ -212,30 +328,22 @@ impl CudaModule {
         })
     }
 
-    /// Launches kernel `name` and waits for it. `args` are its arguments (checked against its
-    /// `arg_types`), `extents` the thread extents in the order of its `launch_param_tags`, then
-    /// the dynamic shared memory in bytes when `tir.use_dyn_shared_memory` is a tag.
+    /// Launches kernel `name` on device 0 and waits for it. `args` are its arguments (checked
+    /// against its `arg_types`), `extents` the thread extents in the order of its
+    /// `launch_param_tags`, then the dynamic shared memory in bytes when
+    /// `tir.use_dyn_shared_memory` is a tag.
     pub fn launch(&self, name: &str, args: &[KernelArg<'_>], extents: &[u64]) -> Result<()> {
-        launch_on(&self.device, self.loaded()?, name, args, extents)
-    }
-}
-
-/// [`CudaModule::launch`] on a loaded image (shared with the packed functions the module
-/// offers to host code).
-fn launch_on(device: &DeviceModule, l: &Loaded, name: &str, args: &[KernelArg<'_>], extents: &[u64]) -> Result<()> {
-    {
+        let run = self.run();
+        let l = self.loaded()?;
         let _span = tracing::debug_span!("cuda_launch", kernel = name).entered();
         let fail = |what: String| Error::Cuda(format!("kernel `{name}`: {what}"));
-        let info = device.function(name).ok_or_else(|| {
-            let known: Vec<&str> = device.functions.iter().map(|(n, _)| n.as_str()).collect();
+        let plan = run.plan(name).ok_or_else(|| {
+            let known: Vec<&str> = run.device.functions.iter().map(|(n, _)| n.as_str()).collect();
             fail(format!("not in the module's function table (it has {known:?})"))
         })?;
-        let params = info.launch_params().map_err(|e| fail(e.to_string()))?;
-        if params.cooperative || params.programmatic_dependent_launch {
-            return Err(fail("cooperative and programmatic dependent launches are not supported".into()));
-        }
+        let params = plan.launch.as_ref().map_err(|e| fail(e.clone()))?;
         let dims = params.dims(extents).map_err(|e| fail(e.to_string()))?;
-        check_args(&info.arg_types, args).map_err(fail)?;
+        check_args(&plan.types, args).map_err(fail)?;
         for arg in args {
             if let KernelArg::Buffer(b) = arg {
                 if b.slice.context().cu_ctx() != l.ctx.cu_ctx() {
@@ -243,14 +351,85 @@ fn launch_on(device: &DeviceModule, l: &Loaded, name: &str, args: &[KernelArg<'_
                 }
             }
         }
-        let kernel = l.kernel(name, device).map_err(fail)?;
         tracing::debug!(grid = ?dims.grid, block = ?dims.block, shared = dims.dyn_shared_memory, "launch");
-        guard("launch", || l.launch(&kernel, args, dims.grid, dims.block, dims.dyn_shared_memory)).map_err(
-            |e| match e {
-                Error::Cuda(m) => fail(m),
-                other => other,
-            },
-        )
+        let launched = run.with_ready(&plan, 0, |ready| {
+            catch("launch", || {
+                ready.loaded.ctx.bind_to_thread().map_err(|e| format!("cannot use the context: {e}"))?;
+                let stream = &ready.loaded.stream;
+                // Buffers' pointers, with the guards that record their use on the stream
+                // (kept until the kernel is done).
+                let mut guards = Vec::new();
+                let mut slots = cuda_packed::Slots::with_capacity(args.len());
+                for arg in args {
+                    slots.push(match arg {
+                        KernelArg::Buffer(b) => {
+                            let (ptr, sync) = b.slice.device_ptr(stream);
+                            guards.push(sync);
+                            ptr
+                        }
+                        other => cuda_packed::value_slot(other).unwrap_or_default(),
+                    });
+                }
+                // SAFETY: the slots hold the arguments `check_args` checked against the
+                // function info (and `Ready::new` against the kernel's parameter sizes where
+                // the driver tells them); buffers are borrowed by `args` for the whole call,
+                // and the stream is synchronized below before they can be dropped.
+                unsafe { ready.launch(&mut slots, dims) }?;
+                stream.synchronize().map_err(|e| format!("the kernel failed: {}", describe(e)))?;
+                drop(guards);
+                Ok(())
+            })
+        });
+        launched.map_err(fail)
+    }
+}
+
+impl Run {
+    /// The image in device `ordinal`, loaded on first use.
+    fn loaded(&self, ordinal: usize) -> Result<Arc<Loaded>, String> {
+        self.images.with(ordinal, || Loaded::new(&self.device, ordinal), Clone::clone)
+    }
+
+    /// The plan of kernel `name`, if the function table has it.
+    fn plan(&self, name: &str) -> Option<Arc<KernelPlan>> {
+        let index = self.device.functions.iter().position(|(n, _)| n == name)?;
+        self.plans.get(index).cloned()
+    }
+
+    /// Runs `f` on the kernel of `plan` in device `ordinal` (loading the image and looking the
+    /// kernel up on first use there).
+    #[inline]
+    fn with_ready<R>(
+        &self,
+        plan: &KernelPlan,
+        ordinal: usize,
+        f: impl FnOnce(&Ready) -> Result<R, String>,
+    ) -> Result<R, String> {
+        let init = || Ready::new(self.loaded(ordinal)?, plan, &self.device);
+        plan.ready.with(ordinal, init, |ready| match ready {
+            Ok(ready) => f(ready),
+            Err(e) => Err(e.clone()),
+        })
+    }
+
+    /// A launch by host code: `args` are the kernel's arguments then its launch extents. The
+    /// kernel runs on the thread's current CUDA device and is not waited for.
+    fn launch_packed(&self, plan: &KernelPlan, args: &[crate::ffi::Value]) -> Result<(), String> {
+        let fail = |what: &str| format!("cuda: kernel `{}`: {what}", plan.name);
+        let params = plan.launch.as_ref().map_err(|e| fail(e))?;
+        let kinds = plan.kinds.as_ref().map_err(|e| fail(e))?;
+        let (mut slots, extents) = cuda_packed::pack(kinds, args).map_err(|e| fail(&e))?;
+        let dims = params.dims(&extents).map_err(|e| fail(&e.to_string()))?;
+        let device = super::device_api::current_device(DeviceType::Cuda);
+        let ordinal = usize::try_from(device.device_id).map_err(|_| fail(&format!("{device} is not a device")))?;
+        tracing::trace!(kernel = %plan.name, %device, grid = ?dims.grid, block = ?dims.block, "launch");
+        // SAFETY: the slots hold one value per parameter, of the kinds the function info
+        // gives (checked against the kernel's parameter sizes where the driver tells them);
+        // device pointers are host code's, which keeps them alive while its kernels run (it
+        // frees through the device API, whose `cuMemFree` waits for the device).
+        let launched =
+            self.with_ready(plan, ordinal, |ready| catch("launch", || unsafe { ready.launch(&mut slots, dims) }));
+        launched.map_err(|e| format!("cuda: kernel `{}` on {device}: {e}", plan.name))
     }
 }
 
@@ -260,16 +439,15 @@ impl Module for CudaModule {
     }
     /// A kernel, for host code that launches it (`GetFuncFromEnv` + `TVMFuncCall`): its
     /// arguments as the function table types them (device pointers as handles), then the
-    /// launch extents (see [`crate::ffi::cuda_packed`]).
+    /// launch extents (see [`crate::ffi::cuda_packed`]). It runs on the calling thread's
+    /// current CUDA device, queued on its stream.
     fn get_function(&self, name: &str) -> Option<crate::module::Symbol> {
-        let info = self.device.function(name)?.clone();
-        let device = self.device.clone();
-        let loaded = self.loaded().cloned().map_err(|e| e.to_string());
-        let name = name.to_owned();
+        // Other modules' names are answered without making the driver side.
+        let index = self.device.functions.iter().position(|(n, _)| n == name)?;
+        let run = self.run().clone();
+        let plan = run.plans.get(index)?.clone();
         Some(crate::ffi::callconv::function_symbol(move |args| {
-            let l = loaded.as_ref().map_err(Clone::clone)?;
-            let (kargs, extents) = crate::ffi::cuda_packed::kernel_args(&info.arg_types, args)?;
-            launch_on(&device, l, &name, &kargs, &extents).map_err(|e| e.to_string())?;
+            run.launch_packed(&plan, args)?;
             Ok(crate::ffi::Value::None)
         }))
     }
@@ -281,19 +459,52 @@ impl Module for CudaModule {
     }
 }
 
+/// What a kernel's function info says, worked out once: how its arguments are passed, its
+/// launch configuration, and the kernel in each device it has run on.
+struct KernelPlan {
+    name: String,
+    /// The function info's argument types (for messages).
+    types: Vec<DataType>,
+    /// How each argument is passed, or why one cannot be.
+    kinds: Result<Vec<ArgKind>, String>,
+    /// The launch tags read, or why they cannot make a launch.
+    launch: Result<LaunchParams, String>,
+    /// The kernel per device ordinal (or why it cannot run there).
+    ready: PerDevice<Result<Ready, String>>,
+}
+
+impl KernelPlan {
+    fn new(name: &str, info: &FunctionInfo) -> KernelPlan {
+        let launch = info.launch_params().map_err(|e| e.to_string()).and_then(|p| {
+            if p.cooperative || p.programmatic_dependent_launch {
+                Err("cooperative and programmatic dependent launches are not supported".to_owned())
+            } else {
+                Ok(p)
+            }
+        });
+        let kinds = info
+            .arg_types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                ArgKind::of(*t).ok_or_else(|| format!("argument {i} has type {t}, which cannot be passed to a kernel"))
+            })
+            .collect();
+        KernelPlan { name: name.to_owned(), types: info.arg_types.clone(), kinds, launch, ready: PerDevice::default() }
+    }
+}
+
 /// Checks `args` against a kernel's argument types.
 fn check_args(types: &[DataType], args: &[KernelArg<'_>]) -> Result<(), String> {
     if types.len() != args.len() {
         return Err(format!("takes {} arguments ({}), {} given", types.len(), join(types), args.len()));
     }
     for (i, (t, a)) in types.iter().zip(args).enumerate() {
-        let want = t.to_string();
-        let supported = ["handle", "int32", "uint32", "int64", "float32", "float64"];
-        if !supported.contains(&want.as_str()) {
-            return Err(format!("argument {i} has type {want}, which cannot be passed to a kernel"));
-        }
-        if want != a.type_name() {
-            return Err(format!("argument {i} must be {want}, {} given", a.type_name()));
+        let Some(kind) = ArgKind::of(*t) else {
+            return Err(format!("argument {i} has type {t}, which cannot be passed to a kernel"));
+        };
+        if kind != a.kind() {
+            return Err(format!("argument {i} must be {}, {} given", kind.name(), a.type_name()));
         }
     }
     Ok(())
@@ -303,25 +514,269 @@ fn join(types: &[DataType]) -> String {
     types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+// ---- guards and driver errors ---------------------------------------------------------
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+}
+
 /// Runs cudarc calls, turning a panic (cudarc panics when the driver lacks a function it
-/// loads) into an error.
-fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T> {
+/// loads) into an error message.
+fn catch<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r.map_err(Error::Cuda),
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            Err(Error::Cuda(format!("{what}: the CUDA driver library failed: {msg}")))
-        }
+        Ok(r) => r,
+        Err(payload) => Err(format!("{what}: the CUDA driver library failed: {}", panic_message(&*payload))),
     }
+}
+
+/// [`catch`], with the error as [`Error::Cuda`].
+fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T> {
+    catch(what, f).map_err(Error::Cuda)
+}
+
+/// [`catch`] for the device API: a panic is a [`DeviceError::Driver`] of `call`.
+fn device_guard<T>(device: Device, call: &str, f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => Err(DeviceError::Driver {
+            device,
+            call: call.to_owned(),
+            detail: format!("the CUDA driver library failed: {}", panic_message(&*payload)),
+        }),
+    }
+}
+
+/// A driver error, with a note when it is the sticky error of a kernel that faulted earlier
+/// (which the next call that waits for the device reports, and after which the context is
+/// lost).
+fn describe(e: DriverError) -> String {
+    use sys::CUresult as R;
+    let sticky = matches!(
+        e.0,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+    );
+    if sticky {
+        format!("{e} (a kernel queued earlier failed; the device cannot be used any more in this process)")
+    } else {
+        e.to_string()
+    }
+}
+
+fn driver_error(device: Device, call: &str, e: DriverError) -> DeviceError {
+    DeviceError::Driver { device, call: call.to_owned(), detail: describe(e) }
 }
 
 /// The message for a missing driver.
 const NO_DRIVER: &str =
     "no CUDA driver found: libcuda could not be loaded (is the NVIDIA driver installed and on the library path?)";
+
+// ---- contexts -------------------------------------------------------------------------------
+
+/// The primary context of device `ordinal`, retained once per process and shared by the
+/// device API and every module on that device. Call only with the driver present, inside a
+/// guard.
+fn primary_context(ordinal: usize) -> Result<Arc<CudaContext>, DriverError> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let mut contexts = CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ctx) = contexts.get(&ordinal) {
+        return Ok(ctx.clone());
+    }
+    let ctx = CudaContext::new(ordinal)?;
+    contexts.insert(ordinal, ctx.clone());
+    Ok(ctx)
+}
+
+/// The context of `device` (a CUDA device): the driver checked first, then the ordinal
+/// against the devices there are.
+fn open_device(device: Device) -> Result<Arc<CudaContext>, DeviceError> {
+    if device.device_type != DeviceType::Cuda {
+        return Err(DeviceError::Unsupported { device, what: "the CUDA device API".into() });
+    }
+    if !CudaModule::driver_present() {
+        return Err(DeviceError::NoDriver { device, detail: NO_DRIVER.into() });
+    }
+    device_guard(device, "cuInit", || {
+        if let Err(e) = result::init() {
+            return Err(if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE {
+                DeviceError::NoDevice { device, available: 0 }
+            } else {
+                DeviceError::NoDriver { device, detail: format!("the CUDA driver does not start (cuInit): {e}") }
+            });
+        }
+        let count = result::device::get_count().map_err(|e| driver_error(device, "cuDeviceGetCount", e))?;
+        let available = usize::try_from(count).unwrap_or(0);
+        let ordinal = usize::try_from(device.device_id)
+            .ok()
+            .filter(|&o| o < available)
+            .ok_or(DeviceError::NoDevice { device, available })?;
+        primary_context(ordinal).map_err(|e| driver_error(device, "cuDevicePrimaryCtxRetain", e))
+    })
+}
+
+// ---- the device API ---------------------------------------------------------------------
+
+/// The device API of a CUDA device (`cuda:N`): `cuMemAlloc`'d memory (device pointers are
+/// `CUdeviceptr`s), copies and synchronisation on the device's default stream in its primary
+/// context, which the device's [`CudaModule`] kernels share.
+pub struct CudaApi {
+    device: Device,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    counters: TransferCounters,
+    workspace: WorkspacePool,
+}
+
+impl fmt::Debug for CudaApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaApi({})", self.device)
+    }
+}
+
+impl CudaApi {
+    /// Opens `device`: [`DeviceError::NoDriver`] without a CUDA driver,
+    /// [`DeviceError::NoDevice`] when the ordinal is not one of the driver's devices.
+    pub fn open(device: Device) -> Result<Arc<dyn DeviceApi>, DeviceError> {
+        Ok(Arc::new(CudaApi::new(device)?))
+    }
+
+    /// [`CudaApi::open`], as the type itself.
+    pub fn new(device: Device) -> Result<CudaApi, DeviceError> {
+        let ctx = open_device(device)?;
+        let stream = ctx.default_stream();
+        Ok(CudaApi { device, ctx, stream, counters: TransferCounters::default(), workspace: WorkspacePool::default() })
+    }
+
+    /// Runs driver call `call` (`f`) with the context bound to this thread, inside a guard.
+    #[inline]
+    fn call<T>(&self, call: &str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, DeviceError> {
+        device_guard(self.device, call, || {
+            self.ctx.bind_to_thread().map_err(|e| driver_error(self.device, "cuCtxSetCurrent", e))?;
+            f().map_err(|e| driver_error(self.device, call, e))
+        })
+    }
+}
+
+/// Byte `offset` of device pointer `ptr`.
+fn at(ptr: DevicePtr, offset: usize) -> sys::CUdeviceptr {
+    ptr.0.wrapping_add(offset) as sys::CUdeviceptr
+}
+
+impl DeviceApi for CudaApi {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn name(&self) -> String {
+        let name = device_guard(self.device, "cuDeviceGetName", || {
+            self.ctx.name().map_err(|e| driver_error(self.device, "cuDeviceGetName", e))
+        });
+        name.unwrap_or_else(|_| format!("CUDA device {}", self.device.device_id))
+    }
+
+    fn alloc(&self, nbytes: usize) -> Result<DevicePtr, DeviceError> {
+        let device = self.device;
+        device_guard(device, "cuMemAlloc", || {
+            self.ctx.bind_to_thread().map_err(|e| driver_error(device, "cuCtxSetCurrent", e))?;
+            // SAFETY: the context is current; the memory is freed with `cuMemFree` in `free`.
+            match unsafe { result::malloc_sync(nbytes.max(1)) } {
+                Ok(p) => Ok(DevicePtr(p as usize)),
+                Err(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => {
+                    Err(DeviceError::OutOfMemory { device, bytes: nbytes as u64 })
+                }
+                Err(e) => Err(driver_error(device, "cuMemAlloc", e)),
+            }
+        })
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, _nbytes: usize) {
+        // SAFETY: per the contract `ptr` came from `alloc` (`cuMemAlloc`) and is freed once;
+        // `cuMemFree` waits for the device, so a kernel still queued on it finishes first.
+        let freed = self.call("cuMemFree", || unsafe { result::free_sync(ptr.0 as sys::CUdeviceptr) });
+        if let Err(e) = freed {
+            tracing::warn!("{e}");
+        }
+    }
+
+    unsafe fn copy_from_host(&self, dst: DevicePtr, offset: usize, src: &[u8]) -> Result<(), DeviceError> {
+        self.counters.host_to_device(src.len());
+        // SAFETY: per the contract `dst + offset` holds `src.len()` bytes. The synchronous copy
+        // (on the legacy default stream, the stream kernels run on) is ordered after what was
+        // queued before, and is done with `src` when it returns.
+        self.call("cuMemcpyHtoD", || unsafe { result::memcpy_htod_sync(at(dst, offset), src) })
+    }
+
+    unsafe fn copy_to_host(&self, src: DevicePtr, offset: usize, dst: &mut [u8]) -> Result<(), DeviceError> {
+        self.counters.device_to_host(dst.len());
+        // SAFETY: per the contract `src + offset` holds `dst.len()` bytes. The synchronous copy
+        // waits for what was queued before on the stream and returns once `dst` is written.
+        self.call("cuMemcpyDtoH", || unsafe { result::memcpy_dtoh_sync(dst, at(src, offset)) })
+    }
+
+    unsafe fn copy_on_device(
+        &self,
+        src: DevicePtr,
+        src_offset: usize,
+        dst: DevicePtr,
+        dst_offset: usize,
+        n: usize,
+    ) -> Result<(), DeviceError> {
+        self.counters.device_to_device();
+        let stream = self.stream.cu_stream();
+        // SAFETY: per the contract both ranges hold `n` bytes of live allocations; the copy is
+        // queued on the stream, after what was queued before.
+        self.call("cuMemcpyDtoDAsync", || unsafe {
+            result::memcpy_dtod_async(at(dst, dst_offset), at(src, src_offset), n, stream)
+        })
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.call("cuStreamSynchronize", || self.stream.synchronize())
+    }
+
+    fn set_device(&self) -> Result<(), DeviceError> {
+        self.call("cuCtxSetCurrent", || Ok(()))
+    }
+
+    fn alloc_workspace(&self, nbytes: usize) -> Result<DevicePtr, DeviceError> {
+        self.workspace.alloc(nbytes, |n| self.alloc(n))
+    }
+
+    fn free_workspace(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.workspace.free(ptr).ok_or_else(|| DeviceError::Driver {
+            device: self.device,
+            call: "TVMBackendFreeWorkspace".into(),
+            detail: format!("{:#x} is not a workspace block of this device", ptr.0),
+        })
+    }
+
+    fn transfers(&self) -> TransferStats {
+        self.counters.get()
+    }
+}
+
+impl Drop for CudaApi {
+    fn drop(&mut self) {
+        for (nbytes, ptr) in self.workspace.drain() {
+            // SAFETY: the pool's free blocks came from `alloc` and are freed once, here.
+            unsafe { self.free(ptr, nbytes) };
+        }
+    }
+}
+
+// ---- images and kernels in the driver ---------------------------------------------------
 
 /// A module handle; unloaded when dropped.
 struct ModuleHandle {
@@ -342,7 +797,8 @@ impl Drop for ModuleHandle {
         let _ = guard("unload", || {
             ctx.bind_to_thread().map_err(|e| e.to_string())?;
             // SAFETY: `module` came from `cuModuleLoadData` in this context and is unloaded once,
-            // here; the functions taken from it are dropped with it (they live in `Loaded`).
+            // here; the kernels taken from it are dropped before (each `Ready` holds the
+            // `Loaded` that holds this handle).
             unsafe { result::module::unload(module) }.map_err(|e| e.to_string())
         });
     }
@@ -353,141 +809,120 @@ impl Drop for ModuleHandle {
 struct Kernel(sys::CUfunction);
 
 // SAFETY: a `CUfunction` is a driver handle, valid in any thread while its module is loaded;
-// it is only used through `Loaded`, which keeps the module.
+// it is only used through `Ready`, which keeps the module.
 unsafe impl Send for Kernel {}
 // SAFETY: as above.
 unsafe impl Sync for Kernel {}
 
-/// A kernel found in the loaded image, with its parameters' byte sizes when the driver can
-/// tell them (asked once, when the kernel is first looked up).
-#[derive(Clone)]
-struct FoundKernel {
-    kernel: Kernel,
-    param_sizes: Option<Vec<usize>>,
-}
-
-/// The driver side of a module: context, stream, the loaded image and its kernels.
+/// The image loaded into one device: its context and stream, and the module handle.
 struct Loaded {
-    /// Kernels found in `image` (valid while it is loaded; dropped before it).
-    kernels: Mutex<Vec<(String, FoundKernel)>>,
     image: ModuleHandle,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
 }
 
 impl Loaded {
-    fn new(device: &DeviceModule) -> Result<Arc<Loaded>, String> {
-        let _span = tracing::debug_span!("cuda_load", format = %device.format, bytes = device.data.len()).entered();
+    fn new(module: &DeviceModule, ordinal: usize) -> Result<Arc<Loaded>, String> {
+        let _span =
+            tracing::debug_span!("cuda_load", ordinal, format = %module.format, bytes = module.data.len()).entered();
         if !CudaModule::driver_present() {
             return Err(NO_DRIVER.to_owned());
         }
-        let image = Image::prepare(&device.format, &device.data)?;
-        let loaded = guard("load", || {
-            let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a context on device 0: {e}"))?;
-            let stream = ctx.default_stream();
-            ctx.bind_to_thread().map_err(|e| format!("cannot use the context: {e}"))?;
+        let image = Image::prepare(&module.format, &module.data)?;
+        let device = Device::cuda(i32::try_from(ordinal).map_err(|_| format!("cuda:{ordinal} is not a device"))?);
+        let ctx = open_device(device).map_err(|e| e.to_string())?;
+        catch("load", || {
+            ctx.bind_to_thread().map_err(|e| format!("cannot use the context of {device}: {e}"))?;
             // SAFETY: the image is a NUL-terminated PTX text or a cubin/fatbin whose header
             // ranges were checked to lie within the buffer, and the buffer outlives the call
             // (the driver copies what it needs); the context is current on this thread.
-            let module = unsafe { result::module::load_data(image.as_ptr()) }
-                .map_err(|e| format!("the driver refused the {} image: {e}", image.kind))?;
-            let image = ModuleHandle { module, ctx: ctx.clone() };
-            Ok(Arc::new(Loaded { kernels: Mutex::new(Vec::new()), image, stream, ctx }))
-        });
-        loaded.map_err(|e| match e {
-            Error::Cuda(m) => m,
-            other => other.to_string(),
+            let handle = unsafe { result::module::load_data(image.as_ptr()) }
+                .map_err(|e| format!("the driver refused the {} image on {device}: {e}", image.kind))?;
+            let image = ModuleHandle { module: handle, ctx: ctx.clone() };
+            Ok(Arc::new(Loaded { image, stream: ctx.default_stream(), ctx: ctx.clone() }))
         })
     }
+}
 
-    /// The kernel called `name` and its parameter sizes, looked up once.
-    fn kernel(&self, name: &str, device: &DeviceModule) -> Result<FoundKernel, String> {
-        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, k)) = kernels.iter().find(|(n, _)| n == name) {
-            return Ok(k.clone());
-        }
-        let c_name = CString::new(name).map_err(|_| "the name holds a NUL byte".to_owned())?;
-        let module = self.image.module;
-        let found = guard("find kernel", || {
-            self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
-            // SAFETY: `module` is loaded (owned by `self.image`) and its context is current.
-            unsafe { result::module::get_function(module, c_name) }.map_err(|e| e.to_string())
+/// A kernel in the image of one device, ready to launch.
+struct Ready {
+    loaded: Arc<Loaded>,
+    kernel: Kernel,
+    /// The dynamic shared memory the kernel was allowed past [`OPT_IN_SHARED_MEMORY`] (0
+    /// until a launch needs it).
+    shared_allowed: AtomicU32,
+    /// Held while the allowance changes.
+    shared_lock: Mutex<()>,
+}
+
+impl Ready {
+    /// Looks kernel `plan` up in `loaded`, checking its parameters' sizes where the driver
+    /// can tell them.
+    fn new(loaded: Arc<Loaded>, plan: &KernelPlan, module: &DeviceModule) -> Result<Ready, String> {
+        let name = &plan.name;
+        let c_name = CString::new(name.as_str()).map_err(|_| "the name holds a NUL byte".to_owned())?;
+        let handle = loaded.image.module;
+        let found = catch("find kernel", || {
+            loaded.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+            // SAFETY: `handle` is loaded (owned by `loaded.image`) and its context is current.
+            let f = unsafe { result::module::get_function(handle, c_name) }.map_err(|e| e.to_string())?;
+            Ok((Kernel(f), param_sizes(Kernel(f))))
         });
-        let f = found.map_err(|e| {
+        let (kernel, sizes) = found.map_err(|e| {
             let mut msg = format!("not found in the loaded image: {e}");
-            if device.format == "ptx" {
-                msg.push_str(&ptx_hint(&device.data, name));
+            if module.format == "ptx" {
+                msg.push_str(&ptx_hint(&module.data, name));
             }
             msg
         })?;
-        let found = FoundKernel { kernel: Kernel(f), param_sizes: param_sizes(Kernel(f)) };
-        kernels.push((name.to_owned(), found.clone()));
-        Ok(found)
-    }
-
-    /// Launches `kernel` with `args` and waits for it.
-    fn launch(
-        &self,
-        found: &FoundKernel,
-        args: &[KernelArg<'_>],
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared: u32,
-    ) -> Result<(), String> {
-        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
-        let kernel = found.kernel;
-        if let Some(sizes) = &found.param_sizes {
-            let given: Vec<usize> = args.iter().map(KernelArg::size).collect();
-            if *sizes != given {
+        if let (Some(sizes), Ok(kinds)) = (sizes, &plan.kinds) {
+            let given: Vec<usize> = kinds.iter().map(|k| k.size()).collect();
+            if sizes != given {
                 return Err(format!(
                     "the kernel's parameters take {sizes:?} bytes, the function info's arguments {given:?}"
                 ));
             }
         }
-        // One 8-byte slot per argument, holding its value in its first bytes; the driver reads
-        // each parameter (4 or 8 bytes) from the start of its slot.
-        let mut guards = Vec::new();
-        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
-        for arg in args {
-            slots.push(match arg {
-                KernelArg::Buffer(b) => {
-                    let (ptr, sync) = b.slice.device_ptr(&self.stream);
-                    guards.push(sync);
-                    ptr
-                }
-                KernelArg::I32(v) => slot4(v.to_ne_bytes()),
-                KernelArg::U32(v) => slot4(v.to_ne_bytes()),
-                KernelArg::F32(v) => slot4(v.to_ne_bytes()),
-                KernelArg::I64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
-                KernelArg::F64(v) => u64::from_ne_bytes(v.to_ne_bytes()),
-                KernelArg::DevicePtr(p) => *p,
-            });
+        Ok(Ready { loaded, kernel, shared_allowed: AtomicU32::new(0), shared_lock: Mutex::new(()) })
+    }
+
+    /// Queues the kernel on the stream, with one slot per parameter.
+    ///
+    /// # Safety
+    ///
+    /// `slots` hold the kernel's parameters (count and sizes as its function info says), and
+    /// the device memory they point to stays allocated until the kernel is done.
+    unsafe fn launch(&self, slots: &mut [u64], dims: LaunchDims) -> Result<(), String> {
+        let l = &self.loaded;
+        l.ctx.bind_to_thread().map_err(|e| format!("cannot use the context: {e}"))?;
+        let shared = dims.dyn_shared_memory;
+        if shared >= OPT_IN_SHARED_MEMORY && shared > self.shared_allowed.load(Ordering::Acquire) {
+            let _changing = self.shared_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if shared > self.shared_allowed.load(Ordering::Acquire) {
+                // Past 48 KiB a kernel must opt in to dynamic shared memory, or the launch
+                // fails with an invalid value (TVM's CUDA module sets the same attribute).
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                let bytes =
+                    i32::try_from(shared).map_err(|_| format!("{shared} bytes of shared memory is too many"))?;
+                // SAFETY: `kernel` is a function of the module `l.image` keeps loaded, and its
+                // context is current (bound above).
+                unsafe { result::function::set_function_attribute(self.kernel.0, attr, bytes) }
+                    .map_err(|e| format!("cannot allow {shared} bytes of dynamic shared memory: {e}"))?;
+                self.shared_allowed.store(shared, Ordering::Release);
+            }
         }
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
-        if shared >= OPT_IN_SHARED_MEMORY {
-            // Past 48 KiB a kernel must opt in to dynamic shared memory, or the launch fails
-            // with an invalid value (TVM's CUDA module sets the same attribute).
-            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            let bytes = i32::try_from(shared).map_err(|_| format!("{shared} bytes of shared memory is too many"))?;
-            // SAFETY: `kernel` is a function of the module `self.image` keeps loaded, and its
-            // context is current (bound above).
-            unsafe { result::function::set_function_attribute(kernel.0, attr, bytes) }
-                .map_err(|e| format!("cannot allow {shared} bytes of dynamic shared memory: {e}"))?;
+        let mut params: SmallVec<[*mut c_void; 16]> =
+            slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
+        let [gx, gy, gz] = dims.grid;
+        let [bx, by, bz] = dims.block;
+        // SAFETY: `kernel` belongs to the module `l.image` keeps loaded, in the context made
+        // current above. `params` holds one pointer per kernel parameter (per the caller's
+        // contract), each to a live 8-byte slot of `slots`, which the driver reads before the
+        // call returns; the memory they point to is the caller's to keep.
+        unsafe {
+            result::launch_kernel(self.kernel.0, (gx, gy, gz), (bx, by, bz), shared, l.stream.cu_stream(), &mut params)
         }
-        let grid = (grid[0], grid[1], grid[2]);
-        let block = (block[0], block[1], block[2]);
-        // SAFETY: `kernel` belongs to the module `self.image` keeps loaded, in the context made
-        // current above. `params` holds one pointer per kernel parameter (the count and sizes
-        // were checked against the kernel where the driver can tell them, and against the
-        // function info always), each to a live 8-byte slot of `slots`, which outlives the
-        // call. Device pointers come from buffers borrowed by `args` for the whole call, and
-        // the stream is synchronized below before they can be dropped.
-        let launched =
-            unsafe { result::launch_kernel(kernel.0, grid, block, shared, self.stream.cu_stream(), &mut params) };
-        launched.map_err(|e| format!("launch failed: {e}"))?;
-        self.stream.synchronize().map_err(|e| format!("the kernel failed: {e}"))?;
-        drop(guards);
-        Ok(())
+        .map_err(|e| format!("launch failed: {}", describe(e)))
     }
 }
 
@@ -495,14 +930,8 @@ impl Loaded {
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): 48 KiB.
 const OPT_IN_SHARED_MEMORY: u32 = 48 << 10;
 
-/// An 8-byte slot whose first 4 bytes are `bytes`.
-fn slot4(bytes: [u8; 4]) -> u64 {
-    let [a, b, c, d] = bytes;
-    u64::from_ne_bytes([a, b, c, d, 0, 0, 0, 0])
-}
-
 /// The byte sizes of a kernel's parameters, when the driver can tell (CUDA 12.4 and later).
-/// One driver call per parameter: asked once per kernel ([`Loaded::kernel`] keeps the answer).
+/// One driver call per parameter: asked once per kernel and device (by [`Ready::new`]).
 fn param_sizes(kernel: Kernel) -> Option<Vec<usize>> {
     let mut version = 0;
     // SAFETY: `cuDriverGetVersion` writes one int through a valid pointer.
@@ -692,7 +1121,10 @@ fn check_fatbin(data: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::device::{FunctionInfo, CUDA};
+    use crate::device::Device;
+    use crate::ffi::device_api::{self, Storage};
+    use crate::ffi::Value;
+    use crate::payload::device::CUDA;
 
     fn cubin_header() -> Vec<u8> {
         let mut h = vec![0u8; 64];
@@ -799,15 +1231,249 @@ mod tests {
         }
         assert!(matches!(m.as_payload(), Some(p) if p.type_key() == CUDA));
     }
+
+    #[test]
+    fn per_device_slots_are_made_once_per_ordinal() {
+        let slots = PerDevice::<usize>::default();
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..3 {
+            for ordinal in [0, 1, FAST_DEVICES - 1, FAST_DEVICES, 40] {
+                let got = slots.with(
+                    ordinal,
+                    || {
+                        made.fetch_add(1, Ordering::Relaxed);
+                        ordinal * 10
+                    },
+                    |v| *v,
+                );
+                assert_eq!(got, ordinal * 10);
+            }
+        }
+        assert_eq!(made.load(Ordering::Relaxed), 5);
+        let mut seen = Vec::new();
+        slots.for_each(|o, v| seen.push((o, *v)));
+        seen.sort_unstable();
+        assert_eq!(seen, [(0, 0), (1, 10), (7, 70), (8, 80), (40, 400)]);
+    }
+
+    #[test]
+    fn the_device_api_without_a_driver_is_a_typed_error() {
+        // Not a CUDA device: refused before the driver is asked.
+        assert!(matches!(CudaApi::open(Device::cpu(0)), Err(DeviceError::Unsupported { .. })));
+        let opened = CudaApi::open(Device::cuda(0));
+        if CudaModule::driver_present() {
+            // A driver without a GPU says so; with one, the far ordinal is not there.
+            if let Err(e) = &opened {
+                assert!(matches!(e, DeviceError::NoDevice { .. } | DeviceError::NoDriver { .. }), "{e}");
+            }
+            let far = CudaApi::open(Device::cuda(4096)).unwrap_err();
+            assert!(matches!(far, DeviceError::NoDevice { .. } | DeviceError::NoDriver { .. }), "{far}");
+            return;
+        }
+        let err = opened.unwrap_err();
+        assert!(matches!(&err, DeviceError::NoDriver { device, .. } if *device == Device::cuda(0)), "{err:?}");
+        assert!(err.to_string().starts_with("cuda:0: no driver: no CUDA driver found"), "{err}");
+        // Through the process's device APIs and the storage built on them, for any ordinal.
+        let err = device_api::device_api(Device::cuda(2)).unwrap_err();
+        assert!(matches!(&err, DeviceError::NoDriver { device, .. } if *device == Device::cuda(2)), "{err:?}");
+        assert!(matches!(Storage::new(Device::cuda(0), 16), Err(DeviceError::NoDriver { .. })));
+        assert!(matches!(CudaApi::new(Device::cuda(-1)), Err(DeviceError::NoDriver { .. })));
+    }
+
+    #[test]
+    fn kernels_for_host_code_check_their_arguments_then_fail_cleanly_without_a_driver() {
+        let h = DataType::HANDLE;
+        let tags = vec!["blockIdx.x".to_owned(), "threadIdx.x".to_owned()];
+        let k = FunctionInfo::new("k", vec![h, DataType::I32], tags.clone());
+        let f16 = FunctionInfo::new("f16", vec![DataType::parse("float16").unwrap()], tags.clone());
+        let coop = FunctionInfo::new("coop", vec![h], vec!["blockIdx.x".into(), "tirx.use_cooperative_launch".into()]);
+        let functions = vec![("k".into(), k), ("f16".into(), f16), ("coop".into(), coop)];
+        let m = CudaModule::new(DeviceModule::cuda_from_ptx(b".version 6.0\n".to_vec(), functions));
+        assert!(m.get_function("nope").is_none());
+        assert!(m.get_function("k").is_some());
+        let inner = m.run();
+        let plan = inner.plan("k").unwrap();
+        assert!(Arc::ptr_eq(&plan, &inner.plan("k").unwrap()), "plans are made once");
+
+        // Wrong calls are refused before the driver is asked.
+        let e = inner.launch_packed(&plan, &[Value::None]).unwrap_err();
+        assert!(e.starts_with("cuda: kernel `k`: the kernel takes 2 arguments"), "{e}");
+        let e = inner.launch_packed(&plan, &[Value::None, Value::Int(1), Value::Int(1)]).unwrap_err();
+        assert!(e.contains("need 2 extents"), "{e}");
+        let e = inner.launch_packed(&inner.plan("f16").unwrap(), &[Value::Float(1.0)]).unwrap_err();
+        assert!(e.contains("argument 0 has type float16, which cannot be passed"), "{e}");
+        let e = inner.launch_packed(&inner.plan("coop").unwrap(), &[Value::None, Value::Int(1)]).unwrap_err();
+        assert!(e.contains("cooperative"), "{e}");
+        assert!(format!("{m:?}").contains("not loaded"));
+
+        if CudaModule::driver_present() {
+            return;
+        }
+        // The kernel runs on the thread's current device, whichever it is.
+        let args = [Value::None, Value::Int(1), Value::Int(1), Value::Int(32)];
+        for id in [0, 3, 12] {
+            device_api::set_current_device(Device::cuda(id));
+            let e = inner.launch_packed(&plan, &args).unwrap_err();
+            assert!(e.starts_with(&format!("cuda: kernel `k` on cuda:{id}: no CUDA driver found")), "{e}");
+            let e = m.ensure_loaded_on(Device::cuda(id)).unwrap_err();
+            assert!(e.to_string().starts_with("cuda: no CUDA driver found"), "{e}");
+        }
+        device_api::set_current_device(Device::cuda(0));
+        assert!(m.ensure_loaded_on(Device::cpu(0)).is_err());
+        let state = format!("{m:?}");
+        assert!(state.contains("failed to load on cuda:0") && state.contains("failed to load on cuda:12"), "{state}");
+    }
+
+    /// `out[i] = a[i] + b[i]` for `i < n` (mblob's demo kernel).
+    const VECTOR_ADD_PTX: &str = "
+.version 6.0
+.target sm_50
+.address_size 64
+.visible .entry vector_add(.param .u64 pa, .param .u64 pb, .param .u64 pout, .param .u32 pn)
+{
+	.reg .pred %p<2>;
+	.reg .f32 %f<4>;
+	.reg .b32 %r<6>;
+	.reg .b64 %rd<11>;
+	ld.param.u64 %rd1, [pa];
+	ld.param.u64 %rd2, [pb];
+	ld.param.u64 %rd3, [pout];
+	ld.param.u32 %r2, [pn];
+	mov.u32 %r3, %ctaid.x;
+	mov.u32 %r4, %ntid.x;
+	mov.u32 %r5, %tid.x;
+	mad.lo.s32 %r1, %r3, %r4, %r5;
+	setp.ge.u32 %p1, %r1, %r2;
+	@%p1 bra DONE;
+	cvta.to.global.u64 %rd4, %rd1;
+	cvta.to.global.u64 %rd5, %rd2;
+	cvta.to.global.u64 %rd6, %rd3;
+	mul.wide.u32 %rd7, %r1, 4;
+	add.s64 %rd8, %rd4, %rd7;
+	add.s64 %rd9, %rd5, %rd7;
+	add.s64 %rd10, %rd6, %rd7;
+	ld.global.f32 %f1, [%rd8];
+	ld.global.f32 %f2, [%rd9];
+	add.f32 %f3, %f1, %f2;
+	st.global.f32 [%rd10], %f3;
+DONE:
+	ret;
 }
+";
 
-/// The CUDA device API (TODO: being written).
-#[derive(Debug)]
-pub struct CudaApi;
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
 
-impl CudaApi {
-    /// Opens `device`.
-    pub fn open(device: crate::device::Device) -> Result<Arc<dyn super::device_api::DeviceApi>, crate::device::DeviceError> {
-        Err(crate::device::DeviceError::Unsupported { device, what: "running".into() })
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn storage_round_trips_through_a_gpu() {
+        let n = (1 << 20) + 3;
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        let s = Storage::new(Device::cuda(0), n).unwrap();
+        assert_eq!(s.device(), Device::cuda(0));
+        s.write(0, &data).unwrap();
+        let mut back = vec![0u8; n];
+        s.read(0, &mut back).unwrap();
+        assert!(back == data);
+        // A view, and a copy within the device.
+        let t = Storage::new(Device::cuda(0), 24).unwrap();
+        s.view(1000, 24).unwrap().copy_to(0, &t, 0, 24).unwrap();
+        let mut small = [0u8; 24];
+        t.read(0, &mut small).unwrap();
+        assert_eq!(small[..], data[1000..1024]);
+        assert!(matches!(s.write(n - 1, &[0; 2]), Err(DeviceError::OutOfBounds { .. })));
+
+        // Counted on an instance of its own (the process's is shared by the tests).
+        let api: Arc<dyn DeviceApi> = Arc::new(CudaApi::new(Device::cuda(0)).unwrap());
+        assert!(!api.name().is_empty());
+        let u = Storage::with_api(api.clone(), 64).unwrap();
+        let v = Storage::with_api(api.clone(), 64).unwrap();
+        u.write(0, &[7; 64]).unwrap();
+        u.copy_to(0, &v, 0, 64).unwrap();
+        let mut out = [0u8; 32];
+        v.read(32, &mut out).unwrap();
+        assert_eq!(out, [7; 32]);
+        let d = api.transfers();
+        assert_eq!(
+            (d.host_to_device, d.host_to_device_bytes, d.device_to_host, d.device_to_host_bytes),
+            (1, 64, 1, 32)
+        );
+        assert_eq!(d.device_to_device, 1);
+
+        // Workspace blocks are reused by size; a stranger is refused.
+        let w = api.alloc_workspace(4096).unwrap();
+        api.free_workspace(w).unwrap();
+        assert_eq!(api.alloc_workspace(4096).unwrap(), w);
+        api.free_workspace(w).unwrap();
+        assert!(api.free_workspace(DevicePtr(8)).is_err());
+        api.set_device().unwrap();
+        api.synchronize().unwrap();
+        // A petabyte is out of memory, not a panic.
+        assert!(matches!(api.alloc(1 << 50), Err(DeviceError::OutOfMemory { .. })));
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU"]
+    fn host_code_launches_queue_on_the_current_device() {
+        let u32t = DataType::parse("uint32").unwrap();
+        let h = DataType::HANDLE;
+        let info =
+            FunctionInfo::new("vector_add", vec![h, h, h, u32t], vec!["blockIdx.x".into(), "threadIdx.x".into()]);
+        let m = CudaModule::new(DeviceModule::cuda_from_ptx(
+            VECTOR_ADD_PTX.as_bytes().to_vec(),
+            vec![("vector_add".into(), info)],
+        ));
+        let n = 1000usize;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 0.5 * (n - i) as f32).collect();
+        let cuda0 = Device::cuda(0);
+        let (sa, sb, sc) = (
+            Storage::new(cuda0, 4 * n).unwrap(),
+            Storage::new(cuda0, 4 * n).unwrap(),
+            Storage::new(cuda0, 4 * n).unwrap(),
+        );
+        sa.write(0, &f32_bytes(&a)).unwrap();
+        sb.write(0, &f32_bytes(&b)).unwrap();
+        sc.write(0, &vec![0; 4 * n]).unwrap();
+        device_api::set_current_device(cuda0);
+        let plan = m.run().plan("vector_add").unwrap();
+        let args = [
+            Value::Handle(sa.ptr().as_ptr()),
+            Value::Handle(sb.ptr().as_ptr()),
+            Value::Handle(sc.ptr().as_ptr()),
+            Value::Int(n as i64),
+            Value::Int(4),
+            Value::Int(256),
+        ];
+        // Queued without waiting; the copy back waits for them.
+        for _ in 0..3 {
+            m.run().launch_packed(&plan, &args).unwrap();
+        }
+        let mut out = vec![0u8; 4 * n];
+        sc.read(0, &mut out).unwrap();
+        for (i, c) in out.chunks_exact(4).enumerate() {
+            assert_eq!(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), a[i] + b[i], "element {i}");
+        }
+        // The module's own API shares the context (and so the memory) with the device API.
+        m.ensure_loaded().unwrap();
+        m.launch(
+            "vector_add",
+            &[
+                KernelArg::DevicePtr(sb.ptr().0 as u64),
+                KernelArg::DevicePtr(sb.ptr().0 as u64),
+                KernelArg::DevicePtr(sc.ptr().0 as u64),
+                KernelArg::U32(n as u32),
+            ],
+            &[4, 256],
+        )
+        .unwrap();
+        sc.read(0, &mut out).unwrap();
+        assert_eq!(f32::from_le_bytes([out[4], out[5], out[6], out[7]]), 2.0 * b[1]);
+        // A device that is not there.
+        device_api::set_current_device(Device::cuda(4096));
+        let e = m.run().launch_packed(&plan, &args).unwrap_err();
+        assert!(e.contains("no such device"), "{e}");
+        device_api::set_current_device(cuda0);
     }
 }

@@ -8,6 +8,7 @@
 //! functions with the library's kernels:
 //!
 //! ```no_run
+//! use mblob_runtime::device::Device;
 //! use mblob_runtime::exec::relax::VirtualMachine;
 //! use mblob_runtime::payload::graph::Tensor;
 //! use mblob_runtime::format::stream::DataType;
@@ -15,14 +16,13 @@
 //!
 //! // SAFETY: the library is trusted to run (its initialisers run when it is opened).
 //! let tree = unsafe { load_library("model.so".as_ref(), &Registry::default(), &LoadOptions::default())? };
-//! let mut vm = VirtualMachine::new(&tree, mblob_runtime::packed::DLDevice { device_type: 1, device_id: 0 })?;
+//! let mut vm = VirtualMachine::new(&tree, Device::cpu(0))?;
 //! let x = Tensor::new(DataType::F32, vec![2, 64], vec![0u8; 2 * 64 * 4]).unwrap();
 //! let outputs = vm.invoke("main", &[x])?;
 //! println!("{:?}", outputs[0].shape);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod ffi;
 pub mod vm;
 
 pub use crate::payload::relax::{

@@ -6,26 +6,34 @@
 //! `register_file_size` registers with the arguments in the first ones; `Call` evaluates its
 //! arguments (registers, immediates, constants, functions), calls and writes the result to
 //! `dst` unless it is `%void`; `Ret` returns a register; `Goto` and `If` jump relative to the
-//! current instruction. Constant tensors are copied to aligned memory once, when the VM is
-//! created, as TVM copies them to the device.
+//! current instruction.
+//!
+//! Devices are TVM's too: a VM made for a device other than the CPU has the device list
+//! `[device, cpu(0)]` (TVM's `VirtualMachine(mod, dev)` adds the host), one for the CPU just
+//! `[cpu]`. Constant tensors are copied to the first device once, when the VM is created;
+//! inputs are copied there when a function is invoked (unless already there); storage is
+//! allocated on the device the program names (`alloc_storage`'s device index, `-1` for the
+//! host); the shape heap lives on the host. Tensors are [`NdArray`]s: storages are pooled by
+//! size per device, as TVM's pooled allocator does, and handed to kernels as `DLTensor`s in
+//! the library's own calling convention.
 //!
 //! Function names are resolved when the VM is created, as TVM's `InitFuncPool` does: a name
-//! that is neither a builtin this VM implements nor a kernel of the library is an error then,
-//! naming it. Argument checks (`check_tensor_info`, `match_shape`, ...) fail with the error
-//! kind and message TVM gives.
+//! that is neither a builtin this VM implements nor a function of the tree (looked up from the
+//! root through the imports, each module in its own convention) is an error then, naming it.
+//! Argument checks (`check_tensor_info`, `match_shape`, ...) fail with the error kind and
+//! message TVM gives.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use smallvec::SmallVec;
 
-use super::ffi::{self, Buffer, CallArg, CallFailure, Pool};
-use crate::bytes::Bytes;
-use crate::exec::tensor_bytes;
-use crate::ffi::callconv::Abi;
-use crate::ffi::packed::DLDevice;
-use crate::format::stream::DataType;
-use crate::format::Layout;
-use crate::module::{LoadedTree, Symbol};
+use crate::array::{tensor_bytes, ArrayError, NdArray};
+use crate::device::{Device, DeviceError};
+use crate::ffi::callconv::{PackedFunction, Value as CallValue};
+use crate::ffi::device_api::{device_api, DeviceApi, Storage};
+use crate::ffi::packed::DLTensor;
+use crate::format::DataType;
+use crate::module::LoadedTree;
 use crate::payload::graph::Tensor;
 use crate::payload::relax::executable::{
     dtype_name, Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable,
@@ -41,9 +49,21 @@ pub enum VmError {
     /// The tree holds no Relax executable.
     #[error("the module tree has no relax executable (relax.Executable or relax.VMExecutable); its modules: {0}")]
     NoExecutable(String),
-    /// Only the CPU is supported.
-    #[error("device type {} (id {}) is not supported: the relax VM runs on the CPU (device type 1)", .0.device_type, .0.device_id)]
-    UnsupportedDevice(DLDevice),
+    /// The VM cannot run on this device: mblob has no device API for it (or was built without
+    /// its feature), or the library has no code for it.
+    #[error("the relax VM cannot run on {device}: {reason}")]
+    UnsupportedDevice {
+        /// The device asked for.
+        device: Device,
+        /// Why not.
+        reason: String,
+    },
+    /// A device failed: no driver or device, out of memory, a failed copy.
+    #[error(transparent)]
+    Device(DeviceError),
+    /// A tensor that cannot be made (a shape that overflows, data of the wrong size).
+    #[error(transparent)]
+    Array(ArrayError),
     /// `invoke` of a name that is not a VM function.
     #[error("ValueError: Unknown function: {name} (VM functions: {})", available.join(", "))]
     UnknownFunction {
@@ -78,7 +98,7 @@ pub enum VmError {
         /// The name.
         name: String,
     },
-    /// A feature the VM does not implement (VM TIR functions, memory scopes, other devices).
+    /// A feature the VM does not implement (VM TIR functions, memory scopes).
     #[error("not supported: {0}")]
     Unsupported(String),
     /// One of TVM's runtime checks failed: `kind` is TVM's error kind (`ValueError`,
@@ -124,7 +144,7 @@ pub enum VmError {
         /// What is wrong.
         detail: String,
     },
-    /// Memory for a tensor or storage could not be allocated.
+    /// A size that does not fit in memory (an overflowing storage size).
     #[error("cannot allocate {0} bytes")]
     Alloc(u64),
     /// A function returned something other than tensors.
@@ -160,59 +180,30 @@ impl VmError {
     }
 }
 
+impl From<DeviceError> for VmError {
+    fn from(e: DeviceError) -> VmError {
+        VmError::Device(e)
+    }
+}
+
+impl From<ArrayError> for VmError {
+    /// A device's error as [`VmError::Device`], whichever way it came.
+    fn from(e: ArrayError) -> VmError {
+        match e {
+            ArrayError::Device(d) => VmError::Device(d),
+            e => VmError::Array(e),
+        }
+    }
+}
+
 /// One output of a VM function, as [`VirtualMachine::invoke_outputs`] returns them (a returned
 /// tuple flattened in order).
 #[derive(Debug, Clone)]
 pub enum VmOutput {
-    /// A tensor (TVM's `NDArray` / `Tensor`).
+    /// A tensor (TVM's `NDArray` / `Tensor`), copied to the host.
     Tensor(Tensor),
     /// A shape (TVM's `ShapeTuple` / `ffi.Shape`), such as `R.shape_of` returns.
     Shape(Vec<i64>),
-}
-
-/// A tensor the VM holds: a view of an aligned buffer.
-#[derive(Debug, Clone)]
-struct NdArray {
-    buf: Arc<Buffer>,
-    offset: usize,
-    shape: Arc<[i64]>,
-    dtype: DataType,
-}
-
-impl NdArray {
-    fn nbytes(&self) -> usize {
-        tensor_bytes(self.dtype, &self.shape).unwrap_or(0) as usize
-    }
-
-    fn call_arg(&self) -> CallArg<'_> {
-        CallArg::Tensor { buf: &self.buf, offset: self.offset, shape: &self.shape, dtype: self.dtype }
-    }
-
-    fn to_tensor(&self) -> Result<Tensor, VmError> {
-        let n = self.nbytes();
-        let bytes =
-            self.buf.read(self.offset, n).ok_or_else(|| VmError::Program("tensor view past its storage".into()))?;
-        Ok(Tensor { dtype: self.dtype, shape: self.shape.to_vec(), device: (1, 0), data: Bytes::from_vec(bytes) })
-    }
-
-    fn from_bytes(bytes: &[u8], shape: &[i64], dtype: DataType) -> Result<NdArray, VmError> {
-        let buf = Buffer::from_bytes(bytes).ok_or(VmError::Alloc(bytes.len() as u64))?;
-        Ok(NdArray { buf: Arc::new(buf), offset: 0, shape: shape.into(), dtype })
-    }
-
-    fn i64_at(&self, i: usize) -> Option<i64> {
-        let b = self.buf.read(self.offset.checked_add(i.checked_mul(8)?)?, 8)?;
-        Some(i64::from_le_bytes(b.try_into().ok()?))
-    }
-
-    fn set_i64(&self, i: usize, v: i64) -> bool {
-        let Some(at) = i.checked_mul(8).and_then(|o| o.checked_add(self.offset)) else { return false };
-        self.buf.write(at, &v.to_le_bytes())
-    }
-
-    fn len(&self) -> usize {
-        self.shape.iter().map(|&d| d.max(0) as usize).product()
-    }
 }
 
 /// A register value.
@@ -225,7 +216,7 @@ enum Value {
     Str(Arc<[u8]>),
     Shape(Arc<[i64]>),
     Tensor(NdArray),
-    Storage(Arc<Buffer>),
+    Storage(Arc<Storage>),
     Tuple(Arc<[Value]>),
     Vm,
     Func(u32),
@@ -272,6 +263,7 @@ enum Builtin {
     EnsureZeroOffset,
     ToDevice,
     ReadIfCond,
+    TensorToShape,
     CallTirDyn,
 }
 
@@ -295,6 +287,7 @@ const BUILTINS: &[(&str, Builtin)] = &[
     ("vm.builtin.ensure_zero_offset", Builtin::EnsureZeroOffset),
     ("vm.builtin.to_device", Builtin::ToDevice),
     ("vm.builtin.read_if_cond", Builtin::ReadIfCond),
+    ("vm.builtin.tensor_to_shape", Builtin::TensorToShape),
     ("vm.builtin.call_tir_dyn", Builtin::CallTirDyn),
 ];
 
@@ -308,7 +301,7 @@ pub fn supported_builtins() -> impl Iterator<Item = &'static str> {
 enum Callee {
     Vm(usize),
     Builtin(Builtin),
-    Kernel(Symbol, Abi),
+    Kernel(PackedFunction),
 }
 
 /// A function of the executable that a caller can invoke.
@@ -318,6 +311,47 @@ pub struct FunctionSignature {
     pub name: String,
     /// The parameter names, in order.
     pub params: Vec<String>,
+}
+
+/// Storages by device and size, for the next allocation of the same size on the same device
+/// (a VM's storages have the same sizes on every run, as TVM's pooled allocator exploits). A
+/// storage is free again when the pool holds the only reference: no register, tensor or view
+/// (nor an output a caller kept) uses it any more.
+#[derive(Debug, Default)]
+struct StoragePool {
+    buckets: Mutex<Vec<Bucket>>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    /// Index into the VM's devices.
+    device: usize,
+    nbytes: usize,
+    storages: Vec<Arc<Storage>>,
+}
+
+impl StoragePool {
+    /// `nbytes` bytes on device `device` (`api`): a free storage of that size (holding what its
+    /// last user wrote), or a new one.
+    fn alloc(&self, device: usize, api: &Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let i = match buckets.iter().position(|b| b.device == device && b.nbytes == nbytes) {
+            Some(i) => i,
+            None => {
+                buckets.push(Bucket { device, nbytes, storages: Vec::new() });
+                buckets.len() - 1
+            }
+        };
+        let bucket = &mut buckets[i];
+        // `get_mut` succeeds only for the sole reference, and synchronises with the drop of the
+        // last other one (which may have been on another thread).
+        if let Some(free) = bucket.storages.iter_mut().find_map(|s| Arc::get_mut(s).is_some().then(|| s.clone())) {
+            return Ok(free);
+        }
+        let s = Storage::with_api(api.clone(), nbytes)?;
+        bucket.storages.push(s.clone());
+        Ok(s)
+    }
 }
 
 /// The Relax virtual machine over a loaded tree.
@@ -330,14 +364,19 @@ pub struct VirtualMachine {
     constants: Vec<Value>,
     /// Per instruction, the values of its immediate, special-register and function arguments.
     immediates: Vec<Box<[Value]>>,
-    pool: Arc<Pool>,
+    /// TVM's device list: the device the VM runs on, then the host CPU when that is another
+    /// device. The last one is the host.
+    devices: Vec<Device>,
+    /// The device API of each device.
+    apis: Vec<Arc<dyn DeviceApi>>,
+    pool: StoragePool,
 }
 
 impl VirtualMachine {
-    /// A VM for the Relax executable of `tree` (found depth first from the root) on `device`
-    /// (the CPU: device type 1). Resolves every function of the executable's table, as TVM
-    /// does when it creates its VM, and copies the constant tensors to aligned memory.
-    pub fn new(tree: &LoadedTree, device: DLDevice) -> Result<VirtualMachine, VmError> {
+    /// A VM for the Relax executable of `tree` (found depth first from the root) on `device`.
+    /// Resolves every function of the executable's table, as TVM does when it creates its VM,
+    /// and copies the constant tensors to `device`.
+    pub fn new(tree: &LoadedTree, device: Device) -> Result<VirtualMachine, VmError> {
         let exec = tree
             .modules()
             .iter()
@@ -346,22 +385,18 @@ impl VirtualMachine {
         VirtualMachine::with_executable(tree, Arc::new(exec.clone()), device)
     }
 
-    /// A VM that runs `exec` with the kernels of `tree` (its library and the imports), for an
+    /// A VM that runs `exec` with the functions of `tree` (its library, the imports), for an
     /// executable that is not part of the tree (built with [`RelaxExecutable::from_parts`], or
-    /// read on its own). Kernels are looked up as for `tree`'s own TVM version.
+    /// read on its own). Each module of the tree is called in its own convention.
     pub fn with_executable(
         tree: &LoadedTree,
         exec: Arc<RelaxExecutable>,
-        device: DLDevice,
+        device: Device,
     ) -> Result<VirtualMachine, VmError> {
-        let _span = tracing::debug_span!("relax_vm_new").entered();
-        if device.device_type != 1 {
-            return Err(VmError::UnsupportedDevice(device));
-        }
+        let _span = tracing::debug_span!("relax_vm_new", %device).entered();
         if let Some((index, scope)) = exec.memory_scopes.iter().find(|(_, s)| s != "global") {
             return Err(VmError::Unsupported(format!("memory scope `{scope}` of constant {index}")));
         }
-        let layout = tree.origin().layout;
         let mut callees = Vec::with_capacity(exec.functions.len());
         for (i, f) in exec.functions.iter().enumerate() {
             let callee = match f.kind {
@@ -372,11 +407,29 @@ impl VirtualMachine {
                         f.name
                     )))
                 }
-                FuncKind::Packed => resolve(tree, layout, &f.name)?,
+                FuncKind::Packed => resolve(tree, &f.name)?,
             };
             callees.push(callee);
         }
-        let constants = exec.constants.iter().map(constant_value).collect::<Result<_, _>>()?;
+        if !device.is_cpu() && callees.iter().any(|c| matches!(c, Callee::Kernel(_))) {
+            // Kernels compiled for the host alone check that their tensors are on the CPU; a
+            // library built for a device carries that device's module.
+            let keys = tree.type_keys();
+            let has_code = keys.iter().any(|k| crate::device::DeviceType::of_module_key(k) == Some(device.device_type));
+            if !has_code {
+                return Err(VmError::UnsupportedDevice {
+                    device,
+                    reason: format!(
+                        "the library has no {} code (its modules: {}); it was compiled for another target",
+                        device.device_type,
+                        keys.join(", ")
+                    ),
+                });
+            }
+        }
+        let devices = if device.is_cpu() { vec![device] } else { vec![device, Device::cpu(0)] };
+        let apis = devices.iter().map(|&d| device_api(d).map_err(device_error)).collect::<Result<Vec<_>, _>>()?;
+        let constants = exec.constants.iter().map(|c| constant_value(c, &apis[0])).collect::<Result<_, _>>()?;
         let immediates = exec
             .instructions
             .iter()
@@ -394,12 +447,27 @@ impl VirtualMachine {
                 _ => Box::default(),
             })
             .collect();
-        Ok(VirtualMachine { _tree: tree.clone(), exec, callees, constants, immediates, pool: Arc::default() })
+        Ok(VirtualMachine {
+            _tree: tree.clone(),
+            exec,
+            callees,
+            constants,
+            immediates,
+            devices,
+            apis,
+            pool: StoragePool::default(),
+        })
     }
 
     /// The executable the VM runs.
     pub fn executable(&self) -> &RelaxExecutable {
         &self.exec
+    }
+
+    /// TVM's device list: the device the VM runs on (where constants, inputs and outputs live),
+    /// then the host CPU when that is another device.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
     }
 
     /// The VM functions a caller can invoke, with their parameter names.
@@ -412,31 +480,55 @@ impl VirtualMachine {
             .collect()
     }
 
-    /// Calls the VM function `name` with `inputs` (positionally, in parameter order) and
-    /// returns its outputs: one tensor, or the tensors of a returned tuple, flattened in order.
-    /// A bool input may be spelled either way (`uint1` as TVM 0.19-0.21 do, or tvm-ffi's 8-bit
-    /// `kDLBool`); it is passed as the executable's TVM spells bool.
+    /// Calls the VM function `name` with `inputs` (positionally, in parameter order), copied
+    /// to the VM's device, and returns its outputs copied to the host: one tensor, or the
+    /// tensors of a returned tuple, flattened in order. A bool input may be spelled either way
+    /// (`uint1` as TVM 0.19-0.21 do, or tvm-ffi's 8-bit `kDLBool`); it is passed as the
+    /// executable's TVM spells bool.
     ///
     /// A function that returns a shape (`R.shape_of`, a `ShapeTuple`) anywhere in its result is
     /// refused here with [`VmError::Output`]; [`VirtualMachine::invoke_outputs`] returns those.
     pub fn invoke(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, VmError> {
-        let result = self.invoke_value(name, inputs)?;
-        let mut out = Vec::new();
-        flatten(&result, name, &mut out)?;
-        Ok(out)
+        let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
+            inputs.iter().enumerate().map(|(i, t)| vm.upload_tensor(i, t, ffi_bool)).collect()
+        })?;
+        leaves(&result, name, false)?.into_iter().map(|v| Ok(tensor_of(v).to_tensor()?)).collect()
     }
 
     /// Like [`VirtualMachine::invoke`], but a shape in the result (TVM's `ShapeTuple`, as
     /// `R.shape_of` returns) comes back as [`VmOutput::Shape`] instead of being refused.
     pub fn invoke_outputs(&mut self, name: &str, inputs: &[Tensor]) -> Result<Vec<VmOutput>, VmError> {
-        let result = self.invoke_value(name, inputs)?;
-        let mut out = Vec::new();
-        flatten_outputs(&result, name, &mut out)?;
-        Ok(out)
+        let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
+            inputs.iter().enumerate().map(|(i, t)| vm.upload_tensor(i, t, ffi_bool)).collect()
+        })?;
+        leaves(&result, name, true)?
+            .into_iter()
+            .map(|v| match v {
+                Value::Shape(s) => Ok(VmOutput::Shape(s.to_vec())),
+                v => Ok(VmOutput::Tensor(tensor_of(v).to_tensor()?)),
+            })
+            .collect()
     }
 
-    fn invoke_value(&mut self, name: &str, inputs: &[Tensor]) -> Result<Value, VmError> {
-        let _span = tracing::debug_span!("relax_vm_invoke", function = name, inputs = inputs.len()).entered();
+    /// Like [`VirtualMachine::invoke`] with tensors on any device: those not on the VM's
+    /// device are copied there (the others are passed as they are, as TVM does), and the
+    /// outputs stay where the program left them (on the VM's device), uncopied. An output
+    /// shares its storage with nothing the VM uses again while the caller holds it.
+    pub fn invoke_arrays(&mut self, name: &str, inputs: &[NdArray]) -> Result<Vec<NdArray>, VmError> {
+        let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
+            inputs.iter().map(|a| vm.upload_array(a, ffi_bool)).collect()
+        })?;
+        Ok(leaves(&result, name, false)?.into_iter().map(|v| tensor_of(v).clone()).collect())
+    }
+
+    /// Finds the function, converts the inputs with `convert` and runs it.
+    fn invoke_value(
+        &mut self,
+        name: &str,
+        inputs: usize,
+        convert: impl FnOnce(&VirtualMachine, bool) -> Result<Vec<Value>, VmError>,
+    ) -> Result<Value, VmError> {
+        let _span = tracing::debug_span!("relax_vm_invoke", function = name, inputs).entered();
         let exec = self.executable();
         let index = exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm).ok_or_else(|| {
             VmError::UnknownFunction {
@@ -444,35 +536,38 @@ impl VirtualMachine {
                 available: exec.vm_functions().map(|f| f.name.clone()).collect(),
             }
         })?;
-        let ffi_bool = exec.dialect == Dialect::Tvm022;
-        let args = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let expected = tensor_bytes(t.dtype, &t.shape);
-                if expected != Some(t.data.len() as u64) {
-                    return Err(VmError::Input {
-                        index: i,
-                        detail: format!(
-                            "{} bytes of data for shape {:?} and dtype {} (expected {:?})",
-                            t.data.len(),
-                            t.shape,
-                            t.dtype,
-                            expected
-                        ),
-                    });
-                }
-                let buf = Buffer::pooled(t.data.len(), &self.pool).ok_or(VmError::Alloc(t.data.len() as u64))?;
-                buf.write(0, &t.data);
-                Ok(Value::Tensor(NdArray {
-                    buf: Arc::new(buf),
-                    offset: 0,
-                    shape: t.shape.as_slice().into(),
-                    dtype: bool_for_dialect(t.dtype, ffi_bool),
-                }))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let args = convert(self, exec.dialect == Dialect::Tvm022)?;
         self.call_vm(index, args, 0)
+    }
+
+    /// Input `index`, a host tensor, in a storage of the VM's device.
+    fn upload_tensor(&self, index: usize, t: &Tensor, ffi_bool: bool) -> Result<Value, VmError> {
+        let expected = tensor_bytes(t.dtype, &t.shape);
+        let len = t.data.len();
+        let Some(n) = expected.filter(|&n| n == len as u64) else {
+            return Err(VmError::Input {
+                index,
+                detail: format!(
+                    "{len} bytes of data for shape {:?} and dtype {} (expected {expected:?})",
+                    t.shape, t.dtype
+                ),
+            });
+        };
+        let storage = self.pool.alloc(0, &self.apis[0], n as usize)?;
+        storage.write(0, &t.data)?;
+        Ok(Value::Tensor(NdArray::in_storage(&storage, 0, &t.shape, bool_for_dialect(t.dtype, ffi_bool))?))
+    }
+
+    /// An input tensor on the VM's device: itself when it is there, else a copy.
+    fn upload_array(&self, a: &NdArray, ffi_bool: bool) -> Result<Value, VmError> {
+        let dtype = bool_for_dialect(a.dtype(), ffi_bool);
+        if a.device() == self.devices[0] {
+            return Ok(Value::Tensor(if dtype == a.dtype() { a.clone() } else { a.view(a.shape(), dtype)? }));
+        }
+        let storage = self.pool.alloc(0, &self.apis[0], a.nbytes())?;
+        let copy = NdArray::in_storage(&storage, 0, a.shape(), dtype)?;
+        a.copy_to(&copy)?;
+        Ok(Value::Tensor(copy))
     }
 
     fn call_vm(&self, index: usize, args: Vec<Value>, depth: usize) -> Result<Value, VmError> {
@@ -549,10 +644,24 @@ impl VirtualMachine {
         match &self.callees[func] {
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
             Callee::Builtin(b) => self.builtin(*b, name, args, depth),
-            Callee::Kernel(sym, conv) => {
-                call_kernel(name, sym, *conv, args, 0)?;
+            Callee::Kernel(f) => {
+                call_kernel(name, f, args)?;
                 Ok(Value::Null)
             }
+        }
+    }
+
+    /// The index into the device list of `alloc_storage`'s `device_index` (TVM: `-1` is the
+    /// host, the last device).
+    fn device_index(&self, name: &str, device_index: i64) -> Result<usize, VmError> {
+        let n = self.devices.len();
+        match device_index {
+            -1 => Ok(n - 1),
+            i if (0..n as i64).contains(&i) => Ok(i as usize),
+            i => Err(VmError::Program(format!(
+                "{name}: device index {i} is out of the VM's device list [{}]",
+                self.devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            ))),
         }
     }
 
@@ -574,17 +683,21 @@ impl VirtualMachine {
                 let Value::Tensor(t) = a.get(0)? else {
                     return Err(check("TypeError", format!("{ctx} expect a Tensor but get {}", a.get(0)?.kind())));
                 };
-                if ndim != -1 && t.shape.len() as i64 != ndim {
+                if ndim != -1 && t.shape().len() as i64 != ndim {
                     return Err(check(
                         "ValueError",
-                        format!("{ctx} expect Tensor with ndim {ndim} but get {}", t.shape.len()),
+                        format!("{ctx} expect Tensor with ndim {ndim} but get {}", t.shape().len()),
                     ));
                 }
                 if let Some(d) = dtype {
-                    if t.dtype != d {
+                    if t.dtype() != d {
                         return Err(check(
                             "ValueError",
-                            format!("{ctx} expect Tensor with dtype {} but get {}", dtype_name(d), dtype_name(t.dtype)),
+                            format!(
+                                "{ctx} expect Tensor with dtype {} but get {}",
+                                dtype_name(d),
+                                dtype_name(t.dtype())
+                            ),
                         ));
                     }
                 }
@@ -623,7 +736,7 @@ impl VirtualMachine {
             }
             Builtin::MatchShape => {
                 let shape: Arc<[i64]> = match a.get(0)? {
-                    Value::Tensor(t) => t.shape.clone(),
+                    Value::Tensor(t) => t.shape().into(),
                     Value::Shape(s) => s.clone(),
                     v => return Err(a.type_err(0, "a tensor or a shape", v)),
                 };
@@ -710,27 +823,19 @@ impl VirtualMachine {
                 }
             }
             Builtin::AllocShapeHeap => {
+                // On the host, the last device (TVM's `AllocShapeHeap`), zeroed.
                 let size = a.int(1)?;
                 let n = usize::try_from(size).map_err(|_| VmError::Program(format!("{name}: size {size}")))?;
                 let bytes = n.checked_mul(8).ok_or(VmError::Alloc(u64::MAX))?;
-                let buf = Buffer::pooled(bytes, &self.pool).ok_or(VmError::Alloc(bytes as u64))?;
-                buf.write(0, &vec![0; bytes]);
-                Ok(Value::Tensor(NdArray {
-                    buf: Arc::new(buf),
-                    offset: 0,
-                    shape: vec![size].into(),
-                    dtype: DataType { code: 0, bits: 64, lanes: 1 },
-                }))
+                let host = self.devices.len() - 1;
+                let storage = self.pool.alloc(host, &self.apis[host], bytes)?;
+                storage.write(0, &vec![0; bytes])?;
+                Ok(Value::Tensor(NdArray::in_storage(&storage, 0, &[size], I64)?))
             }
             Builtin::AllocStorage => {
                 let shape = a.shape(1)?;
-                let device_index = a.int(2)?;
+                let device = self.device_index(name, a.int(2)?)?;
                 let dtype = a.dtype(3)?;
-                if device_index != 0 && device_index != -1 {
-                    return Err(VmError::Program(format!(
-                        "{name}: device index {device_index}, but the VM has one device"
-                    )));
-                }
                 if args.len() > 4 {
                     let scope = a.str(4)?;
                     if &*scope != b"global" {
@@ -742,10 +847,12 @@ impl VirtualMachine {
                 }
                 let size = tensor_bytes(dtype, &shape).ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
-                Ok(Value::Storage(Arc::new(Buffer::pooled(len, &self.pool).ok_or(VmError::Alloc(size))?)))
+                Ok(Value::Storage(self.pool.alloc(device, &self.apis[device], len)?))
             }
             Builtin::AllocTensor => {
-                let Value::Storage(buf) = a.get(0)? else { return Err(a.type_err(0, "a storage", a.get(0)?)) };
+                let Value::Storage(storage) = a.get(0)? else {
+                    return Err(a.type_err(0, "a storage", a.get(0)?));
+                };
                 let offset = a.int(1)?;
                 let shape = a.shape(2)?;
                 let dtype = a.dtype(3)?;
@@ -757,15 +864,15 @@ impl VirtualMachine {
                     .ok()
                     .zip(needed)
                     .and_then(|(o, n)| o.checked_add(n))
-                    .is_some_and(|end| end <= buf.len() as u64);
+                    .is_some_and(|end| end <= storage.nbytes() as u64);
                 if !fits {
                     return Err(VmError::Program(format!(
                         "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {} bytes",
                         needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
-                        buf.len()
+                        storage.nbytes()
                     )));
                 }
-                Ok(Value::Tensor(NdArray { buf: buf.clone(), offset: offset as usize, shape, dtype }))
+                Ok(Value::Tensor(NdArray::in_storage(storage, offset as usize, &shape, dtype)?))
             }
             Builtin::NullValue => {
                 if !args.is_empty() {
@@ -784,38 +891,71 @@ impl VirtualMachine {
                     .ok_or_else(|| VmError::Program(format!("{name}: index {i} of a tuple of {}", t.len())))
             }
             Builtin::Reshape => {
+                // A view of the same storage (TVM's `CreateView`), on the same device.
                 let t = a.tensor(0)?;
                 let shape = a.shape(1)?;
-                let new_size = tensor_bytes(t.dtype, &shape);
+                let new_size = tensor_bytes(t.dtype(), &shape);
                 if new_size.is_none_or(|n| n > t.nbytes() as u64) {
                     return Err(VmError::Program(format!(
                         "{name}: shape {:?} does not fit in a tensor of shape {:?}",
-                        shape, t.shape
+                        shape,
+                        t.shape()
                     )));
                 }
-                Ok(Value::Tensor(NdArray { shape, ..t.clone() }))
+                Ok(Value::Tensor(t.view(&shape, t.dtype())?))
             }
+            // TVM's `vm.builtin.copy` returns its argument.
             Builtin::Copy => a.get(0).cloned(),
-            Builtin::ShapeOf => Ok(Value::Shape(a.tensor(0)?.shape.clone())),
+            Builtin::ShapeOf => Ok(Value::Shape(a.tensor(0)?.shape().into())),
+            // Tensors here have no byte offset: a view's storage starts at its first element.
             Builtin::EnsureZeroOffset => Ok(Value::Tensor(a.tensor(0)?.clone())),
             Builtin::ToDevice => {
+                // A new tensor on the device, also when it is there already (TVM's `CopyTo`).
                 let t = a.tensor(0)?;
                 let (dev_type, dev_id) = (a.int(1)?, a.int(2)?);
-                if dev_type != 1 {
-                    return Err(VmError::Unsupported(format!("copy to device type {dev_type} (id {dev_id})")));
+                let device = i32::try_from(dev_type)
+                    .ok()
+                    .zip(i32::try_from(dev_id).ok())
+                    .map(|(t, i)| Device::from_dlpack(t, i))
+                    .ok_or_else(|| VmError::Program(format!("{name}: device ({dev_type}, {dev_id})")))?;
+                if args.len() > 3 && &*a.str(3)? != b"global" {
+                    return Err(VmError::Unsupported("tensors in a memory scope other than `global`".into()));
                 }
-                let bytes = t.to_tensor()?;
-                NdArray::from_bytes(&bytes.data, &t.shape, t.dtype).map(Value::Tensor)
+                Ok(Value::Tensor(t.copy(device)?))
             }
             Builtin::ReadIfCond => match a.get(0)? {
                 Value::Int(v) => Ok(Value::Int(i64::from(*v != 0))),
-                Value::Tensor(t) if matches!(t.dtype.code, 0 | 1 | 6) && t.len() >= 1 => {
-                    let bytes = usize::from(t.dtype.bits).div_ceil(8);
-                    let raw = t.buf.read(t.offset, bytes).unwrap_or_default();
+                Value::Tensor(t) if matches!(t.dtype().code, 0 | 1 | 6) && !t.is_empty() => {
+                    // The first element, read from wherever the tensor is.
+                    let mut raw = [0u8; 8];
+                    let bytes = usize::from(t.dtype().bits).div_ceil(8).min(8);
+                    t.storage().read(0, &mut raw[..bytes])?;
                     Ok(Value::Int(i64::from(raw.iter().any(|&b| b != 0))))
                 }
                 v => Err(a.type_err(0, "an integer or an integer tensor", v)),
             },
+            Builtin::TensorToShape => {
+                // A 1-D integer tensor's elements as a shape, read from wherever it is.
+                let t = a.tensor(0)?;
+                let bits = t.dtype().bits;
+                if t.shape().len() != 1 || t.dtype().code != 0 || t.dtype().lanes != 1 || !matches!(bits, 16 | 32 | 64)
+                {
+                    return Err(VmError::Program(format!(
+                        "{name}: expects a 1-D int16, int32 or int64 tensor, got {} {:?}",
+                        dtype_name(t.dtype()),
+                        t.shape()
+                    )));
+                }
+                let raw = t.to_bytes()?;
+                let shape: Vec<i64> = match bits {
+                    16 => raw.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect(),
+                    32 => {
+                        raw.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()
+                    }
+                    _ => raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+                };
+                Ok(Value::Shape(shape.into()))
+            }
             Builtin::CallTirDyn => {
                 let Value::Func(f) = a.get(0)? else { return Err(a.type_err(0, "a function", a.get(0)?)) };
                 let shape = a.shape(args.len().saturating_sub(1))?;
@@ -823,8 +963,8 @@ impl VirtualMachine {
                 let call_args: Vec<&Value> = args[1..args.len() - 1].iter().copied().chain(extents.iter()).collect();
                 let f = *f as usize;
                 match &self.callees[f] {
-                    Callee::Kernel(sym, conv) => {
-                        call_kernel(&self.executable().functions[f].name, sym, *conv, &call_args, 0)?;
+                    Callee::Kernel(kernel) => {
+                        call_kernel(&self.executable().functions[f].name, kernel, &call_args)?;
                         Ok(Value::Null)
                     }
                     _ => self.call(f, &call_args, depth),
@@ -834,33 +974,42 @@ impl VirtualMachine {
     }
 }
 
-/// Resolves a packed function by name: a builtin, else a kernel of the library.
-fn resolve(tree: &LoadedTree, layout: Option<Layout>, name: &str) -> Result<Callee, VmError> {
+/// `int64`, the shape heap's dtype.
+const I64: DataType = DataType { code: 0, bits: 64, lanes: 1 };
+
+/// Resolves a packed function by name: a builtin, else a function of the tree (from the root,
+/// through the imports), called in the convention of the module that has it.
+fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
     if let Some((_, b)) = BUILTINS.iter().find(|(n, _)| *n == name) {
         return Ok(Callee::Builtin(*b));
     }
-    // TVM 0.22+ exports kernels as `__tvm_ffi_<name>`; 0.21 keeps the name with the tvm-ffi
-    // signature; 0.8-0.20 use the classic packed signature.
-    let ffi_name = format!("__tvm_ffi_{name}");
-    let found = match layout {
-        Some(Layout::Ffi) => tree.get_function(&ffi_name).map(|s| (s, Abi::Ffi)),
-        Some(Layout::Classic021) => tree.get_function(name).map(|s| (s, Abi::Ffi)),
-        Some(Layout::Classic) => tree.get_function(name).map(|s| (s, Abi::Packed)),
-        None => tree
-            .get_function(&ffi_name)
-            .map(|s| (s, Abi::Ffi))
-            .or_else(|| tree.get_function(name).map(|s| (s, Abi::Packed))),
-    };
-    match found {
-        Some((sym, conv)) => Ok(Callee::Kernel(sym, conv)),
+    match tree.packed_function(name) {
+        Some(f) => Ok(Callee::Kernel(f)),
         None if name.starts_with("vm.builtin.") => Err(VmError::UnknownBuiltin { name: name.to_owned() }),
         None => Err(VmError::MissingFunction { name: name.to_owned() }),
     }
 }
 
-fn constant_value(c: &Constant) -> Result<Value, VmError> {
+/// A device API that cannot be had: a kind mblob cannot run on is
+/// [`VmError::UnsupportedDevice`], a missing driver or device [`VmError::Device`].
+fn device_error(e: DeviceError) -> VmError {
+    match e {
+        DeviceError::Unsupported { device, what } => {
+            VmError::UnsupportedDevice { device, reason: format!("{what} is not supported") }
+        }
+        e => VmError::Device(e),
+    }
+}
+
+/// A constant of the pool as a register value: tensors on the VM's first device (`api`),
+/// everything else (shapes, strings, numbers) on the host.
+fn constant_value(c: &Constant, api: &Arc<dyn DeviceApi>) -> Result<Value, VmError> {
     Ok(match c {
-        Constant::Tensor(t) => Value::Tensor(NdArray::from_bytes(&t.data, &t.shape, t.dtype)?),
+        Constant::Tensor(t) => {
+            let a = NdArray::empty_with(&t.shape, t.dtype, api)?;
+            a.copy_from_bytes(&t.data)?;
+            Value::Tensor(a)
+        }
         Constant::DataType(t) => Value::DType(*t),
         Constant::Shape(s) => Value::Shape(s.as_slice().into()),
         Constant::Str(s) => Value::Str(s.as_slice().into()),
@@ -881,17 +1030,33 @@ fn check(kind: &'static str, message: String) -> VmError {
     VmError::Check { kind, message }
 }
 
-fn flatten(v: &Value, function: &str, out: &mut Vec<Tensor>) -> Result<(), VmError> {
-    match v {
-        Value::Tensor(t) => out.push(t.to_tensor()?),
-        Value::Tuple(items) => {
-            for i in items.iter() {
-                flatten(i, function, out)?;
+/// The tensors (and, with `shapes`, the shapes) of a result, tuples flattened in order.
+fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<&'a Value>, VmError> {
+    fn walk<'a>(v: &'a Value, function: &str, shapes: bool, out: &mut Vec<&'a Value>) -> Result<(), VmError> {
+        match v {
+            Value::Tensor(_) => out.push(v),
+            Value::Shape(_) if shapes => out.push(v),
+            Value::Tuple(items) => {
+                for i in items.iter() {
+                    walk(i, function, shapes, out)?;
+                }
             }
+            v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
         }
-        v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
+        Ok(())
     }
-    Ok(())
+    let mut out = Vec::new();
+    walk(v, function, shapes, &mut out)?;
+    Ok(out)
+}
+
+/// The tensor of a leaf that [`leaves`] gave as one.
+fn tensor_of(v: &Value) -> &NdArray {
+    match v {
+        Value::Tensor(t) => t,
+        // `leaves` gives tensors, and shapes only where they are asked for and handled.
+        _ => unreachable!("a leaf that is not a tensor"),
+    }
 }
 
 /// A bool input in the spelling of the executable's TVM: `uint1` (one byte per element) before
@@ -906,60 +1071,70 @@ fn bool_for_dialect(d: DataType, ffi_bool: bool) -> DataType {
     }
 }
 
-fn flatten_outputs(v: &Value, function: &str, out: &mut Vec<VmOutput>) -> Result<(), VmError> {
-    match v {
-        Value::Tensor(t) => out.push(VmOutput::Tensor(t.to_tensor()?)),
-        Value::Shape(s) => out.push(VmOutput::Shape(s.to_vec())),
-        Value::Tuple(items) => {
-            for i in items.iter() {
-                flatten_outputs(i, function, out)?;
-            }
-        }
-        v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
-    }
+/// Slot `reg` of the shape heap (a host tensor).
+fn heap_get(heap: &Option<NdArray>, reg: i64, name: &str) -> Result<i64, VmError> {
+    let missing = || VmError::Program(format!("{name}: shape heap slot {reg} does not exist"));
+    let h = heap.as_ref().ok_or_else(missing)?;
+    let r = usize::try_from(reg).ok().filter(|&r| r < h.len()).ok_or_else(missing)?;
+    let mut b = [0u8; 8];
+    h.storage().read(r * 8, &mut b)?;
+    Ok(i64::from_le_bytes(b))
+}
+
+/// Sets slot `reg` of the shape heap.
+fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), VmError> {
+    let missing = || VmError::Program(format!("{name}: shape heap slot {reg} does not exist"));
+    let h = heap.as_ref().ok_or_else(missing)?;
+    let r = usize::try_from(reg).ok().filter(|&r| r < h.len()).ok_or_else(missing)?;
+    h.storage().write(r * 8, &v.to_le_bytes())?;
     Ok(())
 }
 
-fn heap_get(heap: &Option<NdArray>, reg: i64, name: &str) -> Result<i64, VmError> {
-    heap.as_ref()
-        .and_then(|h| usize::try_from(reg).ok().filter(|&r| r < h.len()).and_then(|r| h.i64_at(r)))
-        .ok_or_else(|| VmError::Program(format!("{name}: shape heap slot {reg} does not exist")))
-}
-
-fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), VmError> {
-    let ok = heap.as_ref().is_some_and(|h| usize::try_from(reg).ok().is_some_and(|r| r < h.len() && h.set_i64(r, v)));
-    if ok {
-        Ok(())
-    } else {
-        Err(VmError::Program(format!("{name}: shape heap slot {reg} does not exist")))
-    }
-}
-
-/// Calls a kernel with the VM values as arguments.
-fn call_kernel(name: &str, sym: &Symbol, conv: Abi, args: &[&Value], _depth: usize) -> Result<(), VmError> {
-    let call_args = args
-        .iter()
-        .enumerate()
-        .map(|(index, v)| match v {
-            Value::Tensor(t) => Ok(t.call_arg()),
-            Value::Int(v) => Ok(CallArg::Int(*v)),
-            Value::Float(v) => Ok(CallArg::Float(*v)),
-            Value::Null => Ok(CallArg::Null),
-            v => Err(VmError::Type {
-                callee: name.to_owned(),
-                index,
-                expected: "a tensor, an integer, a float or null",
-                got: v.kind(),
-            }),
-        })
-        .collect::<Result<SmallVec<[_; 4]>, _>>()?;
-    let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
-    ffi::call(sym, conv, &call_args).map_err(|e| match e {
-        CallFailure::View(index) => {
-            VmError::Program(format!("argument {index} of `{name}` is a view past its storage"))
+/// Calls a kernel with the VM values as arguments: tensors as `DLTensor`s of their storage
+/// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
+fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<(), VmError> {
+    // The DLTensors first, in a vector that is not touched again until the call returns, so
+    // that the pointers to them stay valid.
+    let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();
+    for (index, v) in args.iter().enumerate() {
+        match v {
+            Value::Tensor(t) => tensors.push(t.dl_tensor()),
+            Value::Int(_) | Value::Float(_) | Value::Null => {}
+            v => {
+                return Err(VmError::Type {
+                    callee: name.to_owned(),
+                    index,
+                    expected: "a tensor, an integer, a float or null",
+                    got: v.kind(),
+                })
+            }
         }
-        CallFailure::Kernel(code, message) => VmError::Kernel { name: name.to_owned(), code, message },
-    })
+    }
+    let mut next_tensor = tensors.iter_mut();
+    let values: SmallVec<[CallValue; 8]> = args
+        .iter()
+        .map(|v| match v {
+            Value::Tensor(_) => {
+                CallValue::Tensor(next_tensor.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor))
+            }
+            Value::Int(i) => CallValue::Int(*i),
+            Value::Float(f) => CallValue::Float(*f),
+            _ => CallValue::None,
+        })
+        .collect();
+    let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
+    // SAFETY: the function is one the library (or a module of its tree) exports under this
+    // name, called in the convention its module reports; that it is a kernel of that
+    // signature is what the library's TVM promises (the trust taken when it was opened with
+    // the `unsafe` `load_library`). Every tensor argument describes a live storage the
+    // arguments hold (an `NdArray` is never larger than its storage), on its own device, with
+    // a shape that lives in the `NdArray`; the `DLTensor`s live in `tensors` until the call
+    // returns. Kernels do not write shapes.
+    #[allow(unsafe_code)]
+    let called = unsafe { kernel.call(&values) };
+    drop(values);
+    drop(tensors);
+    called.map(|_| ()).map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })
 }
 
 /// An error context string, turned into text only when an error is reported.
@@ -1037,7 +1212,7 @@ impl Args<'_> {
     fn heap(&self, i: usize) -> Result<Option<NdArray>, VmError> {
         match self.get(i)? {
             Value::Null => Ok(None),
-            Value::Tensor(t) if t.dtype == (DataType { code: 0, bits: 64, lanes: 1 }) => Ok(Some(t.clone())),
+            Value::Tensor(t) if t.dtype() == I64 => Ok(Some(t.clone())),
             v => Err(self.type_err(i, "the shape heap (an int64 tensor) or null", v)),
         }
     }

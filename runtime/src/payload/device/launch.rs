@@ -15,12 +15,6 @@ pub enum LaunchError {
         /// The tag.
         tag: String,
     },
-    /// The same thread axis tagged twice.
-    #[error("launch tag `{tag}` appears twice")]
-    DuplicateAxis {
-        /// The tag.
-        tag: String,
-    },
     /// The caller passed the wrong number of extents.
     #[error("the launch tags {tags:?} need {expected} extents, {found} given")]
     ExtentCount {
@@ -31,8 +25,8 @@ pub enum LaunchError {
         /// Values given.
         found: usize,
     },
-    /// An extent of 0 or larger than a CUDA dimension (`u32`).
-    #[error("extent {value} for `{tag}` is out of range (1 to {max})")]
+    /// An extent larger than a CUDA dimension (`u32`).
+    #[error("extent {value} for `{tag}` is out of range (at most {max})")]
     ExtentOutOfRange {
         /// The tag.
         tag: String,
@@ -91,10 +85,10 @@ impl LaunchParams {
                 Some("use_programtic_dependent_launch") => p.programmatic_dependent_launch = true,
                 _ if tag.starts_with("paramWriteAccess:") => {}
                 _ => {
+                    // An axis may be tagged twice (TVM's OpenCL schedules do): each tag takes
+                    // one extent, and the later one sets the axis, as TVM's
+                    // `LaunchParamConfig` does.
                     let axis = axis_of(tag).ok_or_else(|| LaunchError::UnknownTag { tag: tag.to_owned() })?;
-                    if p.axes.iter().any(|(_, a)| *a == axis) {
-                        return Err(LaunchError::DuplicateAxis { tag: tag.to_owned() });
-                    }
                     p.axes.push((tag.to_owned(), axis));
                 }
             }
@@ -120,7 +114,11 @@ impl LaunchParams {
         }
         let mut work = [1u32; 6];
         for ((tag, axis), &value) in self.axes.iter().zip(extents) {
-            let v = u32::try_from(value).ok().filter(|&v| v > 0).ok_or_else(|| LaunchError::ExtentOutOfRange {
+            // An extent of 0 (a dynamic shape of size 0) leaves the axis at 1, as TVM does.
+            if value == 0 {
+                continue;
+            }
+            let v = u32::try_from(value).map_err(|_| LaunchError::ExtentOutOfRange {
                 tag: tag.clone(),
                 value,
                 max: u64::from(u32::MAX),
@@ -182,13 +180,13 @@ mod tests {
         assert!(LaunchParams::from_tags(&["tirx.use_cooperative_launch"]).unwrap().cooperative);
 
         assert_eq!(LaunchParams::from_tags(&["warpIdx.x"]), Err(LaunchError::UnknownTag { tag: "warpIdx.x".into() }));
-        assert!(matches!(
-            LaunchParams::from_tags(&["blockIdx.x", "blockIdx.x"]),
-            Err(LaunchError::DuplicateAxis { .. })
-        ));
+        // A twice-tagged axis takes two extents; the later one counts.
+        let p = LaunchParams::from_tags(&["blockIdx.x", "threadIdx.z", "threadIdx.z"]).unwrap();
+        assert_eq!(p.extent_count(), 3);
+        assert_eq!(p.dims(&[4, 2, 8]).unwrap().block, [1, 1, 8]);
         let p = LaunchParams::from_tags(&["blockIdx.x"]).unwrap();
         assert!(matches!(p.dims(&[]), Err(LaunchError::ExtentCount { expected: 1, found: 0, .. })));
-        assert!(matches!(p.dims(&[0]), Err(LaunchError::ExtentOutOfRange { value: 0, .. })));
+        assert_eq!(p.dims(&[0]).unwrap().grid, [1, 1, 1], "a 0 extent stays 1");
         assert!(matches!(p.dims(&[1 << 32]), Err(LaunchError::ExtentOutOfRange { .. })));
     }
 }

@@ -18,5 +18,6 @@ mod library;
 mod pack;
 mod run;
 mod run_more;
+mod run_device;
 mod run_relax;
 mod user_kind;

@@ -84,7 +84,12 @@ impl NdArray {
     pub fn from_bytes(data: &[u8], shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
         if n != data.len() {
-            return Err(ArrayError::Size { dtype, shape: shape.to_vec(), expected: n as u64, found: data.len() as u64 });
+            return Err(ArrayError::Size {
+                dtype,
+                shape: shape.to_vec(),
+                expected: n as u64,
+                found: data.len() as u64,
+            });
         }
         let a = NdArray::empty(shape, dtype, device)?;
         a.storage.write(0, data)?;
@@ -104,7 +109,12 @@ impl NdArray {
 
     /// A view of `storage` from `offset` with `shape` and `dtype` (TVM's
     /// `Storage::AllocNDArray`).
-    pub fn in_storage(storage: &Arc<Storage>, offset: usize, shape: &[i64], dtype: DataType) -> Result<NdArray, ArrayError> {
+    pub fn in_storage(
+        storage: &Arc<Storage>,
+        offset: usize,
+        shape: &[i64],
+        dtype: DataType,
+    ) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
         Ok(NdArray { storage: storage.view(offset, n)?, shape: shape.into(), dtype })
     }
@@ -172,7 +182,12 @@ impl NdArray {
 
     /// The elements as a host tensor.
     pub fn to_tensor(&self) -> Result<Tensor, ArrayError> {
-        Ok(Tensor { dtype: self.dtype, shape: self.shape.to_vec(), device: (1, 0), data: Bytes::from_vec(self.to_bytes()?) })
+        Ok(Tensor {
+            dtype: self.dtype,
+            shape: self.shape.to_vec(),
+            device: (1, 0),
+            data: Bytes::from_vec(self.to_bytes()?),
+        })
     }
 
     /// The elements as `f32`s, when the dtype is `float32`.

@@ -1,6 +1,7 @@
 //! Host<->device copies of one graph run and one Relax run on OpenCL (pocl), counted by the
 //! device API. Alone in its test binary: the counters are the process's, and no other test
 //! may use the device meanwhile.
+#![cfg(feature = "opencl")]
 
 #[path = "support/device_run.rs"]
 mod device_run;

@@ -6,6 +6,7 @@
 //! on the CPU. These tests fail, rather than pass, when no OpenCL device can be opened. The
 //! CUDA tests need an NVIDIA GPU and are ignored without one (`cargo test -- --ignored` runs
 //! them where there is one).
+#![cfg(feature = "opencl")]
 
 #[path = "support/device_run.rs"]
 mod device_run;

@@ -7,8 +7,22 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules, lowest first. Files of one entry may not use each other's modules unless
 /// they are the same module.
-const RANKS: &[&str] =
-    &["bytes", "format", "device", "error", "elf", "payload", "module", "ffi", "array", "tree", "serialize", "registry", "load", "exec"];
+const RANKS: &[&str] = &[
+    "bytes",
+    "format",
+    "device",
+    "error",
+    "elf",
+    "payload",
+    "module",
+    "ffi",
+    "array",
+    "tree",
+    "serialize",
+    "registry",
+    "load",
+    "exec",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {

@@ -716,3 +716,288 @@ fn unsupported_programs_are_named() {
     .unwrap_err();
     assert!(spin.to_string().contains("jump to itself"), "{spin}");
 }
+
+/// The VM's device list is TVM's: the CPU alone for the CPU. `invoke_arrays` takes tensors
+/// already on it, passes them uncopied, and gives the outputs as they are (TVM's output, bit
+/// for bit); a tensor used as an input is not changed by the run.
+#[test]
+fn arrays_in_and_out_on_the_cpu() {
+    for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
+        let dir = goldens().join("run");
+        let (tree, x) = mlp_vm(name);
+        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        assert_eq!(vm.devices(), [CPU]);
+        let expected = npy(&dir.join(format!("{name}.out.0.npy")));
+        let xa = NdArray::from_tensor(&x, CPU).unwrap();
+        for _ in 0..2 {
+            let out = vm.invoke_arrays("main", std::slice::from_ref(&xa)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].device(), CPU);
+            assert_eq!((out[0].shape(), out[0].dtype()), (&expected.shape[..], expected.dtype), "{name}");
+            assert!(out[0].to_bytes().unwrap() == expected.data[..], "{name}: output differs from TVM's");
+        }
+        assert!(xa.to_bytes().unwrap() == x.data[..], "{name}: the input changed");
+        // The host-tensor entry gives the same.
+        assert!(vm.invoke("main", std::slice::from_ref(&x)).unwrap()[0].data[..] == expected.data[..]);
+    }
+}
+
+/// A device the library has no code for is refused when the VM is created, naming the device
+/// and what the library holds (no device API is opened for that).
+#[test]
+fn devices_without_code_are_refused() {
+    let (tree, _) = mlp_vm("relax_mlp_tvm027");
+    for device in [Device::opencl(0), Device::cuda(1), Device { device_type: DeviceType::Vulkan, device_id: 0 }] {
+        let err = VirtualMachine::new(&tree, device).unwrap_err();
+        match &err {
+            VmError::UnsupportedDevice { device: d, reason } => {
+                assert_eq!(*d, device);
+                assert!(reason.contains("relax.VMExecutable, library"), "{err}");
+            }
+            e => panic!("{device}: {e}"),
+        }
+        assert!(err.to_string().starts_with(&format!("the relax VM cannot run on {device}: ")), "{err}");
+    }
+}
+
+/// `vm.builtin.alloc_storage`'s device index is an index into TVM's device list: `0` the VM's
+/// device, `-1` the host (the last), anything past the list an error naming the list.
+#[test]
+fn alloc_storage_device_indices() {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    let (version, layout, _) = VERSIONS[2];
+    let dir = add_mul_dir(version);
+    let tree = load(&dir.join("relax_add_mul.so"));
+    let packed = |name: &str| FuncInfo {
+        kind: FuncKind::Packed,
+        name: name.into(),
+        start: 0,
+        end: 0,
+        num_args: -2,
+        register_file_size: 0,
+        param_names: vec![],
+    };
+    let program = |device_index: i64| {
+        let main = FuncInfo {
+            kind: FuncKind::Vm,
+            name: "main".into(),
+            start: 0,
+            end: 4,
+            num_args: 2,
+            register_file_size: 4,
+            param_names: vec!["x".into(), "y".into()],
+        };
+        let functions =
+            vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
+        let constants = vec![
+            Constant::Shape(vec![24]),
+            Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
+            Constant::Str(b"global".to_vec()),
+            Constant::Shape(vec![2, 3]),
+            Constant::DataType(DataType::F32),
+        ];
+        let r = |i| Reg::Index(i);
+        let code = vec![
+            Instruction::Call {
+                dst: r(2),
+                func: 1,
+                args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(device_index), Arg::Const(1), Arg::Const(2)],
+            },
+            Instruction::Call {
+                dst: r(3),
+                func: 2,
+                args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)],
+            },
+            Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
+            Instruction::Ret { result: r(3) },
+        ];
+        let exec =
+            RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
+                .unwrap();
+        VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap()
+    };
+    let x = npy(&dir.join("relax_add_mul.in.x.npy"));
+    let y = npy(&dir.join("relax_add_mul.in.y.npy"));
+    let want: Vec<f32> = npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap().iter().map(|v| v / 2.0).collect();
+    for index in [0, -1] {
+        let out = program(index).invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{index}: {e}"));
+        assert_eq!(out[0].to_f32().unwrap(), want, "device index {index}");
+    }
+    for index in [1, -2, 7] {
+        let err = program(index).invoke("main", &[x.clone(), y.clone()]).unwrap_err();
+        assert!(
+            matches!(err.root(), VmError::Program(m) if m.contains(&format!("device index {index}")) && m.contains("[cpu:0]")),
+            "{index}: {err}"
+        );
+    }
+}
+
+/// The device-run goldens (`tests/fixtures/device-run`): models TVM 0.27 compiled for a GPU
+/// target, with the outputs TVM computed for the same model on the CPU.
+fn device_run() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/device-run")
+}
+
+/// The API of `device`, or `None` (after saying so) when it does not open. When the device's
+/// feature is built in and `require` (`MBLOB_REQUIRE_OPENCL`, ...) is set, as CI sets it where
+/// the device is, that is a failure instead.
+fn device_or_skip(
+    device: Device,
+    feature_built: bool,
+    require: &str,
+) -> Option<std::sync::Arc<dyn mblob_runtime::ffi::device_api::DeviceApi>> {
+    match mblob_runtime::ffi::device_api::device_api(device) {
+        Ok(api) => Some(api),
+        Err(e) => {
+            if feature_built && std::env::var_os(require).is_some() {
+                panic!("{require} is set but {device} does not open: {e}");
+            }
+            eprintln!("skipped: no {device} device ({e})");
+            None
+        }
+    }
+}
+
+/// Within `rtol` of `max(1, max|ref|)` elementwise (the device-run goldens' rule).
+fn assert_close(got: &Tensor, want: &Tensor, rtol: f64, what: &str) {
+    assert_eq!((&got.shape, got.dtype), (&want.shape, want.dtype), "{what}: shape/dtype");
+    let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
+    let scale = w.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let err = (f64::from(*a) - f64::from(*b)).abs();
+        assert!(err <= rtol * scale, "{what}: element {i}: {a} vs TVM's {b} (|diff| {err} > {rtol} * {scale})");
+    }
+}
+
+/// Runs every case of the device-run golden `name` on `device`: each input (`invoke`, host
+/// tensors in and out) gives TVM's output within the golden's tolerance, twice. An error of
+/// the VM comes back; a wrong output fails.
+fn run_device_golden(name: &str, device: Device) -> Result<(), VmError> {
+    let dir = device_run();
+    let meta = json(&dir.join(format!("{name}.json")));
+    let tree = load(&dir.join(format!("{name}.so")));
+    let mut vm = VirtualMachine::new(&tree, device)?;
+    assert_eq!(vm.devices(), [device, Device::cpu(0)]);
+    let entry = meta["entry"].as_str().unwrap();
+    let rtol = meta["rtol"].as_f64().unwrap();
+    let cases = match meta.get("cases") {
+        Some(c) => c.as_array().unwrap().clone(),
+        None => vec![meta.clone()],
+    };
+    for (k, case) in cases.iter().enumerate() {
+        let file = |v: &serde_json::Value| npy(&dir.join(v["file"].as_str().unwrap()));
+        let inputs: Vec<Tensor> = case["inputs"].as_array().unwrap().iter().map(file).collect();
+        let want: Vec<Tensor> = case["outputs"].as_array().unwrap().iter().map(file).collect();
+        for run in 0..2 {
+            let what = format!("{name} on {device}, case {k}, run {run}");
+            let outs = vm.invoke(entry, &inputs)?;
+            assert_eq!(outs.len(), want.len(), "{what}");
+            for (o, w) in outs.iter().zip(&want) {
+                assert_close(o, w, rtol, &what);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Serialises the tests that run on OpenCL: one of them counts the device's copies, which are
+/// counted per device for the whole process.
+static OPENCL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// TVM 0.27's default GPU pipeline output for OpenCL (`dev_relax_mlp_opencl`, and the CNN and
+/// the transformer with a symbolic sequence length when present) runs on OpenCL device 0 to
+/// TVM's outputs. Skipped, saying so, without an OpenCL device.
+#[test]
+fn opencl_goldens_run_on_opencl() {
+    let _serial = OPENCL.lock().unwrap_or_else(|e| e.into_inner());
+    if device_or_skip(Device::opencl(0), cfg!(feature = "opencl"), "MBLOB_REQUIRE_OPENCL").is_none() {
+        return;
+    }
+    run_device_golden("dev_relax_mlp_opencl", Device::opencl(0))
+        .unwrap_or_else(|e| panic!("dev_relax_mlp_opencl: {e}"));
+    for name in ["dev_relax_cnn_opencl", "dev_relax_transformer_opencl"] {
+        if device_run().join(format!("{name}.so")).exists() {
+            run_device_golden(name, Device::opencl(0)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        } else {
+            eprintln!("skipped: {name} (not in tests/fixtures/device-run)");
+        }
+    }
+}
+
+/// On OpenCL, a run moves only what TVM's VM moves: the constants once when the VM is made,
+/// then per `invoke` one upload per input and one download per output, nothing between
+/// kernels; `invoke_arrays` with an input already on the device moves nothing at all.
+#[test]
+fn opencl_copies_inputs_outputs_and_constants_once() {
+    let _serial = OPENCL.lock().unwrap_or_else(|e| e.into_inner());
+    let device = Device::opencl(0);
+    let Some(api) = device_or_skip(device, cfg!(feature = "opencl"), "MBLOB_REQUIRE_OPENCL") else { return };
+    let name = "dev_relax_mlp_opencl";
+    let dir = device_run();
+    let tree = load(&dir.join(format!("{name}.so")));
+    let constants = executable(&tree).constants.iter().filter(|c| matches!(c, Constant::Tensor(_))).count() as u64;
+    assert_eq!(constants, 4, "W1, b1, W2, b2");
+    let x = npy(&dir.join(format!("{name}.in.x.npy")));
+    let want = npy(&dir.join(format!("{name}.out.0.npy")));
+
+    let before = api.transfers();
+    let mut vm = VirtualMachine::new(&tree, device).unwrap();
+    let d = api.transfers() - before;
+    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (constants, 0, 0), "creating the VM: {d:?}");
+
+    for run in 0..3 {
+        let before = api.transfers();
+        let out = vm.invoke("forward", std::slice::from_ref(&x)).unwrap();
+        let d = api.transfers() - before;
+        assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (1, 1, 0), "invoke {run}: {d:?}");
+        assert_eq!(d.host_to_device_bytes, x.data.len() as u64);
+        assert_eq!(d.device_to_host_bytes, want.data.len() as u64);
+        assert_close(&out[0], &want, 1e-4, name);
+    }
+
+    // Inputs already on the device, outputs left there.
+    let xa = NdArray::from_tensor(&x, device).unwrap();
+    let before = api.transfers();
+    let out = vm.invoke_arrays("forward", std::slice::from_ref(&xa)).unwrap();
+    let d = api.transfers() - before;
+    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (0, 0, 0), "invoke_arrays: {d:?}");
+    assert_eq!(out[0].device(), device);
+    assert_close(&out[0].to_tensor().unwrap(), &want, 1e-4, name);
+    // A host input is copied to the device, once.
+    let xh = NdArray::from_tensor(&x, Device::cpu(0)).unwrap();
+    let before = api.transfers();
+    let out = vm.invoke_arrays("forward", std::slice::from_ref(&xh)).unwrap();
+    let d = api.transfers() - before;
+    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (1, 0, 0), "invoke_arrays: {d:?}");
+    assert_close(&out[0].to_tensor().unwrap(), &want, 1e-4, name);
+}
+
+/// The CUDA builds of the device-run goldens run to TVM's outputs on CUDA device 0: those for
+/// its architecture (a build for another one has no kernel image for it, and is skipped with a
+/// message), at least the MLP. Skipped, saying so, without a CUDA device.
+#[test]
+fn cuda_goldens_run_on_cuda() {
+    if device_or_skip(Device::cuda(0), cfg!(feature = "cuda"), "MBLOB_REQUIRE_CUDA").is_none() {
+        return;
+    }
+    let mut mlps = 0;
+    for name in [
+        "dev_relax_mlp_cuda_sm90",
+        "dev_relax_mlp_cuda_sm80",
+        "dev_relax_cnn_cuda_sm90",
+        "dev_relax_transformer_cuda_sm90",
+    ] {
+        if !device_run().join(format!("{name}.so")).exists() {
+            eprintln!("skipped: {name} (not in tests/fixtures/device-run)");
+            continue;
+        }
+        match run_device_golden(name, Device::cuda(0)) {
+            Ok(()) => mlps += usize::from(name.starts_with("dev_relax_mlp")),
+            Err(e) if e.to_string().contains("NO_BINARY_FOR_GPU") || e.to_string().contains("no kernel image") => {
+                eprintln!("skipped: {name} (built for another GPU architecture: {e})")
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    assert!(mlps > 0, "no build of the relax MLP ran on this GPU");
+}

@@ -196,7 +196,9 @@ fn run_model(
             // names the model was built with).
             if kind == ModelKind::Relax {
                 match m.input_position(n) {
-                    None => return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", ")))),
+                    None => {
+                        return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", "))))
+                    }
                     Some(i) if m.is_set(i) => return Err(invalid(spec(n), format!("`{n}` is given twice"))),
                     Some(_) => {}
                 }
@@ -281,7 +283,9 @@ fn run_function(
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;
-        args.push(NdArray::empty(&shape, dtype, device).map_err(|e| invalid(format!("--output {spec}"), e.to_string()))?);
+        args.push(
+            NdArray::empty(&shape, dtype, device).map_err(|e| invalid(format!("--output {spec}"), e.to_string()))?,
+        );
     }
     let mut tensors: Vec<_> = args.iter().map(NdArray::dl_tensor).collect();
     let values: Vec<Value> = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
@@ -291,7 +295,9 @@ fn run_function(
         // the ndim, dtype, shape and device of each before it touches the data (what the user
         // gave is not trusted beyond that).
         #[allow(unsafe_code)]
-        unsafe { f.call(&values) }.map(|_| ()).map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))?;
+        unsafe { f.call(&values) }
+            .map(|_| ())
+            .map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))?;
         if device.device_type != DeviceType::Cpu {
             let api = mblob_runtime::ffi::device_api::device_api(device).map_err(|e| invalid(model, e.to_string()))?;
             api.synchronize().map_err(|e| invalid(model, e.to_string()))?;

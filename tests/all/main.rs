@@ -18,6 +18,8 @@ mod library;
 mod pack;
 mod run;
 mod run_more;
+// Needs the `opencl` feature (on by default) for `mblob run --device opencl`.
+#[cfg(feature = "opencl")]
 mod run_device;
 mod run_relax;
 mod user_kind;

@@ -199,10 +199,7 @@ fn wrong_inputs_are_typed_errors() {
         let err = m.set_input_by_name("x", &reshaped).unwrap_err();
         assert!(err.to_string().contains("[64, 2]"), "{so}: {err}");
         assert!(matches!(m.get_output(5), Err(ExecError::Index { what: "output", index: 5, count: 1 })));
-        assert!(
-            exec::executor(&tree, &[Device::cuda(0)]).is_err(),
-            "{so}: CUDA device refused"
-        );
+        assert!(exec::executor(&tree, &[Device::cuda(0)]).is_err(), "{so}: CUDA device refused");
     }
     // A library with no factory has no executor.
     let err = exec::executor(&load(&goldens().join("dso_add_one.so")), &[Device::cpu(0)]).err().unwrap();

@@ -118,7 +118,16 @@ fn wrong_and_unsupported_devices_exit_1_naming_the_device() {
     let x = d.join("dev_relax_mlp_opencl.in.x.npy");
     let so = d.join("dev_relax_mlp_opencl.so");
     for dev in ["cuda", "cpu"] {
-        let o = mblob(&["run", so.to_str().unwrap(), "--device", dev, "--function", "forward", "--input", x.to_str().unwrap()]);
+        let o = mblob(&[
+            "run",
+            so.to_str().unwrap(),
+            "--device",
+            dev,
+            "--function",
+            "forward",
+            "--input",
+            x.to_str().unwrap(),
+        ]);
         assert_eq!(o.status.code(), Some(1), "{}", text(&o));
         let want = format!("not supported on {dev}:0");
         assert!(text(&o).contains(&want) && text(&o).contains("built for opencl"), "{}", text(&o));

@@ -215,7 +215,11 @@ pub(crate) fn check_devices(devices: &[Device], executor: &str) -> Result<(), Ex
 /// Refuses to build an executor on `device` for a library whose device code is for another
 /// kind of device (a model built for OpenCL asked to run on CUDA, or on the CPU), or that
 /// mblob cannot run (Vulkan, Metal, WebGPU, ...).
-pub(crate) fn check_device_code(tree: &crate::module::LoadedTree, index: usize, device: Device) -> Result<(), ExecError> {
+pub(crate) fn check_device_code(
+    tree: &crate::module::LoadedTree,
+    index: usize,
+    device: Device,
+) -> Result<(), ExecError> {
     let kinds = device_kinds(tree, index);
     if !matches!(device.device_type, DeviceType::Cpu | DeviceType::Cuda | DeviceType::OpenCl) {
         return Err(ExecError::UnsupportedDevice {

@@ -183,8 +183,14 @@ impl Model {
     pub fn set_input(&mut self, name: Option<&str>, tensor: &Tensor) -> Result<(), ExecError> {
         let known = || self.inputs().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
         let index = match name {
-            Some(n) => self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })?,
-            None => self.next_unset().ok_or(ExecError::Index { what: "input", index: known().len(), count: known().len() })?,
+            Some(n) => {
+                self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })?
+            }
+            None => self.next_unset().ok_or(ExecError::Index {
+                what: "input",
+                index: known().len(),
+                count: known().len(),
+            })?,
         };
         match &mut self.inner {
             Inner::Executor { exec, given, .. } => {
@@ -252,7 +258,9 @@ impl Model {
     /// tuple flattened).
     pub fn outputs(&self) -> Result<Vec<Output>, ExecError> {
         match &self.inner {
-            Inner::Executor { exec, .. } => (0..exec.num_outputs()).map(|i| exec.get_output(i).map(Output::Tensor)).collect(),
+            Inner::Executor { exec, .. } => {
+                (0..exec.num_outputs()).map(|i| exec.get_output(i).map(Output::Tensor)).collect()
+            }
             Inner::Relax(r) => Ok(r
                 .outputs
                 .iter()

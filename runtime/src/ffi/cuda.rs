@@ -19,7 +19,11 @@
 //! - cubin (an ELF file) and fatbin (magic `0xBA55ED50`), whatever `fmt` says, as TVM does:
 //!   their headers' sizes and ranges are checked against the payload's length first, since
 //!   the driver reads the image from a pointer alone;
-//! - CUDA C source (`fmt` `cuda`) needs NVRTC, which mblob does not use: an error.
+//! - CUDA C++ source (`fmt` `cuda`, what TVM 0.27 exports): compiled with NVRTC (opened at run
+//!   time, see [`super::nvrtc`]) for the device's compute capability, as TVM's loader does, once
+//!   per module and compute capability: a cubin when NVRTC knows the architecture, else PTX for
+//!   the newest one it knows below. Without `libnvrtc` this is an error that says what to
+//!   install; a source that does not compile comes back with NVRTC's log.
 //!
 //! Kernels run two ways:
 //! - host code compiled by TVM looks a kernel up ([`Module::get_function`]) and calls it with
@@ -62,6 +66,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 
 use super::cuda_packed::{self, ArgKind};
 use super::device_api::{DeviceApi, DevicePtr, TransferCounters, TransferStats, WorkspacePool};
+use super::nvrtc;
 use crate::device::{Device, DeviceError, DeviceType};
 use crate::error::{Error, Result};
 use crate::format::DataType;
@@ -225,7 +230,13 @@ struct Run {
     images: PerDevice<Result<Arc<Loaded>, String>>,
     /// One plan per entry of `device.functions`.
     plans: Vec<Arc<KernelPlan>>,
+    /// A `cuda` (source) payload compiled with NVRTC, per compute capability (or why it did
+    /// not compile).
+    compiled: Mutex<HashMap<(u32, u32), Compiled>>,
 }
+
+/// A `cuda` payload compiled for one compute capability, or why it did not compile.
+type Compiled = Result<Arc<Image>, String>;
 
 impl fmt::Debug for CudaModule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -252,7 +263,7 @@ impl CudaModule {
         self.run.get_or_init(|| {
             let device = self.device.clone();
             let plans = device.functions.iter().map(|(name, info)| Arc::new(KernelPlan::new(name, info))).collect();
-            Arc::new(Run { device, images: PerDevice::default(), plans })
+            Arc::new(Run { device, images: PerDevice::default(), plans, compiled: Mutex::default() })
         })
     }
 
@@ -387,7 +398,15 @@ impl CudaModule {
 impl Run {
     /// The image in device `ordinal`, loaded on first use.
     fn loaded(&self, ordinal: usize) -> Result<Arc<Loaded>, String> {
-        self.images.with(ordinal, || Loaded::new(&self.device, ordinal), Clone::clone)
+        self.images.with(ordinal, || Loaded::new(self, ordinal), Clone::clone)
+    }
+
+    /// The image of a `cuda` (source) payload for compute capability `cc`, compiled with
+    /// NVRTC on first use (once per module and capability: devices alike share it; the lock
+    /// makes a second device wait for the first's compile rather than compile again).
+    fn source_image(&self, cc: (u32, u32)) -> Result<Arc<Image>, String> {
+        let mut compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        compiled.entry(cc).or_insert_with(|| compile_source(&self.device, cc).map(Arc::new)).clone()
     }
 
     /// The plan of kernel `name`, if the function table has it.
@@ -822,22 +841,50 @@ struct Loaded {
 }
 
 impl Loaded {
-    fn new(module: &DeviceModule, ordinal: usize) -> Result<Arc<Loaded>, String> {
+    fn new(run: &Run, ordinal: usize) -> Result<Arc<Loaded>, String> {
+        let module = &run.device;
         let _span =
             tracing::debug_span!("cuda_load", ordinal, format = %module.format, bytes = module.data.len()).entered();
         if !CudaModule::driver_present() {
             return Err(NO_DRIVER.to_owned());
         }
-        let image = Image::prepare(&module.format, &module.data)?;
+        // A binary image is checked before the device is opened; source needs NVRTC, then
+        // the device's compute capability.
+        let source = Image::is_source(&module.format, &module.data);
+        let binary = if source {
+            if !nvrtc::available() {
+                return Err(nvrtc::NvrtcError::NotFound.to_string());
+            }
+            None
+        } else {
+            Some(Image::prepare(&module.format, &module.data)?)
+        };
         let device = Device::cuda(i32::try_from(ordinal).map_err(|_| format!("cuda:{ordinal} is not a device"))?);
         let ctx = open_device(device).map_err(|e| e.to_string())?;
+        let image = match binary {
+            Some(image) => Arc::new(image),
+            None => {
+                let (major, minor) = catch("compute capability", || {
+                    ctx.compute_capability().map_err(|e| format!("the compute capability of {device}: {e}"))
+                })?;
+                let cc = (u32::try_from(major).unwrap_or(0), u32::try_from(minor).unwrap_or(0));
+                run.source_image(cc).map_err(|e| format!("{device} (compute capability {major}.{minor}): {e}"))?
+            }
+        };
         catch("load", || {
             ctx.bind_to_thread().map_err(|e| format!("cannot use the context of {device}: {e}"))?;
             // SAFETY: the image is a NUL-terminated PTX text or a cubin/fatbin whose header
             // ranges were checked to lie within the buffer, and the buffer outlives the call
             // (the driver copies what it needs); the context is current on this thread.
-            let handle = unsafe { result::module::load_data(image.as_ptr()) }
-                .map_err(|e| format!("the driver refused the {} image on {device}: {e}", image.kind))?;
+            let handle = unsafe { result::module::load_data(image.as_ptr()) }.map_err(|e| {
+                let note = if e.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+                    " (the PTX is newer than the driver: update the NVIDIA driver, or use the NVRTC of \
+                         an older CUDA)"
+                } else {
+                    ""
+                };
+                format!("the driver refused the {} image on {device}: {e}{note}", image.kind)
+            })?;
             let image = ModuleHandle { module: handle, ctx: ctx.clone() };
             Ok(Arc::new(Loaded { image, stream: ctx.default_stream(), ctx: ctx.clone() }))
         })
@@ -1005,6 +1052,26 @@ const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 /// `EM_CUDA`.
 const EM_CUDA: u16 = 190;
 
+/// Compiles the source of `module` (a `cuda` payload) with NVRTC for compute capability `cc`
+/// and checks the image for the driver.
+fn compile_source(module: &DeviceModule, cc: (u32, u32)) -> Result<Image, String> {
+    let source = std::str::from_utf8(&module.data)
+        .map_err(|e| format!("the CUDA source (fmt `cuda`) is not UTF-8 text: {e}"))?;
+    let started = std::time::Instant::now();
+    let compiled = nvrtc::compile_for_device(source, cc).map_err(|e| e.to_string())?;
+    tracing::info!(
+        arch = %compiled.arch,
+        bytes = compiled.image.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "compiled CUDA source with NVRTC"
+    );
+    if !compiled.log.is_empty() {
+        tracing::debug!(log = %compiled.log, "NVRTC log");
+    }
+    Image::prepare(compiled.output.format(), &compiled.image)
+        .map_err(|e| format!("NVRTC's {} for {}: {e}", compiled.output.format(), compiled.arch))
+}
+
 /// An image checked for the driver, in an 8-byte-aligned buffer with a NUL after it.
 #[derive(Debug)]
 struct Image {
@@ -1013,6 +1080,12 @@ struct Image {
 }
 
 impl Image {
+    /// Whether a payload is CUDA source for NVRTC (format `cuda` and not a cubin or fatbin,
+    /// which are loaded whatever the format says).
+    fn is_source(format: &str, data: &[u8]) -> bool {
+        format == "cuda" && !data.starts_with(b"\x7fELF") && !data.starts_with(&FATBIN_MAGIC.to_le_bytes())
+    }
+
     fn prepare(format: &str, data: &[u8]) -> Result<Image, String> {
         // Zero-filled, with room for at least one NUL after the data, and 8-byte aligned (the
         // ELF reader needs its headers aligned).
@@ -1033,8 +1106,8 @@ impl Image {
             check_ptx(data)?;
             ImageKind::Ptx
         } else if format == "cuda" {
-            return Err("the payload is CUDA C source (fmt `cuda`), which needs NVRTC to compile; \
-                 mblob loads PTX, cubin and fatbin images"
+            return Err("the payload is CUDA C++ source (fmt `cuda`): it is compiled with NVRTC for the \
+                 device before it loads"
                 .into());
         } else {
             return Err(format!("unknown CUDA image format `{format}`"));
@@ -1322,6 +1395,104 @@ mod tests {
         assert!(m.ensure_loaded_on(Device::cpu(0)).is_err());
         let state = format!("{m:?}");
         assert!(state.contains("failed to load on cuda:0") && state.contains("failed to load on cuda:12"), "{state}");
+    }
+
+    /// The CUDA models TVM 0.27 exported (`tests/fixtures/device-run`), whose device modules
+    /// hold CUDA source.
+    const CUDA_FIXTURES: [&str; 4] = [
+        "dev_relax_mlp_cuda_sm80",
+        "dev_relax_mlp_cuda_sm90",
+        "dev_relax_transformer_cuda_sm90",
+        "dev_relax_cnn_cuda_sm90",
+    ];
+
+    /// The device module of fixture `name`, read from its library's blob (nothing is run).
+    fn fixture_device_module(name: &str) -> DeviceModule {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/device-run").join(name);
+        let so = std::fs::read(path.with_extension("so")).unwrap();
+        let found = crate::elf::find_blob(&so, None).unwrap().expect("a blob symbol");
+        let blob = crate::Bytes::from_vec(found.bytes(&so).unwrap().to_vec());
+        let registry = crate::Registry::default();
+        let tree = crate::load_blob(&blob, found.layout, &registry, &crate::LoadOptions::default()).unwrap();
+        tree.find::<DeviceModule>().expect("a device module").clone()
+    }
+
+    /// Whether NVRTC can be opened; when not, the test is skipped (and fails when
+    /// `MBLOB_REQUIRE_NVRTC` is set).
+    fn nvrtc_or_skip() -> bool {
+        if nvrtc::available() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("MBLOB_REQUIRE_NVRTC").is_none(),
+            "MBLOB_REQUIRE_NVRTC is set, but {}",
+            nvrtc::NvrtcError::NotFound
+        );
+        println!("skipped: no NVRTC");
+        false
+    }
+
+    #[test]
+    fn cuda_source_of_tvm_models_compiles_with_nvrtc() {
+        if !nvrtc_or_skip() {
+            return;
+        }
+        for name in CUDA_FIXTURES {
+            let device = fixture_device_module(name);
+            assert_eq!((device.type_key.as_str(), device.format.as_str()), (CUDA, "cuda"), "{name}");
+            assert!(Image::is_source(&device.format, &device.data));
+            let source = std::str::from_utf8(&device.data).unwrap();
+            let kernels: Vec<&str> = device.functions.iter().map(|(n, _)| n.as_str()).collect();
+            assert!(!kernels.is_empty(), "{name}");
+            for (major, minor) in [(8, 0), (9, 0)] {
+                let ptx = nvrtc::compile_ptx(source, (major, minor)).unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert!(ptx.contains(&format!(".target sm_{major}{minor}")), "{name}");
+                let entries = ptx_entries(&ptx);
+                for kernel in &kernels {
+                    assert!(entries.iter().any(|e| e == kernel), "{name} sm_{major}{minor}: no .entry {kernel}");
+                }
+                assert_eq!(Image::prepare("ptx", ptx.as_bytes()).unwrap().kind, ImageKind::Ptx);
+                println!("{name}: {} kernels, PTX for compute_{major}{minor}: {} bytes", kernels.len(), ptx.len());
+            }
+        }
+    }
+
+    #[test]
+    fn cuda_source_payloads_compile_once_per_compute_capability() {
+        if !nvrtc_or_skip() {
+            return;
+        }
+        // What the first load on a device does before `cuModuleLoadData`: a cubin for the
+        // architecture (checked as the driver's image), kept for the next device alike.
+        let m = CudaModule::new(fixture_device_module("dev_relax_mlp_cuda_sm90"));
+        let run = m.run();
+        let image = run.source_image((9, 0)).unwrap();
+        assert_eq!(image.kind, ImageKind::Cubin);
+        assert!(Arc::ptr_eq(&image, &run.source_image((9, 0)).unwrap()), "compiled once");
+        let bytes = object::pod::bytes_of_slice(&image.words);
+        let elf = object::File::parse(bytes).unwrap();
+        let symbols: Vec<&str> =
+            object::Object::symbols(&elf).filter_map(|s| object::ObjectSymbol::name(&s).ok()).collect();
+        for (kernel, _) in &run.device.functions {
+            assert!(symbols.contains(&kernel.as_str()), "no symbol {kernel} in the cubin");
+        }
+        // An architecture past what NVRTC knows gets PTX for the newest it knows below.
+        let newest = nvrtc::supported_archs().unwrap().into_iter().max().unwrap();
+        let past = run.source_image((newest / 10 + 1, 9)).unwrap();
+        assert_eq!(past.kind, ImageKind::Ptx);
+        // An architecture before the oldest is an error, remembered.
+        let e = run.source_image((1, 0)).unwrap_err();
+        assert!(e.contains("cannot compile for compute capability 1.0"), "{e}");
+        // A source that does not compile comes back with NVRTC's log.
+        let info = FunctionInfo::new("k", vec![DataType::HANDLE], vec!["threadIdx.x".into()]);
+        let bad = DeviceModule::new(
+            CUDA,
+            "cuda",
+            vec![("k".into(), info)],
+            b"extern \"C\" __global__ void k(float* p) { nope(p); }".to_vec(),
+        );
+        let e = compile_source(&bad, (8, 0)).unwrap_err();
+        assert!(e.contains("could not compile") && e.contains("nope"), "{e}");
     }
 
     /// `out[i] = a[i] + b[i]` for `i < n` (mblob's demo kernel).

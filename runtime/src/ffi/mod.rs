@@ -18,10 +18,12 @@ pub mod callconv;
 pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod device_api;
 #[cfg(feature = "cuda")]
 pub mod cuda_packed;
+pub mod device_api;
 pub mod library;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 pub mod packed;

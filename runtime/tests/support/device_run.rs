@@ -51,7 +51,8 @@ pub fn cases(meta: &Value) -> Vec<Case> {
             .iter()
             .map(|i| (i["name"].as_str().unwrap().to_owned(), fixtures().join(i["file"].as_str().unwrap())))
             .collect();
-        let outs = c["outputs"].as_array().unwrap().iter().map(|o| fixtures().join(o["file"].as_str().unwrap())).collect();
+        let outs =
+            c["outputs"].as_array().unwrap().iter().map(|o| fixtures().join(o["file"].as_str().unwrap())).collect();
         (ins, outs)
     };
     match meta["cases"].as_array() {
@@ -117,4 +118,3 @@ pub fn fixture_names(device: &str) -> Vec<String> {
     names.sort();
     names
 }
-

@@ -22,6 +22,13 @@
 //! println!("{:?}", outputs[0].shape);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! On a device (`VirtualMachine::new(&tree, Device::opencl(0))`, for a library TVM compiled
+//! for OpenCL) the VM works as TVM's does with `VirtualMachine(mod, tvm.opencl(0))`: its device
+//! list is the device and the host CPU, constant tensors are uploaded once when it is created,
+//! storage is allocated where the program says, and `invoke` copies the inputs to the device
+//! and the outputs back. [`VirtualMachine::invoke_arrays`] takes and gives
+//! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
 pub mod vm;
 

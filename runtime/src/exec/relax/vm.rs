@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use smallvec::SmallVec;
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
-use crate::device::{Device, DeviceError};
+use crate::device::{Device, DeviceError, DeviceType};
 use crate::ffi::callconv::{PackedFunction, Value as CallValue};
 use crate::ffi::device_api::{device_api, DeviceApi, Storage};
 use crate::ffi::packed::DLTensor;
@@ -415,7 +415,7 @@ impl VirtualMachine {
             // Kernels compiled for the host alone check that their tensors are on the CPU; a
             // library built for a device carries that device's module.
             let keys = tree.type_keys();
-            let has_code = keys.iter().any(|k| crate::device::DeviceType::of_module_key(k) == Some(device.device_type));
+            let has_code = keys.iter().any(|k| DeviceType::of_module_key(k) == Some(device.device_type));
             if !has_code {
                 return Err(VmError::UnsupportedDevice {
                     device,
@@ -492,7 +492,7 @@ impl VirtualMachine {
         let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
             inputs.iter().enumerate().map(|(i, t)| vm.upload_tensor(i, t, ffi_bool)).collect()
         })?;
-        leaves(&result, name, false)?.into_iter().map(|v| Ok(tensor_of(v).to_tensor()?)).collect()
+        tensor_leaves(&result, name)?.into_iter().map(|t| Ok(t.to_tensor()?)).collect()
     }
 
     /// Like [`VirtualMachine::invoke`], but a shape in the result (TVM's `ShapeTuple`, as
@@ -503,9 +503,9 @@ impl VirtualMachine {
         })?;
         leaves(&result, name, true)?
             .into_iter()
-            .map(|v| match v {
-                Value::Shape(s) => Ok(VmOutput::Shape(s.to_vec())),
-                v => Ok(VmOutput::Tensor(tensor_of(v).to_tensor()?)),
+            .map(|l| match l {
+                Leaf::Shape(s) => Ok(VmOutput::Shape(s.to_vec())),
+                Leaf::Tensor(t) => Ok(VmOutput::Tensor(t.to_tensor()?)),
             })
             .collect()
     }
@@ -518,7 +518,7 @@ impl VirtualMachine {
         let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
             inputs.iter().map(|a| vm.upload_array(a, ffi_bool)).collect()
         })?;
-        Ok(leaves(&result, name, false)?.into_iter().map(|v| tensor_of(v).clone()).collect())
+        Ok(tensor_leaves(&result, name)?.into_iter().cloned().collect())
     }
 
     /// Finds the function, converts the inputs with `convert` and runs it.
@@ -1030,12 +1030,18 @@ fn check(kind: &'static str, message: String) -> VmError {
     VmError::Check { kind, message }
 }
 
+/// A tensor or a shape of a function's result.
+enum Leaf<'a> {
+    Tensor(&'a NdArray),
+    Shape(&'a [i64]),
+}
+
 /// The tensors (and, with `shapes`, the shapes) of a result, tuples flattened in order.
-fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<&'a Value>, VmError> {
-    fn walk<'a>(v: &'a Value, function: &str, shapes: bool, out: &mut Vec<&'a Value>) -> Result<(), VmError> {
+fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<Leaf<'a>>, VmError> {
+    fn walk<'a>(v: &'a Value, function: &str, shapes: bool, out: &mut Vec<Leaf<'a>>) -> Result<(), VmError> {
         match v {
-            Value::Tensor(_) => out.push(v),
-            Value::Shape(_) if shapes => out.push(v),
+            Value::Tensor(t) => out.push(Leaf::Tensor(t)),
+            Value::Shape(s) if shapes => out.push(Leaf::Shape(s)),
             Value::Tuple(items) => {
                 for i in items.iter() {
                     walk(i, function, shapes, out)?;
@@ -1050,13 +1056,15 @@ fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<&'a Valu
     Ok(out)
 }
 
-/// The tensor of a leaf that [`leaves`] gave as one.
-fn tensor_of(v: &Value) -> &NdArray {
-    match v {
-        Value::Tensor(t) => t,
-        // `leaves` gives tensors, and shapes only where they are asked for and handled.
-        _ => unreachable!("a leaf that is not a tensor"),
-    }
+/// The tensors of a result, with an error naming anything else.
+fn tensor_leaves<'a>(v: &'a Value, function: &str) -> Result<Vec<&'a NdArray>, VmError> {
+    Ok(leaves(v, function, false)?
+        .into_iter()
+        .filter_map(|l| match l {
+            Leaf::Tensor(t) => Some(t),
+            Leaf::Shape(_) => None,
+        })
+        .collect())
 }
 
 /// A bool input in the spelling of the executable's TVM: `uint1` (one byte per element) before

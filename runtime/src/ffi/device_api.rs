@@ -1,6 +1,6 @@
 //! The device API: memory and copies on one device, behind one trait ([`DeviceApi`]) with one
-//! implementation per kind: the CPU here, OpenCL in [`super::opencl`] and CUDA in
-//! [`super::cuda`]. It is TVM's `DeviceAPI` (`AllocDataSpace`, `CopyDataFromTo`,
+//! implementation per kind: the CPU here, OpenCL in `ffi::opencl` (feature `opencl`) and
+//! CUDA in `ffi::cuda` (feature `cuda`). It is TVM's `DeviceAPI` (`AllocDataSpace`, `CopyDataFromTo`,
 //! `StreamSync`, `AllocWorkspace`, `SetDevice`).
 //!
 //! [`device_api`] gives the one instance of a device (created on first use, kept for the

@@ -1,5 +1,6 @@
-//! The FFI edge: everything that talks to native code, and the only place with `unsafe`
-//! (besides the read-only file mapping in `load.rs` and `Symbol`'s `Send`/`Sync`).
+//! The FFI edge: everything that talks to native code, and where `unsafe` lives (besides the
+//! read-only file mapping in `load.rs`, `Symbol`'s `Send`/`Sync`, and the executors' calls of
+//! compiled kernels and AOT metadata reads in `exec/`, each with its SAFETY comment).
 //!
 //! - [`library`]: opening a shared library, reading its blob from the loaded image, and the
 //!   library module that looks up its functions (each ABI's naming).
@@ -11,8 +12,13 @@
 //! - [`threadpool`] and [`workspace`]: parallel loops and the memory kernels see.
 //! - `shim`: the runtime functions a library imports by name (a small C library, opened
 //!   globally before such a library).
-//! - `cuda` (feature `cuda`): CUDA payloads on a GPU, through the driver API; `cuda_packed`
-//!   its kernels as packed functions for host code.
+//! - [`device_api`]: the device API (memory, copies, workspace, synchronization) of each
+//!   device, the CPU's here, and `Storage`, an owned allocation on a device.
+//! - `opencl` (feature `opencl`): OpenCL memory and OpenCL modules (programs built per
+//!   device, kernels launched with TVM's launch parameters), through opencl3.
+//! - `cuda` (feature `cuda`): CUDA memory and CUDA modules through the driver API;
+//!   `cuda_packed` its kernels as packed functions for host code; `nvrtc` the compilation of
+//!   TVM's CUDA source.
 
 pub mod callconv;
 pub mod context;

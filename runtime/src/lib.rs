@@ -29,21 +29,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Parts, each depending only on those above it:
+//! Parts, each depending only on those before it (`runtime/tests/layering.rs` checks):
 //! - `Bytes` (shared views of a mapping) and [`format`](mod@format), the floor: the byte
 //!   layouts ([`format::stream`], [`format::dtype`], [`format::classic`], [`format::ffi`],
 //!   [`format::detect`]) and nothing above them.
+//! - [`device`]: [`Device`] (`tvm.cpu(0)`, `tvm.opencl(1)`, ...) and [`DeviceError`].
 //! - [`payload`]: payload kinds and their codecs ([`payload::graph`], [`payload::device`],
-//!   [`payload::RawPayload`]); [`module`]: loaded modules and the [`LoadedTree`].
+//!   [`payload::RawPayload`]); [`module`]: loaded modules and the [`LoadedTree`], with the one
+//!   lookup through the imports ([`LoadedTree::depth_first`], `LoadedTree::lookup`).
+//! - [`ffi`]: the FFI edge (opening libraries, TVM's calling conventions and context
+//!   functions, the device API with the CPU's, OpenCL's and CUDA's memory and modules).
+//! - [`array`]: [`NdArray`], the one tensor of the run side (storage on a device, shape,
+//!   dtype).
 //! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's
 //!   numbering of it.
-//! - [`ffi`]: the FFI edge (opening libraries, TVM's calling convention and context
-//!   functions, the CUDA driver with the `cuda` feature).
 //! - [`registry`]: loaders keyed by type key, and the registration of every built-in kind.
 //! - [`load_library`] and [`load_blob`]: loading into a [`LoadedTree`], each payload decoded
 //!   once; [`elf`]: finding a blob in an ELF file without running it.
-//! - [`exec`]: the graph and AOT executors (using [`ffi`]'s calling conventions, thread pool
-//!   and workspace memory), and TVM's Relax VM ([`exec::relax`]).
+//! - [`exec`]: the graph and AOT executors, TVM's Relax VM ([`exec::relax`]), and
+//!   [`exec::Model`], one handle on whichever a library holds, on a device.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -42,7 +42,13 @@ Environment:
   TMPDIR             where intermediate files go during an export (removed after)
   MBLOB_NUM_THREADS  threads for running models (`mblob run`); else TVM_NUM_THREADS, as
                      TVM's runtime reads it
-  LD_LIBRARY_PATH    where the CUDA driver library (libcuda.so) is found, for CUDA payloads";
+  LD_LIBRARY_PATH    where the CUDA driver (libcuda.so), NVRTC (libnvrtc.so) and the OpenCL
+                     ICD loader (libOpenCL.so.1) are found, for device modules
+  OCL_ICD_VENDORS    where the OpenCL ICD loader looks for drivers (/etc/OpenCL/vendors)
+  CUDA_PATH          CUDA headers for NVRTC ($CUDA_PATH/include), compiling TVM's CUDA
+                     source; CUDA_HOME when unset
+  MBLOB_REQUIRE_OPENCL, MBLOB_REQUIRE_CUDA, MBLOB_REQUIRE_NVRTC  (tests) fail, rather
+                     than skip, the tests of that device when it cannot be opened";
 
 /// Pack a tree of TVM runtime modules into one shared library, byte for byte as TVM does,
 /// and load it back.

@@ -88,9 +88,9 @@ impl Default for Registry {
             r.register(DeviceLoader(key));
         }
         #[cfg(feature = "cuda")]
-        r.register(CudaLoader);
+        r.register(RunnableDeviceLoader::cuda());
         #[cfg(feature = "opencl")]
-        r.register(OpenClLoader);
+        r.register(RunnableDeviceLoader::opencl());
         // The Relax executables are decoded (they replace the raw loaders of their keys).
         r.register(RelaxLoader(RELAX_EXECUTABLE));
         r.register(RelaxLoader(RELAX_VM_EXECUTABLE));
@@ -222,51 +222,50 @@ impl Loader for DeviceLoader {
     }
 }
 
-/// Loader of `cuda` payloads that makes [`CudaModule`](crate::ffi::cuda::CudaModule)s
-/// (registered by [`Registry::default`] when the `cuda` feature is on).
-#[cfg(feature = "cuda")]
+/// Loader of a device kind that mblob runs: decodes the payload as [`DeviceLoader`] does and
+/// wraps it in the kind's runnable module (registered by [`Registry::default`] for `cuda`
+/// with the `cuda` feature, making [`CudaModule`](crate::ffi::cuda::CudaModule)s, and for
+/// `opencl` with the `opencl` feature, making
+/// [`OpenClModule`](crate::ffi::opencl::OpenClModule)s).
 #[derive(Debug, Clone, Copy)]
-pub struct CudaLoader;
+pub struct RunnableDeviceLoader {
+    key: &'static str,
+    make: fn(DeviceModule) -> Arc<dyn Module>,
+}
 
-#[cfg(feature = "cuda")]
-impl Loader for CudaLoader {
-    fn type_key(&self) -> &str {
-        crate::payload::device::CUDA
+impl RunnableDeviceLoader {
+    /// `cuda` payloads as `CudaModule`s.
+    #[cfg(feature = "cuda")]
+    pub fn cuda() -> RunnableDeviceLoader {
+        RunnableDeviceLoader {
+            key: crate::payload::device::CUDA,
+            make: |m| Arc::new(crate::ffi::cuda::CudaModule::new(m)),
+        }
     }
-    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
-        DeviceLoader(crate::payload::device::CUDA).measure(bytes, base, layout)
-    }
-    fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
-        let device = DeviceModule::read_exact(&payload, crate::payload::device::CUDA, layout)?;
-        Ok(Arc::new(crate::ffi::cuda::CudaModule::new(device)))
-    }
-    fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
-        let (m, used) = DeviceModule::read(src, base, crate::payload::device::CUDA, layout)?;
-        Ok(Some((Arc::new(crate::ffi::cuda::CudaModule::new(m)), used)))
+
+    /// `opencl` payloads as `OpenClModule`s.
+    #[cfg(feature = "opencl")]
+    pub fn opencl() -> RunnableDeviceLoader {
+        RunnableDeviceLoader {
+            key: crate::payload::device::OPENCL,
+            make: |m| Arc::new(crate::ffi::opencl::OpenClModule::new(m)),
+        }
     }
 }
 
-/// Loader of `opencl` payloads that makes [`OpenClModule`](crate::ffi::opencl::OpenClModule)s
-/// (registered by [`Registry::default`] when the `opencl` feature is on).
-#[cfg(feature = "opencl")]
-#[derive(Debug, Clone, Copy)]
-pub struct OpenClLoader;
-
-#[cfg(feature = "opencl")]
-impl Loader for OpenClLoader {
+impl Loader for RunnableDeviceLoader {
     fn type_key(&self) -> &str {
-        crate::payload::device::OPENCL
+        self.key
     }
     fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
-        DeviceLoader(crate::payload::device::OPENCL).measure(bytes, base, layout)
+        DeviceLoader(self.key).measure(bytes, base, layout)
     }
     fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
-        let device = DeviceModule::read_exact(&payload, crate::payload::device::OPENCL, layout)?;
-        Ok(Arc::new(crate::ffi::opencl::OpenClModule::new(device)))
+        Ok((self.make)(DeviceModule::read_exact(&payload, self.key, layout)?))
     }
     fn read(&self, src: &Bytes, base: u64, layout: Layout) -> Result<Option<Decoded>, LoaderError> {
-        let (m, used) = DeviceModule::read(src, base, crate::payload::device::OPENCL, layout)?;
-        Ok(Some((Arc::new(crate::ffi::opencl::OpenClModule::new(m)), used)))
+        let (m, used) = DeviceModule::read(src, base, self.key, layout)?;
+        Ok(Some(((self.make)(m), used)))
     }
 }
 

@@ -46,6 +46,9 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
 /// The top-level modules named by `crate::` paths in the code of `text` (not in comments).
 fn uses(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    // A file's unit tests (its `#[cfg(test)] mod tests`, last in the file) may use the whole
+    // crate: the order is that of the library's own code.
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or_default();
         let mut rest = code;

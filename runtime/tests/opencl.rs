@@ -314,9 +314,8 @@ fn bad_sources_formats_and_arguments_are_errors() {
     let stranger = Value::Handle(host.as_ptr().cast_mut().cast());
     let err = launch(&m, "add_one", &[stranger, handle(&a), Value::Int(4), Value::Int(1), Value::Int(4)]).unwrap_err();
     assert!(err.contains("not a buffer of this OpenCL device"), "{err}");
-    let err =
-        launch(&m, "add_one", &[handle(&a), handle(&a), Value::Int(4), Value::Int(0), Value::Int(4)]).unwrap_err();
-    assert!(err.contains("out of range"), "{err}");
+    // An extent of 0 (a dynamic size of 0) leaves its axis at 1, as TVM does.
+    launch(&m, "add_one", &[handle(&a), handle(&a), Value::Int(4), Value::Int(0), Value::Int(4)]).unwrap();
     let err =
         launch(&m, "add_one", &[handle(&a), handle(&a), Value::Int(4), Value::Int(-1), Value::Int(4)]).unwrap_err();
     assert!(err.contains("launch value 0"), "{err}");

@@ -774,11 +774,7 @@ impl DeviceApi for CudaApi {
     }
 
     fn free_workspace(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.workspace.free(ptr).ok_or_else(|| DeviceError::Driver {
-            device: self.device,
-            call: "TVMBackendFreeWorkspace".into(),
-            detail: format!("{:#x} is not a workspace block of this device", ptr.0),
-        })
+        self.workspace.release(self.device, ptr)
     }
 
     fn transfers(&self) -> TransferStats {
@@ -1411,9 +1407,10 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/device-run").join(name);
         let so = std::fs::read(path.with_extension("so")).unwrap();
         let found = crate::elf::find_blob(&so, None).unwrap().expect("a blob symbol");
-        let blob = crate::Bytes::from_vec(found.bytes(&so).unwrap().to_vec());
-        let registry = crate::Registry::default();
-        let tree = crate::load_blob(&blob, found.layout, &registry, &crate::LoadOptions::default()).unwrap();
+        let blob = crate::bytes::Bytes::from_vec(found.bytes(&so).unwrap().to_vec());
+        let registry = crate::registry::Registry::default();
+        let tree =
+            crate::load::load_blob(&blob, found.layout, &registry, &crate::load::LoadOptions::default()).unwrap();
         tree.find::<DeviceModule>().expect("a device module").clone()
     }
 

@@ -427,6 +427,16 @@ impl WorkspacePool {
         Some(())
     }
 
+    /// [`WorkspacePool::free`] for `TVMBackendFreeWorkspace` on `device`: a pointer not
+    /// handed out is an error naming the device.
+    pub fn release(&self, device: Device, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.free(ptr).ok_or_else(|| DeviceError::Driver {
+            device,
+            call: "TVMBackendFreeWorkspace".into(),
+            detail: format!("{:#x} is not workspace memory handed out by this device", ptr.0),
+        })
+    }
+
     /// Every free block (for the device to release when it goes away).
     pub fn drain(&self) -> Vec<(usize, DevicePtr)> {
         std::mem::take(&mut *self.free.lock().unwrap_or_else(|e| e.into_inner()))

@@ -529,11 +529,7 @@ impl DeviceApi for OpenClApi {
     }
 
     fn free_workspace(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.workspace.free(ptr).ok_or_else(|| DeviceError::Driver {
-            device: self.device,
-            call: "TVMBackendFreeWorkspace".into(),
-            detail: format!("{:#x} is not workspace memory handed out by this device", ptr.0),
-        })
+        self.workspace.release(self.device, ptr)
     }
 
     fn transfers(&self) -> TransferStats {

@@ -19,9 +19,9 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::array::NdArray;
 use crate::ffi::callconv::{PreparedCall, Value};
-use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
-use crate::ffi::workspace::AlignedBuffer;
+use crate::ffi::packed::{DLDataType, DLTensor};
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -256,15 +256,15 @@ unsafe fn merge_constants(arr: *const CConstantInfo, n: i64) -> Result<Vec<u8>, 
 /// An AOT executor: one tensor per input and output, and the entry call.
 pub struct AotExecutor {
     metadata: Metadata,
-    buffers: Vec<AlignedBuffer>,
+    /// Inputs, outputs, then (USMP) the constant pool and the workspace pools.
+    arrays: Vec<NdArray>,
     entry: String,
     call: PreparedCall,
     _tensors: Box<[DLTensor]>,
-    _shapes: Vec<Box<[i64]>>,
     _tree: LoadedTree,
 }
 
-// SAFETY: the raw pointers inside (the call's DLTensors) point into `buffers` and `_shapes`,
+// SAFETY: the raw pointers inside (the call's DLTensors) point into `arrays`,
 // owned by the executor; the library handles are `Send + Sync`.
 #[allow(unsafe_code)]
 unsafe impl Send for AotExecutor {}
@@ -280,7 +280,7 @@ impl AotExecutor {
         let _span = tracing::info_span!("aot_executor_init").entered();
         check_devices(devices, "AOT")?;
         let tree = &factory.tree;
-        let get_md = find(tree, factory.index, "get_c_metadata").ok_or_else(|| ExecError::MissingFunction {
+        let get_md = tree.lookup(factory.index, "get_c_metadata").ok_or_else(|| ExecError::MissingFunction {
             node: "metadata_module".into(),
             function: "get_c_metadata".into(),
         })?;
@@ -299,7 +299,8 @@ impl AotExecutor {
         #[allow(unsafe_code)]
         let metadata = unsafe { read_metadata(p) }?;
         let entry = format!("{}___tvm_main__", metadata.mod_name);
-        let main = find(tree, factory.index, &entry)
+        let main = tree
+            .lookup(factory.index, &entry)
             .ok_or_else(|| ExecError::MissingFunction { node: "__tvm_main__".into(), function: entry.clone() })?;
         // A USMP model's entry takes, after the outputs, the merged constants and then each
         // workspace pool, all as byte tensors (TVM passes the constants even when there are
@@ -317,44 +318,28 @@ impl AotExecutor {
             }
         }
         let all: Vec<&TensorInfo> = metadata.inputs.iter().chain(&metadata.outputs).chain(&extra).collect();
-        let buffers = all
+        let device = devices[0];
+        let arrays = all
             .iter()
             .map(|t| {
-                let b = tensor_bytes(t.dtype, &t.shape).unwrap_or(u64::MAX);
-                usize::try_from(b)
-                    .ok()
-                    .and_then(AlignedBuffer::zeroed)
-                    .ok_or(ExecError::Alloc { bytes: b, what: format!("tensor `{}`", t.name) })
+                NdArray::empty(&t.shape, t.dtype, device).map_err(|e| ExecError::Alloc {
+                    bytes: tensor_bytes(t.dtype, &t.shape).unwrap_or(u64::MAX),
+                    what: format!("tensor `{}`: {e}", t.name),
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut buffers = buffers;
         if !metadata.workspace_pools.is_empty() {
             let k = metadata.inputs.len() + metadata.outputs.len();
-            buffers[k].as_mut_slice().copy_from_slice(&metadata.constant_pool);
+            arrays[k].copy_from_bytes(&metadata.constant_pool)?;
         }
-        let mut shapes: Vec<Box<[i64]>> = all.iter().map(|t| t.shape.clone().into_boxed_slice()).collect();
-        let mut tensors: Box<[DLTensor]> = all
-            .iter()
-            .zip(&buffers)
-            .zip(shapes.iter_mut())
-            .map(|((t, b), s)| DLTensor {
-                data: b.as_ptr().cast(),
-                device: DLDevice { device_type: 1, device_id: devices[0].device_id },
-                ndim: s.len() as i32,
-                dtype: DLDataType::from(t.dtype),
-                shape: s.as_mut_ptr(),
-                strides: std::ptr::null_mut(),
-                byte_offset: 0,
-            })
-            .collect();
+        let mut tensors: Box<[DLTensor]> = arrays.iter().map(NdArray::dl_tensor).collect();
         let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
         let call = PreparedCall::new(main, args).map_err(|e| ExecError::Kernel {
             node: "__tvm_main__".into(),
             function: entry.clone(),
             message: e.message,
         })?;
-        let mut exec =
-            AotExecutor { metadata, buffers, entry, call, _tensors: tensors, _shapes: shapes, _tree: tree.clone() };
+        let mut exec = AotExecutor { metadata, arrays, entry, call, _tensors: tensors, _tree: tree.clone() };
         let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
@@ -377,7 +362,7 @@ impl AotExecutor {
             index,
             count: self.metadata.inputs.len(),
         })?;
-        let n = self.buffers[index].len();
+        let n = self.arrays[index].nbytes();
         if tensor.dtype != info.dtype || tensor.shape != info.shape || tensor.data.len() != n {
             return Err(ExecError::InputMismatch {
                 name: info.name.clone(),
@@ -387,8 +372,7 @@ impl AotExecutor {
                 shape: tensor.shape.clone(),
             });
         }
-        self.buffers[index].as_mut_slice().copy_from_slice(&tensor.data);
-        Ok(())
+        Ok(self.arrays[index].copy_from_bytes(&tensor.data)?)
     }
 }
 
@@ -401,22 +385,6 @@ impl Metadata {
             self.inputs.iter().position(|i| i.name == sanitized)
         })
     }
-}
-
-fn find(tree: &LoadedTree, index: usize, name: &str) -> Option<crate::ffi::PackedFunction> {
-    let modules = tree.modules();
-    let mut seen = vec![false; modules.len()];
-    let mut stack = vec![index];
-    while let Some(i) = stack.pop() {
-        if std::mem::replace(seen.get_mut(i)?, true) {
-            continue;
-        }
-        if let Some(f) = crate::ffi::callconv::module_function(modules[i].module.as_ref(), name) {
-            return Some(f);
-        }
-        stack.extend(modules[i].imports.iter().rev());
-    }
-    None
 }
 
 impl Executor for AotExecutor {
@@ -457,12 +425,11 @@ impl Executor for AotExecutor {
     }
 
     fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
-        let info = self.metadata.outputs.get(index).ok_or(ExecError::Index {
+        self.metadata.outputs.get(index).ok_or(ExecError::Index {
             what: "output",
             index,
             count: self.metadata.outputs.len(),
         })?;
-        let b = &self.buffers[self.metadata.inputs.len() + index];
-        Ok(Tensor { dtype: info.dtype, shape: info.shape.clone(), device: (1, 0), data: b.as_slice().to_vec().into() })
+        Ok(self.arrays[self.metadata.inputs.len() + index].to_tensor()?)
     }
 }

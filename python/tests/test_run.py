@@ -89,7 +89,7 @@ def test_run_errors_are_exceptions(tmp_path):
         gmod.get_output(5)
     with pytest.raises(mblob.InputError, match="no function `nope`"):
         m["nope"]
-    with pytest.raises(mblob.RunError, match="unsupported device"):
+    with pytest.raises(mblob.RunError, match="not supported on cuda:0"):
         m["default"](mblob.Device(2, 0))
     with pytest.raises(mblob.RunError, match="Relax executable|relax"):
         mblob.VirtualMachine(m, mblob.cpu())

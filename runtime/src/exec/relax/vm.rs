@@ -51,7 +51,7 @@ pub enum VmError {
     NoExecutable(String),
     /// The VM cannot run on this device: mblob has no device API for it (or was built without
     /// its feature), or the library has no code for it.
-    #[error("the relax VM cannot run on {device}: {reason}")]
+    #[error("not supported on {device}: the relax VM {reason}")]
     UnsupportedDevice {
         /// The device asked for.
         device: Device,
@@ -420,7 +420,7 @@ impl VirtualMachine {
                 return Err(VmError::UnsupportedDevice {
                     device,
                     reason: format!(
-                        "the library has no {} code (its modules: {}); it was compiled for another target",
+                        "finds no {} code in the library (its modules: {}): it was built for another target",
                         device.device_type,
                         keys.join(", ")
                     ),
@@ -995,7 +995,7 @@ fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
 fn device_error(e: DeviceError) -> VmError {
     match e {
         DeviceError::Unsupported { device, what } => {
-            VmError::UnsupportedDevice { device, reason: format!("{what} is not supported") }
+            VmError::UnsupportedDevice { device, reason: format!("cannot use it ({what} is not supported)") }
         }
         e => VmError::Device(e),
     }

@@ -39,7 +39,7 @@
 //!   lookup through the imports ([`LoadedTree::depth_first`], `LoadedTree::lookup`).
 //! - [`ffi`]: the FFI edge (opening libraries, TVM's calling conventions and context
 //!   functions, the device API with the CPU's, OpenCL's and CUDA's memory and modules).
-//! - [`array`]: [`NdArray`], the one tensor of the run side (storage on a device, shape,
+//! - [`array`](mod@array): [`NdArray`], the one tensor of the run side (storage on a device, shape,
 //!   dtype).
 //! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's
 //!   numbering of it.

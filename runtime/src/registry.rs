@@ -224,9 +224,8 @@ impl Loader for DeviceLoader {
 
 /// Loader of a device kind that mblob runs: decodes the payload as [`DeviceLoader`] does and
 /// wraps it in the kind's runnable module (registered by [`Registry::default`] for `cuda`
-/// with the `cuda` feature, making [`CudaModule`](crate::ffi::cuda::CudaModule)s, and for
-/// `opencl` with the `opencl` feature, making
-/// [`OpenClModule`](crate::ffi::opencl::OpenClModule)s).
+/// with the `cuda` feature, making `ffi::cuda::CudaModule`s, and for `opencl` with the
+/// `opencl` feature, making `ffi::opencl::OpenClModule`s).
 #[derive(Debug, Clone, Copy)]
 pub struct RunnableDeviceLoader {
     key: &'static str,

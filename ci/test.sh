@@ -32,4 +32,6 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q maturin numpy pytest
 PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation ./python
-MBLOB_BIN="$PWD/target/debug/mblob" "$venv/bin/python" -m pytest -q -rs python/tests
+# The binary `cargo test` built, wherever CARGO_TARGET_DIR puts it.
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+MBLOB_BIN="$target_dir/debug/mblob" "$venv/bin/python" -m pytest -q -rs python/tests

@@ -45,6 +45,8 @@ Environment:
   LD_LIBRARY_PATH    where the CUDA driver (libcuda.so), NVRTC (libnvrtc.so) and the OpenCL
                      ICD loader (libOpenCL.so.1) are found, for device modules
   OCL_ICD_VENDORS    where the OpenCL ICD loader looks for drivers (/etc/OpenCL/vendors)
+  OPENCL_DYLIB_PATH  the OpenCL ICD loader to open, when not libOpenCL.so.1 on the library
+                     path (read by opencl3)
   CUDA_PATH          CUDA headers for NVRTC ($CUDA_PATH/include), compiling TVM's CUDA
                      source; CUDA_HOME when unset
   MBLOB_REQUIRE_OPENCL, MBLOB_REQUIRE_CUDA, MBLOB_REQUIRE_NVRTC  (tests) fail, rather

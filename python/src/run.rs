@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use mblob_runtime::exec::relax::{Dialect, RelaxExecutable, VirtualMachine};
+use mblob_runtime::exec::relax::{numpy_dtype, VirtualMachine};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::DLTensor;
@@ -284,14 +284,7 @@ impl GraphExecutor {
 #[pyclass(frozen, module = "mblob._native")]
 pub struct RelaxVm {
     inner: Mutex<VirtualMachine>,
-    /// The executable is tvm-ffi's (TVM 0.22+), whose `bool` is DLPack's `kDLBool` (code 6, 8
-    /// bits) where numpy's bool reads as TVM 0.19's `uint1`.
-    ffi_bool: bool,
 }
-
-/// numpy's bool as TVM 0.19 names it (`uint1`), and as tvm-ffi does (`kDLBool`, 8 bits).
-const BOOL_UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
-const BOOL_FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
 
 #[pymethods]
 impl RelaxVm {
@@ -299,10 +292,9 @@ impl RelaxVm {
     #[new]
     fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelaxVm> {
         let tree = library.tree.clone();
-        let ffi_bool = tree.find::<RelaxExecutable>().is_some_and(|e| e.dialect == Dialect::Tvm022);
         let device = Device::from_dlpack(dev.0, dev.1);
         let vm = run(py, move || VirtualMachine::new(&tree, device).map_err(run_error))?;
-        Ok(RelaxVm { inner: Mutex::new(vm), ffi_bool })
+        Ok(RelaxVm { inner: Mutex::new(vm) })
     }
 
     /// The VM functions' names.
@@ -311,24 +303,22 @@ impl RelaxVm {
         Ok(vm.functions().into_iter().map(|f| f.name).collect())
     }
 
-    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors.
+    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
+    /// bool in numpy's spelling either way: the VM passes it as the executable's TVM spells
+    /// it).
     fn invoke<'py>(
         &self,
         py: Python<'py>,
         name: String,
         args: Vec<(Vec<u8>, String, Vec<i64>)>,
     ) -> PyResult<Vec<PyTensor<'py>>> {
-        let ffi_bool = self.ffi_bool;
         let outs = run(py, || {
-            let mut inputs =
+            let inputs =
                 args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            for t in inputs.iter_mut().filter(|t| ffi_bool && t.dtype == BOOL_UINT1) {
-                t.dtype = BOOL_FFI;
-            }
             let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
             let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
-            for t in outs.iter_mut().filter(|t| t.dtype == BOOL_FFI) {
-                t.dtype = BOOL_UINT1;
+            for t in &mut outs {
+                t.dtype = numpy_dtype(t.dtype);
             }
             Ok(outs)
         })?;

@@ -592,6 +592,53 @@ fn vms_run_concurrently() {
     }
 }
 
+/// A program built with `RelaxExecutable::from_parts` for `relax_add_mul.so`'s `add` kernel,
+/// which has no argument checks in front: `main(x, y)` allocates a storage on device index
+/// `device_index`, a [2, 3] float32 tensor in it, and calls `add(x, y, out)`.
+fn add_program(tree: &LoadedTree, layout: Layout, device_index: i64) -> VirtualMachine {
+    use mblob_runtime::exec::relax::{Arg, FuncInfo};
+    let packed = |name: &str| FuncInfo {
+        kind: FuncKind::Packed,
+        name: name.into(),
+        start: 0,
+        end: 0,
+        num_args: -2,
+        register_file_size: 0,
+        param_names: vec![],
+    };
+    let main = FuncInfo {
+        kind: FuncKind::Vm,
+        name: "main".into(),
+        start: 0,
+        end: 4,
+        num_args: 2,
+        register_file_size: 4,
+        param_names: vec!["x".into(), "y".into()],
+    };
+    let functions = vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
+    let constants = vec![
+        Constant::Shape(vec![24]),
+        Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
+        Constant::Str(b"global".to_vec()),
+        Constant::Shape(vec![2, 3]),
+        Constant::DataType(DataType::F32),
+    ];
+    let r = |i| Reg::Index(i);
+    let code = vec![
+        Instruction::Call {
+            dst: r(2),
+            func: 1,
+            args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(device_index), Arg::Const(1), Arg::Const(2)],
+        },
+        Instruction::Call { dst: r(3), func: 2, args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)] },
+        Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
+        Instruction::Ret { result: r(3) },
+    ];
+    let exec = RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
+        .unwrap();
+    VirtualMachine::with_executable(tree, std::sync::Arc::new(exec), CPU).unwrap()
+}
+
 /// A program built with `RelaxExecutable::from_parts` that calls a kernel with no argument
 /// checks in front: with the right shapes it computes `x + y` (TVM's output halved, exactly),
 /// and with a wrong shape the kernel's own check fails and its message comes back as an error,
@@ -599,56 +646,10 @@ fn vms_run_concurrently() {
 /// 0.27 `TVMFFIErrorSetRaisedFromCStrParts`).
 #[test]
 fn kernel_errors_come_back_in_every_convention() {
-    use mblob_runtime::exec::relax::{Arg, FuncInfo};
     for (version, layout, _) in VERSIONS {
         let dir = add_mul_dir(version);
         let tree = load(&dir.join("relax_add_mul.so"));
-        let packed = |name: &str| FuncInfo {
-            kind: FuncKind::Packed,
-            name: name.into(),
-            start: 0,
-            end: 0,
-            num_args: -2,
-            register_file_size: 0,
-            param_names: vec![],
-        };
-        let main = FuncInfo {
-            kind: FuncKind::Vm,
-            name: "main".into(),
-            start: 0,
-            end: 4,
-            num_args: 2,
-            register_file_size: 4,
-            param_names: vec!["x".into(), "y".into()],
-        };
-        let functions =
-            vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
-        let constants = vec![
-            Constant::Shape(vec![24]),
-            Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
-            Constant::Str(b"global".to_vec()),
-            Constant::Shape(vec![2, 3]),
-            Constant::DataType(DataType::F32),
-        ];
-        let r = |i| Reg::Index(i);
-        let code = vec![
-            Instruction::Call {
-                dst: r(2),
-                func: 1,
-                args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(0), Arg::Const(1), Arg::Const(2)],
-            },
-            Instruction::Call {
-                dst: r(3),
-                func: 2,
-                args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)],
-            },
-            Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
-            Instruction::Ret { result: r(3) },
-        ];
-        let exec =
-            RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
-                .unwrap();
-        let mut vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
+        let mut vm = add_program(&tree, layout, 0);
         let x = npy(&dir.join("relax_add_mul.in.x.npy"));
         let y = npy(&dir.join("relax_add_mul.in.y.npy"));
         let out = vm.invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
@@ -764,58 +765,10 @@ fn devices_without_code_are_refused() {
 /// device, `-1` the host (the last), anything past the list an error naming the list.
 #[test]
 fn alloc_storage_device_indices() {
-    use mblob_runtime::exec::relax::{Arg, FuncInfo};
     let (version, layout, _) = VERSIONS[2];
     let dir = add_mul_dir(version);
     let tree = load(&dir.join("relax_add_mul.so"));
-    let packed = |name: &str| FuncInfo {
-        kind: FuncKind::Packed,
-        name: name.into(),
-        start: 0,
-        end: 0,
-        num_args: -2,
-        register_file_size: 0,
-        param_names: vec![],
-    };
-    let program = |device_index: i64| {
-        let main = FuncInfo {
-            kind: FuncKind::Vm,
-            name: "main".into(),
-            start: 0,
-            end: 4,
-            num_args: 2,
-            register_file_size: 4,
-            param_names: vec!["x".into(), "y".into()],
-        };
-        let functions =
-            vec![main, packed("vm.builtin.alloc_storage"), packed("vm.builtin.alloc_tensor"), packed("add")];
-        let constants = vec![
-            Constant::Shape(vec![24]),
-            Constant::DataType(DataType { code: 1, bits: 8, lanes: 1 }),
-            Constant::Str(b"global".to_vec()),
-            Constant::Shape(vec![2, 3]),
-            Constant::DataType(DataType::F32),
-        ];
-        let r = |i| Reg::Index(i);
-        let code = vec![
-            Instruction::Call {
-                dst: r(2),
-                func: 1,
-                args: vec![Arg::Reg(Reg::Vm), Arg::Const(0), Arg::Imm(device_index), Arg::Const(1), Arg::Const(2)],
-            },
-            Instruction::Call {
-                dst: r(3),
-                func: 2,
-                args: vec![Arg::Reg(r(2)), Arg::Imm(0), Arg::Const(3), Arg::Const(4)],
-            },
-            Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
-            Instruction::Ret { result: r(3) },
-        ];
-        let exec =
-            RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
-                .unwrap();
-        VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap()
-    };
+    let program = |device_index| add_program(&tree, layout, device_index);
     let x = npy(&dir.join("relax_add_mul.in.x.npy"));
     let y = npy(&dir.join("relax_add_mul.in.y.npy"));
     let want: Vec<f32> = npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap().iter().map(|v| v / 2.0).collect();

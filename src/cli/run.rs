@@ -116,11 +116,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
                 ),
             ))
         }
-        (function, Some(kind)) => {
+        (function, Some(_)) => {
             if !args.outputs.is_empty() {
                 return Err(invalid("--output", "only with --function on a plain library (a model knows its outputs)"));
             }
-            run_model(&tree, &model, kind, device, function.as_deref(), &inputs, args.repeat)?
+            run_model(&tree, &model, device, function.as_deref(), &inputs, args.repeat)?
         }
     };
     write_outputs(args.output_dir.as_deref(), &outputs)?;
@@ -166,7 +166,6 @@ type Outcome = (Vec<Tensor>, Vec<f64>);
 fn run_model(
     tree: &LoadedTree,
     model: &str,
-    kind: ModelKind,
     device: Device,
     function: Option<&str>,
     inputs: &[(Option<String>, Tensor)],
@@ -174,14 +173,9 @@ fn run_model(
 ) -> Result<Outcome> {
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
     let mut m = Model::new(tree, device).map_err(fail)?;
+    let kind = m.kind();
     let function_name = function.unwrap_or("main").to_owned();
     if kind == ModelKind::Relax {
-        if !m.functions().contains(&function_name) {
-            return Err(invalid(
-                model,
-                format!("no VM function `{function_name}` (functions: {})", m.functions().join(", ")),
-            ));
-        }
         m.select_function(&function_name).map_err(fail)?;
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
@@ -243,7 +237,7 @@ fn run_model(
             Output::Shape(s) => {
                 println!("out.{i}: shape {s:?}");
                 let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
-                let t = Tensor::new(DataType { code: 0, bits: 64, lanes: 1 }, vec![s.len() as i64], data)
+                let t = Tensor::new(DataType::I64, vec![s.len() as i64], data)
                     .ok_or_else(|| invalid(model, format!("output {i}: shape {s:?} too long")))?;
                 outputs.push(t);
             }
@@ -370,7 +364,7 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
                 })*
                 ("b", 1) => {
                     let v: Vec<bool> = npy.into_vec().map_err(|e| invalid(&what, e.to_string()))?;
-                    (DataType { code: 1, bits: 1, lanes: 1 }, v.iter().map(|&b| u8::from(b)).collect())
+                    (DataType::BOOL, v.iter().map(|&b| u8::from(b)).collect())
                 }
                 _ => return Err(invalid(&what, format!("dtype {ts} is not supported"))),
             }

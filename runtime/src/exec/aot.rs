@@ -18,8 +18,8 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
-use super::{check_devices, tensor_bytes, Device, ExecError, Executor, Tensor, TensorInfo};
-use crate::array::NdArray;
+use super::{check_devices, Device, ExecError, Executor, Tensor, TensorInfo};
+use crate::array::{tensor_bytes, NdArray};
 use crate::ffi::callconv::{PreparedCall, Value};
 use crate::ffi::packed::{DLDataType, DLTensor};
 use crate::format::stream::Reader;

@@ -84,7 +84,7 @@ pub enum ExecError {
         names: Vec<String>,
     },
     /// A Relax model has no function of that name.
-    #[error("no function `{name}` (functions: {})", known.join(", "))]
+    #[error("no VM function `{name}` (functions: {})", known.join(", "))]
     NoFunction {
         /// The name given.
         name: String,
@@ -190,12 +190,6 @@ pub fn executor(tree: &crate::module::LoadedTree, devices: &[Device]) -> Result<
         "the library holds no GraphExecutorFactory or AotExecutorFactory (modules: {})",
         tree.type_keys().join(", ")
     )))
-}
-
-/// Bytes of a tensor of `dtype` and `shape` as TVM counts them (see
-/// [`crate::array::tensor_bytes`]).
-pub(crate) fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
-    crate::array::tensor_bytes(dtype, shape)
 }
 
 /// Checks that executors that run on the CPU alone (AOT) were asked for the CPU.

@@ -16,9 +16,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::relax::{Dialect, RelaxExecutable, VirtualMachine, VmOutput};
+use super::relax::{numpy_dtype, RelaxExecutable, VirtualMachine, VmOutput};
 use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
-use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
 
@@ -42,10 +41,6 @@ pub enum Output {
     Shape(Vec<i64>),
 }
 
-/// numpy's bool as TVM 0.19 names it (`uint1`), and as tvm-ffi does (`kDLBool`, 8 bits).
-const BOOL_UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
-const BOOL_FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
-
 /// A model ready to run on a device.
 pub struct Model {
     device: Device,
@@ -63,8 +58,6 @@ struct RelaxState {
     params: Vec<String>,
     inputs: Vec<Option<Tensor>>,
     outputs: Vec<VmOutput>,
-    /// The executable's dialect takes tvm-ffi's 8-bit bool.
-    ffi_bool: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -102,14 +95,12 @@ impl Model {
         let inner = match kind {
             ModelKind::Relax => {
                 let vm = VirtualMachine::new(tree, device).map_err(|e| ExecError::Relax(Box::new(e)))?;
-                let ffi_bool = vm.executable().dialect == Dialect::Tvm022;
                 let mut state = RelaxState {
                     vm,
                     function: String::new(),
                     params: Vec::new(),
                     inputs: Vec::new(),
                     outputs: Vec::new(),
-                    ffi_bool,
                 };
                 state.select("main", false)?;
                 Inner::Relax(Box::new(state))
@@ -198,13 +189,8 @@ impl Model {
                 exec.set_input_by_name(name.as_str(), tensor)?;
                 given[index] = true;
             }
-            Inner::Relax(r) => {
-                let mut t = tensor.clone();
-                if r.ffi_bool && t.dtype == BOOL_UINT1 {
-                    t.dtype = BOOL_FFI;
-                }
-                r.inputs[index] = Some(t);
-            }
+            // The VM passes a bool in the spelling of the executable's TVM.
+            Inner::Relax(r) => r.inputs[index] = Some(tensor.clone()),
         }
         Ok(())
     }
@@ -265,13 +251,7 @@ impl Model {
                 .outputs
                 .iter()
                 .map(|o| match o {
-                    VmOutput::Tensor(t) => {
-                        let mut t = t.clone();
-                        if t.dtype == BOOL_FFI {
-                            t.dtype = BOOL_UINT1;
-                        }
-                        Output::Tensor(t)
-                    }
+                    VmOutput::Tensor(t) => Output::Tensor(Tensor { dtype: numpy_dtype(t.dtype), ..t.clone() }),
                     VmOutput::Shape(s) => Output::Shape(s.clone()),
                 })
                 .collect()),

@@ -16,6 +16,12 @@ impl DataType {
     pub const F32: DataType = DataType { code: 2, bits: 32, lanes: 1 };
     /// `int32`.
     pub const I32: DataType = DataType { code: 0, bits: 32, lanes: 1 };
+    /// `int64`.
+    pub const I64: DataType = DataType { code: 0, bits: 64, lanes: 1 };
+    /// `bool` as TVM 0.19 to 0.21 spell it (`uint1`, one byte per element), and numpy's.
+    pub const BOOL: DataType = DataType { code: 1, bits: 1, lanes: 1 };
+    /// `bool` as tvm-ffi (TVM 0.22+) spells it: DLPack's `kDLBool`, 8 bits.
+    pub const FFI_BOOL: DataType = DataType { code: 6, bits: 8, lanes: 1 };
     /// `handle` (a pointer argument).
     pub const HANDLE: DataType = DataType { code: 3, bits: 64, lanes: 1 };
 

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use smallvec::SmallVec;
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
-use crate::device::{Device, DeviceError, DeviceType};
+use crate::device::{Device, DeviceError};
 use crate::ffi::callconv::{PackedFunction, Value as CallValue};
 use crate::ffi::device_api::{device_api, DeviceApi, Storage};
 use crate::ffi::packed::DLTensor;
@@ -414,9 +414,8 @@ impl VirtualMachine {
         if !device.is_cpu() && callees.iter().any(|c| matches!(c, Callee::Kernel(_))) {
             // Kernels compiled for the host alone check that their tensors are on the CPU; a
             // library built for a device carries that device's module.
-            let keys = tree.type_keys();
-            let has_code = keys.iter().any(|k| DeviceType::of_module_key(k) == Some(device.device_type));
-            if !has_code {
+            if !crate::exec::device_kinds(tree, 0).contains(&device.device_type) {
+                let keys = tree.type_keys();
                 return Err(VmError::UnsupportedDevice {
                     device,
                     reason: format!(
@@ -830,7 +829,7 @@ impl VirtualMachine {
                 let host = self.devices.len() - 1;
                 let storage = self.pool.alloc(host, &self.apis[host], bytes)?;
                 storage.write(0, &vec![0; bytes])?;
-                Ok(Value::Tensor(NdArray::in_storage(&storage, 0, &[size], I64)?))
+                Ok(Value::Tensor(NdArray::in_storage(&storage, 0, &[size], DataType::I64)?))
             }
             Builtin::AllocStorage => {
                 let shape = a.shape(1)?;
@@ -974,9 +973,6 @@ impl VirtualMachine {
     }
 }
 
-/// `int64`, the shape heap's dtype.
-const I64: DataType = DataType { code: 0, bits: 64, lanes: 1 };
-
 /// Resolves a packed function by name: a builtin, else a function of the tree (from the root,
 /// through the imports), called in the convention of the module that has it.
 fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
@@ -1070,31 +1066,43 @@ fn tensor_leaves<'a>(v: &'a Value, function: &str) -> Result<Vec<&'a NdArray>, V
 /// A bool input in the spelling of the executable's TVM: `uint1` (one byte per element) before
 /// tvm-ffi (0.19 to 0.21), tvm-ffi's 8-bit `kDLBool` after; either spelling is accepted.
 fn bool_for_dialect(d: DataType, ffi_bool: bool) -> DataType {
-    const UINT1: DataType = DataType { code: 1, bits: 1, lanes: 1 };
-    const FFI: DataType = DataType { code: 6, bits: 8, lanes: 1 };
     match (d, ffi_bool) {
-        (FFI, false) => UINT1,
-        (UINT1, true) => FFI,
+        (DataType::FFI_BOOL, false) => DataType::BOOL,
+        (DataType::BOOL, true) => DataType::FFI_BOOL,
         _ => d,
     }
 }
 
-/// Slot `reg` of the shape heap (a host tensor).
-fn heap_get(heap: &Option<NdArray>, reg: i64, name: &str) -> Result<i64, VmError> {
+/// An output's dtype as numpy spells it: tvm-ffi's 8-bit `kDLBool` becomes `uint1` (numpy's
+/// bool, one byte per element, the same bytes); every other dtype stays.
+pub fn numpy_dtype(d: DataType) -> DataType {
+    if d == DataType::FFI_BOOL {
+        DataType::BOOL
+    } else {
+        d
+    }
+}
+
+/// The shape heap (a host tensor) and the byte offset of its slot `reg`.
+fn heap_slot<'a>(heap: &'a Option<NdArray>, reg: i64, name: &str) -> Result<(&'a NdArray, usize), VmError> {
     let missing = || VmError::Program(format!("{name}: shape heap slot {reg} does not exist"));
     let h = heap.as_ref().ok_or_else(missing)?;
     let r = usize::try_from(reg).ok().filter(|&r| r < h.len()).ok_or_else(missing)?;
+    Ok((h, r * 8))
+}
+
+/// Slot `reg` of the shape heap.
+fn heap_get(heap: &Option<NdArray>, reg: i64, name: &str) -> Result<i64, VmError> {
+    let (h, at) = heap_slot(heap, reg, name)?;
     let mut b = [0u8; 8];
-    h.storage().read(r * 8, &mut b)?;
+    h.storage().read(at, &mut b)?;
     Ok(i64::from_le_bytes(b))
 }
 
 /// Sets slot `reg` of the shape heap.
 fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), VmError> {
-    let missing = || VmError::Program(format!("{name}: shape heap slot {reg} does not exist"));
-    let h = heap.as_ref().ok_or_else(missing)?;
-    let r = usize::try_from(reg).ok().filter(|&r| r < h.len()).ok_or_else(missing)?;
-    h.storage().write(r * 8, &v.to_le_bytes())?;
+    let (h, at) = heap_slot(heap, reg, name)?;
+    h.storage().write(at, &v.to_le_bytes())?;
     Ok(())
 }
 
@@ -1220,7 +1228,7 @@ impl Args<'_> {
     fn heap(&self, i: usize) -> Result<Option<NdArray>, VmError> {
         match self.get(i)? {
             Value::Null => Ok(None),
-            Value::Tensor(t) if t.dtype() == I64 => Ok(Some(t.clone())),
+            Value::Tensor(t) if t.dtype() == DataType::I64 => Ok(Some(t.clone())),
             v => Err(self.type_err(i, "the shape heap (an int64 tensor) or null", v)),
         }
     }

@@ -685,7 +685,7 @@ impl RelaxExecutable {
 
 /// A data type as TVM spells it, with tvm-ffi's `bool` (DLPack's `kDLBool`, code 6, 8 bits).
 pub fn dtype_name(t: DataType) -> String {
-    if t == (DataType { code: 6, bits: 8, lanes: 1 }) {
+    if t == DataType::FFI_BOOL {
         return "bool".to_owned();
     }
     t.to_string()

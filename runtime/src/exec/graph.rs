@@ -27,7 +27,7 @@ use crate::array::{tensor_bytes, NdArray};
 use crate::bytes::Bytes;
 use crate::device::Device;
 use crate::ffi::callconv::{PreparedCall, Value};
-use crate::ffi::device_api::Storage;
+use crate::ffi::device_api::{DeviceApi, Storage};
 use crate::ffi::packed::DLTensor;
 use crate::format::stream::Reader;
 use crate::format::DataType;
@@ -421,6 +421,8 @@ pub struct GraphExecutor {
     params: std::collections::HashSet<String>,
     /// The devices it runs on: the first one holds every entry unless the graph places it.
     devices: Vec<Device>,
+    /// A device off the CPU that the kernels are queued on, waited for after each run.
+    queued: Option<Arc<dyn DeviceApi>>,
     _tree: LoadedTree,
 }
 
@@ -559,6 +561,7 @@ impl GraphExecutor {
             });
         }
         let input_index = graph.arg_nodes.iter().map(|&nid| (graph.nodes[nid].name.clone(), nid)).collect();
+        let queued = pools.iter().find(|p| !p.device().is_cpu()).map(|p| p.api().clone());
         let mut exec = GraphExecutor {
             graph,
             pools,
@@ -567,6 +570,7 @@ impl GraphExecutor {
             input_index,
             params: Default::default(),
             devices: devices.to_vec(),
+            queued,
             _tree: tree.clone(),
         };
         // Params that are graph inputs, largest first (as TVM's factory does), copied to the
@@ -717,8 +721,8 @@ impl Executor for GraphExecutor {
         }
         // Kernels on a device are queued: wait for them, so that a run's errors and time are
         // its own.
-        if let Some(p) = self.pools.iter().find(|p| !p.device().is_cpu()) {
-            p.api().synchronize()?;
+        if let Some(api) = &self.queued {
+            api.synchronize()?;
         }
         Ok(())
     }

@@ -789,7 +789,8 @@ struct ModuleInner {
     /// Programs by device and section (`None`: the whole source); failures are kept too.
     programs: Mutex<HashMap<ProgramKey, Result<Arc<Program>, DeviceError>>>,
     /// Kernels by device and name.
-    kernels: Mutex<HashMap<(Device, String), Arc<Kernel>>>,
+    /// By device, then by name (looked up by `&str` on every launch: no allocation).
+    kernels: Mutex<HashMap<Device, HashMap<String, Arc<Kernel>>>>,
 }
 
 impl ModuleInner {
@@ -825,8 +826,7 @@ impl ModuleInner {
 
     /// Kernel `name` on `api`'s device, made on first use.
     fn kernel(&self, api: &Arc<OpenClApi>, name: &str) -> Result<Arc<Kernel>, String> {
-        let key = (api.device, name.to_owned());
-        if let Some(k) = lock(&self.kernels).get(&key) {
+        if let Some(k) = lock(&self.kernels).get(&api.device).and_then(|m| m.get(name)) {
             return Ok(k.clone());
         }
         let program = self.program(api, name).map_err(|e| e.to_string())?;
@@ -835,7 +835,7 @@ impl ModuleInner {
             .map_err(|c| format!("clCreateKernel: {} (is `{name}` a __kernel of the source?)", cl_text(c)))?;
         let made = Arc::new(Kernel { handle, launch: Mutex::new(()), _program: program });
         // A thread that raced here made one too: the first one in stays, the other is released.
-        Ok(lock(&self.kernels).entry(key).or_insert(made).clone())
+        Ok(lock(&self.kernels).entry(api.device).or_default().entry(name.to_owned()).or_insert(made).clone())
     }
 
     /// Launches kernel `name` on the current OpenCL device with packed `args`: the kernel
@@ -943,7 +943,7 @@ impl fmt::Debug for OpenClModule {
         f.debug_struct("OpenClModule")
             .field("device", &self.inner.device)
             .field("programs", &lock(&self.inner.programs).len())
-            .field("kernels", &lock(&self.inner.kernels).len())
+            .field("kernels", &lock(&self.inner.kernels).values().map(HashMap::len).sum::<usize>())
             .finish()
     }
 }

@@ -4,6 +4,8 @@ errors are exceptions."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -121,33 +123,41 @@ def test_relax_goldens_of_tvm_027(name):
 
 
 DEVICE_RUN = golden("..", "device-run")
-DEVICE_MODELS = {
-    name: m
-    for name, m in manifest("..", "device-run", "manifest.json")["models"].items()
-    if m["device"] == "opencl"
-}
+DEVICE_MODELS = manifest("..", "device-run", "manifest.json")["models"]
+
+
+def device_of(model: dict):
+    return {"opencl": mblob.opencl, "cuda": mblob.cuda}[model["device"]](0)
 
 
 @pytest.mark.parametrize("name", sorted(DEVICE_MODELS))
-def test_opencl_models_run_on_opencl_with_tvms_outputs(name):
-    """Models TVM built for OpenCL run on an OpenCL device (pocl here and in CI) and give
-    TVM's CPU outputs of the same model within rtol * max(1, max|ref|)."""
+def test_device_models_run_on_their_device_with_tvms_outputs(name):
+    """Models TVM built for OpenCL or CUDA run on such a device and give TVM's CPU outputs of
+    the same model within rtol * max(1, max|ref|). OpenCL runs on pocl here and in CI; a CUDA
+    model is skipped (shown as skipped) where no NVIDIA driver and GPU are found."""
     model = DEVICE_MODELS[name]
     m = mblob.load_module(DEVICE_RUN / model["so"])
+    dev = device_of(model)
     cases = model.get("cases") or [model]
     for case in cases:
         ins = [(i["name"], np.load(DEVICE_RUN / i["file"])) for i in case["inputs"]]
         want = [np.load(DEVICE_RUN / o["file"]) for o in case["outputs"]]
-        if model["executor"] == "relax":
-            vm = mblob.VirtualMachine(m, mblob.opencl(0))
-            got = vm[model["entry"]](*[a for _, a in ins])
-            got = list(got) if isinstance(got, tuple) else [got]
-        else:
-            gmod = m[model["entry"]](mblob.opencl(0))
-            for n, a in ins:
-                gmod.set_input(n, a)
-            gmod.run()
-            got = [gmod.get_output(i) for i in range(gmod.get_num_outputs())]
+        try:
+            if model["executor"] == "relax":
+                vm = mblob.VirtualMachine(m, dev)
+                got = vm[model["entry"]](*[a for _, a in ins])
+                got = list(got) if isinstance(got, tuple) else [got]
+            else:
+                gmod = m[model["entry"]](dev)
+                for n, a in ins:
+                    gmod.set_input(n, a)
+                gmod.run()
+                got = [gmod.get_output(i) for i in range(gmod.get_num_outputs())]
+        except mblob.Error as e:
+            no_gpu = "no CUDA driver found" in str(e) or "no CUDA device" in str(e)
+            if model["device"] == "cuda" and no_gpu and not os.environ.get("MBLOB_REQUIRE_CUDA"):
+                pytest.skip(f"no NVIDIA GPU here: {e}")
+            raise
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype

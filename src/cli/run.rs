@@ -61,6 +61,15 @@ pub struct RunArgs {
     /// `B=float32[4]` or `y=int8[2,16]` (repeatable, in argument order).
     #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]")]
     pub outputs: Vec<String>,
+    /// Run the library as TVM's graph executor does with this graph JSON (what `relay.build`'s
+    /// `get_graph_json()` returns): the "classic trio" of a host library (`get_lib()`), its
+    /// graph JSON and a params file, as `graph_executor.create(graph_json, lib, dev)` runs it.
+    #[arg(long, value_name = "GRAPH.json")]
+    pub graph: Option<PathBuf>,
+    /// With `--graph`: the params file (`relay.save_param_dict(get_params())`), loaded as the
+    /// graph executor's `load_params` does (params the graph does not take are skipped).
+    #[arg(long, value_name = "FILE.params", requires = "graph")]
+    pub params: Option<PathBuf>,
 }
 
 fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
@@ -103,6 +112,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
     let model = args.model.display().to_string();
+    let tree = match &args.graph {
+        Some(graph) => graph_tree(&tree, &model, graph, args.params.as_deref())?,
+        None => tree,
+    };
     let kind = Model::kind_of(&tree);
     let device = pick_device(&tree, args.device);
     let (outputs, times) = match (&args.function, kind) {
@@ -126,6 +139,40 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     write_outputs(args.output_dir.as_deref(), &outputs)?;
     print_times(&times);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The classic trio: a tree whose root is a `GraphExecutorFactory` made of the graph JSON at
+/// `graph` and the params file at `params`, importing the library `lib` (loaded from `model`).
+/// Errors name the file at fault: the graph JSON when it does not parse or calls a function
+/// the library lacks, the params file when it is not one.
+fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&Path>) -> Result<LoadedTree> {
+    if Model::kind_of(lib).is_some() {
+        return Err(invalid(
+            "--graph",
+            format!("{model} already holds a model ({:?}); --graph is for a host library (`get_lib()`)", Model::kind_of(lib)),
+        ));
+    }
+    let graph_name = graph.display().to_string();
+    let json = std::fs::read(graph)
+        .map_err(|source| Error::Io { path: graph.to_owned(), action: "cannot read", source })?;
+    let json = String::from_utf8(json).map_err(|_| invalid(&graph_name, "not a graph JSON: not UTF-8 text"))?;
+    let params = match params_path {
+        Some(p) => {
+            let bytes = std::fs::read(p).map_err(|source| Error::Io { path: p.to_owned(), action: "cannot read", source })?;
+            exec::graph::read_params(&mblob_runtime::Bytes::from_vec(bytes))
+                .map_err(|e| invalid(p.display().to_string(), format!("not a params file (save_param_dict): {e}")))?
+        }
+        None => Vec::new(),
+    };
+    let factory = exec::graph::GraphFactory::from_parts(&json, lib, params).map_err(|e| {
+        let what = match (&e, params_path) {
+            (exec::ExecError::MissingFunction { .. }, _) => format!("{graph_name} does not match {model}"),
+            (exec::ExecError::Params(_), Some(p)) => format!("{} does not match {graph_name}", p.display()),
+            _ => graph_name.clone(),
+        };
+        invalid(what, e.to_string())
+    })?;
+    Ok(factory.tree().clone())
 }
 
 /// Writes `DIR/out.0.npy`, `out.1.npy`, ... in output order (nothing without a directory).

@@ -31,7 +31,7 @@ use crate::ffi::device_api::{DeviceApi, Storage};
 use crate::ffi::packed::DLTensor;
 use crate::format::stream::Reader;
 use crate::format::DataType;
-use crate::module::LoadedTree;
+use crate::module::{LoadedModule, LoadedTree};
 use crate::payload::graph::{GraphExecutorFactory, Tensor as PayloadTensor};
 
 /// An input of an op: `[node id, output index, version?]`.
@@ -374,6 +374,55 @@ impl GraphFactory {
                 ExecError::NoFactory(format!("no GraphExecutorFactory in the tree ({})", tree.type_keys().join(", ")))
             })?;
         Ok(GraphFactory { tree: tree.clone(), index })
+    }
+
+    /// A factory made of TVM's "classic trio": a graph JSON (`get_graph_json`), the library
+    /// whose functions its ops call (`get_lib`, loaded from its own file) and params
+    /// (`save_param_dict`, read with [`read_params`]). What TVM's
+    /// `graph_executor.create(graph_json, lib, dev)` followed by `load_params` runs: the
+    /// executor [`GraphFactory::default`] builds looks the kernels up in `lib` (its root, then
+    /// its imports) and sets every param that is a graph input. The graph is parsed and
+    /// checked here, and so is each kernel it calls (in `lib`) and each param it takes (dtype
+    /// and shape); params the graph does not take are kept and skipped, as `load_params` does.
+    pub fn from_parts(
+        graph_json: &str,
+        lib: &LoadedTree,
+        params: Vec<(String, PayloadTensor)>,
+    ) -> Result<GraphFactory, ExecError> {
+        let graph = Graph::parse(graph_json)?;
+        // Every kernel the graph calls must be in the library, and every param that is a graph
+        // input must have the input's dtype and shape: checked now, before any memory is
+        // allocated, so that a graph or params file of another model is refused by name.
+        for node in graph.nodes.iter().filter(|n| n.op == "tvm_op") {
+            if !matches!(node.func_name.as_str(), "__nop" | "__copy") && lib.lookup(0, &node.func_name).is_none() {
+                return Err(ExecError::MissingFunction { node: node.name.clone(), function: node.func_name.clone() });
+            }
+        }
+        for (name, t) in &params {
+            let Some(&nid) = graph.arg_nodes.iter().find(|&&nid| graph.nodes[nid].name == *name) else { continue };
+            let e = graph.entry_id(NodeEntry { node: nid, index: 0 });
+            if graph.dltype[e] != t.dtype || graph.shape[e] != t.shape {
+                return Err(ExecError::Params(format!(
+                    "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
+                    t.dtype, t.shape, graph.dltype[e], graph.shape[e]
+                )));
+            }
+        }
+        let factory = GraphExecutorFactory::new(graph_json, params, "default");
+        let mut modules = Vec::with_capacity(lib.modules.len() + 1);
+        modules.push(LoadedModule { module: Arc::new(factory), imports: vec![1] });
+        modules.extend(lib.modules.iter().map(|m| LoadedModule {
+            module: m.module.clone(),
+            imports: m.imports.iter().map(|i| i + 1).collect(),
+        }));
+        let tree = LoadedTree { modules, origin: lib.origin.clone() };
+        Ok(GraphFactory { tree, index: 0 })
+    }
+
+    /// The tree the factory lives in (for [`GraphFactory::from_parts`]: the factory, then the
+    /// library's modules).
+    pub fn tree(&self) -> &LoadedTree {
+        &self.tree
     }
 
     /// The factory payload.

@@ -296,6 +296,17 @@ pub fn inspect_path(path: &Path, options: &Options) -> Result<Report> {
 pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: Option<&str>) -> Result<Report> {
     let registry = Registry::default();
     let mut report = empty_report(path, FileKind::Blob);
+    // TVM's export_library("x.tar") compresses the archive (`tar -czf`).
+    if crate::tvm_tar::is_gzip(data) {
+        let plain = crate::tvm_tar::gunzip(data, path)?;
+        if !is_tar(&plain) {
+            return Err(Error::Invalid {
+                what: path.display().to_string(),
+                detail: "a gzip stream that holds no tar archive".into(),
+            });
+        }
+        return inspect_tar(&plain, path, prefix);
+    }
     if is_tar(data) {
         return inspect_tar(data, path, prefix);
     }

@@ -20,6 +20,7 @@ pub mod pack;
 pub mod repack;
 pub mod tool;
 pub mod tree_json;
+pub mod tvm_tar;
 
 pub use error::{with_causes, Error, Result};
 pub use mblob_runtime as runtime;

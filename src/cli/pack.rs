@@ -202,8 +202,11 @@ fn print_report(r: &ExportReport, layout: Layout) {
 #[derive(Debug, clap::Args)]
 #[command(after_help = export_environment_help!())]
 pub struct PackArgs {
-    /// The `.so` or raw `.blob` whose module tree is packed again. It is read, never run;
-    /// payload kinds mblob does not know are carried over as opaque bytes.
+    /// The `.so`, raw `.blob`, blob object (`devc.o`, TVM's or mblob's) or `.tar` (TVM's
+    /// `export_library("x.tar")`, gzip-compressed, or mblob's) whose module tree is packed
+    /// again. It is read, never run; payload kinds mblob does not know are carried over as
+    /// opaque bytes. From a `.tar`, the host objects are the archive's own (`lib0.o`, ...)
+    /// unless `--host` gives others.
     #[arg(long, value_name = "IN")]
     pub from: PathBuf,
     /// Layout of a raw `.blob` input (default: detected).
@@ -213,7 +216,7 @@ pub struct PackArgs {
     /// linked into the new library (the blob's `_lib` stands for them). For a TVM library,
     /// the `lib0.o` (`lib1.o`, ...) that `export_library` compiled; `export_library("x.tar")`
     /// gives them. A shared library cannot be linked again, so a `.so` is refused. Required
-    /// unless `--blob-only`.
+    /// unless `--blob-only` or `--from` is a `.tar` (which holds them).
     #[arg(long = "host", value_name = "OBJ", num_args = 1..)]
     pub host: Vec<PathBuf>,
     /// Write a library that holds only the blob, without host code (no model functions: for
@@ -227,10 +230,49 @@ pub struct PackArgs {
 
 /// Runs `mblob pack`.
 pub fn run(args: &PackArgs) -> Result<ExitCode> {
+    if let Some(tar) = mblob::tvm_tar::TvmTar::open(&args.from)? {
+        return run_from_tar(args, &tar);
+    }
     check_host(args)?;
     let tree = mblob::repack::read_module_tree(&args.from, args.from_layout)?;
     let mut e = Export::from_tree(tree);
     for h in &args.host {
+        if is_source(h) {
+            e.c_source(h.clone());
+        } else {
+            e.object(h.clone());
+        }
+    }
+    args.options.apply(&mut e);
+    args.options.write(&mut e)
+}
+
+/// `pack --from X.tar`: the module tree of the archive's blob member (TVM's `devc.o`), linked
+/// with the archive's own host objects (`lib0.o`, ...) unless `--host` or `--blob-only` says
+/// otherwise.
+fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCode> {
+    let tree = tar.module_tree(None)?;
+    let dir = tempfile::Builder::new()
+        .prefix(".mblob-tar-")
+        .tempdir()
+        .map_err(Error::io(std::env::temp_dir(), "cannot create a directory in"))?;
+    let hosts = if args.blob_only {
+        Vec::new()
+    } else if !args.host.is_empty() {
+        check_host(args)?;
+        args.host.clone()
+    } else {
+        let objects = tar.write_host_objects(dir.path())?;
+        if objects.is_empty() {
+            return Err(Error::Invalid {
+                what: args.from.display().to_string(),
+                detail: "holds no host objects (TVM's lib0.o, ...): give them with --host, or pass --blob-only".into(),
+            });
+        }
+        objects
+    };
+    let mut e = Export::from_tree(tree);
+    for h in &hosts {
         if is_source(h) {
             e.c_source(h.clone());
         } else {

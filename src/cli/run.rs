@@ -149,16 +149,20 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
     if Model::kind_of(lib).is_some() {
         return Err(invalid(
             "--graph",
-            format!("{model} already holds a model ({:?}); --graph is for a host library (`get_lib()`)", Model::kind_of(lib)),
+            format!(
+                "{model} already holds a model ({:?}); --graph is for a host library (`get_lib()`)",
+                Model::kind_of(lib)
+            ),
         ));
     }
     let graph_name = graph.display().to_string();
-    let json = std::fs::read(graph)
-        .map_err(|source| Error::Io { path: graph.to_owned(), action: "cannot read", source })?;
+    let json =
+        std::fs::read(graph).map_err(|source| Error::Io { path: graph.to_owned(), action: "cannot read", source })?;
     let json = String::from_utf8(json).map_err(|_| invalid(&graph_name, "not a graph JSON: not UTF-8 text"))?;
     let params = match params_path {
         Some(p) => {
-            let bytes = std::fs::read(p).map_err(|source| Error::Io { path: p.to_owned(), action: "cannot read", source })?;
+            let bytes =
+                std::fs::read(p).map_err(|source| Error::Io { path: p.to_owned(), action: "cannot read", source })?;
             exec::graph::read_params(&mblob_runtime::Bytes::from_vec(bytes))
                 .map_err(|e| invalid(p.display().to_string(), format!("not a params file (save_param_dict): {e}")))?
         }

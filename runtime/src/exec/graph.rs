@@ -411,10 +411,11 @@ impl GraphFactory {
         let factory = GraphExecutorFactory::new(graph_json, params, "default");
         let mut modules = Vec::with_capacity(lib.modules.len() + 1);
         modules.push(LoadedModule { module: Arc::new(factory), imports: vec![1] });
-        modules.extend(lib.modules.iter().map(|m| LoadedModule {
-            module: m.module.clone(),
-            imports: m.imports.iter().map(|i| i + 1).collect(),
-        }));
+        modules.extend(
+            lib.modules
+                .iter()
+                .map(|m| LoadedModule { module: m.module.clone(), imports: m.imports.iter().map(|i| i + 1).collect() }),
+        );
         let tree = LoadedTree { modules, origin: lib.origin.clone() };
         Ok(GraphFactory { tree, index: 0 })
     }

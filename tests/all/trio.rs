@@ -1,0 +1,175 @@
+//! TVM's other artifacts (tests/fixtures/trio, made by TVM 0.19 and 0.27): the classic trio
+//! (host library, graph JSON, params file) run with `mblob run --graph --params`, and TVM's
+//! own gzip-compressed `.tar` exports read by `inspect`, `extract` and `pack --from`, each
+//! checked against TVM's outputs bit for bit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn trio() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trio")
+}
+
+fn f(name: &str) -> String {
+    trio().join(name).to_str().unwrap().to_owned()
+}
+
+fn mblob(args: &[&str], tmpdir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mblob")).args(args).env("TMPDIR", tmpdir).output().expect("run mblob")
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A failure with exit status 1; its stderr.
+fn fails(out: Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// A float32 `.npy` file's shape and the bits of its values.
+fn npy(path: &Path) -> (Vec<u64>, Vec<u32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let file = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(file.dtype(), npyz::DType::Plain("<f4".parse().unwrap()), "{}", path.display());
+    let shape = file.shape().to_vec();
+    let v: Vec<f32> = file.into_vec().unwrap();
+    (shape, v.iter().map(|x| x.to_bits()).collect())
+}
+
+/// `out.0.npy` of `dir` is TVM's `want`, bit for bit.
+fn same_as_tvm(dir: &Path, want: &str) {
+    let got = npy(&dir.join("out.0.npy"));
+    assert_eq!(got, npy(&trio().join(want)), "mblob's output differs from TVM's {want}");
+}
+
+#[test]
+fn the_classic_trio_runs_as_tvm_graph_executor_create_and_load_params() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = out.to_str().unwrap();
+    ok(mblob(
+        &[
+            "run",
+            &f("m.so"),
+            "--graph",
+            &f("m.json"),
+            "--params",
+            &f("m.params"),
+            "-i",
+            &format!("x={}", f("m.in.x.npy")),
+            "-o",
+            o,
+        ],
+        tmp.path(),
+    ));
+    same_as_tvm(&out, "m.out.0.npy");
+}
+
+#[test]
+fn trio_bad_input_is_a_typed_error_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = format!("x={}", f("m.in.x.npy"));
+    // A params file that is not one (the graph JSON given as params).
+    let err =
+        fails(mblob(&["run", &f("m.so"), "--graph", &f("m.json"), "--params", &f("m.json"), "-i", &x], tmp.path()));
+    assert!(err.contains(&format!("{}: not a params file", f("m.json"))), "{err}");
+    // A truncated params file.
+    let cut = tmp.path().join("cut.params");
+    let p = std::fs::read(trio().join("m.params")).unwrap();
+    std::fs::write(&cut, &p[..p.len() - 5]).unwrap();
+    let err = fails(mblob(
+        &["run", &f("m.so"), "--graph", &f("m.json"), "--params", cut.to_str().unwrap(), "-i", &x],
+        tmp.path(),
+    ));
+    assert!(err.contains("cut.params: not a params file"), "{err}");
+    // A graph JSON that calls a kernel the library does not have.
+    let json = std::fs::read_to_string(trio().join("m.json")).unwrap();
+    let other = tmp.path().join("other.json");
+    std::fs::write(&other, json.replace("dense_pack_add_nn_relu", "dense_pack_sub_nn_relu")).unwrap();
+    let err = fails(mblob(
+        &["run", &f("m.so"), "--graph", other.to_str().unwrap(), "--params", &f("m.params"), "-i", &x],
+        tmp.path(),
+    ));
+    assert!(err.contains("other.json does not match") && err.contains("dense_pack_sub_nn_relu"), "{err}");
+    // Params of another shape than the graph's inputs.
+    let reshaped = tmp.path().join("reshaped.json");
+    std::fs::write(&reshaped, json.replace("[1, 8, 4]", "[1, 4, 8]")).unwrap();
+    let err = fails(mblob(
+        &["run", &f("m.so"), "--graph", reshaped.to_str().unwrap(), "--params", &f("m.params"), "-i", &x],
+        tmp.path(),
+    ));
+    assert!(err.contains("m.params does not match") && err.contains("param `p0`"), "{err}");
+    // Not a graph JSON at all.
+    let err = fails(mblob(&["run", &f("m.so"), "--graph", &f("m.params"), "-i", &x], tmp.path()));
+    assert!(err.contains(&format!("{}: not a graph JSON", f("m.params"))), "{err}");
+    // --params without --graph is a usage error.
+    let out = mblob(&["run", &f("m.so"), "--params", &f("m.params")], tmp.path());
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn tvm_tars_are_gzip_and_inspect_reads_their_blob_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (tar, layout, key) in [("m.tar", "classic", "GraphExecutorFactory"), ("r.tar", "ffi", "relax.VMExecutable")] {
+        assert!(std::fs::read(trio().join(tar)).unwrap().starts_with(&[0x1f, 0x8b]), "TVM's {tar} is gzip");
+        let report: serde_json::Value =
+            serde_json::from_str(&ok(mblob(&["inspect", "--json", &f(tar)], tmp.path()))).unwrap();
+        assert_eq!(report["kind"], "tar");
+        assert_eq!(report["layout"], layout);
+        assert_eq!(report["type_keys"][0], key);
+        assert_eq!(report["tar"]["blob_member"], "devc.o");
+        let names: Vec<&str> =
+            report["tar"]["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["devc.o", "lib0.o"]);
+    }
+}
+
+#[test]
+fn extract_of_tvm_tar_gives_tvm_graph_json_and_params_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x");
+    ok(mblob(&["extract", &f("m.tar"), "-o", out.to_str().unwrap()], tmp.path()));
+    // The factory in TVM's devc.o holds what get_graph_json and save_param_dict wrote.
+    assert_eq!(std::fs::read(out.join("0.graph.json")).unwrap(), std::fs::read(trio().join("m.json")).unwrap());
+    assert_eq!(std::fs::read(out.join("0.params")).unwrap(), std::fs::read(trio().join("m.params")).unwrap());
+}
+
+#[test]
+fn pack_from_tvm_tar_links_its_own_host_objects_and_runs_as_tvm() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (tar, layout, inputs, want) in [
+        ("m.tar", "classic", vec![format!("x={}", f("m.in.x.npy"))], "m.out.0.npy"),
+        ("r.tar", "ffi", vec![format!("x={}", f("r.in.x.npy")), format!("y={}", f("r.in.y.npy"))], "r.out.0.npy"),
+    ] {
+        let so = tmp.path().join(format!("{tar}.so"));
+        ok(mblob(&["pack", "--from", &f(tar), "--layout", layout, "-o", so.to_str().unwrap(), "-q"], tmp.path()));
+        let out = tmp.path().join(format!("{tar}.out"));
+        let mut args =
+            vec!["run".to_owned(), so.to_str().unwrap().to_owned(), "-o".into(), out.to_str().unwrap().into()];
+        for i in &inputs {
+            args.extend(["-i".to_owned(), i.clone()]);
+        }
+        ok(mblob(&args.iter().map(String::as_str).collect::<Vec<_>>(), tmp.path()));
+        same_as_tvm(&out, want);
+    }
+}
+
+#[test]
+fn a_corrupt_tar_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(trio().join("m.tar")).unwrap();
+    let cut = tmp.path().join("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let so = tmp.path().join("o.so");
+    for args in [
+        vec!["inspect", cut.to_str().unwrap()],
+        vec!["pack", "--from", cut.to_str().unwrap(), "-o", so.to_str().unwrap()],
+    ] {
+        let err = fails(mblob(&args, tmp.path()));
+        assert!(err.contains("cut.tar: not a readable gzip stream"), "{args:?}: {err}");
+    }
+    assert!(!so.exists());
+}

@@ -25,6 +25,16 @@
 //! are those of [`FunctionInfo`]; `name` defaults to empty (what TVM up to 0.21 writes) and
 //! `arg_extra_tags` to one 0 per argument (none for WebGPU), as TVM 0.21 writes them.
 //!
+//! A `GraphExecutorFactory` can also be made from the files TVM's `relay.build` result
+//! writes: the graph JSON (`get_graph_json()`) and the params file
+//! (`relay.save_param_dict(get_params())`), with the model's name (default `default`):
+//!
+//! ```json
+//! {"type_key": "GraphExecutorFactory", "graph": "model.json", "params": "model.params",
+//!  "module_name": "default", "imports": [{"type_key": "llvm", "objects": ["lib0.o"]}]}
+//! ```
+//! The graph is parsed and every param it takes is checked against its input (dtype, shape).
+//!
 //! DSO parts (`llvm`, `c`, `static_library`) list object files, C sources and LLVM IR files.
 //! Paths are relative to the JSON file. A node may carry an `"id"`: nodes with the same id are
 //! one module (imported twice).
@@ -111,6 +121,10 @@ struct NodeJson {
     ir: Option<Vec<String>>,
     // Payload modules.
     payload: Option<String>,
+    // A graph executor factory from TVM's files.
+    graph: Option<String>,
+    params: Option<String>,
+    module_name: Option<String>,
     // Device modules from their parts.
     format: Option<String>,
     data: Option<String>,
@@ -124,6 +138,8 @@ struct NodeJson {
 const DSO_FIELDS: [&str; 6] = ["type_key", "id", "imports", "objects", "sources", "ir"];
 /// Fields of a payload module.
 const PAYLOAD_FIELDS: [&str; 4] = ["type_key", "id", "imports", "payload"];
+/// Fields of a graph executor factory made from a graph JSON and a params file.
+const GRAPH_FIELDS: [&str; 6] = ["type_key", "id", "imports", "graph", "params", "module_name"];
 /// Fields of a device module made from its parts.
 const DEVICE_FIELDS: [&str; 9] =
     ["type_key", "id", "imports", "format", "data", "functions", "version", "smap", "shaders"];
@@ -139,6 +155,9 @@ impl NodeJson {
             sources,
             ir,
             payload,
+            graph,
+            params,
+            module_name,
             format,
             data,
             functions,
@@ -154,6 +173,9 @@ impl NodeJson {
             ("sources", sources.is_some()),
             ("ir", ir.is_some()),
             ("payload", payload.is_some()),
+            ("graph", graph.is_some()),
+            ("params", params.is_some()),
+            ("module_name", module_name.is_some()),
             ("format", format.is_some()),
             ("data", data.is_some()),
             ("functions", functions.is_some()),
@@ -354,6 +376,9 @@ impl Builder<'_> {
             if n.payload.is_some() {
                 self.only(n, &PAYLOAD_FIELDS, at, "a module read from a `payload` file")?;
                 self.payload_file(key, n, at)?
+            } else if n.graph.is_some() || n.params.is_some() || n.module_name.is_some() {
+                self.only(n, &GRAPH_FIELDS, at, "a graph executor factory read from `graph` and `params` files")?;
+                self.graph_factory(key, n, at)?
             } else if n.data.is_some() || n.smap.is_some() || n.shaders.is_some() {
                 self.only(n, &DEVICE_FIELDS, at, "a device module")?;
                 self.device_module(key, n, at)?
@@ -434,6 +459,41 @@ impl Builder<'_> {
             .load(bytes, Layout::Classic)
             .map_err(|e| self.bad(&at, format!("not a `{key}` payload as a classic blob holds it: {e}")))?;
         self.tree.add_loaded(module).map_err(|k| self.bad(&at, format!("a `{k}` module cannot be saved again")))
+    }
+
+    /// A graph executor factory from what TVM's `relay.build` result gives: the graph JSON
+    /// (`get_graph_json()`) in `graph`, the params file (`save_param_dict(get_params())`) in
+    /// `params` (none: no params), and `module_name` (default `default`). The graph is parsed
+    /// and each param it takes checked against its input (dtype and shape); the params keep
+    /// the file's order.
+    fn graph_factory(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
+        use mblob_runtime::exec::graph::{read_params, Graph};
+        use mblob_runtime::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
+        if key != GRAPH_EXECUTOR_FACTORY && key != GRAPH_RUNTIME_FACTORY {
+            return Err(self.bad(at, format!("`graph` and `params` make a `{GRAPH_EXECUTOR_FACTORY}`, not a `{key}`")));
+        }
+        let graph_at = format!("{at}.graph");
+        let name = n.graph.as_deref().ok_or_else(|| self.bad(at, "`graph` (the graph JSON file) is missing"))?;
+        let bytes = self.open(name, &graph_at, "graph JSON")?;
+        let json = std::str::from_utf8(&bytes)
+            .map_err(|_| self.bad(&graph_at, format!("`{name}` is not a graph JSON: not UTF-8 text")))?;
+        let graph = Graph::parse(json).map_err(|e| self.bad(&graph_at, format!("`{name}`: {e}")))?;
+        let params = match n.params.as_deref() {
+            Some(p) => {
+                let params_at = format!("{at}.params");
+                let bytes = self.open(p, &params_at, "params file")?;
+                let params = read_params(&bytes)
+                    .map_err(|e| self.bad(&params_at, format!("`{p}` is not a params file (save_param_dict): {e}")))?;
+                graph
+                    .check_params(&params)
+                    .map_err(|e| self.bad(&params_at, format!("`{p}` does not match `{name}`: {e}")))?;
+                params
+            }
+            None => Vec::new(),
+        };
+        let mut factory = GraphExecutorFactory::new(json, params, n.module_name.as_deref().unwrap_or("default"));
+        factory.type_key = key.to_owned();
+        Ok(self.tree.add_payload(factory))
     }
 
     /// A device module from its parts: `format`, `functions`, and its code in `data`, `smap`

@@ -173,3 +173,61 @@ fn a_corrupt_tar_is_an_error_naming_it() {
     }
     assert!(!so.exists());
 }
+
+/// The blob of a linked library or of a blob object.
+fn blob_of(data: &[u8]) -> Vec<u8> {
+    mblob::runtime::elf::find_blob(data, None).unwrap().unwrap().bytes(data).unwrap().to_vec()
+}
+
+#[test]
+fn export_of_a_tree_json_with_graph_and_params_is_tvms_blob_and_runs_as_tvm() {
+    let tmp = tempfile::tempdir().unwrap();
+    // TVM's host object and blob object, from TVM's own .tar of the same relay.build result.
+    let tar = mblob::tvm_tar::TvmTar::open(&trio().join("m.tar")).unwrap().unwrap();
+    let objects = tar.write_host_objects(tmp.path()).unwrap();
+    assert_eq!(objects, [tmp.path().join("lib0.o")]);
+    let tvm_blob = tar.blob_member(None).unwrap().unwrap().blob.to_vec();
+    std::fs::copy(trio().join("m.json"), tmp.path().join("m.json")).unwrap();
+    std::fs::copy(trio().join("m.params"), tmp.path().join("m.params")).unwrap();
+    let tree = tmp.path().join("tree.json");
+    std::fs::write(
+        &tree,
+        r#"{"type_key": "GraphExecutorFactory", "graph": "m.json", "params": "m.params",
+            "imports": [{"type_key": "llvm", "objects": ["lib0.o"]}]}"#,
+    )
+    .unwrap();
+    let so = tmp.path().join("m.so");
+    ok(mblob(&["export", tree.to_str().unwrap(), "-o", so.to_str().unwrap(), "-q"], tmp.path()));
+    // The factory made of get_graph_json + save_param_dict is the one TVM packed itself.
+    assert_eq!(blob_of(&std::fs::read(&so).unwrap()), tvm_blob);
+    let out = tmp.path().join("out");
+    ok(mblob(
+        &["run", so.to_str().unwrap(), "-i", &format!("x={}", f("m.in.x.npy")), "-o", out.to_str().unwrap()],
+        tmp.path(),
+    ));
+    same_as_tvm(&out, "m.out.0.npy");
+
+    // A params file that is not one, and params of another graph: errors at the field.
+    std::fs::write(tmp.path().join("bad.params"), b"not params").unwrap();
+    std::fs::write(
+        &tree,
+        r#"{"type_key": "GraphExecutorFactory", "graph": "m.json", "params": "bad.params",
+            "imports": [{"type_key": "llvm", "objects": ["lib0.o"]}]}"#,
+    )
+    .unwrap();
+    let err = fails(mblob(&["export", tree.to_str().unwrap(), "-o", so.to_str().unwrap()], tmp.path()));
+    assert!(err.contains("tree.json at $.params: `bad.params` is not a params file"), "{err}");
+    let json = std::fs::read_to_string(trio().join("m.json")).unwrap();
+    std::fs::write(tmp.path().join("other.json"), json.replace("[1, 4]", "[1, 5]")).unwrap();
+    std::fs::write(
+        &tree,
+        r#"{"type_key": "GraphExecutorFactory", "graph": "other.json", "params": "m.params",
+            "imports": [{"type_key": "llvm", "objects": ["lib0.o"]}]}"#,
+    )
+    .unwrap();
+    let err = fails(mblob(&["export", tree.to_str().unwrap(), "-o", so.to_str().unwrap()], tmp.path()));
+    assert!(err.contains("`m.params` does not match `other.json`") && err.contains("param `p1`"), "{err}");
+    std::fs::write(&tree, r#"{"type_key": "cuda", "graph": "m.json"}"#).unwrap();
+    let err = fails(mblob(&["export", tree.to_str().unwrap(), "-o", so.to_str().unwrap()], tmp.path()));
+    assert!(err.contains("make a `GraphExecutorFactory`, not a `cuda`"), "{err}");
+}

@@ -307,6 +307,22 @@ impl Graph {
         Ok(Graph { nodes, arg_nodes, heads, node_row_ptr: row_ptr, dltype, shape, storage_id, device_index })
     }
 
+    /// Checks that every param that is an input of the graph has that input's dtype and
+    /// shape (params the graph does not take are not looked at, as `load_params` skips them).
+    pub fn check_params(&self, params: &[(String, PayloadTensor)]) -> Result<(), ExecError> {
+        for (name, t) in params {
+            let Some(&nid) = self.arg_nodes.iter().find(|&&nid| self.nodes[nid].name == *name) else { continue };
+            let e = self.entry_id(NodeEntry { node: nid, index: 0 });
+            if self.dltype[e] != t.dtype || self.shape[e] != t.shape {
+                return Err(ExecError::Params(format!(
+                    "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
+                    t.dtype, t.shape, self.dltype[e], self.shape[e]
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The entry id of output `index` of node `node`.
     pub fn entry_id(&self, e: NodeEntry) -> usize {
         self.node_row_ptr[e.node] + e.index
@@ -398,16 +414,7 @@ impl GraphFactory {
                 return Err(ExecError::MissingFunction { node: node.name.clone(), function: node.func_name.clone() });
             }
         }
-        for (name, t) in &params {
-            let Some(&nid) = graph.arg_nodes.iter().find(|&&nid| graph.nodes[nid].name == *name) else { continue };
-            let e = graph.entry_id(NodeEntry { node: nid, index: 0 });
-            if graph.dltype[e] != t.dtype || graph.shape[e] != t.shape {
-                return Err(ExecError::Params(format!(
-                    "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
-                    t.dtype, t.shape, graph.dltype[e], graph.shape[e]
-                )));
-            }
-        }
+        graph.check_params(&params)?;
         let factory = GraphExecutorFactory::new(graph_json, params, "default");
         let mut modules = Vec::with_capacity(lib.modules.len() + 1);
         modules.push(LoadedModule { module: Arc::new(factory), imports: vec![1] });

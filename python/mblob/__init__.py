@@ -216,3 +216,4 @@ def read_blob(path: PathLike, *, layout: Optional[str] = None) -> Tuple[bytes, s
 
 
 from . import tvm  # noqa: E402  (mblob.tvm imports TVM only when called)
+from . import graph_executor  # noqa: E402  (graph_executor.create: the classic trio)

@@ -155,6 +155,13 @@ class GraphModule:
         """The number of inputs a caller sets (params excluded)."""
         return len(self._e.inputs())
 
+    def load_params(self, params_bytes: Union[bytes, bytearray]) -> None:
+        """Loads a params file's bytes (what ``relay.save_param_dict`` writes), as TVM's
+        ``GraphModule.load_params``: each param goes to the graph input of its name; params the
+        graph does not take are skipped. A file that is not a params file, or a param whose
+        dtype or shape differs from its input, raises :class:`mblob.InputError` (nothing set)."""
+        self._e.load_params(bytes(params_bytes))
+
     def get_input_info(self) -> List[Tuple[str, Tuple[int, ...], str]]:
         """``(name, shape, dtype)`` of each input a caller sets."""
         return [(n, tuple(s), d) for n, s, d in self._e.inputs()]

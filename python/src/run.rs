@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, VirtualMachine};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
@@ -248,6 +249,47 @@ impl GraphExecutor {
         let devs = devices(devs);
         let inner = run(py, move || mblob_runtime::exec::executor(&tree, &devs).map_err(run_error))?;
         Ok(GraphExecutor { inner: Mutex::new(inner) })
+    }
+
+    /// TVM's `graph_executor.create(graph_json, lib, dev)`: an executor of the graph JSON
+    /// (`get_graph_json()`) whose ops call the functions of `library` (`get_lib()`, loaded on
+    /// its own), on `devs`, without params (see `load_params`). The graph is checked against
+    /// the library: an input error names the first kernel it lacks.
+    #[staticmethod]
+    fn create(py: Python<'_>, library: &Library, graph_json: String, devs: Vec<(i32, i32)>) -> PyResult<GraphExecutor> {
+        let tree = library.tree.clone();
+        let devs = devices(devs);
+        let inner = run(py, move || {
+            let factory = GraphFactory::from_parts(&graph_json, &tree, Vec::new())
+                .map_err(|e| PyErrLater::Input(crate::message(&e)))?;
+            let exec: Box<dyn Executor + Send> = Box::new(factory.default(&devs).map_err(run_error)?);
+            Ok(exec)
+        })?;
+        Ok(GraphExecutor { inner: Mutex::new(inner) })
+    }
+
+    /// TVM's `load_params(bytes)`: reads a params file (`save_param_dict`) and copies each
+    /// param into the graph input of its name (params the graph does not take are skipped, as
+    /// TVM does). Nothing is set unless every param the graph takes fits its input.
+    fn load_params(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<()> {
+        self.with(py, move |e| {
+            let params = read_params(&mblob_runtime::Bytes::from_vec(data))
+                .map_err(|err| PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err))))?;
+            let taken: Vec<_> = params.iter().filter(|(n, _)| e.input_index(n).is_some()).collect();
+            for (name, t) in &taken {
+                let info = &e.inputs()[e.input_index(name).expect("filtered")];
+                if info.dtype != t.dtype || info.shape != t.shape {
+                    return Err(PyErrLater::Input(format!(
+                        "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
+                        t.dtype, t.shape, info.dtype, info.shape
+                    )));
+                }
+            }
+            for (name, t) in taken {
+                e.set_input_by_name(name, t).map_err(run_error)?;
+            }
+            Ok(())
+        })
     }
 
     /// Copies a tensor into the input `name`.

@@ -273,8 +273,9 @@ impl GraphExecutor {
     /// TVM does). Nothing is set unless every param the graph takes fits its input.
     fn load_params(&self, py: Python<'_>, data: Vec<u8>) -> PyResult<()> {
         self.with(py, move |e| {
-            let params = read_params(&mblob_runtime::Bytes::from_vec(data))
-                .map_err(|err| PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err))))?;
+            let params = read_params(&mblob_runtime::Bytes::from_vec(data)).map_err(|err| {
+                PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err)))
+            })?;
             let taken: Vec<_> = params.iter().filter(|(n, _)| e.input_index(n).is_some()).collect();
             for (name, t) in &taken {
                 let info = &e.inputs()[e.input_index(name).expect("filtered")];

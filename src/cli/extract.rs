@@ -41,7 +41,8 @@ use crate::{Error, Result};
   I.functions.json    device modules: the function table
   tree.json           a TREE.json for `mblob export` that gives back the same blob")]
 pub struct ExtractArgs {
-    /// A packed `.so`, a raw `.blob`, or a `.tar` written by `mblob export`.
+    /// A packed `.so`, a raw `.blob`, or a `.tar`: TVM's `export_library("x.tar")`
+    /// (gzip-compressed) or `mblob export -o X.tar`.
     #[arg(value_name = "PATH")]
     pub path: PathBuf,
     /// The directory to write (created; it must not exist, or be empty).

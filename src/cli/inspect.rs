@@ -15,7 +15,7 @@ use crate::{Error, Result};
 #[command(after_long_help = JSON_HELP)]
 pub struct InspectArgs {
     /// Packed `.so` files, raw `.blob` files (the blob symbol's bytes, header included), or
-    /// `.tar` files written by `mblob export -o X.tar`.
+    /// `.tar` files: TVM's `export_library("x.tar")` (gzip-compressed) or `mblob export -o X.tar`.
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     /// Print one JSON object per file instead of text (keys below, with `--help`).

@@ -317,7 +317,9 @@ mod namespace {
         let mut link_map: *mut c_void = std::ptr::null_mut();
         // SAFETY: dladdr1 only looks `caller` up in the loader's tables, and writes `info` and
         // one pointer through `link_map`, both valid.
-        let found = unsafe { libc::dladdr1(caller, &mut info, &mut link_map, 2 /* RTLD_DL_LINKMAP */) };
+        let found = unsafe {
+            libc::dladdr1(caller, &mut info, &mut link_map, 2 /* RTLD_DL_LINKMAP */)
+        };
         if found == 0 || link_map.is_null() {
             return std::ptr::null();
         }
@@ -361,7 +363,8 @@ mod namespace {
             want.sort();
             assert_eq!(defined, want);
             use object::read::elf::{Dyn, FileHeader};
-            let header = object::elf::FileHeader64::<object::Endianness>::parse(super::SHIM).expect("a 64-bit ELF file");
+            let header =
+                object::elf::FileHeader64::<object::Endianness>::parse(super::SHIM).expect("a 64-bit ELF file");
             let endian = header.endian().expect("a known byte order");
             let sections = header.sections(endian, super::SHIM).expect("a section table");
             let (dynamic, _) = sections.dynamic(endian, super::SHIM).expect("readable").expect("a dynamic section");

@@ -56,9 +56,12 @@ fn runtime_class(e: &mblob_runtime::Error, msg: String) -> PyErr {
     match e {
         R::Blob { .. } | R::Elf { .. } | R::Payload { .. } | R::Detect { .. } => FormatError::new_err(msg),
         R::Io { .. } => FileError::new_err(msg),
-        R::Dlopen { .. } | R::NoLoader { .. } | R::Loader { .. } | R::MissingSymbol { .. } | R::Cuda(_) => {
-            LoadError::new_err(msg)
-        }
+        R::Dlopen { .. }
+        | R::PrivateDlopen { .. }
+        | R::NoLoader { .. }
+        | R::Loader { .. }
+        | R::MissingSymbol { .. }
+        | R::Cuda(_) => LoadError::new_err(msg),
         _ => Error::new_err(msg),
     }
 }

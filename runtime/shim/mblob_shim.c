@@ -1,11 +1,15 @@
 /* mblob-runtime's provider for the TVM runtime functions that compiled host code may import by
- * name (TVM 0.22+ argument checks, the C host target, system-lib builds). mblob-runtime writes
- * this library to a private temporary file and opens it with RTLD_GLOBAL before the first model
- * that needs it, so that the model's undefined symbols bind here. Each function forwards to the
- * Rust function whose address mblob-runtime stores in `mblob_shim_table`; nothing else lives
- * here. Written for mblob (no TVM code). */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+ * name (TVM 0.22+ argument checks, the C host target, system-lib builds).
+ *
+ * mblob-runtime never makes these names visible to the process: it opens this library as the
+ * first object of a private link-map namespace (glibc's dlmopen with LM_ID_NEWLM) and opens the
+ * libraries that import these names into that namespace only, where their imports bind here.
+ * TVM, tvm-ffi or any other provider of the same names in the main namespace is untouched.
+ *
+ * Built with -nostdlib: it needs no libc, so the namespace holds no second C library unless a
+ * model needs one itself. Each function forwards to the Rust function whose address
+ * mblob-runtime stores in `mblob_shim_table`; nothing else lives here. Written for mblob (no TVM
+ * code). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,7 +28,8 @@ typedef int (*func_call_t)(void*, void*, int*, int, void*, int*);
 typedef int (*ffi_call_t)(void*, const void*, int32_t, void*);
 typedef int (*lookup_t)(void*, const char*, void**);
 typedef int (*init_once_t)(void**, int (*)(void**));
-typedef int (*syslib_reg_t)(const char*, void*);
+/* The registration also gets the caller's address (see below). */
+typedef int (*syslib_reg_t)(const char*, void*, void*);
 
 void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
   set_parts_t f = (set_parts_t)mblob_shim_table[0];
@@ -74,20 +79,11 @@ int TVMFFIHandleInitOnce(void** handle, int (*init)(void**)) {
   init_once_t f = (init_once_t)mblob_shim_table[11];
   return f ? f(handle, init) : -1;
 }
-/* A library that defines its own TVMBackendRegisterSystemLibSymbol (a program's own registry)
- * and calls it binds here too, because this shim is global. So the call goes to the caller's
- * own definition when its library has one (looked up in that library alone); otherwise, a TVM
- * system-lib build, to mblob-runtime's. */
+/* This library comes first in its namespace's lookup scope, so a library there that defines its
+ * own TVMBackendRegisterSystemLibSymbol (a program's own registry) and calls it binds here too.
+ * mblob-runtime therefore gets the caller's address, and calls the caller's own definition when
+ * its library has one; otherwise (a TVM system-lib build) it registers the symbol itself. */
 int TVMBackendRegisterSystemLibSymbol(const char* name, void* ptr) {
-  Dl_info info;
-  if (dladdr(__builtin_return_address(0), &info) && info.dli_fname) {
-    void* self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    if (self) {
-      syslib_reg_t own = (syslib_reg_t)dlsym(self, "TVMBackendRegisterSystemLibSymbol");
-      dlclose(self);
-      if (own && own != &TVMBackendRegisterSystemLibSymbol) return own(name, ptr);
-    }
-  }
   syslib_reg_t f = (syslib_reg_t)mblob_shim_table[12];
-  return f ? f(name, ptr) : -1;
+  return f ? f(name, ptr, __builtin_return_address(0)) : -1;
 }

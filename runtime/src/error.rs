@@ -53,6 +53,15 @@ pub enum Error {
         #[source]
         source: libloading::Error,
     },
+    /// `dlmopen` into mblob's private namespace failed (a library that imports TVM runtime
+    /// functions by name, see the README's "Sharing a process with TVM").
+    #[error("{}: cannot load library: {detail}", path.display())]
+    PrivateDlopen {
+        /// The library.
+        path: PathBuf,
+        /// What the dynamic loader said.
+        detail: String,
+    },
     /// A type key with no registered loader.
     #[error("module {index} has type key `{key}` but no loader of that name is registered (registered: {})", registered.join(", "))]
     NoLoader {

@@ -92,7 +92,7 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
         (found, crate::ffi::shim::preflight(&file, path)?)
     };
     // SAFETY: the caller accepts that the library's initialisers run.
-    let image = unsafe { library::open(path) }?;
+    let image = unsafe { library::open(path, pre.private) }?;
     crate::ffi::context::install(image.lib(), image.context());
     // The names to look for in the image: the one the file names first, then every layout's
     // symbol with the requested prefix (or none).

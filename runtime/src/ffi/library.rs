@@ -162,21 +162,31 @@ static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new(
 
 /// Opens a shared library (a bare file name means the current directory's file).
 ///
+/// `private`: the library imports TVM runtime functions by name (see [`crate::ffi::shim`]), so
+/// it is opened in mblob's private namespace, where they bind to mblob's shim; otherwise in the
+/// main namespace. Either way with local scope: nothing it defines becomes global.
+///
 /// # Safety
 ///
 /// Opening a library runs its initialisers (static constructors), and dropping the last
 /// handle runs its finalisers: this is as safe as calling an unknown foreign function. Only
 /// open files you trust to run.
-pub(crate) unsafe fn open(path: &Path) -> Result<Arc<Image>> {
+pub(crate) unsafe fn open(path: &Path, private: bool) -> Result<Arc<Image>> {
     let target = dlopen_path(path);
-    // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
     // Immediate binding: an unresolved symbol fails the open instead of killing the process at
-    // its first call (runtime functions imported by name are provided by `ffi::shim`).
-    let lib = unsafe {
-        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-        Library::open(Some(&target), RTLD_NOW | RTLD_LOCAL)
-    }
-    .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?;
+    // its first call.
+    let lib = if private {
+        // SAFETY: the caller accepts that the library's initialisers run (see `# Safety`).
+        unsafe { crate::ffi::shim::open_private(&target) }
+            .map_err(|detail| Error::PrivateDlopen { path: path.to_owned(), detail })?
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+            Library::open(Some(&target), RTLD_NOW | RTLD_LOCAL)
+        }
+        .map_err(|source| Error::Dlopen { path: path.to_owned(), source })?
+    };
     let raw = lib.into_raw();
     let mut link_map: *mut c_void = std::ptr::null_mut();
     // SAFETY: `raw` is a live handle from dlopen; RTLD_DI_LINKMAP writes one pointer through
@@ -279,7 +289,68 @@ fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
 }
 
 /// The end of the loaded segment (`PT_LOAD`, in memory) that holds `addr`.
+///
+/// `dl_iterate_phdr` reports the objects of the caller's namespace only; an image in mblob's
+/// private namespace (see [`crate::ffi::shim`]) is found through its own program headers.
 fn segment_end(addr: usize) -> Option<usize> {
+    segment_end_in_namespace(addr).or_else(|| segment_end_of_owner(addr))
+}
+
+/// An ELF file header as mapped (`ElfW(Ehdr)`), and a program header (`ElfW(Phdr)`).
+#[cfg(target_pointer_width = "64")]
+type MappedEhdr = object::elf::FileHeader64<object::NativeEndian>;
+#[cfg(target_pointer_width = "64")]
+type MappedPhdr = object::elf::ProgramHeader64<object::NativeEndian>;
+#[cfg(target_pointer_width = "32")]
+type MappedEhdr = object::elf::FileHeader32<object::NativeEndian>;
+#[cfg(target_pointer_width = "32")]
+type MappedPhdr = object::elf::ProgramHeader32<object::NativeEndian>;
+
+/// [`segment_end`] from the program headers of the object that holds `addr`, read where the
+/// loader mapped its ELF header (the start of its first segment, `dli_fbase`).
+fn segment_end_of_owner(addr: usize) -> Option<usize> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    const PAGE: usize = 4096;
+    // SAFETY: `Dl_info` is plain data that dladdr1 fills; zeroed is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut link_map: *mut c_void = std::ptr::null_mut();
+    // SAFETY: dladdr1 reads no memory at `addr` and writes `info` and one pointer through
+    // `link_map`, both valid.
+    let found = unsafe { libc::dladdr1(addr as *const c_void, &mut info, &mut link_map, RTLD_DL_LINKMAP) };
+    if found == 0 || link_map.is_null() || info.dli_fbase.is_null() {
+        return None;
+    }
+    // SAFETY: `l_addr` (the load bias) is the first member of glibc's public `struct link_map`
+    // (<link.h>), pointer-sized; the object is loaded (the caller holds it).
+    let bias = unsafe { *link_map.cast::<usize>() };
+    let base = info.dli_fbase as usize;
+    // SAFETY: `dli_fbase` is the start of the object's first mapping, at least one readable
+    // page (a loaded object's first segment holds its ELF header, checked below); only its
+    // first page is read.
+    let page = unsafe { std::slice::from_raw_parts(base as *const u8, PAGE) };
+    let header: &MappedEhdr = object::pod::from_bytes(page).ok()?.0;
+    let e = object::NativeEndian;
+    if !header.is_supported() {
+        return None;
+    }
+    let phoff = usize::try_from(Into::<u64>::into(header.e_phoff(e))).ok()?;
+    let count = usize::from(header.e_phnum(e));
+    if usize::from(header.e_phentsize(e)) != std::mem::size_of::<MappedPhdr>() {
+        return None;
+    }
+    // Only headers within the first page are read (every linker puts them right after the
+    // ELF header).
+    let bytes = page.get(phoff..)?;
+    let headers: &[MappedPhdr] = object::pod::slice_from_bytes(bytes, count).ok()?.0;
+    headers.iter().filter(|h| h.p_type(e) == object::elf::PT_LOAD).find_map(|h| {
+        let start = bias.wrapping_add(usize::try_from(Into::<u64>::into(h.p_vaddr(e))).ok()?);
+        let end = start.checked_add(usize::try_from(Into::<u64>::into(h.p_memsz(e))).ok()?)?;
+        (start..end).contains(&addr).then_some(end)
+    })
+}
+
+/// [`segment_end`] among the objects `dl_iterate_phdr` reports (the main namespace).
+fn segment_end_in_namespace(addr: usize) -> Option<usize> {
     struct Search {
         addr: usize,
         end: Option<usize>,

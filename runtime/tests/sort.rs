@@ -146,7 +146,7 @@ fn relay_sort_models_give_tvms_outputs() {
 /// unsorted) and `R.nonzero` (the VM calling `relax.run.*`): TVM 0.27 Relax models.
 #[test]
 fn relax_sort_unique_nonzero_models_give_tvms_outputs() {
-    check_all(|f| f.kind == "relax", 8);
+    check_all(|f| f.kind == "relax", 12);
 }
 
 /// The registry lists what mblob provides, and a function compiled code asks for that neither

@@ -49,6 +49,10 @@ impl Keys {
         }
     }
 
+    fn is_nan(&self, i: usize) -> bool {
+        matches!(self, Keys::Floats(k) if k[i].is_nan())
+    }
+
     fn is_zero(&self, i: usize) -> bool {
         match self {
             Keys::Ints(k) => k[i] == 0,
@@ -74,32 +78,70 @@ pub struct UniqueFlags {
     pub return_counts: bool,
 }
 
-/// `relax.run.unique(x, sorted, return_index, return_inverse, return_counts, axis)` over the
-/// flattened input (`axis` None): the unique values, then what the flags ask for, in that
-/// order. The inverse has the input's shape (numpy 2).
+/// `relax.run.unique(x, sorted, return_index, return_inverse, return_counts, axis)`: the
+/// unique values, then what the flags ask for, in that order, as numpy 2 computes them.
+///
+/// - `axis` None: over the flattened input; NaNs count as one value (numpy's `equal_nan`);
+///   the inverse has the input's shape.
+/// - `axis` given (negative counts from the end): the unique slices along it, compared
+///   lexicographically (a slice holding NaN equals no other, as numpy's structured compare
+///   has it); the values keep the other extents, the inverse is 1-d.
+/// - `sorted` false: values (and indices, counts, the inverse's numbering) in order of first
+///   occurrence, as TVM's Python function reorders numpy's result.
 pub fn unique(x: View<'_>, flags: UniqueFlags, axis: Option<i64>) -> Result<Vec<Owned>, OpError> {
     const F: &str = "relax.run.unique";
-    let n = x.check(F, "the input")?;
-    if let Some(axis) = axis {
-        return Err(OpError::Arguments {
-            function: F,
-            detail: format!("unique along an axis ({axis}) is not supported by mblob, only over the flattened input"),
-        });
-    }
+    let total = x.check(F, "the input")?;
     let size = elem_bytes(x.dtype).unwrap_or(1);
     let keys = Keys::of(F, &x)?;
+    // Items along the axis: `n` of them, each `before * after` elements.
+    let (axis, before, n, after) = match axis {
+        None => (None, 1, total, 1),
+        Some(a) => {
+            let ndim = x.shape.len() as i64;
+            let ax = if a < 0 { a + ndim } else { a };
+            if ax < 0 || ax >= ndim {
+                return Err(OpError::Axis { function: F, axis: a, ndim: x.shape.len() });
+            }
+            let ax = ax as usize;
+            let ext = |s: &[i64]| s.iter().map(|&d| d.max(0) as usize).product::<usize>();
+            (Some(ax), ext(&x.shape[..ax]), x.shape[ax].max(0) as usize, ext(&x.shape[ax + 1..]))
+        }
+    };
+    let at = |item: usize, i: usize, j: usize| i * n * after + item * after + j;
+    let cmp_items = |p: usize, q: usize| -> Ordering {
+        for i in 0..before {
+            for j in 0..after {
+                let o = keys.cmp(at(p, i, j), at(q, i, j));
+                if o != Ordering::Equal {
+                    return o;
+                }
+            }
+        }
+        Ordering::Equal
+    };
+    let same = |p: usize, q: usize| -> bool {
+        if axis.is_none() {
+            return keys.cmp(p, q) == Ordering::Equal;
+        }
+        (0..before).all(|i| {
+            (0..after).all(|j| {
+                let (e, f) = (at(p, i, j), at(q, i, j));
+                keys.cmp(e, f) == Ordering::Equal && !keys.is_nan(e)
+            })
+        })
+    };
     let mut perm: Vec<usize> = (0..n).collect();
-    perm.sort_by(|&a, &b| keys.cmp(a, b));
-    // Groups of equal values in ascending order: (first occurrence, count).
+    perm.sort_by(|&p, &q| cmp_items(p, q));
+    // Groups of equal items in ascending order: (first occurrence, count).
     let mut groups: Vec<(usize, usize)> = Vec::new();
     let mut group_of = vec![0usize; n];
-    for (p, &e) in perm.iter().enumerate() {
-        if p == 0 || keys.cmp(perm[p - 1], e) != Ordering::Equal {
-            groups.push((e, 0));
+    for (k, &item) in perm.iter().enumerate() {
+        if k == 0 || !same(perm[k - 1], item) {
+            groups.push((item, 0));
         }
         let g = groups.len() - 1;
         groups[g].1 += 1;
-        group_of[e] = g;
+        group_of[item] = g;
     }
     // Unsorted: groups in order of their first occurrence.
     let mut order: Vec<usize> = (0..groups.len()).collect();
@@ -110,23 +152,34 @@ pub fn unique(x: View<'_>, flags: UniqueFlags, axis: Option<i64>) -> Result<Vec<
     for (r, &g) in order.iter().enumerate() {
         rank[g] = r;
     }
-    let m = groups.len() as i64;
-    let mut out = vec![Owned {
-        dtype: x.dtype,
-        shape: vec![m],
-        data: order
-            .iter()
-            .flat_map(|&g| x.data[groups[g].0 * size..(groups[g].0 + 1) * size].iter().copied())
-            .collect(),
-    }];
+    let m = groups.len();
+    let mut data = Vec::with_capacity(before * m * after * size);
+    for i in 0..before {
+        for &g in &order {
+            for j in 0..after {
+                let e = at(groups[g].0, i, j);
+                data.extend_from_slice(&x.data[e * size..(e + 1) * size]);
+            }
+        }
+    }
+    let shape = match axis {
+        None => vec![m as i64],
+        Some(ax) => {
+            let mut s = x.shape.to_vec();
+            s[ax] = m as i64;
+            s
+        }
+    };
+    let mut out = vec![Owned { dtype: x.dtype, shape, data }];
     if flags.return_index {
-        out.push(i64_tensor(order.iter().map(|&g| groups[g].0 as i64), vec![m]));
+        out.push(i64_tensor(order.iter().map(|&g| groups[g].0 as i64), vec![m as i64]));
     }
     if flags.return_inverse {
-        out.push(i64_tensor(group_of.iter().map(|&g| rank[g] as i64), x.shape.to_vec()));
+        let shape = if axis.is_none() { x.shape.to_vec() } else { vec![n as i64] };
+        out.push(i64_tensor(group_of.iter().map(|&g| rank[g] as i64), shape));
     }
     if flags.return_counts {
-        out.push(i64_tensor(order.iter().map(|&g| groups[g].1 as i64), vec![m]));
+        out.push(i64_tensor(order.iter().map(|&g| groups[g].1 as i64), vec![m as i64]));
     }
     Ok(out)
 }

@@ -166,3 +166,27 @@ fn globals_are_listed_and_unknown_ones_named() {
     let e = unsafe { f.call(&[mblob_runtime::ffi::Value::Int(1)]) }.unwrap_err();
     assert!(e.message.contains("tvm.contrib.sort.sort: takes 4 arguments"), "{}", e.message);
 }
+
+/// A kernel that calls a global function neither its imports nor mblob provide
+/// (`calls_unknown.so`, TVM 0.19 `tvm.build` of a `te.extern` calling
+/// `mblob.test.no_such_function`): the call fails with TVM's message naming the function
+/// (`calls_unknown.tvm-error.txt` holds what TVM said), and the process goes on.
+#[test]
+fn an_unknown_global_function_is_refused_naming_it() {
+    let so = dir().join("calls_unknown.so");
+    // SAFETY: TVM's own export, built by make.py.
+    let tree = unsafe { load_library(&so, &Registry::default(), &LoadOptions::default()) }.unwrap();
+    let f = tree.packed_function("calls_unknown").expect("the kernel");
+    let tvm = String::from_utf8(read(&dir().join("calls_unknown.tvm-error.txt"))).unwrap();
+    assert!(tvm.contains("Cannot find function mblob.test.no_such_function"), "{tvm}");
+    let (mut a, mut b) = ([1f32; 4], [0f32; 4]);
+    let (mut sa, mut sb) = ([4i64], [4i64]);
+    let mut tensors = [
+        mblob_runtime::packed::DLTensor::f32(&mut a, &mut sa),
+        mblob_runtime::packed::DLTensor::f32(&mut b, &mut sb),
+    ];
+    // SAFETY: the kernel takes two float32 tensors of 4 elements, as built.
+    let e = unsafe { f.call_tensors(&mut tensors) }.unwrap_err();
+    assert!(e.message.contains("Cannot find function mblob.test.no_such_function"), "{}", e.message);
+    assert_eq!(b, [0.0; 4], "nothing was written");
+}

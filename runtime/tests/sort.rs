@@ -146,7 +146,7 @@ fn relay_sort_models_give_tvms_outputs() {
 /// unsorted) and `R.nonzero` (the VM calling `relax.run.*`): TVM 0.27 Relax models.
 #[test]
 fn relax_sort_unique_nonzero_models_give_tvms_outputs() {
-    check_all(|f| f.kind == "relax", 12);
+    check_all(|f| f.kind == "relax", 13);
 }
 
 /// The registry lists what mblob provides, and a function compiled code asks for that neither
@@ -181,12 +181,30 @@ fn an_unknown_global_function_is_refused_naming_it() {
     assert!(tvm.contains("Cannot find function mblob.test.no_such_function"), "{tvm}");
     let (mut a, mut b) = ([1f32; 4], [0f32; 4]);
     let (mut sa, mut sb) = ([4i64], [4i64]);
-    let mut tensors = [
-        mblob_runtime::packed::DLTensor::f32(&mut a, &mut sa),
-        mblob_runtime::packed::DLTensor::f32(&mut b, &mut sb),
-    ];
+    let mut tensors =
+        [mblob_runtime::packed::DLTensor::f32(&mut a, &mut sa), mblob_runtime::packed::DLTensor::f32(&mut b, &mut sb)];
     // SAFETY: the kernel takes two float32 tensors of 4 elements, as built.
     let e = unsafe { f.call_tensors(&mut tensors) }.unwrap_err();
     assert!(e.message.contains("Cannot find function mblob.test.no_such_function"), "{}", e.message);
     assert_eq!(b, [0.0; 4], "nothing was written");
+}
+
+/// `R.assert_op` (`relax.run.assert_op`, which TVM has only in Python): `relax_assert` runs
+/// with its passing input (checked with the other Relax models), and each failing input
+/// (`relax_assert.fail.K.npy`) gives TVM's `AssertionError` with the message TVM formatted
+/// (`relax_assert.fail.K.txt`): positional fields, `{{ }}` escapes, integers and shapes; and
+/// the arguments joined when there is no format.
+#[test]
+fn relax_assert_op_fails_with_tvms_message() {
+    let d = dir();
+    // SAFETY: TVM's own export, built by make.py.
+    let tree =
+        unsafe { load_library(&d.join("relax_assert.so"), &Registry::default(), &LoadOptions::default()) }.unwrap();
+    for k in 0..2 {
+        let want = String::from_utf8(read(&d.join(format!("relax_assert.fail.{k}.txt")))).unwrap();
+        let mut model = Model::new(&tree, Device::cpu(0)).unwrap();
+        model.set_input(Some("x"), &npy(&d.join(format!("relax_assert.fail.{k}.npy")))).unwrap();
+        let e = model.run().unwrap_err().to_string();
+        assert!(e.contains(want.trim()), "input {k}: {e} (TVM: {want})");
+    }
 }

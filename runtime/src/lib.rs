@@ -61,6 +61,7 @@ pub mod ffi;
 pub mod format;
 mod load;
 pub mod module;
+pub mod ops;
 pub mod payload;
 pub mod registry;
 pub mod serialize;

@@ -11,6 +11,7 @@ const RANKS: &[&str] = &[
     "bytes",
     "format",
     "device",
+    "ops",
     "error",
     "elf",
     "payload",

@@ -183,36 +183,13 @@ pub(crate) fn link_imports(tree: &LoadedTree) {
     }
 }
 
-fn globals() -> &'static Mutex<HashMap<String, PackedFunction>> {
-    static GLOBALS: OnceLock<Mutex<HashMap<String, PackedFunction>>> = OnceLock::new();
-    GLOBALS.get_or_init(|| {
-        let mut m = HashMap::new();
-        // Host code of device kernels selects the device first: the device modules launch on
-        // the current device of their kind.
-        m.insert(
-            "__tvm_set_device".to_owned(),
-            PackedFunction::from_fn(|args| match args {
-                [Value::Int(t), Value::Int(i)] => {
-                    let device = crate::device::Device::from_dlpack(*t as i32, *i as i32);
-                    super::device_api::set_current_device(device);
-                    Ok(Value::None)
-                }
-                _ => Err(format!("__tvm_set_device takes (device_type, device_id), got {args:?}")),
-            }),
-        );
-        Mutex::new(m)
-    })
-}
-
-/// Registers a global function that compiled code finds through `GetFuncFromEnv` when no
-/// import has it (TVM's global registry: e.g. `tvm.contrib.sort.argsort` for a model that
-/// calls it). Replaces one of the same name.
+/// Registers a global function (see [`super::globals::register_global`]).
 pub fn register_global(name: impl Into<String>, f: PackedFunction) {
-    globals().lock().unwrap_or_else(|e| e.into_inner()).insert(name.into(), f);
+    super::globals::register_global(name, f)
 }
 
 fn global_function(name: &str) -> Option<PackedFunction> {
-    globals().lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    super::globals::global_function(name)
 }
 
 // ---- the context functions -------------------------------------------------------------

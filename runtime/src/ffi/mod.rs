@@ -9,6 +9,8 @@
 //!   tvm-ffi) with tensors and scalars.
 //! - [`context`]: the context functions compiled code calls back (errors, workspace, parallel
 //!   loops, function lookup in the imports, calls).
+//! - [`globals`]: the global functions mblob provides (TVM's `tvm.contrib.sort.*`, ...),
+//!   found by name when no module has it.
 //! - [`threadpool`] and [`workspace`]: parallel loops and the memory kernels see.
 //! - `shim`: the runtime functions a library imports by name (a small C library, opened
 //!   globally before such a library).
@@ -27,6 +29,7 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda_packed;
 pub mod device_api;
+pub mod globals;
 pub mod library;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

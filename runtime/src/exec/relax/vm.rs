@@ -39,6 +39,8 @@ use crate::payload::relax::executable::{
     dtype_name, Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable,
 };
 
+mod run;
+
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
 
@@ -302,6 +304,8 @@ enum Callee {
     Vm(usize),
     Builtin(Builtin),
     Kernel(PackedFunction),
+    /// A `relax.run.*` function mblob provides ([`run`]).
+    Run(run::RunFn),
 }
 
 /// A function of the executable that a caller can invoke.
@@ -647,6 +651,7 @@ impl VirtualMachine {
                 call_kernel(name, f, args)?;
                 Ok(Value::Null)
             }
+            Callee::Run(f) => f(name, args),
         }
     }
 
@@ -981,8 +986,14 @@ fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
     }
     match tree.packed_function(name) {
         Some(f) => Ok(Callee::Kernel(f)),
-        None if name.starts_with("vm.builtin.") => Err(VmError::UnknownBuiltin { name: name.to_owned() }),
-        None => Err(VmError::MissingFunction { name: name.to_owned() }),
+        // Else mblob's own global functions, as TVM's global registry: `relax.run.*` on VM
+        // values, `tvm.contrib.sort.*` and others on DLTensors (`crate::ffi::globals`).
+        None => match (run::lookup(name), crate::ffi::globals::global_function(name)) {
+            (Some(f), _) => Ok(Callee::Run(f)),
+            (None, Some(f)) => Ok(Callee::Kernel(f)),
+            _ if name.starts_with("vm.builtin.") => Err(VmError::UnknownBuiltin { name: name.to_owned() }),
+            _ => Err(VmError::MissingFunction { name: name.to_owned() }),
+        },
     }
 }
 

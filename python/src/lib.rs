@@ -91,11 +91,7 @@ family_exception!(
     pyo3::exceptions::PyValueError,
     "An argument or a tree description makes no sense: bad layout, unknown field, missing host code, an array of the wrong kind (also a ValueError)."
 );
-family_exception!(
-    FileError,
-    pyo3::exceptions::PyOSError,
-    "A file could not be read or written (also an OSError)."
-);
+family_exception!(FileError, pyo3::exceptions::PyOSError, "A file could not be read or written (also an OSError).");
 
 /// The message of an error with its causes, as the command line prints it.
 fn message(e: &(dyn std::error::Error + 'static)) -> String {

@@ -401,9 +401,8 @@ pub fn read_params_file<'py>(
     data: Vec<u8>,
 ) -> PyResult<Vec<(String, Bound<'py, PyBytes>, String, Vec<i64>)>> {
     let params = run(py, move || {
-        read_params(&mblob_runtime::Bytes::from_vec(data)).map_err(|err| {
-            PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err)))
-        })
+        read_params(&mblob_runtime::Bytes::from_vec(data))
+            .map_err(|err| PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err))))
     })?;
     Ok(params
         .iter()

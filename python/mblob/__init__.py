@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 from . import _native
 from ._native import Error, ExportError, FileError, FormatError, InputError, LoadError, RunError
-from .runtime import Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, cuda, load_module, opencl
+from .runtime import BenchmarkResult, Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, cuda, load_module, opencl
 
 __all__ = [
     "Error",
@@ -39,6 +39,7 @@ __all__ = [
     "InputError",
     "LoadError",
     "RunError",
+    "BenchmarkResult",
     "Device",
     "GraphModule",
     "Module",

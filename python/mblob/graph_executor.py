@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 from . import _native
-from .runtime import Device, GraphModule, Module, cpu
+from .runtime import Device, GraphModule, Module, _device_list
 
 __all__ = ["create", "GraphModule"]
 
@@ -36,10 +36,5 @@ def create(graph_json_str: str, libmod: Module, device: Union[Device, Sequence[D
     library does not have (named in the message)."""
     if not isinstance(graph_json_str, str):
         raise _native.InputError(f"graph_json_str must be the graph JSON text, not {type(graph_json_str).__name__}")
-    if device is None:
-        devices = [cpu()]
-    elif isinstance(device, Device):
-        devices = [device]
-    else:
-        devices = list(device)
-    return GraphModule(_native.GraphExecutor.create(libmod._library, graph_json_str, [d._pair() for d in devices]))
+    devices = _device_list(device, "graph_executor.create")
+    return GraphModule(_native.GraphExecutor.create(libmod._library, graph_json_str, devices), graph_json_str)

@@ -20,13 +20,26 @@ OpenCL or CUDA runs on a device of that kind (``m["default"](mblob.opencl(0))``,
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _native
 
-__all__ = ["Device", "cpu", "cuda", "opencl", "load_module", "Module", "GraphModule", "VirtualMachine", "PackedFunction"]
+__all__ = [
+    "Device",
+    "cpu",
+    "cuda",
+    "opencl",
+    "load_module",
+    "Module",
+    "GraphModule",
+    "VirtualMachine",
+    "PackedFunction",
+    "BenchmarkResult",
+    "as_numpy",
+]
 
 
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm", 15: "webgpu"}
@@ -72,13 +85,85 @@ def opencl(dev_id: int = 0) -> Device:
     return Device(4, dev_id)
 
 
+def _device_pair(dev: Any, call: str) -> Tuple[int, int]:
+    """``(device_type, device_id)`` of an :class:`mblob.Device`, a TVM 0.19 device (``device_type``
+    and ``device_id``), a TVM 0.22+ / tvm-ffi device (``dlpack_device_type()`` and ``index``) or
+    a ``(device_type, device_id)`` pair."""
+    if isinstance(dev, Device):
+        return dev._pair()
+    try:
+        if hasattr(dev, "device_type") and hasattr(dev, "device_id"):
+            # TVM's RPC sessions add multiples of 128 to the type; a local device has none.
+            return int(dev.device_type) % 128, int(dev.device_id)
+        if callable(getattr(dev, "dlpack_device_type", None)) and hasattr(dev, "index"):
+            return int(dev.dlpack_device_type()), int(dev.index)
+        if isinstance(dev, tuple) and len(dev) == 2:
+            return int(dev[0]), int(dev[1])
+    except (TypeError, ValueError):
+        pass
+    raise _native.InputError(
+        f"{call}: {type(dev).__name__} is not a device (pass mblob.cpu(), tvm.cpu() or a "
+        "(device_type, device_id) pair)"
+    )
+
+
+def _device_list(device: Any, call: str) -> List[Tuple[int, int]]:
+    """One device or a list of them (default: CPU 0), as pairs."""
+    if device is None:
+        return [cpu()._pair()]
+    if isinstance(device, (list, tuple)) and not (
+        len(device) == 2 and all(isinstance(x, int) for x in device)
+    ):
+        if not device:
+            raise _native.InputError(f"{call}: the device list is empty")
+        return [_device_pair(d, call) for d in device]
+    return [_device_pair(device, call)]
+
+
+_DLPACK_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
+
+
+def as_numpy(value: Any, what: str = "array") -> np.ndarray:
+    """A numpy view of ``value`` where one can be had without copying: a numpy array as it is,
+    any DLPack-capable host array (TVM's ``tvm.nd.array`` / ``tvm.runtime.tensor``, torch CPU
+    tensors, numpy, anything with ``__dlpack__`` and ``__dlpack_device__``) through
+    ``numpy.from_dlpack`` (zero-copy); other objects (lists, scalars) through
+    ``numpy.asarray``. Tensors on a device (CUDA, OpenCL, ...) are refused with
+    :class:`mblob.InputError`: copy them to the host first (``.cpu()``, ``.numpy()``).
+
+    The executors still copy the values into their own memory (as TVM's ``set_input`` does)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        try:
+            dev_type, dev_id = value.__dlpack_device__()
+        except Exception as e:  # noqa: BLE001 (any failure of a foreign object)
+            raise _native.InputError(f"{what}: __dlpack_device__() failed: {e}") from e
+        if int(dev_type) not in (1, 3):
+            name = _DLPACK_DEVICE_NAMES.get(int(dev_type), f"device type {int(dev_type)}")
+            raise _native.InputError(
+                f"{what}: a tensor on {name}:{int(dev_id)} is not supported; mblob takes host arrays "
+                "(copy it to the CPU first, e.g. .cpu() or .numpy())"
+            )
+        try:
+            return np.from_dlpack(value)
+        except Exception as e:  # noqa: BLE001
+            raise _native.InputError(f"{what}: numpy.from_dlpack could not read it: {e}") from e
+    if hasattr(value, "numpy") and callable(value.numpy) and not isinstance(value, np.generic):
+        return np.asarray(value.numpy())
+    a = np.asarray(value)
+    if a.dtype == object:
+        raise _native.InputError(f"{what}: a {type(value).__name__} is not an array")
+    return a
+
+
 def _dtype_name(dtype: np.dtype) -> str:
     return "bool" if dtype == np.bool_ else str(dtype)
 
 
-def _to_triple(array: Any) -> Tuple[bytes, str, List[int]]:
+def _to_triple(array: Any, what: str = "array") -> Tuple[bytes, str, List[int]]:
     # Not np.ascontiguousarray: it makes a 0-d array 1-d.
-    a = np.asarray(array)
+    a = as_numpy(array, what)
     if not a.flags.c_contiguous:
         a = a.copy(order="C")
     return a.tobytes(), _dtype_name(a.dtype), list(a.shape)
@@ -121,21 +206,148 @@ class PackedFunction:
         return f"mblob.PackedFunction({self.name!r})"
 
 
-class GraphModule:
-    """A graph (or AOT) executor, as ``tvm.contrib.graph_executor.GraphModule``."""
+class BenchmarkResult:
+    """Timings, as TVM's ``tvm.runtime.module.BenchmarkResult``: ``results`` (each repeat's
+    mean time per call, in seconds), ``mean``, ``median``, ``max``, ``min`` and ``std``
+    (numpy's, over ``results``), in seconds."""
 
-    def __init__(self, executor: "_native.GraphExecutor") -> None:
+    def __init__(self, results: Sequence[float]) -> None:
+        self.results = tuple(float(r) for r in results)
+        a = np.array(self.results, dtype=np.float64)
+        self.mean = float(a.mean())
+        self.median = float(np.median(a))
+        self.max = float(a.max())
+        self.min = float(a.min())
+        self.std = float(a.std())
+
+    def __repr__(self) -> str:
+        return (
+            f"BenchmarkResult(min={self.min}, mean={self.mean}, median={self.median}, "
+            f"max={self.max}, std={self.std}, results={self.results})"
+        )
+
+    def __str__(self) -> str:
+        head = f"{'mean (ms)':^12} {'median (ms)':^12} {'max (ms)':^12} {'min (ms)':^12} {'std (ms)':^12}"
+        ms = [self.mean, self.median, self.max, self.min, self.std]
+        return "Execution time summary:\n" + head + "\n" + " ".join(f"{v * 1000:^12.4f}" for v in ms)
+
+
+def _time(
+    call: Callable[[], Any],
+    call_name: str,
+    number: int,
+    repeat: int,
+    min_repeat_ms: float,
+    limit_zero_time_iterations: int = 100,
+    cooldown_interval_ms: float = 0,
+    repeats_to_cooldown: int = 1,
+) -> BenchmarkResult:
+    """TVM's ``time_evaluator`` loop on the host clock: one call to warm up, then ``repeat``
+    measurements of ``number`` calls each (``number`` grows, as TVM's, until a measurement
+    lasts ``min_repeat_ms``), a pause of ``cooldown_interval_ms`` every ``repeats_to_cooldown``
+    measurements. Each result is a measurement's time divided by its number of calls."""
+    for name, v in (("number", number), ("repeat", repeat)):
+        if not isinstance(v, int) or v < 1:
+            raise _native.InputError(f"{call_name}: {name} must be a positive int, not {v!r}")
+    call()
+    results = []
+    for r in range(repeat):
+        n = number
+        zero = 0
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            elapsed = time.perf_counter() - t0
+            if elapsed == 0:
+                zero += 1
+                if zero >= limit_zero_time_iterations:
+                    break
+            if elapsed * 1000 >= min_repeat_ms:
+                break
+            per_call_ms = max(elapsed * 1000 / n, 1e-6)
+            n = max(int(min_repeat_ms / per_call_ms) + 1, int(n * 1.618))
+        results.append(elapsed / n)
+        if cooldown_interval_ms > 0 and repeats_to_cooldown > 0 and (r + 1) % repeats_to_cooldown == 0:
+            time.sleep(cooldown_interval_ms / 1000)
+    return BenchmarkResult(results)
+
+
+class GraphModule:
+    """A graph (or AOT) executor, as ``tvm.contrib.graph_executor.GraphModule``.
+
+    Inputs are numbered as TVM numbers them: every graph input (``arg_nodes``), the params
+    included. Arrays in: numpy arrays or anything DLPack-capable on the host (``tvm.nd.array``,
+    torch CPU tensors; see :func:`as_numpy`). Arrays out (``get_input``, ``get_output``) are
+    new numpy arrays, not TVM NDArrays: writing into one changes nothing in the executor."""
+
+    def __init__(self, executor: "_native.GraphExecutor", graph_json: Optional[str] = None, params: Any = ()) -> None:
         self._e = executor
+        self._graph: Optional[dict] = None
+        #: The values of the inputs as far as known (set by the factory, set_input, load_params).
+        self._known: dict = {}
+        #: Names TVM counts as params in get_input_info (what load_params loaded).
+        self._param_names: set = set()
+        if graph_json is not None:
+            import json
+
+            self._graph = json.loads(graph_json)
+            g = self._graph
+            attrs = g.get("attrs", {})
+            rows = g.get("node_row_ptr")
+            if rows is None:
+                rows, total = [], 0
+                for node in g["nodes"]:
+                    rows.append(total)
+                    total += int(node.get("attrs", {}).get("num_outputs", 1))
+            self._rows = rows
+            self._shapes = attrs["shape"][1]
+            self._dtypes = attrs["dltype"][1]
+            self._args = [(g["nodes"][nid]["name"], self._entry(nid, 0)) for nid in g["arg_nodes"]]
+        else:
+            self._args = [(n, (tuple(sh), d)) for n, sh, d in executor.inputs()]
+        for name, data, dtype, shape in params:
+            self._known[name] = _from_triple((data, dtype, shape))
+
+    def _entry(self, nid: int, index: int) -> Tuple[Tuple[int, ...], str]:
+        e = self._rows[nid] + index
+        return tuple(int(d) for d in self._shapes[e]), str(self._dtypes[e])
+
+    def _by_node(self, nid: int) -> Tuple[Tuple[int, ...], str]:
+        return tuple(int(d) for d in self._shapes[nid]), str(self._dtypes[nid])
+
+    def _input_name(self, key: Union[str, int], call: str) -> Optional[str]:
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not 0 <= int(key) < len(self._args):
+                raise _native.InputError(
+                    f"{call}: input index {int(key)} is out of range (the graph has {len(self._args)} inputs)"
+                )
+            return self._args[int(key)][0]
+        if isinstance(key, str):
+            return key if self.get_input_index(key) >= 0 else None
+        raise _native.InputError(f"{call}: an input is named by a str or numbered by an int, not {type(key).__name__}")
+
+    def _set(self, name: str, value: Any, call: str) -> None:
+        a = as_numpy(value, f"{call}: input `{name}`")
+        self._e.set_input(name, *_to_triple(a))
+        self._known[name] = np.array(a, copy=True)
 
     def set_input(self, key: Union[str, int, None] = None, value: Any = None, **params: Any) -> None:
-        """Sets input ``key`` (a name; an int picks the input by position) to an array;
-        keyword arguments set several inputs."""
+        """As TVM's: sets input ``key`` (a name, or TVM's input index, params counted) to
+        ``value``; keyword arguments set inputs by name, skipping names the graph does not
+        have (TVM skips them too). Values: numpy arrays or DLPack-capable host arrays.
+
+        :raises RunError: ``key`` names no input, or the value's shape or dtype differs."""
         if key is not None:
-            if isinstance(key, int):
-                key = self._e.inputs()[key][0]
-            self._e.set_input(key, *_to_triple(value))
+            name = self._input_name(key, "GraphModule.set_input")
+            if name is None:
+                # The executor's own message lists the inputs.
+                self._e.set_input(str(key), *_to_triple(value, f"GraphModule.set_input: input `{key}`"))
+            else:
+                self._set(name, value, "GraphModule.set_input")
         for k, v in params.items():
-            self._e.set_input(k, *_to_triple(v))
+            if self.get_input_index(k) >= 0:
+                self._set(k, v, "GraphModule.set_input")
 
     def run(self, **inputs: Any) -> None:
         """Runs the model (after setting any inputs given as keywords)."""
@@ -143,28 +355,152 @@ class GraphModule:
             self.set_input(**inputs)
         self._e.run()
 
-    def get_output(self, index: int) -> np.ndarray:
-        """Output ``index`` as a new numpy array."""
-        return _from_triple(self._e.get_output(index))
+    def get_output(self, index: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Output ``index`` as a new numpy array; with ``out`` (a numpy array of the output's
+        shape), copied into ``out``, which is returned (TVM's ``get_output(index, out)``)."""
+        value = _from_triple(self._e.get_output(index))
+        if out is not None:
+            out[...] = value
+            return out
+        return value
 
     def get_num_outputs(self) -> int:
         """The number of outputs."""
         return self._e.get_num_outputs()
 
     def get_num_inputs(self) -> int:
-        """The number of inputs a caller sets (params excluded)."""
-        return len(self._e.inputs())
+        """The number of graph inputs as TVM counts them: the params included (an AOT model:
+        its inputs)."""
+        return len(self._args)
+
+    def get_input_index(self, name: str) -> int:
+        """TVM's index of the input called ``name`` (params counted), or -1."""
+        for i, (n, _) in enumerate(self._args):
+            if n == name:
+                return i
+        return -1
+
+    def get_input(self, index: Union[int, str], out: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """The value of input ``index`` (TVM's index or a name) as a new numpy array: what
+        ``set_input``, ``load_params`` or the library's own params set. An input not set yet
+        reads as zeros (TVM's is uninitialised memory). A name the graph does not have gives
+        None, as TVM's. With ``out``, the value is copied into it and ``out`` returned."""
+        name = self._input_name(index, "GraphModule.get_input")
+        if name is None:
+            return None
+        value = self._known.get(name)
+        if value is None:
+            shape, dtype = self._args[self.get_input_index(name)][1]
+            value = np.zeros(shape, dtype=np.dtype(dtype))
+        else:
+            value = value.copy()
+        if out is not None:
+            out[...] = value
+            return out
+        return value
+
+    def get_input_info(self) -> Tuple[dict, dict]:
+        """TVM's ``(shape_dict, dtype_dict)``: ``{name: shape tuple}`` and ``{name: dtype
+        str}`` of the graph inputs that are not params loaded with :meth:`load_params` (as in
+        TVM, the params a library carries itself are listed, since TVM lists them too)."""
+        shapes, dtypes = {}, {}
+        nids = self._graph["arg_nodes"] if self._graph is not None else [None] * len(self._args)
+        for (name, info), nid in zip(self._args, nids):
+            if name not in self._param_names:
+                # TVM reads the graph's shape and dtype lists at the node id, as here.
+                shapes[name], dtypes[name] = info if nid is None else self._by_node(nid)
+        return shapes, dtypes
+
+    def get_output_info(self) -> Tuple[dict, dict]:
+        """TVM's ``get_output_info``: ``(shape_dict, dtype_dict)`` keyed by the name of the graph
+        node each output comes from. As TVM 0.19's, the shape and dtype are the graph's
+        ``shape``/``dltype`` entries at the node's id (not its entry id): after a node with
+        several outputs they are another entry's, exactly as TVM reports them. An AOT model has no graph: :class:`mblob.InputError`."""
+        if self._graph is None:
+            raise _native.InputError("GraphModule.get_output_info: an AOT model has no graph (TVM's AotModule has none)")
+        shapes, dtypes = {}, {}
+        for head in self._graph["heads"]:
+            nid = int(head[0])
+            name = self._graph["nodes"][nid]["name"]
+            shapes[name], dtypes[name] = self._by_node(nid)
+        return shapes, dtypes
 
     def load_params(self, params_bytes: Union[bytes, bytearray]) -> None:
         """Loads a params file's bytes (what ``relay.save_param_dict`` writes), as TVM's
         ``GraphModule.load_params``: each param goes to the graph input of its name; params the
-        graph does not take are skipped. A file that is not a params file, or a param whose
-        dtype or shape differs from its input, raises :class:`mblob.InputError` (nothing set)."""
-        self._e.load_params(bytes(params_bytes))
+        graph does not take are skipped. Loaded params leave :meth:`get_input_info`, as in TVM.
+        A file that is not a params file, or a param whose dtype or shape differs from its
+        input, raises :class:`mblob.InputError` (nothing set)."""
+        if not isinstance(params_bytes, (bytes, bytearray, memoryview)):
+            raise _native.InputError(
+                f"GraphModule.load_params: params_bytes must be bytes, not {type(params_bytes).__name__}"
+            )
+        data = bytes(params_bytes)
+        self._e.load_params(data)
+        for name, raw, dtype, shape in _native.read_params_file(data):
+            if self.get_input_index(name) >= 0:
+                value = _from_triple((raw, dtype, shape))
+                # The library's own params are outside the executor's settable inputs.
+                self._e.set_input(name, raw, dtype, list(shape))
+                self._known[name] = value
+                self._param_names.add(name)
 
-    def get_input_info(self) -> List[Tuple[str, Tuple[int, ...], str]]:
-        """``(name, shape, dtype)`` of each input a caller sets."""
-        return [(n, tuple(s), d) for n, s, d in self._e.inputs()]
+    def share_params(self, other: "GraphModule", params_bytes: Union[bytes, bytearray]) -> None:
+        """TVM's ``share_params(other, params_bytes)``: the params named in ``params_bytes`` (only
+        their names are read) take ``other``'s values. TVM shares the memory; mblob copies the
+        values once (a later change in ``other`` is not seen here)."""
+        if not isinstance(other, GraphModule):
+            raise _native.InputError(
+                f"GraphModule.share_params: other must be a GraphModule, not {type(other).__name__}"
+            )
+        for name, _, _, _ in _native.read_params_file(bytes(params_bytes)):
+            if self.get_input_index(name) >= 0 and other.get_input_index(name) >= 0:
+                self._set(name, other.get_input(name), "GraphModule.share_params")
+
+    def benchmark(
+        self,
+        device: Any = None,
+        func_name: str = "run",
+        repeat: int = 5,
+        number: int = 5,
+        min_repeat_ms: Optional[float] = None,
+        limit_zero_time_iterations: int = 100,
+        end_to_end: bool = False,
+        cooldown_interval_ms: float = 0,
+        repeats_to_cooldown: int = 1,
+        **kwargs: Any,
+    ) -> BenchmarkResult:
+        """TVM's ``benchmark``: times ``run`` (``repeat`` measurements of ``number`` runs after
+        one warm-up run) and returns a :class:`BenchmarkResult` in seconds. Keyword arguments
+        are inputs, set once before timing; with ``end_to_end`` they are set again in every
+        timed call and the outputs copied out, as TVM's ``run_from_inputs``. Timed on the host
+        clock (TVM uses device timers on GPUs)."""
+        _device_pair(device if device is not None else cpu(), "GraphModule.benchmark")
+        if func_name != "run":
+            raise _native.InputError(f"GraphModule.benchmark: func_name must be 'run' (got {func_name!r})")
+        min_ms = 0 if min_repeat_ms is None else min_repeat_ms
+        if end_to_end:
+
+            def call() -> None:
+                self.set_input(**kwargs)
+                self._e.run()
+                for i in range(self._e.get_num_outputs()):
+                    self._e.get_output(i)
+
+        else:
+            if kwargs:
+                self.set_input(**kwargs)
+            call = self._e.run
+        return _time(
+            call,
+            "GraphModule.benchmark",
+            number,
+            repeat,
+            min_ms,
+            limit_zero_time_iterations,
+            cooldown_interval_ms,
+            repeats_to_cooldown,
+        )
 
 
 class Module:
@@ -190,9 +526,13 @@ class Module:
         if self._library.has_factory(name):
             library = self._library
 
-            def create(*devices: Device) -> GraphModule:
-                devs = [d._pair() for d in devices] or [cpu()._pair()]
-                return GraphModule(_native.GraphExecutor(library, devs))
+            def create(*devices: Any) -> GraphModule:
+                devs = [p for d in devices for p in _device_list(d, f"m[{name!r}](device)")] or [cpu()._pair()]
+                factory = library.graph_factory(name)
+                if factory is None:
+                    return GraphModule(_native.GraphExecutor(library, devs))
+                graph_json, params = factory
+                return GraphModule(_native.GraphExecutor(library, devs), graph_json, params)
 
             return create
         if self._library.has_function(name):
@@ -217,11 +557,126 @@ def load_module(path: Union[str, "os.PathLike[str]"]) -> Module:
 class VirtualMachine:
     """A Relax VM, as ``tvm.relax.VirtualMachine(mod, device)``: ``vm["main"](*arrays)``."""
 
-    def __init__(self, mod: Module, device: Optional[Device] = None) -> None:
-        device = device or cpu()
-        self._vm = _native.RelaxVm(mod._library, device._pair())
+    def __init__(self, mod: Module, device: Any = None, memory_cfg: Any = None, profile: bool = False) -> None:
+        # TVM's (device, memory_cfg, profile): a list of devices runs on its first (TVM adds the
+        # CPU for shape functions; mblob computes shapes on the host anyway); memory_cfg picks
+        # TVM's allocator and changes nothing here.
+        if profile:
+            raise _native.InputError("VirtualMachine(profile=True): mblob has no VM profiler")
+        self._vm = _native.RelaxVm(mod._library, _device_list(device, "VirtualMachine(mod, device)")[0])
+        self._inputs: dict = {}
+        self._outputs: dict = {}
+        self._saved: dict = {}
+
+    def _function(self, func_name: str, call: str) -> List[str]:
+        params = self._vm.function_params(func_name) if isinstance(func_name, str) else None
+        if params is None:
+            raise _native.InputError(
+                f"{call}: no VM function {func_name!r} (functions: {', '.join(self._vm.functions())})"
+            )
+        return params
+
+    def _named_args(self, func_name: str, args: Sequence[Any], kwargs: dict, call: str) -> List[Any]:
+        """TVM's ``_convert_func_named_args``: keyword arguments go to the parameters of their
+        names, positional ones fill the rest in order."""
+        params = self._function(func_name, call)
+        if not kwargs:
+            return list(args)
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            raise _native.InputError(
+                f"{call}: {func_name!r} has no parameter {unknown[0]!r} (parameters: {', '.join(params)})"
+            )
+        if len(args) + len(kwargs) != len(params):
+            raise _native.InputError(
+                f"{call}: {func_name!r} takes {len(params)} arguments, got {len(args) + len(kwargs)}"
+            )
+        rest = iter(args)
+        return [kwargs[p] if p in kwargs else next(rest) for p in params]
+
+    def set_input(self, func_name: str, *args: Any, **kwargs: Any) -> None:
+        """TVM's ``set_input(func_name, *args, **kwargs)``: the arguments of the next
+        :meth:`invoke_stateful` of ``func_name`` (keywords by parameter name). Arrays are read
+        now (numpy or DLPack-capable host arrays) and copied."""
+        values = self._named_args(func_name, args, kwargs, "VirtualMachine.set_input")
+        self._inputs[func_name] = [
+            np.array(as_numpy(v, f"VirtualMachine.set_input: argument {i}"), copy=True)
+            if not isinstance(v, (int, float, tuple, list))
+            else v
+            for i, v in enumerate(values)
+        ]
+
+    def invoke_stateful(self, func_name: str) -> None:
+        """TVM's ``invoke_stateful(func_name)``: calls ``func_name`` with what
+        :meth:`set_input` gave it; :meth:`get_outputs` returns the result."""
+        self._function(func_name, "VirtualMachine.invoke_stateful")
+        if func_name not in self._inputs:
+            raise _native.InputError(
+                f"VirtualMachine.invoke_stateful: call VirtualMachine.set_input({func_name!r}, ...) first"
+            )
+        self._outputs[func_name] = self[func_name](*self._inputs[func_name])
+
+    def get_outputs(self, func_name: str) -> Any:
+        """TVM's ``get_outputs(func_name)``: the result of the last :meth:`invoke_stateful` of
+        ``func_name``: a numpy array, or a tuple (nested as the function's result) where TVM
+        gives a tuple of NDArrays."""
+        if func_name not in self._outputs:
+            raise _native.InputError(
+                f"VirtualMachine.get_outputs: call VirtualMachine.invoke_stateful({func_name!r}) first"
+            )
+        return self._outputs[func_name]
+
+    def save_function(self, func_name: str, saved_name: str, *args: Any, include_return: bool = True, **kwargs: Any) -> None:
+        """TVM's ``save_function``: ``vm[saved_name]()`` (and ``time_evaluator(saved_name,
+        ...)``) then calls ``func_name`` with these arguments."""
+        values = self._named_args(func_name, args, kwargs, "VirtualMachine.save_function")
+        call = self[func_name]
+        self._saved[saved_name] = lambda: call(*values) if include_return else (call(*values), None)[1]
+
+    def time_evaluator(
+        self,
+        func_name: str,
+        dev: Any = None,
+        number: int = 10,
+        repeat: int = 1,
+        min_repeat_ms: float = 0,
+        cooldown_interval_ms: float = 0,
+        repeats_to_cooldown: int = 1,
+        f_preproc: str = "",
+    ) -> Callable[..., BenchmarkResult]:
+        """TVM's ``time_evaluator``: a function that takes ``func_name``'s arguments, calls it
+        once to warm up, then ``repeat`` times ``number`` calls, and returns a
+        :class:`BenchmarkResult` in seconds (host clock). ``"invoke_stateful"`` times
+        :meth:`invoke_stateful` (its argument: the function's name); a name given to
+        :meth:`save_function` times that saved call. ``f_preproc`` is not supported."""
+        _device_pair(dev if dev is not None else cpu(), "VirtualMachine.time_evaluator")
+        if f_preproc:
+            raise _native.InputError("VirtualMachine.time_evaluator: f_preproc is not supported by mblob")
+        if func_name == "invoke_stateful":
+            target: Callable[..., Any] = self.invoke_stateful
+        elif func_name in self._saved:
+            target = self._saved[func_name]
+        else:
+            self._function(func_name, "VirtualMachine.time_evaluator")
+            target = self[func_name]
+
+        def evaluator(*args: Any) -> BenchmarkResult:
+            return _time(
+                lambda: target(*args),
+                "VirtualMachine.time_evaluator",
+                number,
+                repeat,
+                min_repeat_ms,
+                100,
+                cooldown_interval_ms,
+                repeats_to_cooldown,
+            )
+
+        return evaluator
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
+        if name in self._saved:
+            return self._saved[name]
         if name not in self._vm.functions():
             raise _native.InputError(f"no VM function `{name}` (functions: {', '.join(self._vm.functions())})")
 

@@ -24,12 +24,61 @@ use pyo3::types::PyDict;
 mod run;
 
 create_exception!(mblob, Error, PyException, "Base class of every error mblob raises.");
-create_exception!(mblob, FormatError, Error, "A file is not what it claims: a malformed blob, payload or ELF file.");
-create_exception!(
-    mblob,
+
+/// Declares an exception class of the `mblob.Error` family that also subclasses a builtin
+/// exception (`except ValueError` catches a bad argument as it would in TVM or numpy). The class
+/// is made once per interpreter with `type(name, (mblob.Error, builtin), ...)`: pyo3's
+/// `create_exception!` takes a single base.
+macro_rules! family_exception {
+    ($name:ident, $builtin:ty, $doc:literal) => {
+        #[doc = $doc]
+        pub struct $name;
+
+        impl $name {
+            /// The class, made on first use.
+            pub fn type_object(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyType>> {
+                static CELL: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+                CELL.get_or_try_init(py, || $crate::family_type(py, stringify!($name), py.get_type::<$builtin>(), $doc))
+                    .map(|t| t.bind(py).clone())
+            }
+
+            /// An exception of this class carrying `msg`.
+            pub fn new_err(msg: impl Into<String>) -> PyErr {
+                let msg = msg.into();
+                Python::attach(|py| match Self::type_object(py) {
+                    Ok(t) => PyErr::from_type(t, (msg,)),
+                    Err(e) => e,
+                })
+            }
+        }
+    };
+}
+pub(crate) use family_exception;
+
+/// `type(name, (mblob.Error, builtin), {"__doc__": doc, "__module__": "mblob"})`.
+fn family_type(
+    py: Python<'_>,
+    name: &str,
+    builtin: Bound<'_, pyo3::types::PyType>,
+    doc: &str,
+) -> PyResult<Py<pyo3::types::PyType>> {
+    let dict = PyDict::new(py);
+    dict.set_item("__doc__", doc)?;
+    dict.set_item("__module__", "mblob")?;
+    let bases = (py.get_type::<Error>(), builtin);
+    let made = py.get_type::<pyo3::types::PyType>().call1((name, bases, dict))?;
+    Ok(made.cast_into::<pyo3::types::PyType>()?.unbind())
+}
+
+family_exception!(
+    FormatError,
+    pyo3::exceptions::PyValueError,
+    "A file is not what it claims: a malformed blob, payload or ELF file (also a ValueError)."
+);
+family_exception!(
     LoadError,
-    Error,
-    "A library or module could not be loaded (dlopen, a missing loader or symbol)."
+    pyo3::exceptions::PyOSError,
+    "A library or module could not be loaded: dlopen, a missing loader or symbol (also an OSError)."
 );
 create_exception!(
     mblob,
@@ -37,13 +86,12 @@ create_exception!(
     Error,
     "An export or pack failed: the compiler, linker or LLVM refused, or a size limit was passed."
 );
-create_exception!(
-    mblob,
+family_exception!(
     InputError,
-    Error,
-    "An argument or a tree description makes no sense (bad layout, unknown field, missing host code)."
+    pyo3::exceptions::PyValueError,
+    "An argument or a tree description makes no sense: bad layout, unknown field, missing host code, an array of the wrong kind (also a ValueError)."
 );
-create_exception!(mblob, FileError, Error, "A file could not be read or written.");
+family_exception!(FileError, pyo3::exceptions::PyOSError, "A file could not be read or written (also an OSError).");
 
 /// The message of an error with its causes, as the command line prints it.
 fn message(e: &(dyn std::error::Error + 'static)) -> String {
@@ -500,11 +548,11 @@ fn has_llvm() -> bool {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("Error", py.get_type::<Error>())?;
-    m.add("FormatError", py.get_type::<FormatError>())?;
-    m.add("LoadError", py.get_type::<LoadError>())?;
+    m.add("FormatError", FormatError::type_object(py)?)?;
+    m.add("LoadError", LoadError::type_object(py)?)?;
     m.add("ExportError", py.get_type::<ExportError>())?;
-    m.add("InputError", py.get_type::<InputError>())?;
-    m.add("FileError", py.get_type::<FileError>())?;
+    m.add("InputError", InputError::type_object(py)?)?;
+    m.add("FileError", FileError::type_object(py)?)?;
     m.add_function(wrap_pyfunction!(inspect_json, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;

@@ -17,13 +17,12 @@ use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use crate::{run, Error, PyErrLater};
+use crate::{run, PyErrLater};
 
-pyo3::create_exception!(
-    mblob,
+crate::family_exception!(
     RunError,
-    Error,
-    "A model or function failed to run (a kernel error, a wrong input, an unsupported device)."
+    pyo3::exceptions::PyRuntimeError,
+    "A model or function failed to run: a kernel error, a wrong input, an unsupported device (also a RuntimeError, as TVM's TVMError)."
 );
 
 /// A tensor as Python sees it: its bytes, dtype name and shape.
@@ -77,6 +76,24 @@ impl Library {
                 .iter()
                 .any(|m| m.module.type_key() == mblob_runtime::exec::aot::AOT_EXECUTOR_FACTORY);
         graph || aot
+    }
+
+    /// The graph factory `name`: its graph JSON and its params as `(name, bytes, dtype, shape)`
+    /// (what TVM's `get_graph_json` and `get_params` give), or None (an AOT model, no factory).
+    #[allow(clippy::type_complexity)]
+    fn graph_factory<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+    ) -> Option<(String, Vec<(String, Bound<'py, PyBytes>, String, Vec<i64>)>)> {
+        use mblob_runtime::payload::graph::GraphExecutorFactory;
+        let g = self.tree.find::<GraphExecutorFactory>().filter(|g| g.module_name == name)?;
+        let params = g
+            .params
+            .iter()
+            .map(|(n, t)| (n.clone(), PyBytes::new(py, &t.data), t.dtype.to_string(), t.shape.clone()))
+            .collect();
+        Some((g.graph_json.clone(), params))
     }
 
     /// Whether a host function `name` is found from the root (through the imports).
@@ -346,6 +363,12 @@ impl RelaxVm {
         Ok(vm.functions().into_iter().map(|f| f.name).collect())
     }
 
+    /// The parameter names of VM function `name` (TVM's `get_function_param_name`), or None.
+    fn function_params(&self, name: &str) -> PyResult<Option<Vec<String>>> {
+        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        Ok(vm.functions().into_iter().find(|f| f.name == name).map(|f| f.params))
+    }
+
     /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
     /// bool in numpy's spelling either way: the VM passes it as the executable's TVM spells
     /// it).
@@ -369,12 +392,31 @@ impl RelaxVm {
     }
 }
 
+/// The params of a params file (`save_param_dict`) as `(name, bytes, dtype, shape)`, in the
+/// file's order.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn read_params_file<'py>(
+    py: Python<'py>,
+    data: Vec<u8>,
+) -> PyResult<Vec<(String, Bound<'py, PyBytes>, String, Vec<i64>)>> {
+    let params = run(py, move || {
+        read_params(&mblob_runtime::Bytes::from_vec(data))
+            .map_err(|err| PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err))))
+    })?;
+    Ok(params
+        .iter()
+        .map(|(n, t)| (n.clone(), PyBytes::new(py, &t.data), t.dtype.to_string(), t.shape.clone()))
+        .collect())
+}
+
 /// Registers the classes and functions of this file.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("RunError", m.py().get_type::<RunError>())?;
+    m.add("RunError", RunError::type_object(m.py())?)?;
     m.add_class::<Library>()?;
     m.add_class::<GraphExecutor>()?;
     m.add_class::<RelaxVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
+    m.add_function(wrap_pyfunction!(read_params_file, m)?)?;
     Ok(())
 }

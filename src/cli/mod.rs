@@ -118,6 +118,20 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Reports a usage error found after parsing (one that needs the model, or the environment)
+/// as clap reports its own: `error: ...`, the subcommand's usage line, status 2.
+pub(crate) fn usage_error(subcommand: &str, message: String) -> ExitCode {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    let error = match cli.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, message),
+        None => cli.error(clap::error::ErrorKind::ValueValidation, message),
+    };
+    let _ = error.print();
+    ExitCode::from(EXIT_USAGE)
+}
+
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("MBLOB_LOG")

@@ -157,9 +157,6 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             }
         }
     }
-    if let Some(dir) = &args.output_dir {
-        prepare_output_dir(dir)?;
-    }
     // SAFETY: running a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
@@ -172,6 +169,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             "invalid value '{}' for '--input': a {k:?} model takes its inputs by name, as NAME=FILE.npy",
             file.display()
         ));
+    }
+    if let Some(dir) = &args.output_dir {
+        prepare_output_dir(dir)?;
     }
     let inputs: Vec<(Option<String>, Tensor)> =
         specs.into_iter().map(|(name, file)| Ok((name, read_npy(&file)?))).collect::<Result<_>>()?;

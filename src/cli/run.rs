@@ -41,8 +41,9 @@ pub struct RunArgs {
     #[arg(short, long = "input", value_name = "[NAME=]FILE.npy")]
     pub inputs: Vec<OsString>,
     /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
-    /// created, and checked, before the model runs; each file appears whole or not at all;
-    /// `out.K.npy` files of an earlier run beyond this run's outputs are removed).
+    /// checked before the model runs and created when the run succeeds; each file appears
+    /// whole or not at all; `out.K.npy` files of an earlier run beyond this run's outputs are
+    /// removed).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
     /// The device to run on: cpu, opencl or cuda, with :N for another ordinal (cuda:1).
@@ -110,15 +111,15 @@ fn input_specs(inputs: &[OsString]) -> std::result::Result<Vec<(Option<String>, 
         .collect()
 }
 
-/// Prepares `-o DIR` before anything runs: created when missing, and it must be a directory
-/// one can write in.
-fn prepare_output_dir(dir: &Path) -> Result<()> {
-    let io = |action: &'static str| move |source| Error::Io { path: dir.to_owned(), action, source };
-    if dir.exists() && !dir.is_dir() {
+/// Checks `-o DIR` before anything runs: DIR, or the nearest of its parents that exists (DIR
+/// is created only when the outputs are written), must be a directory one can write in.
+fn check_output_dir(dir: &Path) -> Result<()> {
+    let existing = dir.ancestors().find(|a| !a.as_os_str().is_empty() && a.exists()).unwrap_or(Path::new("."));
+    let io = |action: &'static str| move |source| Error::Io { path: existing.to_owned(), action, source };
+    if !existing.is_dir() {
         return Err(io("cannot write outputs in")(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
     }
-    std::fs::create_dir_all(dir).map_err(io("cannot create"))?;
-    tempfile::NamedTempFile::new_in(dir).map_err(io("cannot write outputs in"))?;
+    tempfile::NamedTempFile::new_in(existing).map_err(io("cannot write outputs in"))?;
     Ok(())
 }
 
@@ -171,7 +172,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ));
     }
     if let Some(dir) = &args.output_dir {
-        prepare_output_dir(dir)?;
+        check_output_dir(dir)?;
     }
     let inputs: Vec<(Option<String>, Tensor)> =
         specs.into_iter().map(|(name, file)| Ok((name, read_npy(&file)?))).collect::<Result<_>>()?;

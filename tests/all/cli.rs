@@ -738,7 +738,8 @@ fn run_usage_errors_exit_2_and_any_path_is_accepted() {
     let run = goldens().join("run");
     let dir = tempfile::tempdir().unwrap();
     let x = format!("x={}", s(&run.join("graph_mlp.in.x.npy")));
-    let cases: Vec<(Vec<&str>, &str, &[(&str, &str)])> = vec![
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: Vec<(Vec<&str>, &str, Env)> = vec![
         (vec!["graph_mlp.so", "-i", "graph_mlp.in.x.npy"], "takes its inputs by name", &[]),
         (vec!["aot_mlp.so", "-i", "aot_mlp.in.x.npy"], "takes its inputs by name", &[]),
         (vec!["graph_mlp.so", "-i", "X", "--output", "B=float32[4]"], "--function", &[]),

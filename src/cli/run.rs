@@ -53,7 +53,7 @@ pub struct RunArgs {
     pub device: Option<Device>,
     /// Threads for the kernels' parallel loops, this thread included: a number, at least 1
     /// (default: MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = thread_count)]
     pub threads: Option<NonZeroUsize>,
     /// Run N more times after the first and print the time per run (mean, median, min), as
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
@@ -76,14 +76,19 @@ Exit status: 0 done (outputs written), 1 failure (a file that cannot be read or 
 it should be, an input the model does not take, a kernel that fails; nothing is written), 2
 usage error (unknown option, malformed argument such as --output B=f32, --output without
 --function, --input FILE without NAME= for a graph or AOT model, a malformed
-MBLOB_NUM_THREADS).
+MBLOB_NUM_THREADS or TVM_NUM_THREADS).
 
 Environment:
   MBLOB_NUM_THREADS  threads when --threads is not given (a number, at least 1); else
-                     TVM_NUM_THREADS, as TVM's runtime reads it; else one per core
+                     TVM_NUM_THREADS, the same; else one per core
   MBLOB_LOG          log filter for stderr (e.g. `debug`); RUST_LOG when unset
   LD_LIBRARY_PATH    where libcuda.so, libnvrtc.so and libOpenCL.so.1 are found
   OCL_ICD_VENDORS, OPENCL_DYLIB_PATH, CUDA_PATH  the OpenCL and CUDA set-up (see mblob --help)";
+
+/// Parses `--threads`: a number of at least 1.
+fn thread_count(s: &str) -> std::result::Result<NonZeroUsize, String> {
+    s.trim().parse().map_err(|_| "expected a number of threads, at least 1".to_owned())
+}
 
 /// Checks the form of an `--output` value at parse time (a malformed one is a usage error).
 fn output_spec(spec: &str) -> std::result::Result<String, String> {

@@ -744,7 +744,11 @@ fn run_usage_errors_exit_2_and_any_path_is_accepted() {
         (vec!["aot_mlp.so", "-i", "aot_mlp.in.x.npy"], "takes its inputs by name", &[]),
         (vec!["graph_mlp.so", "-i", "X", "--output", "B=float32[4]"], "--function", &[]),
         (vec!["../dso_add_one.so", "--function", "add_one", "--output", "B=f32"], "expected NAME=DTYPE[SHAPE]", &[]),
-        (vec!["graph_mlp.so", "-i", "X", "--threads", "0"], "--threads", &[]),
+        (
+            vec!["graph_mlp.so", "-i", "X", "--threads", "0"],
+            "--threads <N>': expected a number of threads, at least 1",
+            &[],
+        ),
         (vec!["graph_mlp.so", "-i", "X"], "MBLOB_NUM_THREADS=\"abc\"", &[("MBLOB_NUM_THREADS", "abc")]),
         (vec!["graph_mlp.so", "-i", "X"], "MBLOB_NUM_THREADS=\"0\"", &[("MBLOB_NUM_THREADS", "0")]),
         (vec!["graph_mlp.so", "-i", "X"], "TVM_NUM_THREADS=\"-1\"", &[("TVM_NUM_THREADS", "-1")]),

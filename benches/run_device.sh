@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 repeat=${1:-200}
 threads=${THREADS:-$(nproc)}
 cargo build -q --release --bin mblob
-B=target/release/mblob
+B=$(bash ci/target-dir.sh)/release/mblob
 D=tests/fixtures/device-run
 out=benches/results/run_device.json
 tmp=$(mktemp -d)

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
-M=$PWD/target/release/mblob
+M=$(bash ci/target-dir.sh)/release/mblob
 work=$(mktemp -d "${MBLOB_BIG_DIR:-/tmp}/mblob-big.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 run() { # backend MiB

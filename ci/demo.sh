@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/setup.sh
 cargo build --release --quiet
-exec ./target/release/mblob demo "$@"
+exec "$(bash ci/target-dir.sh)/release/mblob" demo "$@"

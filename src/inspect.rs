@@ -266,9 +266,13 @@ pub struct HostReport {
     /// `context_symbols`: the TVM context symbols the library defines (`__tvm_module_ctx`,
     /// `__TVMAPISetLastError`, `__tvm_ffi__library_ctx`, ...), which the runtime fills.
     pub context_symbols: Vec<String>,
-    /// `functions`: the exported functions (global, defined code symbols), in symbol-table
-    /// order.
+    /// `functions`: the exported functions TVM can call (its entry points), in symbol-table
+    /// order: global, defined code symbols with C names (TVM declares its entry points
+    /// `extern "C"`), and in the 0.22+ convention only the `__tvm_ffi_<name>` ones.
     pub functions: Vec<HostFunction>,
+    /// `other_functions`: the other exported code symbols, which are not TVM entry points
+    /// (C++-mangled helpers of BYOC code, plain C helpers next to `__tvm_ffi_` functions).
+    pub other_functions: Vec<String>,
 }
 
 /// One exported host function.
@@ -665,6 +669,8 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
     } else {
         "c"
     };
+    let (functions, other_functions): (Vec<String>, Vec<String>) =
+        functions.into_iter().partition(|symbol| is_entry_point(symbol, convention));
     let functions = functions
         .into_iter()
         .map(|symbol| {
@@ -675,7 +681,18 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
             HostFunction { name, symbol }
         })
         .collect();
-    Some(HostReport { convention, context_symbols: context, functions })
+    Some(HostReport { convention, context_symbols: context, functions, other_functions })
+}
+
+/// Whether an exported code symbol is one TVM calls as a function of the library: TVM's
+/// entry points have C names (`extern "C"`, as its codegens and `TVM_DLL_EXPORT_TYPED_FUNC`
+/// declare them), so an Itanium C++-mangled name (`_Z...`) is a helper; from TVM 0.22 on,
+/// the library exports `__tvm_ffi_<name>` for each entry point and nothing else is one.
+fn is_entry_point(symbol: &str, convention: &str) -> bool {
+    if symbol.starts_with("_Z") {
+        return false;
+    }
+    convention != "tvm-ffi" || symbol.starts_with("__tvm_ffi_")
 }
 
 /// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots and the
@@ -851,6 +868,13 @@ pub fn render_text(r: &Report) -> String {
             } else {
                 let _ = writeln!(s, "           function {} (symbol {})", f.name, f.symbol);
             }
+        }
+        if !host.other_functions.is_empty() {
+            let _ = writeln!(
+                s,
+                "           other    {} (exported code, not TVM entry points)",
+                host.other_functions.join(", ")
+            );
         }
     }
     if let Some(loaded) = &r.loaded {

@@ -42,7 +42,12 @@ impl LoadOptions {
 pub fn map_file(path: &Path) -> Result<Bytes> {
     let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
     let file = std::fs::File::open(path).map_err(io("cannot open"))?;
-    let len = file.metadata().map_err(io("cannot read the size of"))?.len();
+    let meta = file.metadata().map_err(io("cannot read the size of"))?;
+    // A directory opens (read-only) but cannot be mapped: say what it is, not `mmap`'s ENODEV.
+    if meta.is_dir() {
+        return Err(io("cannot read")(std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+    }
+    let len = meta.len();
     // An empty file cannot be mapped.
     if len == 0 {
         return Ok(Bytes::from_vec(Vec::new()));

@@ -45,7 +45,8 @@ pub struct ExtractArgs {
     /// (gzip-compressed) or `mblob export -o X.tar`.
     #[arg(value_name = "PATH")]
     pub path: PathBuf,
-    /// The directory to write (created; it must not exist, or be empty).
+    /// The directory to write (created, with its missing parents; it must not exist, or be
+    /// empty).
     #[arg(short, long, value_name = "DIR")]
     pub output: PathBuf,
     /// Read a raw `.blob` as this layout instead of detecting it.
@@ -83,6 +84,8 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
+    // `-o a/b` creates `a` too (only now, when the input has been read).
+    std::fs::create_dir_all(&parent).map_err(Error::io(&parent, "cannot create"))?;
     let partial = tempfile::Builder::new()
         .prefix(".mblob-extract-")
         .tempdir_in(&parent)

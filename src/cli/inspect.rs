@@ -47,7 +47,8 @@ With --json, each file gives one line holding one JSON object:
   format, functions {name: {name, arg_types, launch_param_tags, arg_extra_tags}}, data_len,
   smap, shaders, version; for Relax executables relax {version, functions [{name, kind,
   params}], externs}), tree (nested {index, type_key, imports}), host (for a shared
-  library: convention, context_symbols, functions), tar (members, blob_member), and with
+  library: convention, context_symbols, functions (TVM's entry points: {name, symbol}),
+  other_functions (exported code that is not an entry point, e.g. C++ helpers)), tar (members, blob_member), and with
   --load, loaded (nested {type_key, imports}).
 The function tables are what `mblob export` takes in TREE.json.
 

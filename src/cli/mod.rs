@@ -25,7 +25,8 @@ Exit status (every command):
   1  failure: an input could not be read or is malformed, or the operation failed (a compile
      or link step, a check of the demo); the message names the file and what was wrong.
      `inspect` reports every file it can and exits 1 when any could not be read.
-  2  usage error: unknown option, missing or malformed argument
+  2  usage error: unknown option, missing or malformed argument (`run`: also a malformed
+     MBLOB_NUM_THREADS or TVM_NUM_THREADS, see `run --help`)
 
 Environment:
   MBLOB_LOG          log filter for stderr (`debug` shows each stage and external command;
@@ -40,8 +41,8 @@ Environment:
   PATH               where compilers and ld.lld are looked for (ld.lld also in
                      /usr/lib/llvm-14/bin)
   TMPDIR             where intermediate files go during an export (removed after)
-  MBLOB_NUM_THREADS  threads for running models (`mblob run`); else TVM_NUM_THREADS, as
-                     TVM's runtime reads it
+  MBLOB_NUM_THREADS  threads for running models (`mblob run` without --threads): a number,
+                     at least 1; else TVM_NUM_THREADS, the same; else one per core
   LD_LIBRARY_PATH    where the CUDA driver (libcuda.so), NVRTC (libnvrtc.so) and the OpenCL
                      ICD loader (libOpenCL.so.1) are found, for device modules
   OCL_ICD_VENDORS    where the OpenCL ICD loader looks for drivers (/etc/OpenCL/vendors)
@@ -116,6 +117,20 @@ pub fn main() -> ExitCode {
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// Reports a usage error found after parsing (one that needs the model, or the environment)
+/// as clap reports its own: `error: ...`, the subcommand's usage line, status 2.
+pub(crate) fn usage_error(subcommand: &str, message: String) -> ExitCode {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    let error = match cli.find_subcommand_mut(subcommand) {
+        Some(sub) => sub.error(clap::error::ErrorKind::ValueValidation, message),
+        None => cli.error(clap::error::ErrorKind::ValueValidation, message),
+    };
+    let _ = error.print();
+    ExitCode::from(EXIT_USAGE)
 }
 
 fn init_logging() {

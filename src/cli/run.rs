@@ -2,6 +2,9 @@
 //! one host function of a plain library with `mblob-runtime` alone, on the CPU or the device
 //! the library was built for, inputs and outputs as `.npy` files.
 
+use std::ffi::OsString;
+use std::num::NonZeroUsize;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -25,18 +28,22 @@ use crate::{Error, Result};
 /// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
 /// ```
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = AFTER_HELP)]
 pub struct RunArgs {
     /// The shared library TVM exported (`export_library`) or mblob wrote.
     #[arg(value_name = "MODEL.so")]
     pub model: PathBuf,
-    /// An input, as NAME=FILE.npy, or FILE.npy for the next input in order (repeatable).
-    /// The names, shapes and dtypes are checked against the model's before anything runs.
-    /// With `--function` on a plain library, the inputs are the function's first arguments,
-    /// in the order given.
+    /// An input, as NAME=FILE.npy (repeatable). A graph or AOT model takes its inputs by
+    /// name; a Relax model also takes FILE.npy for its next parameter in order. The names,
+    /// shapes and dtypes are checked against the model's before anything runs. With
+    /// `--function` on a plain library, the inputs are the function's first arguments, in the
+    /// order given.
     #[arg(short, long = "input", value_name = "[NAME=]FILE.npy")]
-    pub inputs: Vec<String>,
+    pub inputs: Vec<OsString>,
     /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
-    /// created; each file appears whole or not at all).
+    /// checked before the model runs and created when the run succeeds; each file appears
+    /// whole or not at all; `out.K.npy` files of an earlier run beyond this run's outputs are
+    /// removed).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
     /// The device to run on: cpu, opencl or cuda, with :N for another ordinal (cuda:1).
@@ -44,10 +51,10 @@ pub struct RunArgs {
     /// (said on stderr), else the CPU.
     #[arg(short, long, value_name = "DEVICE")]
     pub device: Option<Device>,
-    /// Threads for the kernels' parallel loops, this thread included (default:
-    /// MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    /// Threads for the kernels' parallel loops, this thread included: a number, at least 1
+    /// (default: MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
+    #[arg(long, value_name = "N", value_parser = thread_count)]
+    pub threads: Option<NonZeroUsize>,
     /// Run N more times after the first and print the time per run (mean, median, min), as
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
@@ -59,7 +66,7 @@ pub struct RunArgs {
     pub function: Option<String>,
     /// With `--function` on a plain library: an output argument, as `NAME=DTYPE[SHAPE]`, e.g.
     /// `B=float32[4]` or `y=int8[2,16]` (repeatable, in argument order).
-    #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]")]
+    #[arg(long = "output", value_name = "NAME=DTYPE[SHAPE]", requires = "function", value_parser = output_spec)]
     pub outputs: Vec<String>,
     /// Run the library as TVM's graph executor does with this graph JSON (what `relay.build`'s
     /// `get_graph_json()` returns): the "classic trio" of a host library (`get_lib()`), its
@@ -70,6 +77,64 @@ pub struct RunArgs {
     /// graph executor's `load_params` does (params the graph does not take are skipped).
     #[arg(long, value_name = "FILE.params", requires = "graph")]
     pub params: Option<PathBuf>,
+}
+
+/// The end of `mblob run --help`.
+const AFTER_HELP: &str = "\
+Exit status: 0 done (outputs written), 1 failure (a file that cannot be read or is not what
+it should be, an input the model does not take, a kernel that fails; nothing is written), 2
+usage error (unknown option, malformed argument such as --output B=f32, --output without
+--function, --input FILE without NAME= for a graph or AOT model, a malformed
+MBLOB_NUM_THREADS or TVM_NUM_THREADS).
+
+Environment:
+  MBLOB_NUM_THREADS  threads when --threads is not given (a number, at least 1); else
+                     TVM_NUM_THREADS, the same; else one per core
+  MBLOB_LOG          log filter for stderr (e.g. `debug`); RUST_LOG when unset
+  LD_LIBRARY_PATH    where libcuda.so, libnvrtc.so and libOpenCL.so.1 are found
+  OCL_ICD_VENDORS, OPENCL_DYLIB_PATH, CUDA_PATH  the OpenCL and CUDA set-up (see mblob --help)";
+
+/// Parses `--threads`: a number of at least 1.
+fn thread_count(s: &str) -> std::result::Result<NonZeroUsize, String> {
+    s.trim().parse().map_err(|_| "expected a number of threads, at least 1".to_owned())
+}
+
+/// Checks the form of an `--output` value at parse time (a malformed one is a usage error).
+fn output_spec(spec: &str) -> std::result::Result<String, String> {
+    parse_output(spec).map(|_| spec.to_owned()).map_err(|_| "expected NAME=DTYPE[SHAPE], e.g. B=float32[4]".to_owned())
+}
+
+/// Splits `--input` values into an optional name and a path; the path may be any bytes, the
+/// name must be text. `Err` is a usage error's message.
+fn input_specs(inputs: &[OsString]) -> std::result::Result<Vec<(Option<String>, PathBuf)>, String> {
+    inputs
+        .iter()
+        .map(|spec| {
+            let bytes = spec.as_bytes();
+            let Some(at) = bytes.iter().position(|&b| b == b'=') else {
+                return Ok((None, PathBuf::from(spec)));
+            };
+            let (name, file) = (&bytes[..at], &bytes[at + 1..]);
+            match std::str::from_utf8(name) {
+                Ok(n) if !n.is_empty() && !file.is_empty() => {
+                    Ok((Some(n.to_owned()), PathBuf::from(std::ffi::OsStr::from_bytes(file))))
+                }
+                _ => Err(format!("invalid value '{}' for '--input': expected NAME=FILE.npy", spec.to_string_lossy())),
+            }
+        })
+        .collect()
+}
+
+/// Checks `-o DIR` before anything runs: DIR, or the nearest of its parents that exists (DIR
+/// is created only when the outputs are written), must be a directory one can write in.
+fn check_output_dir(dir: &Path) -> Result<()> {
+    let existing = dir.ancestors().find(|a| !a.as_os_str().is_empty() && a.exists()).unwrap_or(Path::new("."));
+    let io = |action: &'static str| move |source| Error::Io { path: existing.to_owned(), action, source };
+    if !existing.is_dir() {
+        return Err(io("cannot write outputs in")(std::io::Error::from(std::io::ErrorKind::NotADirectory)));
+    }
+    tempfile::NamedTempFile::new_in(existing).map_err(io("cannot write outputs in"))?;
+    Ok(())
 }
 
 fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
@@ -94,20 +159,19 @@ fn pick_device(tree: &LoadedTree, asked: Option<Device>) -> Device {
 
 /// Runs `mblob run`.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
-    if let Some(n) = args.threads {
-        if n == 0 {
-            return Err(invalid("--threads", "must be at least 1"));
+    let usage = |message: String| Ok(super::usage_error("run", message));
+    let specs = match input_specs(&args.inputs) {
+        Ok(specs) => specs,
+        Err(message) => return usage(message),
+    };
+    match args.threads {
+        Some(n) => threadpool::set_num_threads(n.get()),
+        None => {
+            if let Err(e) = threadpool::env_num_threads() {
+                return usage(e.to_string());
+            }
         }
-        threadpool::set_num_threads(n);
     }
-    let inputs: Vec<(Option<String>, Tensor)> = args
-        .inputs
-        .iter()
-        .map(|spec| match spec.split_once('=') {
-            Some((name, file)) => Ok((Some(name.to_owned()), read_npy(Path::new(file))?)),
-            None => Ok((None, read_npy(Path::new(spec))?)),
-        })
-        .collect::<Result<_>>()?;
     // SAFETY: running a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
@@ -117,6 +181,19 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         None => tree,
     };
     let kind = Model::kind_of(&tree);
+    if let (Some(k @ (ModelKind::Graph | ModelKind::Aot)), Some((_, file))) =
+        (kind, specs.iter().find(|(name, _)| name.is_none()))
+    {
+        return usage(format!(
+            "invalid value '{}' for '--input': a {k:?} model takes its inputs by name, as NAME=FILE.npy",
+            file.display()
+        ));
+    }
+    if let Some(dir) = &args.output_dir {
+        check_output_dir(dir)?;
+    }
+    let inputs: Vec<(Option<String>, Tensor)> =
+        specs.into_iter().map(|(name, file)| Ok((name, read_npy(&file)?))).collect::<Result<_>>()?;
     let device = pick_device(&tree, args.device);
     let (outputs, times) = match (&args.function, kind) {
         (Some(name), None) => run_function(&tree, &model, name, device, &inputs, &args.outputs, args.repeat)?,
@@ -131,7 +208,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
         (function, Some(_)) => {
             if !args.outputs.is_empty() {
-                return Err(invalid("--output", "only with --function on a plain library (a model knows its outputs)"));
+                return usage(
+                    "'--output' is only for --function on a plain library (a model knows its outputs)".into(),
+                );
             }
             run_model(&tree, &model, device, function.as_deref(), &inputs, args.repeat)?
         }
@@ -189,6 +268,19 @@ pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[Tensor]) -> Result<()
     })?;
     for (i, t) in outputs.iter().enumerate() {
         write_npy(&dir.join(format!("out.{i}.npy")), t)?;
+    }
+    // Outputs of an earlier run with more outputs would pass for this run's: removed.
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| Error::Io { path: dir.to_owned(), action: "cannot list", source })?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let k = name.to_str().and_then(|n| n.strip_prefix("out.")?.strip_suffix(".npy"));
+        let stale =
+            k.and_then(|k| k.parse::<usize>().ok().filter(|n| n.to_string() == k)).is_some_and(|k| k >= outputs.len());
+        if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|source| Error::Io { path, action: "cannot remove", source })?;
+        }
     }
     Ok(())
 }

@@ -632,6 +632,11 @@ fn exit_statuses_and_environment_are_one_documented_convention() {
     for ok in [&["--help"][..], &["--version"], &["inspect", "--help"], &["extract", "--help"]] {
         assert_eq!(mblob(ok, tmp.path()).status.code(), Some(0), "{ok:?}");
     }
+    // `run --help` documents its exit statuses and the variables it reads, as `pack` does.
+    let run_help = String::from_utf8(mblob(&["run", "--help"], tmp.path()).stdout).unwrap();
+    for want in ["Exit status", "usage error", "MBLOB_NUM_THREADS", "TVM_NUM_THREADS", "MBLOB_LOG"] {
+        assert!(run_help.contains(want), "{want} missing from run --help:\n{run_help}");
+    }
 
     // The variables the code reads, found in the sources.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -702,4 +707,222 @@ fn export_checks_the_tree_before_any_work() {
     assert!(err.contains("unknown type_key `LLVM`") && err.contains("did you mean `llvm`?"), "{err}");
     assert!(!err.contains("unknown field"), "{err}");
     assert_empty(tmp.path());
+}
+
+fn mblob_env(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mblob"));
+    c.args(args).env_remove("MBLOB_NUM_THREADS").env_remove("TVM_NUM_THREADS");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run mblob")
+}
+
+fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+    args.iter().map(Into::into).collect()
+}
+
+/// The data of a `.npy` file TVM (numpy) or mblob wrote, without its header (the headers'
+/// padding may differ).
+fn npy_data(path: &Path, len: usize) -> Vec<u8> {
+    let bytes = read(path);
+    bytes[bytes.len() - len..].to_vec()
+}
+
+/// `mblob run`'s usage errors exit 2 before anything runs, as `--help` documents: a bare
+/// `--input FILE` for a graph or AOT model, `--output` without `--function` or malformed,
+/// `--threads 0`, a malformed MBLOB_NUM_THREADS / TVM_NUM_THREADS. A non-UTF-8 path in
+/// `--input NAME=FILE` is a path like any other.
+#[test]
+fn run_usage_errors_exit_2_and_any_path_is_accepted() {
+    let run = goldens().join("run");
+    let dir = tempfile::tempdir().unwrap();
+    let x = format!("x={}", s(&run.join("graph_mlp.in.x.npy")));
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: Vec<(Vec<&str>, &str, Env)> = vec![
+        (vec!["graph_mlp.so", "-i", "graph_mlp.in.x.npy"], "takes its inputs by name", &[]),
+        (vec!["aot_mlp.so", "-i", "aot_mlp.in.x.npy"], "takes its inputs by name", &[]),
+        (vec!["graph_mlp.so", "-i", "X", "--output", "B=float32[4]"], "--function", &[]),
+        (vec!["../dso_add_one.so", "--function", "add_one", "--output", "B=f32"], "expected NAME=DTYPE[SHAPE]", &[]),
+        (
+            vec!["graph_mlp.so", "-i", "X", "--threads", "0"],
+            "--threads <N>': expected a number of threads, at least 1",
+            &[],
+        ),
+        (vec!["graph_mlp.so", "-i", "X"], "MBLOB_NUM_THREADS=\"abc\"", &[("MBLOB_NUM_THREADS", "abc")]),
+        (vec!["graph_mlp.so", "-i", "X"], "MBLOB_NUM_THREADS=\"0\"", &[("MBLOB_NUM_THREADS", "0")]),
+        (vec!["graph_mlp.so", "-i", "X"], "TVM_NUM_THREADS=\"-1\"", &[("TVM_NUM_THREADS", "-1")]),
+    ];
+    for (args, want, env) in cases {
+        let out = dir.path().join("out");
+        let mut full: Vec<std::ffi::OsString> = vec!["run".into()];
+        for (i, a) in args.iter().enumerate() {
+            full.push(match *a {
+                "X" => x.clone().into(),
+                a if i == 0 || a.ends_with(".npy") => run.join(a).into(),
+                a => a.into(),
+            });
+        }
+        full.extend(os(&["-o", s(&out)]));
+        let full: Vec<&std::ffi::OsStr> = full.iter().map(|a| a.as_os_str()).collect();
+        let o = mblob_env(&full, env);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?} {env:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+        assert!(o.stdout.is_empty() && !out.exists(), "{args:?}: nothing runs");
+    }
+    // What is accepted: a thread count of at least 1, from --threads or the environment.
+    use std::os::unix::ffi::OsStrExt;
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"x-\xff.npy"));
+    std::fs::copy(run.join("graph_mlp.in.x.npy"), &odd).unwrap();
+    let mut spec = std::ffi::OsString::from("x=");
+    spec.push(&odd);
+    let out = dir.path().join("odd");
+    let o = mblob_env(
+        &["run".as_ref(), run.join("graph_mlp.so").as_os_str(), "-i".as_ref(), &spec, "-o".as_ref(), out.as_os_str()],
+        &[("MBLOB_NUM_THREADS", "2")],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(npy_data(&out.join("out.0.npy"), 80), npy_data(&run.join("graph_mlp.out.0.npy"), 80));
+}
+
+/// A directory where a file is expected is named as one, wherever a file is read.
+#[test]
+fn a_directory_given_as_a_file_is_said_to_be_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("adir");
+    std::fs::create_dir(&d).unwrap();
+    let g = goldens();
+    let mlp = g.join("run/graph_mlp.so");
+    let out = dir.path().join("out");
+    let so = dir.path().join("out.so");
+    let input = format!("x={}", s(&d));
+    let dense = g.join("graph_dense_relu.so");
+    let cases: [&[&str]; 7] = [
+        &["inspect", s(&d)],
+        &["extract", s(&d), "-o", s(&out)],
+        &["run", s(&d)],
+        &["run", s(&mlp), "--input", &input],
+        &["pack", "--from", s(&d), "--blob-only", "-o", s(&so)],
+        &["pack", "--from", s(&dense), "--host", s(&d), "-o", s(&so)],
+        &["export", s(&d), "-o", s(&so)],
+    ];
+    for args in cases {
+        let o = mblob(args, tmp.path());
+        let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("adir") && err.contains("is a directory"), "{args:?}: {err}");
+        assert!(!err.contains("no such device"), "{args:?}: {err}");
+        assert!(!out.exists() && !so.exists(), "{args:?}");
+    }
+    assert_empty(tmp.path());
+}
+
+/// `run -o DIR`: a DIR that cannot hold the outputs is refused before the model runs; the
+/// outputs an earlier run left beyond this run's count are removed, other files are kept.
+/// `extract -o a/b` creates `a`.
+#[test]
+fn output_directories_are_checked_first_and_hold_only_this_runs_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = goldens().join("run");
+    let (so, x) = (run.join("graph_mlp.so"), format!("x={}", s(&run.join("graph_mlp.in.x.npy"))));
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let o = mblob(&["run", s(&so), "-i", &x, "-o", s(&file)], tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("a-file") && err.to_lowercase().contains("not a directory"), "{err}");
+    assert!(o.stdout.is_empty(), "the model ran: {}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(read(&file), b"not a directory");
+
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    for stale in ["out.1.npy", "out.7.npy"] {
+        std::fs::write(out.join(stale), b"an earlier run's").unwrap();
+    }
+    for kept in ["out.01.npy", "notes.txt", "out.x.npy"] {
+        std::fs::write(out.join(kept), b"kept").unwrap();
+    }
+    let o = mblob(&["run", s(&so), "-i", &x, "-o", s(&out)], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut left: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["notes.txt", "out.0.npy", "out.01.npy", "out.x.npy"]);
+    assert_eq!(npy_data(&out.join("out.0.npy"), 80), npy_data(&run.join("graph_mlp.out.0.npy"), 80));
+
+    let nested = dir.path().join("a/b");
+    let o = mblob(&["extract", s(&goldens().join("graph_dense_relu.so")), "-o", s(&nested), "-q"], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(nested.join("tree.json").is_file());
+    assert_empty(tmp.path());
+}
+
+/// inspect lists as functions only what TVM calls: in TVM 0.19's library with a `ccompiler`
+/// BYOC part, the entry points TVM's modules implement, and the C++ helpers apart.
+#[test]
+fn inspect_lists_only_tvm_entry_points_as_functions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/byoc-helpers");
+    let want: serde_json::Value = serde_json::from_slice(&read(&fx.join("expected.json"))).unwrap();
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        let mut v: Vec<String> = v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_owned()).collect();
+        v.sort();
+        v
+    };
+    let entry = strings(&want["entry_points"]);
+    let other: Vec<String> = strings(&want["exported_functions"]).into_iter().filter(|f| !entry.contains(f)).collect();
+    assert!(!other.is_empty(), "the fixture has helpers");
+    let o = mblob(&["inspect", "--json", s(&fx.join("byoc_ccompiler.so"))], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let host = &report["host"];
+    assert_eq!(host["convention"], "classic-packed");
+    let mut functions: Vec<String> =
+        host["functions"].as_array().unwrap().iter().map(|f| f["symbol"].as_str().unwrap().to_owned()).collect();
+    functions.sort();
+    assert_eq!(functions, entry);
+    assert_eq!(strings(&want["graph_func_names"]), entry, "the graph calls them all");
+    assert_eq!(strings(&host["other_functions"]), other);
+    let text = String::from_utf8(mblob(&["inspect", s(&fx.join("byoc_ccompiler.so"))], tmp.path()).stdout).unwrap();
+    for f in &other {
+        assert!(!text.contains(&format!("function {f}")), "{f} labelled a function:\n{text}");
+    }
+}
+
+/// The scripts of ci/ and benches/ find what cargo built wherever CARGO_TARGET_DIR puts it (no
+/// `target/` path written in them), `ci/target-dir.sh` says where that is, and ci/setup.sh
+/// installs what `maturin build` needs (patchelf), as README's wheel recipe says.
+#[test]
+fn scripts_follow_the_target_directory_and_set_up_wheel_builds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for d in ["ci", "benches"] {
+        for e in std::fs::read_dir(root.join(d)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "sh") {
+                let text = String::from_utf8(read(&p)).unwrap();
+                for bad in ["target/release", "target/debug", "target/python"] {
+                    assert!(!text.contains(bad), "{} names {bad}", p.display());
+                }
+            }
+        }
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    let o = Command::new("bash")
+        .arg(root.join("ci/target-dir.sh"))
+        .env("CARGO_TARGET_DIR", elsewhere.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        s(elsewhere.path()),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let setup = String::from_utf8(read(&root.join("ci/setup.sh"))).unwrap();
+    assert!(setup.contains(" patchelf "), "ci/setup.sh installs patchelf");
+    let readme = String::from_utf8(read(&root.join("README.md"))).unwrap();
+    assert!(readme.contains("maturin build --release -m python/Cargo.toml"));
 }

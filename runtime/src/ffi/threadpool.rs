@@ -84,14 +84,45 @@ thread_local! {
     static POOL: RefCell<Option<Pool>> = const { RefCell::new(None) };
 }
 
-/// The process default: `MBLOB_NUM_THREADS`, then `TVM_NUM_THREADS`, then the cores.
+/// A thread-count variable (`MBLOB_NUM_THREADS`, `TVM_NUM_THREADS`) that is not a whole
+/// number of at least 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?}: expected a number of threads, at least 1 (unset it for one thread per core)")]
+pub struct NumThreadsError {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value, as set.
+    pub value: String,
+}
+
+/// The thread count the environment asks for: `MBLOB_NUM_THREADS`, else `TVM_NUM_THREADS`
+/// (`None` when neither is set). A value that is not a whole number of at least 1 (`0`,
+/// `abc`, `-2`) is an error, never a silent default.
+pub fn env_num_threads() -> Result<Option<usize>, NumThreadsError> {
+    for var in ["MBLOB_NUM_THREADS", "TVM_NUM_THREADS"] {
+        let Some(value) = std::env::var_os(var) else { continue };
+        let value = value.to_string_lossy().into_owned();
+        return match value.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(NumThreadsError { var, value }),
+        };
+    }
+    Ok(None)
+}
+
+/// The process default: `MBLOB_NUM_THREADS`, then `TVM_NUM_THREADS`, then the cores. A
+/// malformed variable ([`env_num_threads`]'s error, which the `mblob` command line refuses)
+/// is logged as a warning and taken as 1 thread, as TVM's runtime (`atoi`, then at least 1)
+/// takes it.
 pub fn default_num_threads() -> usize {
     static DEFAULT: OnceLock<usize> = OnceLock::new();
-    *DEFAULT.get_or_init(|| {
-        ["MBLOB_NUM_THREADS", "TVM_NUM_THREADS"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok().filter(|&n| n > 0))
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    *DEFAULT.get_or_init(|| match env_num_threads() {
+        Ok(Some(n)) => n,
+        Ok(None) => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        Err(e) => {
+            tracing::warn!("{e}: using 1 thread");
+            1
+        }
     })
 }
 

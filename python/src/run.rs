@@ -317,6 +317,7 @@ impl RelaxVm {
                 ParamKind::Prim(_) => "prim",
                 ParamKind::Tuple(_) => "tuple",
                 ParamKind::Func => "func",
+                ParamKind::Str => "str",
                 _ => "any",
             })
             .collect())

@@ -190,3 +190,70 @@ fn model_takes_and_gives_values() {
     let (a, b) = (out.to_f32().unwrap(), expected.to_f32().unwrap());
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + y.abs())), "differs from TVM's");
 }
+
+/// Builtins no fixture model reaches, in a program made here, against TVM's own builtins
+/// called the same way (make.py's `builtin_calls`): `check_string_info` and
+/// `runtime.TVMTensorCreateView` (a view with an offset and another dtype, and one too big).
+#[test]
+fn check_string_info_and_create_view_as_tvm() {
+    use mblob_runtime::exec::relax::{
+        Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_VM_EXECUTABLE,
+    };
+    let m = manifest();
+    let b = &m["builtins"];
+    let tree = load("relax_vm_llm.so");
+    let func = |kind, name: &str, end, args| FuncInfo {
+        kind,
+        name: name.into(),
+        start: 0,
+        end,
+        num_args: if kind == FuncKind::Packed { -2 } else { args },
+        register_file_size: if kind == FuncKind::Packed { 0 } else { 2 },
+        param_names: if kind == FuncKind::Packed { vec![] } else { vec!["x".into()] },
+    };
+    let vm_of = |builtin: &str, constants, args: Vec<Arg>| {
+        let exec = RelaxExecutable::from_parts(
+            RELAX_VM_EXECUTABLE,
+            Dialect::Tvm022,
+            vec![func(FuncKind::Vm, "main", 2, 1), func(FuncKind::Packed, builtin, 0, 0)],
+            constants,
+            vec![
+                Instruction::Call { dst: Reg::Index(1), func: 1, args },
+                Instruction::Ret { result: Reg::Index(1) },
+            ],
+        )
+        .unwrap();
+        VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), Device::cpu(0)).unwrap()
+    };
+
+    let mut vm = vm_of(
+        "vm.builtin.check_string_info",
+        vec![Constant::Str(b"ErrorContext(test)".to_vec())],
+        vec![Arg::Reg(Reg::Index(0)), Arg::Const(0)],
+    );
+    assert_eq!(vm.functions()[0].kinds, [ParamKind::Str]);
+    assert_eq!(vm.invoke_values("main", &[VmValue::Str("abc".into())]).unwrap(), VmValue::Null);
+    let err = vm.invoke_values("main", &[VmValue::Int(1)]).unwrap_err();
+    let e = &b["check_string_info_int"];
+    assert!(matches!(err.root(), VmError::Check { kind, message }
+        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()), "{err}");
+
+    let ok = &b["view_ok"];
+    let view = |shape: Vec<i64>, dtype, offset| {
+        vm_of(
+            "runtime.TVMTensorCreateView",
+            vec![Constant::Shape(shape), Constant::DataType(dtype)],
+            vec![Arg::Reg(Reg::Index(0)), Arg::Const(0), Arg::Const(1), Arg::Imm(offset)],
+        )
+    };
+    let x = VmValue::Tensor(npy(ok["input"].as_str().unwrap()));
+    let shape: Vec<i64> = ok["shape"].as_array().unwrap().iter().map(|d| d.as_i64().unwrap()).collect();
+    let mut vm = view(shape, DataType::I32, ok["offset"].as_i64().unwrap());
+    let got = vm.invoke_values("main", std::slice::from_ref(&x)).unwrap();
+    assert_eq!(got, VmValue::Tensor(npy(ok["output"].as_str().unwrap())));
+    let mut vm = view(vec![4, 4], DataType::F32, 16);
+    let err = vm.invoke_values("main", &[x]).unwrap_err();
+    let e = &b["view_too_big"];
+    assert!(matches!(err.root(), VmError::Check { kind, message }
+        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()), "{err}");
+}

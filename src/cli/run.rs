@@ -53,7 +53,10 @@ pub struct RunArgs {
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// For a Relax model: the VM function to call (default `main`). For a plain library
+    /// For a Relax model: the VM function to call (default `main`, or the library's only
+    /// function). A parameter the function checks as a shape takes a 1-d integer .npy (as
+    /// `run` writes returned shapes), an `R.Prim` one a 0-d .npy; a returned prim value is
+    /// written as a 0-d int64 or float64 .npy, a string as its UTF-8 bytes. For a plain library
     /// (such as TVM's `tvm.build` output): the host function to call; its arguments are the
     /// inputs, then the outputs given with `--output`.
     #[arg(long, value_name = "NAME")]

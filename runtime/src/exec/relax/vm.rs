@@ -260,6 +260,8 @@ pub enum ParamKind {
     Tuple(usize),
     /// A function or closure (`check_func_info`).
     Func,
+    /// A string (`check_string_info`).
+    Str,
     /// Not checked (`R.Object`, or a module built without the checks).
     Any,
 }
@@ -359,6 +361,7 @@ enum Builtin {
     CallTirDyn,
     CheckFuncInfo,
     CheckPrimValueInfo,
+    CheckStringInfo,
     TupleResetItem,
     MemoryManagerClear,
     InvokeDebugFunc,
@@ -392,6 +395,7 @@ const BUILTINS: &[(&str, Builtin)] = &[
     ("vm.builtin.call_tir_dyn", Builtin::CallTirDyn),
     ("vm.builtin.check_func_info", Builtin::CheckFuncInfo),
     ("vm.builtin.check_prim_value_info", Builtin::CheckPrimValueInfo),
+    ("vm.builtin.check_string_info", Builtin::CheckStringInfo),
     ("vm.builtin.tuple_reset_item", Builtin::TupleResetItem),
     ("vm.builtin.memory_manager.clear", Builtin::MemoryManagerClear),
     ("vm.builtin.invoke_debug_func", Builtin::InvokeDebugFunc),
@@ -654,6 +658,7 @@ impl VirtualMachine {
                 Callee::Builtin(Builtin::CheckTensorInfo) => Some(ParamKind::Tensor),
                 Callee::Builtin(Builtin::CheckShapeInfo) => Some(ParamKind::Shape),
                 Callee::Builtin(Builtin::CheckFuncInfo) => Some(ParamKind::Func),
+                Callee::Builtin(Builtin::CheckStringInfo) => Some(ParamKind::Str),
                 Callee::Builtin(Builtin::CheckTupleInfo) => {
                     Some(ParamKind::Tuple(imm(1).and_then(|v| usize::try_from(v).ok()).unwrap_or(0)))
                 }
@@ -1198,6 +1203,13 @@ impl VirtualMachine {
                     _ => Err(check("TypeError", format!("{ctx}, unsupported dtype {dname}"))),
                 }
             }
+            Builtin::CheckStringInfo => {
+                let ctx = a.ctx(1)?;
+                match a.get(0)? {
+                    Value::Str(_) => Ok(Value::Null),
+                    _ => Err(check("TypeError", format!("{ctx} expect a string"))),
+                }
+            }
             Builtin::MemoryManagerClear => {
                 self.pool.clear();
                 Ok(Value::Null)
@@ -1254,11 +1266,12 @@ impl VirtualMachine {
                 let fits = u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).filter(|&e| e <= cur);
                 if fits.is_none() {
                     let dims = |s: &[i64]| s.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+                    let end = view.map_or_else(|| "too many".to_owned(), |v| (v as i128 + offset as i128).to_string());
                     let view = view.map_or_else(|| "too many".to_owned(), |v| v.to_string());
                     return Err(check(
                         "ValueError",
                         format!(
-                            "View with shape [{}] and datatype {} would have a size of {view} bytes.  This would occupy bytes {offset} <= i_byte < {offset}+{view} within the backing array.  However, the Tensor being viewed only contains {cur} bytes (shape = [{}], dtype= {}).",
+                            "View with shape [{}] and datatype {} would have a size of {view} bytes.  This would occupy bytes {offset} <= i_byte < {end} within the backing array.  However, the Tensor being viewed only contains {cur} bytes (shape = [{}], dtype= {}).",
                             dims(&shape),
                             dtype_name(dtype),
                             dims(t.shape()),

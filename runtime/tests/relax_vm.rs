@@ -144,11 +144,11 @@ fn model_takes_and_gives_values() {
     m.select_function("prim_args").unwrap();
     assert_eq!(
         m.input_kinds(),
-        [ParamKind::Tensor, ParamKind::Prim(Some(DataType::I64)), ParamKind::Prim(Some(DataType {
-            code: 2,
-            bits: 64,
-            lanes: 1
-        }))]
+        [
+            ParamKind::Tensor,
+            ParamKind::Prim(Some(DataType::I64)),
+            ParamKind::Prim(Some(DataType { code: 2, bits: 64, lanes: 1 }))
+        ]
     );
     m.select_function("tuples").unwrap();
     assert_eq!(m.input_kinds(), [ParamKind::Tuple(2)]);
@@ -179,8 +179,10 @@ fn model_takes_and_gives_values() {
     assert_eq!(m.function(), Some("main"));
     let dev = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/device-run");
     // SAFETY: a library TVM built for the tests.
-    let tree = unsafe { load_library(&dev.join("dev_relax_mlp_opencl.cpu.so"), &Registry::default(), &LoadOptions::default()) }
-        .unwrap();
+    let tree = unsafe {
+        load_library(&dev.join("dev_relax_mlp_opencl.cpu.so"), &Registry::default(), &LoadOptions::default())
+    }
+    .unwrap();
     let mut m = Model::new(&tree, Device::cpu(0)).unwrap();
     assert_eq!(m.function(), Some("forward"));
     m.set_input(None, &npy("../device-run/dev_relax_mlp_opencl.in.x.npy")).unwrap();
@@ -217,10 +219,7 @@ fn check_string_info_and_create_view_as_tvm() {
             Dialect::Tvm022,
             vec![func(FuncKind::Vm, "main", 2, 1), func(FuncKind::Packed, builtin, 0, 0)],
             constants,
-            vec![
-                Instruction::Call { dst: Reg::Index(1), func: 1, args },
-                Instruction::Ret { result: Reg::Index(1) },
-            ],
+            vec![Instruction::Call { dst: Reg::Index(1), func: 1, args }, Instruction::Ret { result: Reg::Index(1) }],
         )
         .unwrap();
         VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), Device::cpu(0)).unwrap()
@@ -235,8 +234,11 @@ fn check_string_info_and_create_view_as_tvm() {
     assert_eq!(vm.invoke_values("main", &[VmValue::Str("abc".into())]).unwrap(), VmValue::Null);
     let err = vm.invoke_values("main", &[VmValue::Int(1)]).unwrap_err();
     let e = &b["check_string_info_int"];
-    assert!(matches!(err.root(), VmError::Check { kind, message }
-        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()), "{err}");
+    assert!(
+        matches!(err.root(), VmError::Check { kind, message }
+        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
+        "{err}"
+    );
 
     let ok = &b["view_ok"];
     let view = |shape: Vec<i64>, dtype, offset| {
@@ -254,6 +256,9 @@ fn check_string_info_and_create_view_as_tvm() {
     let mut vm = view(vec![4, 4], DataType::F32, 16);
     let err = vm.invoke_values("main", &[x]).unwrap_err();
     let e = &b["view_too_big"];
-    assert!(matches!(err.root(), VmError::Check { kind, message }
-        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()), "{err}");
+    assert!(
+        matches!(err.root(), VmError::Check { kind, message }
+        if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
+        "{err}"
+    );
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mblob_runtime::exec::{self, Device, DeviceType, Model, ModelKind, Output, Tensor};
 use mblob_runtime::exec::relax::{ParamKind, VmValue};
+use mblob_runtime::exec::{self, Device, DeviceType, Model, ModelKind, Output, Tensor};
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::ffi::Value;
 use mblob_runtime::format::stream::DataType;
@@ -290,10 +290,12 @@ fn run_model(
 fn relax_value(t: &Tensor, param: ParamKind) -> VmValue {
     let ints = || -> Option<Vec<i64>> {
         match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
-            (0, 64, 1) => Some(t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()),
-            (0, 32, 1) => {
-                Some(t.data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect())
+            (0, 64, 1) => {
+                Some(t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
             }
+            (0, 32, 1) => Some(
+                t.data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            ),
             _ => None,
         }
     };

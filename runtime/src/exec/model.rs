@@ -226,11 +226,9 @@ impl Model {
             Some(n) => {
                 self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })
             }
-            None => self.next_unset().ok_or(ExecError::Index {
-                what: "input",
-                index: known().len(),
-                count: known().len(),
-            }),
+            None => {
+                self.next_unset().ok_or(ExecError::Index { what: "input", index: known().len(), count: known().len() })
+            }
         }
     }
 
@@ -290,8 +288,7 @@ impl Model {
             Inner::Relax(r) => {
                 let inputs: Vec<VmValue> = r.inputs.iter().flatten().cloned().collect();
                 r.result = None;
-                r.result =
-                    Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
+                r.result = Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
                 Ok(())
             }
         }

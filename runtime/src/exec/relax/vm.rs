@@ -1181,9 +1181,8 @@ impl VirtualMachine {
                 let ctx = a.ctx(2)?;
                 let v = a.get(0)?;
                 let dname = dtype_name(dtype);
-                let convert = |to: &str| {
-                    check("TypeError", format!("Cannot convert from type `{}` to `{to}`", self.key(v)))
-                };
+                let convert =
+                    |to: &str| check("TypeError", format!("Cannot convert from type `{}` to `{to}`", self.key(v)));
                 match (v, dtype.code) {
                     (Value::Null | Value::Int(_) | Value::Float(_), _) => {}
                     (v, _) => {
@@ -1246,7 +1245,9 @@ impl VirtualMachine {
                 Ok(Value::Closure(Arc::new(match a.get(0)? {
                     Value::Func(f) => Closure { func: *f, bound: saved.collect() },
                     // Binding again puts the new arguments before the ones bound already.
-                    Value::Closure(c) => Closure { func: c.func, bound: saved.chain(c.bound.iter().cloned()).collect() },
+                    Value::Closure(c) => {
+                        Closure { func: c.func, bound: saved.chain(c.bound.iter().cloned()).collect() }
+                    }
                     v => return Err(a.type_err(0, "a function or closure", v)),
                 })))
             }
@@ -1263,7 +1264,8 @@ impl VirtualMachine {
                 let offset = a.int(3)?;
                 let view = tensor_bytes(dtype, &shape);
                 let cur = t.nbytes() as u64;
-                let fits = u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).filter(|&e| e <= cur);
+                let fits =
+                    u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).filter(|&e| e <= cur);
                 if fits.is_none() {
                     let dims = |s: &[i64]| s.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
                     let end = view.map_or_else(|| "too many".to_owned(), |v| (v as i128 + offset as i128).to_string());

@@ -23,6 +23,8 @@ def value(tree: dict):
         return tuple(value(t) for t in tree["tuple"])
     if "str" in tree:
         return tree["str"]
+    if "null" in tree:
+        return None
     kind, file = next(iter(tree.items()))
     a = np.load(DIR / file)
     return {"tensor": lambda: a, "shape": lambda: tuple(int(x) for x in a),

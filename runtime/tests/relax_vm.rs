@@ -267,4 +267,11 @@ fn check_string_info_and_create_view_as_tvm() {
         if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
         "{err}"
     );
+    // Closures made or called wrongly are typed errors, not panics.
+    let mut vm = vm_of("vm.builtin.make_closure", vec![], vec![]);
+    let err = vm.invoke_values("main", &[VmValue::Int(0)]).unwrap_err();
+    assert!(matches!(err.root(), VmError::Program(m) if m.contains("needs argument 0")), "{err}");
+    let mut vm = vm_of("vm.builtin.invoke_closure", vec![], vec![Arg::Reg(Reg::Vm), Arg::Reg(Reg::Index(0))]);
+    let err = vm.invoke_values("main", &[VmValue::Int(0)]).unwrap_err();
+    assert!(matches!(err.root(), VmError::Type { expected: "a function or closure", .. }), "{err}");
 }

@@ -1241,8 +1241,9 @@ impl VirtualMachine {
                 Ok(Value::Null)
             }
             Builtin::MakeClosure => {
+                let f = a.get(0)?;
                 let saved = args[1..].iter().map(|v| (*v).clone());
-                Ok(Value::Closure(Arc::new(match a.get(0)? {
+                Ok(Value::Closure(Arc::new(match f {
                     Value::Func(f) => Closure { func: *f, bound: saved.collect() },
                     // Binding again puts the new arguments before the ones bound already.
                     Value::Closure(c) => {

@@ -267,6 +267,40 @@ fn check_string_info_and_create_view_as_tvm() {
         if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
         "{err}"
     );
+    // check_prim_value_info: numbers, short (inline) and long strings against dtypes.
+    for case in b["check_prim_value_info"].as_array().unwrap() {
+        let dtype = match case["dtype"].as_str().unwrap() {
+            "int64" => DataType::I64,
+            "bool" => DataType::FFI_BOOL,
+            "float32" => DataType::F32,
+            "float64" => DataType { code: 2, bits: 64, lanes: 1 },
+            "handle" => DataType::HANDLE,
+            "uint8" => DataType { code: 1, bits: 8, lanes: 1 },
+            d => panic!("{d}"),
+        };
+        let v = &case["value"];
+        let arg = match v {
+            serde_json::Value::Bool(b) => VmValue::Int(i64::from(*b)),
+            serde_json::Value::String(s) => VmValue::Str(s.clone()),
+            n if n.is_i64() => VmValue::Int(n.as_i64().unwrap()),
+            n => VmValue::Float(n.as_f64().unwrap()),
+        };
+        let mut vm = vm_of(
+            "vm.builtin.check_prim_value_info",
+            vec![Constant::DataType(dtype), Constant::Str(b"ErrorContext(test)".to_vec())],
+            vec![Arg::Reg(Reg::Index(0)), Arg::Const(0), Arg::Const(1)],
+        );
+        let got = vm.invoke_values("main", std::slice::from_ref(&arg));
+        match (&case["error"], got) {
+            (serde_json::Value::Null, Ok(r)) => assert_eq!(r, VmValue::Null),
+            (e, Err(err)) if !e.is_null() => assert!(
+                matches!(err.root(), VmError::Check { kind, message }
+                    if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
+                "{case}: {err}"
+            ),
+            (e, got) => panic!("{case}: TVM {e}, mblob {got:?}"),
+        }
+    }
     // Closures made or called wrongly are typed errors, not panics.
     let mut vm = vm_of("vm.builtin.make_closure", vec![], vec![]);
     let err = vm.invoke_values("main", &[VmValue::Int(0)]).unwrap_err();

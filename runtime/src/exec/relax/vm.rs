@@ -307,6 +307,8 @@ impl Value {
             (Value::Float(_), _) => "float",
             (Value::DType(_), _) => "DataType",
             (Value::Str(_), false) => "runtime.String",
+            // tvm-ffi keeps strings of up to 7 bytes inline, as a POD value, not an object.
+            (Value::Str(s), true) if s.len() <= 7 => "ffi.SmallStr",
             (Value::Str(_), true) => "ffi.String",
             (Value::Shape(_), false) => "runtime.ShapeTuple",
             (Value::Shape(_), true) => "ffi.Shape",
@@ -1183,8 +1185,11 @@ impl VirtualMachine {
                 let dname = dtype_name(dtype);
                 let convert =
                     |to: &str| check("TypeError", format!("Cannot convert from type `{}` to `{to}`", self.key(v)));
+                // Objects are refused first; numbers, None and (in tvm-ffi) short strings are
+                // POD values that then fail to convert.
                 match (v, dtype.code) {
                     (Value::Null | Value::Int(_) | Value::Float(_), _) => {}
+                    (v @ Value::Str(_), _) if self.key(v) == "ffi.SmallStr" => {}
                     (v, _) => {
                         return Err(check(
                             "TypeError",

@@ -555,7 +555,14 @@ def load_module(path: Union[str, "os.PathLike[str]"]) -> Module:
 
 
 class VirtualMachine:
-    """A Relax VM, as ``tvm.relax.VirtualMachine(mod, device)``: ``vm["main"](*arrays)``."""
+    """A Relax VM, as ``tvm.relax.VirtualMachine(mod, device)``: ``vm["main"](*args)``.
+
+    Arguments, as TVM takes them from Python: numpy arrays (tensors), a tuple of ints for an
+    ``R.Shape`` parameter, Python ints and floats (or numpy scalars) for ``R.Prim`` ones,
+    strings, None, and tuples of any of these for ``R.Tuple`` ones (a tuple of ints is a shape
+    unless the parameter is a tuple). Results keep their structure: a tensor is a numpy array, a
+    shape a tuple of ints, a prim value an int or float, a returned tuple (also a 1-tuple) a
+    tuple, nested as the function nests them."""
 
     def __init__(self, mod: Module, device: Any = None, memory_cfg: Any = None, profile: bool = False) -> None:
         # TVM's (device, memory_cfg, profile): a list of devices runs on its first (TVM adds the
@@ -679,9 +686,40 @@ class VirtualMachine:
             return self._saved[name]
         if name not in self._vm.functions():
             raise _native.InputError(f"no VM function `{name}` (functions: {', '.join(self._vm.functions())})")
+        kinds = self._vm.param_kinds(name)
 
         def call(*args: Any) -> Any:
-            outs = [_from_triple(t) for t in self._vm.invoke(name, [_to_triple(a) for a in args])]
-            return outs[0] if len(outs) == 1 else tuple(outs)
+            packed = [_vm_arg(a, kinds[i] if i < len(kinds) else "any") for i, a in enumerate(args)]
+            return _vm_result(self._vm.invoke_values(name, packed))
 
         return call
+
+
+def _vm_arg(a: Any, kind: str = "any") -> Any:
+    """An argument in the native VM's form: ("t", bytes, dtype, shape) for an array, ("s", ints)
+    for a shape, a list for a tuple; ints, floats, strings and None as they are."""
+    if isinstance(a, np.ndarray):
+        return ("t",) + _to_triple(a)
+    if isinstance(a, np.generic):
+        return a.item()
+    if isinstance(a, (tuple, list)):
+        is_shape = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in a)
+        if is_shape and kind != "tuple":
+            return ("s", [int(x) for x in a])
+        return [_vm_arg(x) for x in a]
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    if hasattr(a, "__dlpack__") or hasattr(a, "__array__"):
+        return ("t",) + _to_triple(a)
+    raise _native.InputError(f"cannot pass a {type(a).__name__} to a Relax function")
+
+
+def _vm_result(v: Any) -> Any:
+    """A native VM result as Python values: tuples, arrays, shapes as tuples of ints."""
+    if isinstance(v, list):
+        return tuple(_vm_result(x) for x in v)
+    if isinstance(v, tuple) and v and v[0] == "t":
+        return _from_triple(v[1:])
+    if isinstance(v, tuple) and v and v[0] == "s":
+        return tuple(v[1])
+    return v

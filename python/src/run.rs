@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
-use mblob_runtime::exec::relax::{numpy_dtype, VirtualMachine};
+use mblob_runtime::exec::relax::{numpy_dtype, ParamKind, VirtualMachine, VmValue};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::DLTensor;
@@ -369,6 +369,37 @@ impl RelaxVm {
         Ok(vm.functions().into_iter().find(|f| f.name == name).map(|f| f.params))
     }
 
+    /// What each parameter of `name` takes, as the function checks it: "tensor", "shape",
+    /// "prim", "tuple", "func" or "any".
+    fn param_kinds(&self, name: &str) -> PyResult<Vec<&'static str>> {
+        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        let f = vm.functions().into_iter().find(|f| f.name == name);
+        Ok(f.map(|f| f.kinds)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|k| match k {
+                ParamKind::Tensor => "tensor",
+                ParamKind::Shape => "shape",
+                ParamKind::Prim(_) => "prim",
+                ParamKind::Tuple(_) => "tuple",
+                ParamKind::Func => "func",
+                ParamKind::Str => "str",
+                _ => "any",
+            })
+            .collect())
+    }
+
+    /// Calls `name` with values in their Python form (see `vm_value`); returns the result
+    /// with its structure.
+    fn invoke_values(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
+        let values = args.iter().map(|a| vm_value(&a)).collect::<PyResult<Vec<_>>>()?;
+        let result = run(py, || {
+            let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            vm.invoke_values(&name, &values).map_err(run_error)
+        })?;
+        py_value(py, &result)
+    }
+
     /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
     /// bool in numpy's spelling either way: the VM passes it as the executable's TVM spells
     /// it).
@@ -411,6 +442,62 @@ pub fn read_params_file<'py>(
 }
 
 /// Registers the classes and functions of this file.
+/// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
+/// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str or None.
+fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
+    if a.is_none() {
+        return Ok(VmValue::Null);
+    }
+    if let Ok(items) = a.cast::<PyList>() {
+        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value(&i)).collect::<PyResult<_>>()?));
+    }
+    if let Ok(t) = a.cast::<PyTuple>() {
+        let tag: String = t.get_item(0)?.extract()?;
+        return match tag.as_str() {
+            "t" => {
+                let data: Vec<u8> = t.get_item(1)?.extract()?;
+                let dtype: String = t.get_item(2)?.extract()?;
+                let shape: Vec<i64> = t.get_item(3)?.extract()?;
+                tensor_of(&data, &dtype, shape).map(VmValue::Tensor).map_err(PyErrLater::into_py_err)
+            }
+            "s" => Ok(VmValue::Shape(t.get_item(1)?.extract()?)),
+            _ => Err(crate::InputError::new_err(format!("unknown value tag `{tag}`"))),
+        };
+    }
+    if a.is_instance_of::<pyo3::types::PyBool>() || a.is_instance_of::<pyo3::types::PyInt>() {
+        return Ok(VmValue::Int(a.extract()?));
+    }
+    if a.is_instance_of::<pyo3::types::PyFloat>() {
+        return Ok(VmValue::Float(a.extract()?));
+    }
+    if a.is_instance_of::<pyo3::types::PyString>() {
+        return Ok(VmValue::Str(a.extract()?));
+    }
+    Err(crate::InputError::new_err(format!(
+        "cannot pass a {} to a Relax function (arrays, shapes, ints, floats, strings, None and tuples of them)",
+        a.get_type().name()?
+    )))
+}
+
+/// A VM result in its Python form (the inverse of [`vm_value`]).
+fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        VmValue::Tensor(t) => {
+            let (data, dtype, shape) = to_py_tensor(py, t);
+            ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
+        }
+        VmValue::Shape(s) => ("s", s.clone()).into_pyobject(py)?.into_any().unbind(),
+        VmValue::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+        VmValue::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
+        VmValue::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+        VmValue::Null => py.None(),
+        VmValue::Tuple(items) => {
+            let items = items.iter().map(|i| py_value(py, i)).collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RunError", RunError::type_object(m.py())?)?;
     m.add_class::<Library>()?;

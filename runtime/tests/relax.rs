@@ -669,8 +669,8 @@ fn kernel_errors_come_back_in_every_convention() {
     }
 }
 
-/// Programs the VM refuses before running: an unknown builtin and a missing kernel are named
-/// when the VM is created (as TVM's `InitFuncPool` does), a VM TIR function is unsupported, and
+/// Programs the VM refuses: an unknown builtin when it is called, a missing kernel when the
+/// VM is created (as TVM's `InitFuncPool` does), a VM TIR function is unsupported, and
 /// a jump to itself is refused when the executable is built.
 #[test]
 fn unsupported_programs_are_named() {
@@ -700,8 +700,21 @@ fn unsupported_programs_are_named() {
         .unwrap();
         VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap_err()
     };
-    let err = build(func(FuncKind::Packed, "vm.builtin.frobnicate", 0));
-    assert!(matches!(&err, VmError::UnknownBuiltin { name } if name == "vm.builtin.frobnicate"), "{err}");
+    // An unknown builtin is refused only when it is called, naming it.
+    let exec = RelaxExecutable::from_parts(
+        RELAX_VM_EXECUTABLE,
+        Dialect::Tvm022,
+        vec![func(FuncKind::Vm, "main", 2), func(FuncKind::Packed, "vm.builtin.frobnicate", 0)],
+        vec![],
+        vec![
+            Instruction::Call { dst: Reg::Index(0), func: 1, args: vec![Arg::Imm(1)] },
+            Instruction::Ret { result: Reg::Index(0) },
+        ],
+    )
+    .unwrap();
+    let mut vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
+    let err = vm.invoke("main", &[]).unwrap_err();
+    assert!(matches!(err.root(), VmError::UnknownBuiltin { name, .. } if name == "vm.builtin.frobnicate"), "{err}");
     let err = build(func(FuncKind::Packed, "no_such_kernel", 0));
     assert!(matches!(&err, VmError::MissingFunction { name } if name == "no_such_kernel"), "{err}");
     let err = build(func(FuncKind::VmTir, "compiled", 0));

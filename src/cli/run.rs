@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use mblob_runtime::exec::relax::{ParamKind, VmValue};
 use mblob_runtime::exec::{self, Device, DeviceType, Model, ModelKind, Output, Tensor};
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::ffi::Value;
@@ -59,7 +60,10 @@ pub struct RunArgs {
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// For a Relax model: the VM function to call (default `main`). For a plain library
+    /// For a Relax model: the VM function to call (default `main`, or the library's only
+    /// function). A parameter the function checks as a shape takes a 1-d integer .npy (as
+    /// `run` writes returned shapes), an `R.Prim` one a 0-d .npy; a returned prim value is
+    /// written as a 0-d int64 or float64 .npy, a string as its UTF-8 bytes. For a plain library
     /// (such as TVM's `tvm.build` output): the host function to call; its arguments are the
     /// inputs, then the outputs given with `--output`.
     #[arg(long, value_name = "NAME")]
@@ -317,14 +321,19 @@ fn run_model(
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
     let mut m = Model::new(tree, device).map_err(fail)?;
     let kind = m.kind();
-    let function_name = function.unwrap_or("main").to_owned();
+    // A Relax model runs `--function`, else `main`, else its only function.
     if kind == ModelKind::Relax {
-        m.select_function(&function_name).map_err(fail)?;
+        match function {
+            Some(f) => m.select_function(f).map_err(fail)?,
+            None if m.function().is_none() => m.select_function("main").map_err(fail)?,
+            None => {}
+        }
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
     }
     // Every input is checked (names, shapes, dtypes) and every one the model needs is given,
     // before anything runs.
+    let function_name = m.function().unwrap_or("main").to_owned();
     let names: Vec<String> = m.inputs().into_iter().map(|(n, _)| n).collect();
     for (name, t) in inputs {
         let spec = |n: &str| format!("--input {n}");
@@ -343,7 +352,19 @@ fn run_model(
         } else if m.missing_inputs().is_empty() {
             return Err(invalid("--input", format!("the model takes {} inputs", names.len())));
         }
-        m.set_input(name.as_deref(), t).map_err(fail)?;
+        if kind == ModelKind::Relax {
+            // A parameter the function checks as a shape or a prim value takes a .npy that
+            // says one (a 1-d integer array, a 0-d number); anything else goes as a tensor,
+            // for the function's own check to refuse.
+            let index = match name {
+                Some(n) => m.input_position(n),
+                None => (0..names.len()).find(|&i| !m.is_set(i)),
+            };
+            let param = index.and_then(|i| m.input_kinds().get(i).copied()).unwrap_or(ParamKind::Any);
+            m.set_input_value(name.as_deref(), relax_value(t, param)).map_err(fail)?;
+        } else {
+            m.set_input(name.as_deref(), t).map_err(fail)?;
+        }
     }
     let missing = m.missing_inputs();
     if !missing.is_empty() {
@@ -369,6 +390,9 @@ fn run_model(
         m.run().map_err(fail)?;
         times.push(start.elapsed().as_secs_f64());
     }
+    let host = |dtype, shape, data| {
+        Tensor::new(dtype, shape, data).ok_or_else(|| invalid(model, "an output too large to write"))
+    };
     let mut outputs = Vec::new();
     for (i, o) in m.outputs().map_err(fail)?.into_iter().enumerate() {
         match o {
@@ -384,9 +408,50 @@ fn run_model(
                     .ok_or_else(|| invalid(model, format!("output {i}: shape {s:?} too long")))?;
                 outputs.push(t);
             }
+            // Prim values as 0-d int64 / float64 arrays, a string as its UTF-8 bytes (1-d uint8).
+            Output::Int(v) => {
+                println!("out.{i}: int {v}");
+                outputs.push(host(DataType::I64, vec![], v.to_le_bytes().to_vec())?);
+            }
+            Output::Float(v) => {
+                println!("out.{i}: float {v}");
+                let dtype = DataType { code: 2, bits: 64, lanes: 1 };
+                outputs.push(host(dtype, vec![], v.to_le_bytes().to_vec())?);
+            }
+            Output::Str(v) => {
+                println!("out.{i}: str {v:?}");
+                let dtype = DataType { code: 1, bits: 8, lanes: 1 };
+                outputs.push(host(dtype, vec![v.len() as i64], v.into_bytes())?);
+            }
         }
     }
     Ok((outputs, times))
+}
+
+/// A `.npy` input of a Relax function as the value its parameter takes: a shape from a 1-d
+/// integer array, a prim value from a 0-d number; else the tensor.
+fn relax_value(t: &Tensor, param: ParamKind) -> VmValue {
+    let ints = || -> Option<Vec<i64>> {
+        match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
+            (0, 64, 1) => {
+                Some(t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+            }
+            (0, 32, 1) => Some(
+                t.data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+            ),
+            _ => None,
+        }
+    };
+    match param {
+        ParamKind::Shape if t.shape.len() == 1 => ints().map_or_else(|| VmValue::Tensor(t.clone()), VmValue::Shape),
+        ParamKind::Prim(_) if t.shape.is_empty() => match (t.dtype.code, t.dtype.bits) {
+            (2, 64) => VmValue::Float(f64::from_le_bytes(t.data[..8].try_into().unwrap_or([0; 8]))),
+            (2, 32) => VmValue::Float(f64::from(f32::from_le_bytes(t.data[..4].try_into().unwrap_or([0; 4])))),
+            (1, 1) | (1, 8) | (6, 8) => VmValue::Int(i64::from(t.data.first().is_some_and(|&b| b != 0))),
+            _ => ints().and_then(|v| v.first().copied()).map_or_else(|| VmValue::Tensor(t.clone()), VmValue::Int),
+        },
+        _ => VmValue::Tensor(t.clone()),
+    }
 }
 
 /// Parses `NAME=DTYPE[d0,d1,...]`.

@@ -23,4 +23,5 @@ mod run_more;
 mod run_device;
 mod run_relax;
 mod trio;
+mod run_relax_args;
 mod user_kind;

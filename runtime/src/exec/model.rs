@@ -16,7 +16,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::relax::{numpy_dtype, RelaxExecutable, VirtualMachine, VmOutput};
+use super::relax::{ParamKind, RelaxExecutable, VirtualMachine, VmValue};
 use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
@@ -39,6 +39,12 @@ pub enum Output {
     Tensor(Tensor),
     /// A shape (a Relax function can return one).
     Shape(Vec<i64>),
+    /// An integer (or bool) `R.Prim` value a Relax function returned.
+    Int(i64),
+    /// A float `R.Prim` value a Relax function returned.
+    Float(f64),
+    /// A string a Relax function returned.
+    Str(String),
 }
 
 /// A model ready to run on a device.
@@ -56,8 +62,9 @@ struct RelaxState {
     vm: VirtualMachine,
     function: String,
     params: Vec<String>,
-    inputs: Vec<Option<Tensor>>,
-    outputs: Vec<VmOutput>,
+    kinds: Vec<ParamKind>,
+    inputs: Vec<Option<VmValue>>,
+    result: Option<VmValue>,
 }
 
 impl std::fmt::Debug for Model {
@@ -81,8 +88,9 @@ impl Model {
         }
     }
 
-    /// Builds the executor for what `tree` holds on `device` (a Relax model calls `main`
-    /// until [`Model::select_function`] picks another). Parameters and constants are copied
+    /// Builds the executor for what `tree` holds on `device` (a Relax model calls `main`, or
+    /// its only function when it has one and no `main`, until [`Model::select_function`]
+    /// picks another). Parameters and constants are copied
     /// to the device here, once.
     pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
         let kind = Model::kind_of(tree).ok_or_else(|| {
@@ -99,10 +107,16 @@ impl Model {
                     vm,
                     function: String::new(),
                     params: Vec::new(),
+                    kinds: Vec::new(),
                     inputs: Vec::new(),
-                    outputs: Vec::new(),
+                    result: None,
                 };
-                state.select("main", false)?;
+                let functions = state.vm.functions();
+                let default = match functions.as_slice() {
+                    [only] => only.name.clone(),
+                    _ => "main".to_owned(),
+                };
+                state.select(&default, false)?;
                 Inner::Relax(Box::new(state))
             }
             ModelKind::Graph => {
@@ -140,6 +154,15 @@ impl Model {
         }
     }
 
+    /// The Relax function [`Model::run`] calls (`None` for graph and AOT models, and for a
+    /// Relax model without `main` and with several functions until one is selected).
+    pub fn function(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Relax(r) if !r.function.is_empty() => Some(&r.function),
+            _ => None,
+        }
+    }
+
     /// The functions a caller can pick: the Relax VM's, or none for graph and AOT models.
     pub fn functions(&self) -> Vec<String> {
         match &self.inner {
@@ -169,20 +192,50 @@ impl Model {
         }
     }
 
+    /// What each input of the selected Relax function takes (tensor, shape, prim value,
+    /// tuple...), as the function checks its parameters; empty for graph and AOT models.
+    pub fn input_kinds(&self) -> Vec<ParamKind> {
+        match &self.inner {
+            Inner::Relax(r) => r.kinds.clone(),
+            Inner::Executor { .. } => Vec::new(),
+        }
+    }
+
+    /// Sets an input of a Relax function to any value (a shape, a prim value, a tuple, ...),
+    /// by name or with `None` the first one not set yet; the function checks it when it runs.
+    /// Graph and AOT models take tensors only.
+    pub fn set_input_value(&mut self, name: Option<&str>, value: VmValue) -> Result<(), ExecError> {
+        match value {
+            VmValue::Tensor(t) => self.set_input(name, &t),
+            v => {
+                if !matches!(self.inner, Inner::Relax(_)) {
+                    return Err(ExecError::NoFactory("a graph or AOT model takes tensors only".into()));
+                }
+                let index = self.input_index(name)?;
+                if let Inner::Relax(r) = &mut self.inner {
+                    r.inputs[index] = Some(v);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn input_index(&self, name: Option<&str>) -> Result<usize, ExecError> {
+        let known = || self.inputs().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        match name {
+            Some(n) => {
+                self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })
+            }
+            None => {
+                self.next_unset().ok_or(ExecError::Index { what: "input", index: known().len(), count: known().len() })
+            }
+        }
+    }
+
     /// Sets an input by name, or with `None` the first one not set yet (parameter order).
     /// Names, shapes and dtypes are checked (graph and AOT) before anything runs.
     pub fn set_input(&mut self, name: Option<&str>, tensor: &Tensor) -> Result<(), ExecError> {
-        let known = || self.inputs().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
-        let index = match name {
-            Some(n) => {
-                self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })?
-            }
-            None => self.next_unset().ok_or(ExecError::Index {
-                what: "input",
-                index: known().len(),
-                count: known().len(),
-            })?,
-        };
+        let index = self.input_index(name)?;
         match &mut self.inner {
             Inner::Executor { exec, given, .. } => {
                 let name = exec.inputs()[index].name.clone();
@@ -190,7 +243,7 @@ impl Model {
                 given[index] = true;
             }
             // The VM passes a bool in the spelling of the executable's TVM.
-            Inner::Relax(r) => r.inputs[index] = Some(tensor.clone()),
+            Inner::Relax(r) => r.inputs[index] = Some(VmValue::Tensor(tensor.clone())),
         }
         Ok(())
     }
@@ -233,26 +286,43 @@ impl Model {
         match &mut self.inner {
             Inner::Executor { exec, .. } => exec.run(),
             Inner::Relax(r) => {
-                let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
-                r.outputs = r.vm.invoke_outputs(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?;
+                let inputs: Vec<VmValue> = r.inputs.iter().flatten().cloned().collect();
+                r.result = None;
+                r.result = Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
                 Ok(())
             }
         }
     }
 
+    /// The result of the last run of a Relax function, with its structure (nested tuples,
+    /// shapes, prim values); `None` for graph and AOT models or before a run.
+    pub fn result(&self) -> Option<&VmValue> {
+        match &self.inner {
+            Inner::Relax(r) => r.result.as_ref(),
+            Inner::Executor { .. } => None,
+        }
+    }
+
     /// The outputs of the last run, copied to the host, in order (a Relax function's returned
-    /// tuple flattened).
+    /// tuple flattened depth first; a `None` in it is left out).
     pub fn outputs(&self) -> Result<Vec<Output>, ExecError> {
         match &self.inner {
             Inner::Executor { exec, .. } => {
                 (0..exec.num_outputs()).map(|i| exec.get_output(i).map(Output::Tensor)).collect()
             }
             Inner::Relax(r) => Ok(r
-                .outputs
-                .iter()
-                .map(|o| match o {
-                    VmOutput::Tensor(t) => Output::Tensor(Tensor { dtype: numpy_dtype(t.dtype), ..t.clone() }),
-                    VmOutput::Shape(s) => Output::Shape(s.clone()),
+                .result
+                .as_ref()
+                .map(|v| v.flatten())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|o| match o {
+                    VmValue::Tensor(t) => Some(Output::Tensor(t.clone())),
+                    VmValue::Shape(s) => Some(Output::Shape(s.clone())),
+                    VmValue::Int(i) => Some(Output::Int(*i)),
+                    VmValue::Float(f) => Some(Output::Float(*f)),
+                    VmValue::Str(s) => Some(Output::Str(s.clone())),
+                    VmValue::Null | VmValue::Tuple(_) => None,
                 })
                 .collect()),
         }
@@ -266,8 +336,9 @@ impl RelaxState {
             Some(f) => {
                 self.function = f.name.clone();
                 self.params = f.params.clone();
+                self.kinds = f.kinds.clone();
                 self.inputs = vec![None; f.params.len()];
-                self.outputs.clear();
+                self.result = None;
                 Ok(())
             }
             None if !strict => Ok(()),

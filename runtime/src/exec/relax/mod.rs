@@ -36,4 +36,4 @@ pub use crate::payload::relax::{
     executable, v019, v021, Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable,
     RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
-pub use vm::{numpy_dtype, VirtualMachine, VmError, VmOutput};
+pub use vm::{numpy_dtype, ParamKind, VirtualMachine, VmError, VmOutput, VmValue, REFUSED_BUILTINS};

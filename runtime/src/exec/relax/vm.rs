@@ -18,8 +18,11 @@
 //! the library's own calling convention.
 //!
 //! Function names are resolved when the VM is created, as TVM's `InitFuncPool` does: a name
-//! that is neither a builtin this VM implements nor a function of the tree (looked up from the
-//! root through the imports, each module in its own convention) is an error then, naming it.
+//! that is neither a builtin nor a function of the tree (looked up from the root through the
+//! imports, each module in its own convention) is an error then, naming it. A `vm.builtin.*`
+//! this VM does not implement (the LLM groups: KV caches, sampling, the tensor cache; the
+//! Python function registry) is refused only when a function calls it
+//! ([`VmError::UnknownBuiltin`] with the reason), so the other functions of the module run.
 //! Argument checks (`check_tensor_info`, `match_shape`, ...) fail with the error kind and
 //! message TVM gives.
 
@@ -94,11 +97,13 @@ pub enum VmError {
         /// The name.
         name: String,
     },
-    /// A `vm.builtin.*` function this VM does not implement.
-    #[error("relax VM builtin `{name}` is not supported by mblob")]
+    /// A `vm.builtin.*` function this VM does not implement, refused when it is called.
+    #[error("relax VM builtin `{name}` is not supported by mblob: {reason}")]
     UnknownBuiltin {
         /// The name.
         name: String,
+        /// Why (the builtin's group).
+        reason: &'static str,
     },
     /// A feature the VM does not implement (VM TIR functions, memory scopes).
     #[error("not supported: {0}")]
@@ -150,7 +155,7 @@ pub enum VmError {
     #[error("cannot allocate {0} bytes")]
     Alloc(u64),
     /// A function returned something other than tensors.
-    #[error("function `{function}` returned {got}; which cannot be an output here (`invoke` returns tensors, `invoke_outputs` tensors and shapes, each also inside tuples)")]
+    #[error("function `{function}` returned {got}; which cannot be an output here (`invoke` returns tensors, `invoke_outputs` tensors and shapes, `invoke_values` tensors, shapes, numbers and strings, each also inside tuples)")]
     Output {
         /// The function.
         function: String,
@@ -208,6 +213,69 @@ pub enum VmOutput {
     Shape(Vec<i64>),
 }
 
+/// A value passed to or returned by a VM function ([`VirtualMachine::invoke_values`]): what
+/// TVM's `relax.VirtualMachine` takes and gives in Python.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmValue {
+    /// A tensor (`R.Tensor`); returned ones are copied to the host.
+    Tensor(Tensor),
+    /// A shape (`R.Shape`, TVM's `ShapeTuple` / `ffi.Shape`).
+    Shape(Vec<i64>),
+    /// An integer or bool `R.Prim` value.
+    Int(i64),
+    /// A float `R.Prim` value.
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// A tuple (`R.Tuple`), also nested and of one element.
+    Tuple(Vec<VmValue>),
+    /// Nothing (`None`), such as an `R.Object` the function set to null.
+    Null,
+}
+
+impl VmValue {
+    /// The leaves of the value, depth first (tuples flattened in order).
+    pub fn flatten(&self) -> Vec<&VmValue> {
+        fn walk<'a>(v: &'a VmValue, out: &mut Vec<&'a VmValue>) {
+            match v {
+                VmValue::Tuple(items) => items.iter().for_each(|i| walk(i, out)),
+                v => out.push(v),
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, &mut out);
+        out
+    }
+}
+
+/// What a parameter of a VM function takes, as the function's own checks say (TVM's
+/// `VMShapeLower` puts a `check_*_info` of each parameter at the start of the function).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A tensor (`check_tensor_info`).
+    Tensor,
+    /// A shape (`check_shape_info`).
+    Shape,
+    /// A primitive value of this dtype (`check_prim_value_info`); `None` when any dtype.
+    Prim(Option<DataType>),
+    /// A tuple of this many elements (`check_tuple_info`).
+    Tuple(usize),
+    /// A function or closure (`check_func_info`).
+    Func,
+    /// A string (`check_string_info`).
+    Str,
+    /// Not checked (`R.Object`, or a module built without the checks).
+    Any,
+}
+
+/// A closure: a function of the table with arguments bound after the caller's (TVM's
+/// `VMClosure::BindLastArgs`).
+#[derive(Debug)]
+struct Closure {
+    func: u32,
+    bound: Vec<Value>,
+}
+
 /// A register value.
 #[derive(Debug, Clone)]
 enum Value {
@@ -219,28 +287,56 @@ enum Value {
     Shape(Arc<[i64]>),
     Tensor(NdArray),
     Storage(Arc<Storage>),
-    Tuple(Arc<[Value]>),
+    /// A tuple (TVM's `Array`): shared, its items settable (`tuple_reset_item`).
+    Tuple(Arc<[Mutex<Value>]>),
     Vm,
     Func(u32),
+    Closure(Arc<Closure>),
 }
 
 impl Value {
-    /// The name of the value's kind, as TVM's type keys call it.
+    /// The name of the value's kind, as TVM's type keys call it (before tvm-ffi).
     fn kind(&self) -> &'static str {
-        match self {
-            Value::Null => "None",
-            Value::Int(_) => "int",
-            Value::Float(_) => "float",
-            Value::DType(_) => "DataType",
-            Value::Str(_) => "runtime.String",
-            Value::Shape(_) => "runtime.ShapeTuple",
-            Value::Tensor(_) => "runtime.NDArray",
-            Value::Storage(_) => "vm.Storage",
-            Value::Tuple(_) => "runtime.Array",
-            Value::Vm => "VirtualMachine",
-            Value::Func(_) => "vm.Closure",
+        self.type_key(false)
+    }
+
+    /// TVM's type key of the value: tvm-ffi's (TVM 0.22 and later) with `ffi`, else the
+    /// runtime's.
+    fn type_key(&self, ffi: bool) -> &'static str {
+        match (self, ffi) {
+            (Value::Null, _) => "None",
+            (Value::Int(_), _) => "int",
+            (Value::Float(_), _) => "float",
+            (Value::DType(_), _) => "DataType",
+            (Value::Str(_), false) => "runtime.String",
+            // tvm-ffi keeps strings of up to 7 bytes inline, as a POD value, not an object.
+            (Value::Str(s), true) if s.len() <= 7 => "ffi.SmallStr",
+            (Value::Str(_), true) => "ffi.String",
+            (Value::Shape(_), false) => "runtime.ShapeTuple",
+            (Value::Shape(_), true) => "ffi.Shape",
+            (Value::Tensor(_), false) => "runtime.NDArray",
+            (Value::Tensor(_), true) => "ffi.Tensor",
+            (Value::Storage(_), _) => "vm.Storage",
+            (Value::Tuple(_), false) => "runtime.Array",
+            (Value::Tuple(_), true) => "ffi.Array",
+            (Value::Vm, _) => "VirtualMachine",
+            (Value::Func(_) | Value::Closure(_), _) => "vm.Closure",
         }
     }
+
+    fn tuple(items: impl IntoIterator<Item = Value>) -> Value {
+        Value::Tuple(items.into_iter().map(Mutex::new).collect())
+    }
+}
+
+/// Item `i` of a tuple.
+fn tuple_item(t: &[Mutex<Value>], i: usize) -> Option<Value> {
+    t.get(i).map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone())
+}
+
+/// The items of a tuple.
+fn tuple_items(t: &[Mutex<Value>]) -> Vec<Value> {
+    t.iter().map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone()).collect()
 }
 
 /// The builtins this VM implements.
@@ -267,6 +363,16 @@ enum Builtin {
     ReadIfCond,
     TensorToShape,
     CallTirDyn,
+    CheckFuncInfo,
+    CheckPrimValueInfo,
+    CheckStringInfo,
+    TupleResetItem,
+    MemoryManagerClear,
+    InvokeDebugFunc,
+    DebugPrint,
+    MakeClosure,
+    InvokeClosure,
+    TensorCreateView,
 }
 
 const BUILTINS: &[(&str, Builtin)] = &[
@@ -291,7 +397,46 @@ const BUILTINS: &[(&str, Builtin)] = &[
     ("vm.builtin.read_if_cond", Builtin::ReadIfCond),
     ("vm.builtin.tensor_to_shape", Builtin::TensorToShape),
     ("vm.builtin.call_tir_dyn", Builtin::CallTirDyn),
+    ("vm.builtin.check_func_info", Builtin::CheckFuncInfo),
+    ("vm.builtin.check_prim_value_info", Builtin::CheckPrimValueInfo),
+    ("vm.builtin.check_string_info", Builtin::CheckStringInfo),
+    ("vm.builtin.tuple_reset_item", Builtin::TupleResetItem),
+    ("vm.builtin.memory_manager.clear", Builtin::MemoryManagerClear),
+    ("vm.builtin.invoke_debug_func", Builtin::InvokeDebugFunc),
+    ("vm.builtin.debug_print", Builtin::DebugPrint),
+    ("vm.builtin.make_closure", Builtin::MakeClosure),
+    ("vm.builtin.invoke_closure", Builtin::InvokeClosure),
+    ("runtime.TVMTensorCreateView", Builtin::TensorCreateView),
 ];
+
+/// The `vm.builtin.*` groups of TVM 0.27's registry that mblob refuses, by name prefix, with
+/// the reason given when a function calls one.
+pub const REFUSED_BUILTINS: &[(&str, &str)] = &[
+    ("vm.builtin.attention_kv_cache_", "an LLM KV-cache builtin (not supported yet)"),
+    ("vm.builtin.paged_attention_kv_cache_", "an LLM KV-cache builtin (not supported yet)"),
+    ("vm.builtin.kv_cache_disagg_", "an LLM KV-cache builtin (not supported yet)"),
+    ("vm.builtin.kv_state_", "an LLM KV-state builtin (not supported yet)"),
+    ("vm.builtin.rnn_state_", "an LLM RNN-state builtin (not supported yet)"),
+    ("vm.builtin.sample_", "an LLM sampling builtin (not supported yet)"),
+    ("vm.builtin.multinomial_from_uniform", "an LLM sampling builtin (not supported yet)"),
+    ("vm.builtin.apply_", "an LLM sampling builtin (not supported yet)"),
+    ("vm.builtin.tensor_cache.", "it reads TVM's process-wide tensor cache of LLM weights (not supported yet)"),
+    ("vm.builtin.param_", "it reads TVM's process-wide tensor cache of LLM weights (not supported yet)"),
+    ("vm.builtin.call_py_func", PY_REASON),
+    ("vm.builtin.register_py_func", PY_REASON),
+    ("vm.builtin.get_py_func", PY_REASON),
+    ("vm.builtin.clear_py_func_registry", PY_REASON),
+];
+
+const PY_REASON: &str = "it calls Python functions registered in TVM's process, which mblob does not have";
+
+/// Why mblob refuses the builtin `name` (a `vm.builtin.*` it does not implement).
+fn refusal(name: &str) -> &'static str {
+    REFUSED_BUILTINS
+        .iter()
+        .find(|(prefix, _)| name.starts_with(prefix))
+        .map_or("it is not in TVM 0.27's registry of relax VM builtins", |(_, why)| *why)
+}
 
 /// The names of the `vm.builtin.*` functions this VM implements.
 pub fn supported_builtins() -> impl Iterator<Item = &'static str> {
@@ -306,6 +451,8 @@ enum Callee {
     Kernel(PackedFunction),
     /// A `relax.run.*` function mblob provides ([`run`]).
     Run(run::RunFn),
+    /// A `vm.builtin.*` mblob does not implement: an error when called.
+    Refused(&'static str),
 }
 
 /// A function of the executable that a caller can invoke.
@@ -315,6 +462,8 @@ pub struct FunctionSignature {
     pub name: String,
     /// The parameter names, in order.
     pub params: Vec<String>,
+    /// What each parameter takes, as the function checks it.
+    pub kinds: Vec<ParamKind>,
 }
 
 /// Storages by device and size, for the next allocation of the same size on the same device
@@ -335,6 +484,15 @@ struct Bucket {
 }
 
 impl StoragePool {
+    /// Frees the storages no one uses (TVM's `MemoryManager::Clear` of its pooled allocators).
+    fn clear(&self) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        for b in buckets.iter_mut() {
+            b.storages.retain_mut(|s| Arc::get_mut(s).is_none());
+        }
+        buckets.retain(|b| !b.storages.is_empty());
+    }
+
     /// `nbytes` bytes on device `device` (`api`): a free storage of that size (holding what its
     /// last user wrote), or a new one.
     fn alloc(&self, device: usize, api: &Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
@@ -479,8 +637,48 @@ impl VirtualMachine {
             .functions
             .iter()
             .filter(|f| f.kind == FuncKind::Vm)
-            .map(|f| FunctionSignature { name: f.name.clone(), params: f.param_names.clone() })
+            .map(|f| FunctionSignature {
+                name: f.name.clone(),
+                params: f.param_names.clone(),
+                kinds: self.param_kinds(f),
+            })
             .collect()
+    }
+
+    /// What each parameter of `f` takes: the first `check_*_info` of it in the function.
+    fn param_kinds(&self, f: &crate::payload::relax::FuncInfo) -> Vec<ParamKind> {
+        let n = usize::try_from(f.num_args).unwrap_or(0);
+        let mut kinds = vec![None; n];
+        let exec = self.executable();
+        let end = usize::try_from(f.end).unwrap_or(0).min(exec.instructions.len());
+        let start = usize::try_from(f.start).unwrap_or(0).min(end);
+        for ins in &exec.instructions[start..end] {
+            let Instruction::Call { func, args, .. } = ins else { continue };
+            let Some(Arg::Reg(Reg::Index(r))) = args.first() else { continue };
+            let Some(slot) = kinds.get_mut(*r as usize).filter(|k| k.is_none()) else { continue };
+            let imm = |i: usize| match args.get(i) {
+                Some(Arg::Imm(v)) => Some(*v),
+                _ => None,
+            };
+            *slot = match &self.callees[*func as usize] {
+                Callee::Builtin(Builtin::CheckTensorInfo) => Some(ParamKind::Tensor),
+                Callee::Builtin(Builtin::CheckShapeInfo) => Some(ParamKind::Shape),
+                Callee::Builtin(Builtin::CheckFuncInfo) => Some(ParamKind::Func),
+                Callee::Builtin(Builtin::CheckStringInfo) => Some(ParamKind::Str),
+                Callee::Builtin(Builtin::CheckTupleInfo) => {
+                    Some(ParamKind::Tuple(imm(1).and_then(|v| usize::try_from(v).ok()).unwrap_or(0)))
+                }
+                Callee::Builtin(Builtin::CheckPrimValueInfo) => Some(ParamKind::Prim(match args.get(1) {
+                    Some(Arg::Const(c)) => match &exec.constants[*c as usize] {
+                        Constant::DataType(d) if d.code != 3 => Some(*d),
+                        _ => None,
+                    },
+                    _ => None,
+                })),
+                _ => None,
+            };
+        }
+        kinds.into_iter().map(|k| k.unwrap_or(ParamKind::Any)).collect()
     }
 
     /// Calls the VM function `name` with `inputs` (positionally, in parameter order), copied
@@ -513,6 +711,55 @@ impl VirtualMachine {
             .collect()
     }
 
+    /// Calls the VM function `name` with any values (tensors, shapes, numbers, strings,
+    /// tuples of them), as TVM's `relax.VirtualMachine` does from Python, and returns its
+    /// result with its structure: nested tuples stay nested, tensors are copied to the host.
+    /// Tensors are passed as [`VirtualMachine::invoke`] passes them.
+    pub fn invoke_values(&mut self, name: &str, inputs: &[VmValue]) -> Result<VmValue, VmError> {
+        let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
+            let mut next = 0;
+            inputs.iter().map(|v| vm.upload_value(&mut next, v, ffi_bool)).collect()
+        })?;
+        self.download_value(&result, name)
+    }
+
+    /// A value of the caller's as a register value; `next` numbers the tensors (for errors).
+    fn upload_value(&self, next: &mut usize, v: &VmValue, ffi_bool: bool) -> Result<Value, VmError> {
+        Ok(match v {
+            VmValue::Tensor(t) => {
+                *next += 1;
+                self.upload_tensor(*next - 1, t, ffi_bool)?
+            }
+            VmValue::Shape(s) => Value::Shape(s.as_slice().into()),
+            VmValue::Int(i) => Value::Int(*i),
+            VmValue::Float(f) => Value::Float(*f),
+            VmValue::Str(s) => Value::Str(s.as_bytes().into()),
+            VmValue::Null => Value::Null,
+            VmValue::Tuple(items) => {
+                Value::tuple(items.iter().map(|i| self.upload_value(next, i, ffi_bool)).collect::<Result<Vec<_>, _>>()?)
+            }
+        })
+    }
+
+    /// A result as the caller's value: tensors copied to the host, bools as numpy spells them.
+    fn download_value(&self, v: &Value, function: &str) -> Result<VmValue, VmError> {
+        Ok(match v {
+            Value::Tensor(t) => {
+                let t = t.to_tensor()?;
+                VmValue::Tensor(Tensor { dtype: numpy_dtype(t.dtype), ..t })
+            }
+            Value::Shape(s) => VmValue::Shape(s.to_vec()),
+            Value::Int(i) => VmValue::Int(*i),
+            Value::Float(f) => VmValue::Float(*f),
+            Value::Str(s) => VmValue::Str(String::from_utf8_lossy(s).into_owned()),
+            Value::Null => VmValue::Null,
+            Value::Tuple(items) => VmValue::Tuple(
+                tuple_items(items).iter().map(|i| self.download_value(i, function)).collect::<Result<_, _>>()?,
+            ),
+            v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
+        })
+    }
+
     /// Like [`VirtualMachine::invoke`] with tensors on any device: those not on the VM's
     /// device are copied there (the others are passed as they are, as TVM does), and the
     /// outputs stay where the program left them (on the VM's device), uncopied. An output
@@ -521,7 +768,7 @@ impl VirtualMachine {
         let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
             inputs.iter().map(|a| vm.upload_array(a, ffi_bool)).collect()
         })?;
-        Ok(tensor_leaves(&result, name)?.into_iter().cloned().collect())
+        tensor_leaves(&result, name)
     }
 
     /// Finds the function, converts the inputs with `convert` and runs it.
@@ -652,6 +899,25 @@ impl VirtualMachine {
                 Ok(Value::Null)
             }
             Callee::Run(f) => f(name, args),
+            Callee::Refused(reason) => Err(VmError::UnknownBuiltin { name: name.clone(), reason }),
+        }
+    }
+
+    /// Calls a function value (a function of the table or a closure) with `args`, then the
+    /// closure's bound arguments (TVM's `InvokeClosurePacked`).
+    fn call_closure(&self, f: &Value, args: &[&Value], depth: usize) -> Result<Value, VmError> {
+        match f {
+            Value::Func(i) => self.call(*i as usize, args, depth),
+            Value::Closure(c) => {
+                let all: Vec<&Value> = args.iter().copied().chain(c.bound.iter()).collect();
+                self.call(c.func as usize, &all, depth)
+            }
+            v => Err(VmError::Type {
+                callee: "vm.builtin.invoke_closure".into(),
+                index: 1,
+                expected: "a function or closure",
+                got: v.kind(),
+            }),
         }
     }
 
@@ -667,6 +933,11 @@ impl VirtualMachine {
                 self.devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
             ))),
         }
+    }
+
+    /// TVM's type key of `v`, in the spelling of the executable's TVM.
+    fn key(&self, v: &Value) -> &'static str {
+        v.type_key(self.executable().dialect == Dialect::Tvm022)
     }
 
     fn builtin(&self, b: Builtin, name: &str, args: &[&Value], depth: usize) -> Result<Value, VmError> {
@@ -685,7 +956,7 @@ impl VirtualMachine {
                     (dtype, a.ctx(3)?)
                 };
                 let Value::Tensor(t) = a.get(0)? else {
-                    return Err(check("TypeError", format!("{ctx} expect a Tensor but get {}", a.get(0)?.kind())));
+                    return Err(check("TypeError", format!("{ctx} expect a Tensor but get {}", self.key(a.get(0)?))));
                 };
                 if ndim != -1 && t.shape().len() as i64 != ndim {
                     return Err(check(
@@ -711,7 +982,7 @@ impl VirtualMachine {
                 let ndim = a.int(1)?;
                 let ctx = a.ctx(2)?;
                 let Value::Shape(s) = a.get(0)? else {
-                    return Err(check("TypeError", format!("{ctx} expect a Shape but get {}", a.get(0)?.kind())));
+                    return Err(check("TypeError", format!("{ctx} expect a Shape but get {}", self.key(a.get(0)?))));
                 };
                 if ndim != -1 && s.len() as i64 != ndim {
                     return Err(check(
@@ -725,7 +996,7 @@ impl VirtualMachine {
                 let size = a.int(1)?;
                 let ctx = a.ctx(2)?;
                 let Value::Tuple(t) = a.get(0)? else {
-                    return Err(check("TypeError", format!("{ctx} expect a Tuple but get {}", a.get(0)?.kind())));
+                    return Err(check("TypeError", format!("{ctx} expect a Tuple but get {}", self.key(a.get(0)?))));
                 };
                 if t.len() as i64 != size {
                     return Err(check(
@@ -884,15 +1155,144 @@ impl VirtualMachine {
                 }
                 Ok(Value::Null)
             }
-            Builtin::MakeTuple => Ok(Value::Tuple(args.iter().map(|v| (*v).clone()).collect())),
+            Builtin::MakeTuple => Ok(Value::tuple(args.iter().map(|v| (*v).clone()))),
             Builtin::TupleGetItem => {
                 let Value::Tuple(t) = a.get(0)? else { return Err(a.type_err(0, "a tuple", a.get(0)?)) };
                 let i = a.int(1)?;
                 usize::try_from(i)
                     .ok()
-                    .and_then(|i| t.get(i))
-                    .cloned()
+                    .and_then(|i| tuple_item(t, i))
                     .ok_or_else(|| VmError::Program(format!("{name}: index {i} of a tuple of {}", t.len())))
+            }
+            Builtin::TupleResetItem => {
+                // The item becomes null in the tuple itself (every holder sees it), so that what
+                // it held can be freed (TVM's `ArrayObj::SetItem(index, nullptr)`).
+                let Value::Tuple(t) = a.get(0)? else { return Err(a.type_err(0, "a tuple", a.get(0)?)) };
+                let i = a.int(1)?;
+                let item = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| t.get(i))
+                    .ok_or_else(|| VmError::Program(format!("{name}: index {i} of a tuple of {}", t.len())))?;
+                *item.lock().unwrap_or_else(PoisonError::into_inner) = Value::Null;
+                Ok(Value::Null)
+            }
+            Builtin::CheckFuncInfo => {
+                let ctx = a.ctx(1)?;
+                match a.get(0)? {
+                    Value::Func(_) | Value::Closure(_) => Ok(Value::Null),
+                    v => Err(check("TypeError", format!("{ctx} expect a Function but get {}", self.key(v)))),
+                }
+            }
+            Builtin::CheckPrimValueInfo => {
+                let dtype = a.dtype(1)?;
+                let ctx = a.ctx(2)?;
+                let v = a.get(0)?;
+                let dname = dtype_name(dtype);
+                let convert =
+                    |to: &str| check("TypeError", format!("Cannot convert from type `{}` to `{to}`", self.key(v)));
+                // Objects are refused first; numbers, None and (in tvm-ffi) short strings are
+                // POD values that then fail to convert.
+                match (v, dtype.code) {
+                    (Value::Null | Value::Int(_) | Value::Float(_), _) => {}
+                    (v @ Value::Str(_), _) if self.key(v) == "ffi.SmallStr" => {}
+                    (v, _) => {
+                        return Err(check(
+                            "TypeError",
+                            format!("{ctx}, expected dtype {dname}, but received ObjectRef of type {}", self.key(v)),
+                        ))
+                    }
+                }
+                match (v, dtype.code, dtype.bits, dtype.lanes) {
+                    (Value::Int(_), 0 | 1 | 6, _, _) | (Value::Int(_) | Value::Float(_), 2, _, _) => Ok(Value::Null),
+                    (Value::Null, 3, b, l) if b != 0 || l != 0 => Ok(Value::Null),
+                    (_, 0 | 1, _, _) => Err(convert("int")),
+                    (_, 6, _, _) => Err(convert("bool")),
+                    (_, 2, _, _) => Err(convert("float")),
+                    (_, 3, b, l) if b != 0 || l != 0 => Err(convert("void*")),
+                    _ => Err(check("TypeError", format!("{ctx}, unsupported dtype {dname}"))),
+                }
+            }
+            Builtin::CheckStringInfo => {
+                let ctx = a.ctx(1)?;
+                match a.get(0)? {
+                    Value::Str(_) => Ok(Value::Null),
+                    _ => Err(check("TypeError", format!("{ctx} expect a string"))),
+                }
+            }
+            Builtin::MemoryManagerClear => {
+                self.pool.clear();
+                Ok(Value::Null)
+            }
+            Builtin::InvokeDebugFunc => {
+                // (io_effect, debug function name, line info, args...): the debug functions
+                // are Python functions registered in TVM's process; mblob has TVM's own
+                // `vm.builtin.debug_print` (as a trace event) and no others.
+                if !matches!(a.get(0)?, Value::Null) {
+                    return Err(check("ValueError", "IOEffect is expected to be lowered to None.".into()));
+                }
+                let func = a.str(1)?;
+                let _ = a.str(2)?;
+                if &*func != b"vm.builtin.debug_print" {
+                    let f = String::from_utf8_lossy(&func);
+                    return Err(check(
+                        "ValueError",
+                        format!(
+                            "{f} is not found. Use the decorator `@tvm.register_global_func(\"{f}\")` to register it."
+                        ),
+                    ));
+                }
+                self.builtin(Builtin::DebugPrint, "vm.builtin.debug_print", &args[2..], depth)?;
+                Ok(Value::Null)
+            }
+            Builtin::DebugPrint => {
+                let line = a.ctx(0)?;
+                let t = a.tensor(1)?;
+                tracing::info!(target: "mblob::relax::debug_print", "{line}: shape = {:?}, dtype = {}", t.shape(), dtype_name(t.dtype()));
+                Ok(Value::Null)
+            }
+            Builtin::MakeClosure => {
+                let f = a.get(0)?;
+                let saved = args[1..].iter().map(|v| (*v).clone());
+                Ok(Value::Closure(Arc::new(match f {
+                    Value::Func(f) => Closure { func: *f, bound: saved.collect() },
+                    // Binding again puts the new arguments before the ones bound already.
+                    Value::Closure(c) => {
+                        Closure { func: c.func, bound: saved.chain(c.bound.iter().cloned()).collect() }
+                    }
+                    v => return Err(a.type_err(0, "a function or closure", v)),
+                })))
+            }
+            Builtin::InvokeClosure => {
+                // (vm, closure, args...)
+                let f = a.get(1)?;
+                self.call_closure(f, &args[2..], depth)
+            }
+            Builtin::TensorCreateView => {
+                // (tensor, shape, dtype, relative byte offset): TVM's `Tensor::CreateView`.
+                let t = a.tensor(0)?;
+                let shape = a.shape(1)?;
+                let dtype = a.dtype(2)?;
+                let offset = a.int(3)?;
+                let view = tensor_bytes(dtype, &shape);
+                let cur = t.nbytes() as u64;
+                let fits =
+                    u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).filter(|&e| e <= cur);
+                if fits.is_none() {
+                    let dims = |s: &[i64]| s.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+                    let end = view.map_or_else(|| "too many".to_owned(), |v| (v as i128 + offset as i128).to_string());
+                    let view = view.map_or_else(|| "too many".to_owned(), |v| v.to_string());
+                    return Err(check(
+                        "ValueError",
+                        format!(
+                            "View with shape [{}] and datatype {} would have a size of {view} bytes.  This would occupy bytes {offset} <= i_byte < {end} within the backing array.  However, the Tensor being viewed only contains {cur} bytes (shape = [{}], dtype= {}).",
+                            dims(&shape),
+                            dtype_name(dtype),
+                            dims(t.shape()),
+                            dtype_name(t.dtype())
+                        ),
+                    ));
+                }
+                Ok(Value::Tensor(NdArray::in_storage(t.storage(), offset as usize, &shape, dtype)?))
             }
             Builtin::Reshape => {
                 // A view of the same storage (TVM's `CreateView`), on the same device.
@@ -986,12 +1386,10 @@ fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
     }
     match tree.packed_function(name) {
         Some(f) => Ok(Callee::Kernel(f)),
-        // Else mblob's own global functions, as TVM's global registry: `relax.run.*` on VM
-        // values, `tvm.contrib.sort.*` and others on DLTensors (`crate::ffi::globals`).
         None => match (run::lookup(name), crate::ffi::globals::global_function(name)) {
             (Some(f), _) => Ok(Callee::Run(f)),
             (None, Some(f)) => Ok(Callee::Kernel(f)),
-            _ if name.starts_with("vm.builtin.") => Err(VmError::UnknownBuiltin { name: name.to_owned() }),
+            _ if name.starts_with("vm.builtin.") => Ok(Callee::Refused(refusal(name))),
             _ => Err(VmError::MissingFunction { name: name.to_owned() }),
         },
     }
@@ -1038,19 +1436,19 @@ fn check(kind: &'static str, message: String) -> VmError {
 }
 
 /// A tensor or a shape of a function's result.
-enum Leaf<'a> {
-    Tensor(&'a NdArray),
-    Shape(&'a [i64]),
+enum Leaf {
+    Tensor(NdArray),
+    Shape(Arc<[i64]>),
 }
 
 /// The tensors (and, with `shapes`, the shapes) of a result, tuples flattened in order.
-fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<Leaf<'a>>, VmError> {
-    fn walk<'a>(v: &'a Value, function: &str, shapes: bool, out: &mut Vec<Leaf<'a>>) -> Result<(), VmError> {
+fn leaves(v: &Value, function: &str, shapes: bool) -> Result<Vec<Leaf>, VmError> {
+    fn walk(v: &Value, function: &str, shapes: bool, out: &mut Vec<Leaf>) -> Result<(), VmError> {
         match v {
-            Value::Tensor(t) => out.push(Leaf::Tensor(t)),
-            Value::Shape(s) if shapes => out.push(Leaf::Shape(s)),
+            Value::Tensor(t) => out.push(Leaf::Tensor(t.clone())),
+            Value::Shape(s) if shapes => out.push(Leaf::Shape(s.clone())),
             Value::Tuple(items) => {
-                for i in items.iter() {
+                for i in tuple_items(items).iter() {
                     walk(i, function, shapes, out)?;
                 }
             }
@@ -1064,7 +1462,7 @@ fn leaves<'a>(v: &'a Value, function: &str, shapes: bool) -> Result<Vec<Leaf<'a>
 }
 
 /// The tensors of a result, with an error naming anything else.
-fn tensor_leaves<'a>(v: &'a Value, function: &str) -> Result<Vec<&'a NdArray>, VmError> {
+fn tensor_leaves(v: &Value, function: &str) -> Result<Vec<NdArray>, VmError> {
     Ok(leaves(v, function, false)?
         .into_iter()
         .filter_map(|l| match l {

@@ -9,6 +9,7 @@
 pub mod device;
 pub mod graph;
 pub mod relax;
+pub mod relay_vm;
 
 use std::any::Any;
 use std::fmt::Debug;

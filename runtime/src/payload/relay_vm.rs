@@ -59,7 +59,14 @@ impl FormatVersion {
     pub fn of_version(version: &str) -> Option<FormatVersion> {
         let mut parts = version.split('.');
         let major: u32 = parts.next()?.parse().ok()?;
-        let minor: u32 = parts.next()?.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok()?;
+        let minor: u32 = parts.next()?.parse().ok()?;
+        // `0`, `dev0`, `rc1` (and what a development build appends after them).
+        if let Some(patch) = parts.next() {
+            let tail = patch.strip_prefix("dev").or_else(|| patch.strip_prefix("rc")).unwrap_or(patch);
+            if !tail.starts_with(|c: char| c.is_ascii_digit()) && !(tail.is_empty() && patch != tail) {
+                return None;
+            }
+        }
         Some(match (major, minor) {
             (0, 0..=8) => FormatVersion::V08,
             (0, 9..=13) => FormatVersion::V09,
@@ -668,7 +675,10 @@ mod tests {
         assert_eq!(FormatVersion::of_version("0.14.dev0"), Some(FormatVersion::V14));
         assert_eq!(FormatVersion::of_version("0.13.0"), Some(FormatVersion::V09));
         assert_eq!(FormatVersion::of_version("0.8.0"), Some(FormatVersion::V08));
+        assert_eq!(FormatVersion::of_version("0.10.dev"), Some(FormatVersion::V09));
         assert_eq!(FormatVersion::of_version("x"), None);
+        assert_eq!(FormatVersion::of_version("0.19.j"), None);
+        assert_eq!(FormatVersion::of_version("0.1a.0"), None);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable) or
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory, a Relax or Relay VM executable) or
 //! one host function of a plain library with `mblob-runtime` alone, on the CPU or the device
 //! the library was built for, inputs and outputs as `.npy` files.
 
@@ -19,7 +19,7 @@ use crate::{Error, Result};
 /// Examples:
 ///
 /// ```text
-/// mblob run model.so --input x=x.npy --output-dir out/          (graph, AOT or Relax model)
+/// mblob run model.so --input x=x.npy --output-dir out/          (graph, AOT, Relax or Relay VM model)
 /// mblob run model.so --input x=x.npy --device opencl            (on an OpenCL device)
 /// mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
 /// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
@@ -52,7 +52,7 @@ pub struct RunArgs {
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// For a Relax model: the VM function to call (default `main`). For a plain library
+    /// For a Relax or Relay VM model: the VM function to call (default `main`). For a plain library
     /// (such as TVM's `tvm.build` output): the host function to call; its arguments are the
     /// inputs, then the outputs given with `--output`.
     #[arg(long, value_name = "NAME")]
@@ -175,7 +175,7 @@ fn run_model(
     let mut m = Model::new(tree, device).map_err(fail)?;
     let kind = m.kind();
     let function_name = function.unwrap_or("main").to_owned();
-    if kind == ModelKind::Relax {
+    if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
         m.select_function(&function_name).map_err(fail)?;
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
@@ -188,7 +188,7 @@ fn run_model(
         if let Some(n) = name {
             // Graph and AOT models answer unknown names themselves (AOT ones also take the
             // names the model was built with).
-            if kind == ModelKind::Relax {
+            if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
                 match m.input_position(n) {
                     None => {
                         return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", "))))
@@ -213,7 +213,7 @@ fn run_model(
                 None => n,
             })
             .collect();
-        let of = if kind == ModelKind::Relax { format!(" of `{function_name}`") } else { String::new() };
+        let of = if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) { format!(" of `{function_name}`") } else { String::new() };
         return Err(invalid(
             model,
             format!("missing inputs{of}: {} (give them with --input NAME=FILE.npy)", described.join(", ")),

@@ -22,4 +22,5 @@ mod run_more;
 #[cfg(feature = "opencl")]
 mod run_device;
 mod run_relax;
+mod run_relay_vm;
 mod user_kind;

@@ -17,9 +17,11 @@
 //! ```
 
 use super::relax::{numpy_dtype, RelaxExecutable, VirtualMachine, VmOutput};
+use super::relay_vm::RelayVm;
 use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
+use crate::payload::relay_vm::RelayVmExecutable;
 
 /// What kind of model a library holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub enum ModelKind {
     Aot,
     /// A Relax executable (`relax.build` / `tvm.compile`), run by the VM.
     Relax,
+    /// A Relay VM executable (`VMExecutable`, `relay.vm.compile`), run by the Relay VM.
+    RelayVm,
 }
 
 /// One output of a run.
@@ -50,6 +54,15 @@ pub struct Model {
 enum Inner {
     Executor { exec: Box<dyn Executor + Send>, kind: ModelKind, given: Vec<bool> },
     Relax(Box<RelaxState>),
+    RelayVm(Box<RelayState>),
+}
+
+struct RelayState {
+    vm: RelayVm,
+    function: String,
+    params: Vec<String>,
+    inputs: Vec<Option<Tensor>>,
+    outputs: Vec<Tensor>,
 }
 
 struct RelaxState {
@@ -72,6 +85,8 @@ impl Model {
     pub fn kind_of(tree: &LoadedTree) -> Option<ModelKind> {
         if tree.find::<RelaxExecutable>().is_some() {
             Some(ModelKind::Relax)
+        } else if tree.find::<RelayVmExecutable>().is_some() {
+            Some(ModelKind::RelayVm)
         } else if tree.find::<GraphExecutorFactory>().is_some() {
             Some(ModelKind::Graph)
         } else if tree.modules().iter().any(|m| m.module.type_key() == aot::AOT_EXECUTOR_FACTORY) {
@@ -87,7 +102,7 @@ impl Model {
     pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
         let kind = Model::kind_of(tree).ok_or_else(|| {
             ExecError::NoFactory(format!(
-                "the library holds no GraphExecutorFactory, AotExecutorFactory or Relax executable (modules: {})",
+                "the library holds no GraphExecutorFactory, AotExecutorFactory, Relax executable or Relay VM executable (modules: {})",
                 tree.type_keys().join(", ")
             ))
         })?;
@@ -104,6 +119,13 @@ impl Model {
                 };
                 state.select("main", false)?;
                 Inner::Relax(Box::new(state))
+            }
+            ModelKind::RelayVm => {
+                let vm = RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
+                let mut state =
+                    RelayState { vm, function: String::new(), params: Vec::new(), inputs: Vec::new(), outputs: Vec::new() };
+                state.select("main", false)?;
+                Inner::RelayVm(Box::new(state))
             }
             ModelKind::Graph => {
                 let exec = graph::GraphFactory::from_tree(tree)?.default(&[device])?;
@@ -124,6 +146,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { kind, .. } => *kind,
             Inner::Relax(_) => ModelKind::Relax,
+            Inner::RelayVm(_) => ModelKind::RelayVm,
         }
     }
 
@@ -136,7 +159,7 @@ impl Model {
     pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
         match &mut self.inner {
             Inner::Relax(r) => Some(&mut r.vm),
-            Inner::Executor { .. } => None,
+            Inner::Executor { .. } | Inner::RelayVm(_) => None,
         }
     }
 
@@ -144,6 +167,7 @@ impl Model {
     pub fn functions(&self) -> Vec<String> {
         match &self.inner {
             Inner::Relax(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
+            Inner::RelayVm(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
             Inner::Executor { .. } => Vec::new(),
         }
     }
@@ -153,6 +177,7 @@ impl Model {
     pub fn select_function(&mut self, name: &str) -> Result<(), ExecError> {
         match &mut self.inner {
             Inner::Relax(r) => r.select(name, true),
+            Inner::RelayVm(r) => r.select(name, true),
             Inner::Executor { kind, .. } => Err(ExecError::NoFactory(format!(
                 "a {} model has no functions to choose from (only Relax models do)",
                 if *kind == ModelKind::Graph { "graph" } else { "AOT" }
@@ -166,6 +191,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.inputs().into_iter().map(|i| (i.name.clone(), Some(i))).collect(),
             Inner::Relax(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
+            Inner::RelayVm(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
         }
     }
 
@@ -191,6 +217,7 @@ impl Model {
             }
             // The VM passes a bool in the spelling of the executable's TVM.
             Inner::Relax(r) => r.inputs[index] = Some(tensor.clone()),
+            Inner::RelayVm(r) => r.inputs[index] = Some(tensor.clone()),
         }
         Ok(())
     }
@@ -201,6 +228,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.input_index(name),
             Inner::Relax(r) => r.params.iter().position(|p| p == name),
+            Inner::RelayVm(r) => r.params.iter().position(|p| p == name),
         }
     }
 
@@ -208,6 +236,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.iter().position(|g| !g),
             Inner::Relax(r) => r.inputs.iter().position(Option::is_none),
+            Inner::RelayVm(r) => r.inputs.iter().position(Option::is_none),
         }
     }
 
@@ -216,6 +245,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.get(index).copied().unwrap_or(false),
             Inner::Relax(r) => r.inputs.get(index).is_some_and(Option::is_some),
+            Inner::RelayVm(r) => r.inputs.get(index).is_some_and(Option::is_some),
         }
     }
 
@@ -237,6 +267,11 @@ impl Model {
                 r.outputs = r.vm.invoke_outputs(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?;
                 Ok(())
             }
+            Inner::RelayVm(r) => {
+                let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
+                r.outputs = r.vm.invoke(&r.function, &inputs).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
+                Ok(())
+            }
         }
     }
 
@@ -255,11 +290,32 @@ impl Model {
                     VmOutput::Shape(s) => Output::Shape(s.clone()),
                 })
                 .collect()),
+            Inner::RelayVm(r) => Ok(r.outputs.iter().cloned().map(Output::Tensor).collect()),
         }
     }
 }
 
 impl RelaxState {
+    fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
+        let functions = self.vm.functions();
+        match functions.iter().find(|f| f.name == name) {
+            Some(f) => {
+                self.function = f.name.clone();
+                self.params = f.params.clone();
+                self.inputs = vec![None; f.params.len()];
+                self.outputs.clear();
+                Ok(())
+            }
+            None if !strict => Ok(()),
+            None => Err(ExecError::NoFunction {
+                name: name.to_owned(),
+                known: functions.into_iter().map(|f| f.name).collect(),
+            }),
+        }
+    }
+}
+
+impl RelayState {
     fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
         let functions = self.vm.functions();
         match functions.iter().find(|f| f.name == name) {

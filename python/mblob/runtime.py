@@ -26,7 +26,19 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Device", "cpu", "cuda", "opencl", "load_module", "Module", "GraphModule", "VirtualMachine", "PackedFunction"]
+__all__ = [
+    "Device",
+    "cpu",
+    "cuda",
+    "opencl",
+    "load_module",
+    "Module",
+    "GraphModule",
+    "VirtualMachine",
+    "PackedFunction",
+    "RelayVirtualMachine",
+    "relay_vm",
+]
 
 
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm", 15: "webgpu"}
@@ -223,3 +235,47 @@ class VirtualMachine:
             return outs[0] if len(outs) == 1 else tuple(outs)
 
         return call
+
+
+class RelayVirtualMachine:
+    """A Relay VM, as ``tvm.runtime.vm.VirtualMachine(exe, device)`` for an executable of
+    ``relay.vm.compile`` (TVM 0.8-0.19, type key ``VMExecutable``), exported with
+    ``export_library``: ``vm.invoke("main", *arrays)``, ``vm.run(*arrays)`` or
+    ``vm["main"](*arrays)``.
+
+    Arguments are numpy arrays (or anything ``numpy.asarray`` takes), in parameter order; the
+    result is one array, or a tuple of arrays for a function that returns a tuple (nested
+    tuples flattened in order). The Relay VM runs on the CPU.
+    """
+
+    def __init__(self, mod: Module, device: Optional[Device] = None) -> None:
+        device = device or cpu()
+        self._vm = _native.RelayVm(mod._library, device._pair())
+
+    def functions(self) -> List[Tuple[str, List[str]]]:
+        """The VM functions: ``(name, parameter names)`` each."""
+        return self._vm.functions()
+
+    def invoke(self, func_name: str, *args: Any) -> Any:
+        """Calls VM function ``func_name`` with ``args``."""
+        outs = [_from_triple(t) for t in self._vm.invoke(func_name, [_to_triple(a) for a in args])]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, *args: Any) -> Any:
+        """Calls ``main``."""
+        return self.invoke("main", *args)
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        names = [f[0] for f in self._vm.functions()]
+        if name not in names:
+            raise _native.InputError(f"no VM function `{name}` (functions: {', '.join(names)})")
+        return lambda *args: self.invoke(name, *args)
+
+
+def relay_vm(mod: Module, device: Optional[Device] = None) -> RelayVirtualMachine:
+    """The Relay VM of a library exported from ``relay.vm.compile`` (see :class:`RelayVirtualMachine`)::
+
+    vm = mblob.relay_vm(mblob.load_module("model.so"))
+    y = vm.invoke("main", x)
+    """
+    return RelayVirtualMachine(mod, device)

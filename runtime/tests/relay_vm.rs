@@ -121,8 +121,7 @@ fn executables_match_tvms_bytecode_listing() {
                 let (_, sig) = rest.split_once("]: ").unwrap();
                 let (fname, params) = sig.split_once('(').unwrap();
                 assert_eq!(f.name, fname, "{lib}");
-                let params: Vec<&str> =
-                    params.trim_end_matches(')').split(", ").filter(|p| !p.is_empty()).collect();
+                let params: Vec<&str> = params.trim_end_matches(')').split(", ").filter(|p| !p.is_empty()).collect();
                 assert_eq!(f.params, params, "{lib} {fname}");
                 current = Some(f);
             } else if let Some(n) = line.strip_prefix("# reg file size = ") {
@@ -175,7 +174,8 @@ fn mlp_constants_and_primitives() {
         assert!(tree.packed_function(p).is_some(), "{p}");
     }
     assert_eq!(exec.const_device_indexes.len(), exec.constants.len());
-    let tensors = exec.constants.iter().filter(|c| matches!(c, VmConstant::Immediate(t) if t.dtype == DataType::F32)).count();
+    let tensors =
+        exec.constants.iter().filter(|c| matches!(c, VmConstant::Immediate(t) if t.dtype == DataType::F32)).count();
     assert!(tensors >= 3, "weights, bias and second weights are constants");
     assert!(exec.stats().contains(&format!("Primitive ops (#{})", exec.primitives.len())));
 }

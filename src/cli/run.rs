@@ -213,7 +213,11 @@ fn run_model(
                 None => n,
             })
             .collect();
-        let of = if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) { format!(" of `{function_name}`") } else { String::new() };
+        let of = if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
+            format!(" of `{function_name}`")
+        } else {
+            String::new()
+        };
         return Err(invalid(
             model,
             format!("missing inputs{of}: {} (give them with --input NAME=FILE.npy)", described.join(", ")),

@@ -122,8 +122,13 @@ impl Model {
             }
             ModelKind::RelayVm => {
                 let vm = RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
-                let mut state =
-                    RelayState { vm, function: String::new(), params: Vec::new(), inputs: Vec::new(), outputs: Vec::new() };
+                let mut state = RelayState {
+                    vm,
+                    function: String::new(),
+                    params: Vec::new(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                };
                 state.select("main", false)?;
                 Inner::RelayVm(Box::new(state))
             }

@@ -250,7 +250,9 @@ impl RelayVm {
             if d.device_type != 1 {
                 return Err(RelayVmError::UnsupportedDevice {
                     device: format!("device type {} (id {})", d.device_type, d.device_id),
-                    reason: format!("virtual device {i} of the executable is not the CPU; mblob runs the Relay VM on the CPU only"),
+                    reason: format!(
+                        "virtual device {i} of the executable is not the CPU; mblob runs the Relay VM on the CPU only"
+                    ),
                 });
             }
         }
@@ -274,9 +276,7 @@ impl RelayVm {
         for (index, c) in exec.constants.iter().enumerate() {
             match c {
                 VmConstant::Immediate(t) => constants.push(NdArray::from_tensor(t, device)?),
-                VmConstant::LateBound(name) => {
-                    return Err(RelayVmError::LateBound { index, name: name.clone() })
-                }
+                VmConstant::LateBound(name) => return Err(RelayVmError::LateBound { index, name: name.clone() }),
             }
         }
         let primitives = exec
@@ -303,7 +303,11 @@ impl RelayVm {
 
     /// The VM functions, with their parameter names.
     pub fn functions(&self) -> Vec<FunctionSignature> {
-        self.exec.functions.iter().map(|f| FunctionSignature { name: f.name.clone(), params: f.params.clone() }).collect()
+        self.exec
+            .functions
+            .iter()
+            .map(|f| FunctionSignature { name: f.name.clone(), params: f.params.clone() })
+            .collect()
     }
 
     /// Calls the VM function `name` with `inputs` (in parameter order) and returns its result
@@ -420,9 +424,10 @@ impl RelayVm {
                 let Value::Adt { fields, .. } = &regs[*object as usize] else {
                     return Err(program(format!("get_field of a {}", regs[*object as usize].kind())));
                 };
-                let v = fields.get(*field_index as usize).cloned().ok_or_else(|| {
-                    program(format!("field {field_index} of an ADT of {} fields", fields.len()))
-                })?;
+                let v = fields
+                    .get(*field_index as usize)
+                    .cloned()
+                    .ok_or_else(|| program(format!("field {field_index} of an ADT of {} fields", fields.len())))?;
                 regs[*dst as usize] = v;
             }
             Instruction::GetTag { object, dst } => {
@@ -604,7 +609,10 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
     };
     let bytes = t.to_bytes()?;
     match (t.dtype().code, t.dtype().bits) {
-        (0, 64) => Ok(bytes.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect()),
+        (0, 64) => Ok(bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect()),
         (0, 32) if !int64_only => {
             Ok(bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect())
         }

@@ -63,7 +63,9 @@ impl FormatVersion {
         // `0`, `dev0`, `rc1` (and what a development build appends after them).
         if let Some(patch) = parts.next() {
             let tail = patch.strip_prefix("dev").or_else(|| patch.strip_prefix("rc")).unwrap_or(patch);
-            if !tail.starts_with(|c: char| c.is_ascii_digit()) && !(tail.is_empty() && patch != tail) {
+            let numbered = tail.starts_with(|c: char| c.is_ascii_digit());
+            let bare_tag = tail.is_empty() && patch != tail;
+            if !numbered && !bare_tag {
                 return None;
             }
         }
@@ -103,25 +105,83 @@ pub type RegName = u32;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum Instruction {
-    Move { from: RegName, dst: RegName },
-    Ret { result: RegName },
-    Invoke { func: u32, args: Vec<RegName>, dst: RegName },
-    InvokeClosure { closure: RegName, args: Vec<RegName>, dst: RegName },
+    Move {
+        from: RegName,
+        dst: RegName,
+    },
+    Ret {
+        result: RegName,
+    },
+    Invoke {
+        func: u32,
+        args: Vec<RegName>,
+        dst: RegName,
+    },
+    InvokeClosure {
+        closure: RegName,
+        args: Vec<RegName>,
+        dst: RegName,
+    },
     /// `args` holds inputs then the `output_size` outputs.
-    InvokePacked { packed_index: u32, output_size: u32, args: Vec<RegName> },
-    AllocTensor { storage: RegName, offset: RegName, shape: Vec<i64>, dtype: DataType, dst: RegName },
-    AllocTensorReg { storage: RegName, offset: RegName, shape_register: RegName, dtype: DataType, dst: RegName },
-    AllocAdt { tag: i64, fields: Vec<RegName>, dst: RegName },
-    AllocClosure { func: u32, free_vars: Vec<RegName>, dst: RegName },
-    GetField { object: RegName, field_index: u32, dst: RegName },
+    InvokePacked {
+        packed_index: u32,
+        output_size: u32,
+        args: Vec<RegName>,
+    },
+    AllocTensor {
+        storage: RegName,
+        offset: RegName,
+        shape: Vec<i64>,
+        dtype: DataType,
+        dst: RegName,
+    },
+    AllocTensorReg {
+        storage: RegName,
+        offset: RegName,
+        shape_register: RegName,
+        dtype: DataType,
+        dst: RegName,
+    },
+    AllocAdt {
+        tag: i64,
+        fields: Vec<RegName>,
+        dst: RegName,
+    },
+    AllocClosure {
+        func: u32,
+        free_vars: Vec<RegName>,
+        dst: RegName,
+    },
+    GetField {
+        object: RegName,
+        field_index: u32,
+        dst: RegName,
+    },
     /// Jumps by `true_offset` when the scalars in `test` and `target` are equal, else by
     /// `false_offset`.
-    If { test: RegName, target: RegName, true_offset: i64, false_offset: i64 },
+    If {
+        test: RegName,
+        target: RegName,
+        true_offset: i64,
+        false_offset: i64,
+    },
     /// `device_index` is `None` in executables whose `LoadConst` has no device field.
-    LoadConst { const_index: u32, device_index: Option<u32>, dst: RegName },
-    Goto { offset: i64 },
-    GetTag { object: RegName, dst: RegName },
-    LoadConsti { value: i64, dst: RegName },
+    LoadConst {
+        const_index: u32,
+        device_index: Option<u32>,
+        dst: RegName,
+    },
+    Goto {
+        offset: i64,
+    },
+    GetTag {
+        object: RegName,
+        dst: RegName,
+    },
+    LoadConsti {
+        value: i64,
+        dst: RegName,
+    },
     Fatal,
     /// `allocation_size` is a register unless `shape` is given (then it is unused: the size is
     /// the shape's).
@@ -133,10 +193,24 @@ pub enum Instruction {
         shape: Vec<i64>,
         dst: RegName,
     },
-    ShapeOf { tensor: RegName, dst: RegName },
-    ReshapeTensor { tensor: RegName, newshape: RegName, dst: RegName },
-    DeviceCopy { src: RegName, src_device_index: i64, dst_device_index: i64, dst: RegName },
-    KillRegister { dst: RegName },
+    ShapeOf {
+        tensor: RegName,
+        dst: RegName,
+    },
+    ReshapeTensor {
+        tensor: RegName,
+        newshape: RegName,
+        dst: RegName,
+    },
+    DeviceCopy {
+        src: RegName,
+        src_device_index: i64,
+        dst_device_index: i64,
+        dst: RegName,
+    },
+    KillRegister {
+        dst: RegName,
+    },
 }
 
 /// A VM function.
@@ -239,11 +313,8 @@ impl RelayVmExecutable {
             for _ in 0..n {
                 let device_type = r.read_i32("virtual device")?;
                 let device_id = r.read_i32("virtual device")?;
-                let memory_scope = if format == FormatVersion::V14 {
-                    r.read_str("memory scope")?.to_owned()
-                } else {
-                    String::new()
-                };
+                let memory_scope =
+                    if format == FormatVersion::V14 { r.read_str("memory scope")?.to_owned() } else { String::new() };
                 devices.push(VirtualDevice { device_type, device_id, memory_scope });
             }
             let at = r.offset();
@@ -344,14 +415,14 @@ impl RelayVmExecutable {
                 instructions.push(read_instruction(&mut r, &name, register_file_size, &counts)?);
             }
             check_jumps(&instructions, &name, at)?;
-            let index = globals.iter().position(|g| *g == name).ok_or_else(|| {
-                invalid(globals_at, "globals", format!("function `{name}` is not among the globals"))
-            })?;
+            let index = globals
+                .iter()
+                .position(|g| *g == name)
+                .ok_or_else(|| invalid(globals_at, "globals", format!("function `{name}` is not among the globals")))?;
             if slots[index].is_some() {
                 return Err(invalid(at, "functions", format!("`{name}` appears twice")));
             }
-            slots[index] =
-                Some(VmFunction { name, register_file_size, params, param_device_indexes, instructions });
+            slots[index] = Some(VmFunction { name, register_file_size, params, param_device_indexes, instructions });
         }
         r.finish("the code section")?;
         // n functions each filled a distinct slot of n.
@@ -467,7 +538,8 @@ fn read_instruction(
     // A count field followed by that many words.
     let counted = |count_at: usize, rest_at: usize| -> Result<&[i64], FormatError> {
         let n = usize::try_from(f[count_at]).ok().filter(|&n| rest_at.checked_add(n) == Some(f.len()));
-        n.map(|_| &f[rest_at..]).ok_or_else(|| bad(format!("opcode {opcode}: count {} does not match its {} fields", f[count_at], f.len())))
+        n.map(|_| &f[rest_at..])
+            .ok_or_else(|| bad(format!("opcode {opcode}: count {} does not match its {} fields", f[count_at], f.len())))
     };
     let regs = |v: &[i64]| v.iter().map(|&x| reg(x)).collect::<Result<Vec<_>, _>>();
     let shape = |v: &[i64]| -> Result<Vec<i64>, FormatError> {
@@ -497,10 +569,10 @@ fn read_instruction(
                 return Err(bad(format!("opcode 4 has {} fields", f.len())));
             }
             let args = regs(counted(1, 3)?)?;
-            let output_size =
-                u32::try_from(f[2]).ok().filter(|&o| o as usize <= args.len()).ok_or_else(|| {
-                    bad(format!("output size {} of {} arguments", f[2], args.len()))
-                })?;
+            let output_size = u32::try_from(f[2])
+                .ok()
+                .filter(|&o| o as usize <= args.len())
+                .ok_or_else(|| bad(format!("output size {} of {} arguments", f[2], args.len())))?;
             Instruction::InvokePacked { packed_index: index(f[0], counts.primitives, "primitive")?, output_size, args }
         }
         5 => {
@@ -534,8 +606,7 @@ fn read_instruction(
         },
         9 => {
             want(3)?;
-            let field_index =
-                u32::try_from(f[1]).map_err(|_| bad(format!("field index {} is negative", f[1])))?;
+            let field_index = u32::try_from(f[1]).map_err(|_| bad(format!("field index {} is negative", f[1])))?;
             Instruction::GetField { object: reg(f[0])?, field_index, dst: reg(f[2])? }
         }
         10 => {

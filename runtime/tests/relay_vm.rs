@@ -254,3 +254,41 @@ fn run_errors() {
     let e = RelayVm::new(&tree, Device { device_type: DeviceType::Cuda, device_id: 0 }).unwrap_err();
     assert!(matches!(e, RelayVmError::UnsupportedDevice { .. }), "{e}");
 }
+
+/// An executable whose weights were moved out (`exe.move_late_bound_consts`): the names are read
+/// (tag 1), the VM refuses to run without them, and with TVM's constants file it gives TVM's
+/// output (TVM ran it after `exe.load_late_bound_consts`).
+#[test]
+fn late_bound_constants() {
+    let m: serde_json::Value = serde_json::from_slice(&read(&dir().join("manifest.json"))).unwrap();
+    let case = &m["late_bound"][0];
+    let tree = load(case["library"].as_str().unwrap());
+    let exec = executable(&tree);
+    let late: Vec<&str> = exec
+        .constants
+        .iter()
+        .filter_map(|c| match c {
+            VmConstant::LateBound(n) => Some(n.as_str()),
+            VmConstant::Immediate(_) => None,
+        })
+        .collect();
+    assert!(!late.is_empty());
+    assert!(late.iter().all(|n| n.starts_with("const_")), "{late:?}");
+    let e = RelayVm::new(&tree, CPU).unwrap_err();
+    assert!(matches!(e, RelayVmError::LateBound { .. }), "{e}");
+    let file = dir().join(case["consts"].as_str().unwrap());
+    let consts = mblob_runtime::exec::graph::read_params(&Bytes::from_vec(read(&file))).unwrap();
+    assert_eq!(consts.len(), late.len());
+    let vm = RelayVm::with_late_bound(&tree, CPU, &consts).unwrap();
+    let x = npy(&dir().join("mlp_late.0.in.0.npy"));
+    let out = vm.invoke("main", &[x]).unwrap();
+    let want = npy(&dir().join("mlp_late.0.out.0.npy"));
+    assert_eq!((out[0].dtype, &out[0].shape, &out[0].data), (want.dtype, &want.shape, &want.data));
+    // A constant too many, or one missing, is an error.
+    let mut extra = consts.clone();
+    extra.push(("const_999".to_owned(), consts[0].1.clone()));
+    let e = RelayVm::with_late_bound(&tree, CPU, &extra).unwrap_err();
+    assert!(matches!(&e, RelayVmError::UnusedLateBound { names } if names == &["const_999"]), "{e}");
+    let e = RelayVm::with_late_bound(&tree, CPU, &consts[1..]).unwrap_err();
+    assert!(matches!(e, RelayVmError::LateBound { .. }), "{e}");
+}

@@ -104,3 +104,29 @@ fn corrupt_executable_fails_cleanly() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("instruction hash"), "{err}");
 }
+
+/// `mblob pack` carries the executable over unchanged: the re-packed blob's `VMExecutable`
+/// payload is TVM's, byte for byte.
+#[test]
+fn pack_keeps_the_executable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mblob = env!("CARGO_BIN_EXE_mblob");
+    let packed = tmp.path().join("mlp.so");
+    let o = Command::new(mblob)
+        .args(["pack", "-q", "--blob-only", "--from"])
+        .arg(dir().join("mlp.so"))
+        .arg("-o")
+        .arg(&packed)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut payloads = Vec::new();
+    for (i, lib) in [dir().join("mlp.so"), packed].iter().enumerate() {
+        let out = tmp.path().join(format!("x{i}"));
+        let o = Command::new(mblob).arg("extract").arg("-o").arg(&out).arg(lib).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        payloads.push(std::fs::read(out.join("0.VMExecutable.bin")).unwrap());
+    }
+    assert!(payloads[0].len() > 1000);
+    assert_eq!(payloads[0], payloads[1]);
+}

@@ -16,8 +16,9 @@
 //! (a Relay loop) does not use the native stack.
 //!
 //! mblob runs the Relay VM on the CPU: every virtual device of the executable must be the CPU.
-//! Late-bound constants (`exe.move_late_bound_consts`) are refused, as TVM refuses a VM made
-//! before they are loaded.
+//! Late-bound constants (`exe.move_late_bound_consts`) are given to [`RelayVm::with_late_bound`];
+//! [`RelayVm::new`] refuses an executable that has them, as TVM refuses a VM made before they
+//! are loaded.
 
 use std::sync::Arc;
 
@@ -66,13 +67,19 @@ pub enum RelayVmError {
         /// Its index.
         index: usize,
     },
-    /// The executable has late-bound constants, which mblob does not load.
-    #[error("constant {index} is late-bound (`{name}`): load late-bound constants before creating the VM (not supported by mblob)")]
+    /// A late-bound constant with no value given (TVM: "No binding for late-bound constant").
+    #[error("no binding for late-bound constant at index {index} with name '{name}' (give the file of `exe.move_late_bound_consts` to RelayVm::with_late_bound)")]
     LateBound {
         /// The constant's index.
         index: usize,
         /// Its name.
         name: String,
+    },
+    /// Late-bound constants given that the executable does not name.
+    #[error("have {} unused late-bound constants: {}", names.len(), names.join(", "))]
+    UnusedLateBound {
+        /// Their names.
+        names: Vec<String>,
     },
     /// `invoke` of a name that is not a VM function.
     #[error("cannot find function {name} in the executable (functions: {})", available.join(", "))]
@@ -230,14 +237,34 @@ impl RelayVm {
             .iter()
             .find_map(|m| m.module.as_any().downcast_ref::<RelayVmExecutable>())
             .ok_or_else(|| RelayVmError::NoExecutable(tree.type_keys().join(", ")))?;
-        RelayVm::with_executable(tree, Arc::new(exec.clone()), device)
+        RelayVm::with_executable(tree, Arc::new(exec.clone()), device, &[])
     }
 
-    /// A VM that runs `exec` with the primitives of `tree`.
+    /// Like [`RelayVm::new`], for an executable whose large constants were moved out of it
+    /// (`exe.move_late_bound_consts(path)`): `late_bound` holds them by name, as TVM's
+    /// `exe.load_late_bound_consts(path)` reads them (TVM's params format:
+    /// [`crate::exec::graph::read_params`]). Every late-bound constant must be given, and
+    /// nothing else (unless the executable has none, when `late_bound` is ignored as TVM does).
+    pub fn with_late_bound(
+        tree: &LoadedTree,
+        device: Device,
+        late_bound: &[(String, Tensor)],
+    ) -> Result<RelayVm, RelayVmError> {
+        let exec = tree
+            .modules()
+            .iter()
+            .find_map(|m| m.module.as_any().downcast_ref::<RelayVmExecutable>())
+            .ok_or_else(|| RelayVmError::NoExecutable(tree.type_keys().join(", ")))?;
+        RelayVm::with_executable(tree, Arc::new(exec.clone()), device, late_bound)
+    }
+
+    /// A VM that runs `exec` with the primitives of `tree` (and `late_bound` constants, see
+    /// [`RelayVm::with_late_bound`]).
     pub fn with_executable(
         tree: &LoadedTree,
         exec: Arc<RelayVmExecutable>,
         device: Device,
+        late_bound: &[(String, Tensor)],
     ) -> Result<RelayVm, RelayVmError> {
         let _span = tracing::debug_span!("relay_vm_new", %device).entered();
         if !device.is_cpu() {
@@ -273,11 +300,25 @@ impl RelayVm {
             }
         }
         let mut constants = Vec::with_capacity(exec.constants.len());
+        let mut used = vec![false; late_bound.len()];
         for (index, c) in exec.constants.iter().enumerate() {
             match c {
                 VmConstant::Immediate(t) => constants.push(NdArray::from_tensor(t, device)?),
-                VmConstant::LateBound(name) => return Err(RelayVmError::LateBound { index, name: name.clone() }),
+                VmConstant::LateBound(name) => {
+                    let i = late_bound
+                        .iter()
+                        .position(|(n, _)| n == name)
+                        .ok_or_else(|| RelayVmError::LateBound { index, name: name.clone() })?;
+                    used[i] = true;
+                    constants.push(NdArray::from_tensor(&late_bound[i].1, device)?);
+                }
             }
+        }
+        let any_late = exec.constants.iter().any(|c| matches!(c, VmConstant::LateBound(_)));
+        let unused: Vec<String> =
+            late_bound.iter().zip(&used).filter(|(_, u)| !**u).map(|((n, _), _)| n.clone()).collect();
+        if any_late && !unused.is_empty() {
+            return Err(RelayVmError::UnusedLateBound { names: unused });
         }
         let primitives = exec
             .primitives

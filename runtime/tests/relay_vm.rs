@@ -292,3 +292,17 @@ fn late_bound_constants() {
     let e = RelayVm::with_late_bound(&tree, CPU, &consts[1..]).unwrap_err();
     assert!(matches!(e, RelayVmError::LateBound { .. }), "{e}");
 }
+
+/// A recursion deeper than the VM allows (the loop run a million times) is a typed error, not a
+/// stack overflow; the same VM runs normally afterwards.
+#[test]
+fn runaway_recursion_is_an_error() {
+    let tree = load("loop.so");
+    let vm = RelayVm::new(&tree, CPU).unwrap();
+    let x = npy(&dir().join("loop.0.in.1.npy"));
+    let n = Tensor::new(DataType::I32, vec![], 1_000_000i32.to_le_bytes().to_vec()).unwrap();
+    let e = vm.invoke("main", &[n, x.clone()]).unwrap_err();
+    assert!(matches!(e.root(), RelayVmError::Program(m) if m.contains("deeper") || m.contains("registers")), "{e}");
+    let out = vm.invoke("main", &[npy(&dir().join("loop.0.in.0.npy")), x]).unwrap();
+    assert_eq!(out[0].data, npy(&dir().join("loop.0.out.0.npy")).data);
+}

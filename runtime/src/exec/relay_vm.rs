@@ -37,6 +37,9 @@ use crate::payload::relay_vm::{FormatVersion, Instruction, RegName, RelayVmExecu
 /// Frames deeper than this fail (each holds its registers; a runaway recursion would otherwise
 /// take all memory).
 pub const MAX_FRAMES: usize = 100_000;
+/// Registers of all live frames together, at most (a deep recursion of a function with many
+/// registers fails here first).
+pub const MAX_STACK_REGISTERS: usize = 1 << 22;
 
 /// An error of the Relay VM.
 #[derive(Debug, thiserror::Error)]
@@ -396,6 +399,7 @@ impl RelayVm {
 
     fn run(&self, func: usize, args: Vec<Value>) -> Result<Value, RelayVmError> {
         let mut stack = vec![self.frame(func, args, 0)?];
+        let mut live = stack[0].regs.len();
         loop {
             let Some(frame) = stack.last_mut() else {
                 return Err(program("the call stack is empty"));
@@ -416,11 +420,19 @@ impl RelayVm {
                     if stack.len() >= MAX_FRAMES {
                         return Err(at(program(format!("calls nested deeper than {MAX_FRAMES}"))));
                     }
+                    let size = self.exec.functions[func].register_file_size as usize;
+                    if live + size > MAX_STACK_REGISTERS {
+                        return Err(at(program(format!(
+                            "the live frames would hold more than {MAX_STACK_REGISTERS} registers"
+                        ))));
+                    }
                     let callee = self.frame(func, args, dst).map_err(at)?;
+                    live += callee.regs.len();
                     stack.push(callee);
                 }
                 Step::Return(v) => {
                     let done = stack.pop();
+                    live -= done.as_ref().map_or(0, |d| d.regs.len());
                     match (stack.last_mut(), done) {
                         (Some(caller), Some(done)) => {
                             caller.regs[done.ret_dst as usize] = v;

@@ -410,6 +410,18 @@ impl RelayVmExecutable {
                     format!("`{name}` has {} params and {register_file_size} registers", params.len()),
                 ));
             }
+            // Each instruction writes at most one new register (TVM numbers them in order): a
+            // larger file is a forged count, refused before any call allocates it.
+            if u64::from(register_file_size) > params.len() as u64 + count + 1 {
+                return Err(invalid(
+                    at,
+                    "register file size",
+                    format!(
+                        "`{name}` has {} params, {count} instructions and {register_file_size} registers",
+                        params.len()
+                    ),
+                ));
+            }
             let mut instructions = Vec::with_capacity(count as usize);
             for _ in 0..count {
                 instructions.push(read_instruction(&mut r, &name, register_file_size, &counts)?);

@@ -16,6 +16,7 @@ Load and run without TVM (see :mod:`mblob.runtime`)::
     gmod = mblob.load_module("graph.so")["default"](mblob.cpu(0))
     gmod.set_input("x", x); gmod.run(); y = gmod.get_output(0)
     y = mblob.VirtualMachine(mblob.load_module("relax.so"), mblob.cpu())["main"](x)
+    y = mblob.relay_vm(mblob.load_module("relay_vm.so")).invoke("main", x)   # relay.vm.compile
 
 Every error is an exception of the :class:`Error` family carrying mblob's message (the file
 and what was wrong); the interpreter never crashes on bad input.
@@ -29,7 +30,20 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 from . import _native
 from ._native import Error, ExportError, FileError, FormatError, InputError, LoadError, RunError
-from .runtime import BenchmarkResult, Device, GraphModule, Module, PackedFunction, VirtualMachine, cpu, cuda, load_module, opencl
+from .runtime import (
+    BenchmarkResult,
+    Device,
+    GraphModule,
+    Module,
+    PackedFunction,
+    RelayVirtualMachine,
+    VirtualMachine,
+    cpu,
+    cuda,
+    load_module,
+    opencl,
+    relay_vm,
+)
 
 __all__ = [
     "Error",
@@ -45,6 +59,8 @@ __all__ = [
     "Module",
     "PackedFunction",
     "VirtualMachine",
+    "RelayVirtualMachine",
+    "relay_vm",
     "cpu",
     "cuda",
     "opencl",

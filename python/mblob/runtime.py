@@ -39,6 +39,8 @@ __all__ = [
     "PackedFunction",
     "BenchmarkResult",
     "as_numpy",
+    "RelayVirtualMachine",
+    "relay_vm",
 ]
 
 
@@ -723,3 +725,46 @@ def _vm_result(v: Any) -> Any:
     if isinstance(v, tuple) and v and v[0] == "s":
         return tuple(v[1])
     return v
+
+
+class RelayVirtualMachine:
+    """A Relay VM, as ``tvm.runtime.vm.VirtualMachine(exe, device)`` for an executable of
+    ``relay.vm.compile`` (TVM 0.8-0.19, type key ``VMExecutable``), exported with
+    ``export_library``: ``vm.invoke("main", *arrays)``, ``vm.run(*arrays)`` or
+    ``vm["main"](*arrays)``.
+
+    Arguments are numpy arrays (or anything ``numpy.asarray`` takes), in parameter order; the
+    result is one array, or a tuple of arrays for a function that returns a tuple (nested
+    tuples flattened in order). The Relay VM runs on the CPU.
+    """
+
+    def __init__(self, mod: Module, device: Any = None) -> None:
+        self._vm = _native.RelayVm(mod._library, _device_list(device, "relay_vm(mod, device)")[0])
+
+    def functions(self) -> List[Tuple[str, List[str]]]:
+        """The VM functions: ``(name, parameter names)`` each."""
+        return self._vm.functions()
+
+    def invoke(self, func_name: str, *args: Any) -> Any:
+        """Calls VM function ``func_name`` with ``args``."""
+        outs = [_from_triple(t) for t in self._vm.invoke(func_name, [_to_triple(a) for a in args])]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, *args: Any) -> Any:
+        """Calls ``main``."""
+        return self.invoke("main", *args)
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        names = [f[0] for f in self._vm.functions()]
+        if name not in names:
+            raise _native.InputError(f"no VM function `{name}` (functions: {', '.join(names)})")
+        return lambda *args: self.invoke(name, *args)
+
+
+def relay_vm(mod: Module, device: Any = None) -> RelayVirtualMachine:
+    """The Relay VM of a library exported from ``relay.vm.compile`` (see :class:`RelayVirtualMachine`)::
+
+    vm = mblob.relay_vm(mblob.load_module("model.so"))
+    y = vm.invoke("main", x)
+    """
+    return RelayVirtualMachine(mod, device)

@@ -1,4 +1,5 @@
-//! Loading and running: `mblob.load_module`, the graph/AOT executors and the Relax VM.
+//! Loading and running: `mblob.load_module`, the graph/AOT executors, the Relax VM and the
+//! Relay VM.
 //!
 //! Tensors cross as `(bytes, dtype, shape)` triples (the Python side makes numpy arrays of
 //! them): abi3 for Python 3.9 has no buffer protocol, and the executors copy inputs into their
@@ -9,6 +10,7 @@ use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ParamKind, VirtualMachine, VmValue};
+use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::DLTensor;
@@ -441,7 +443,45 @@ pub fn read_params_file<'py>(
         .collect())
 }
 
-/// Registers the classes and functions of this file.
+/// A Relay virtual machine (TVM 0.8 to 0.19's `VMExecutable`).
+#[pyclass(frozen, module = "mblob._native")]
+pub struct RelayVm {
+    inner: RelayVirtualMachine,
+}
+
+#[pymethods]
+impl RelayVm {
+    /// The VM of the library's Relay VM executable, on device `(device_type, id)` (the CPU).
+    #[new]
+    fn new(py: Python<'_>, library: &Library, dev: (i32, i32)) -> PyResult<RelayVm> {
+        let tree = library.tree.clone();
+        let device = Device::from_dlpack(dev.0, dev.1);
+        let inner = run(py, move || RelayVirtualMachine::new(&tree, device).map_err(run_error))?;
+        Ok(RelayVm { inner })
+    }
+
+    /// The VM functions: `(name, parameter names)`.
+    fn functions(&self) -> Vec<(String, Vec<String>)> {
+        self.inner.functions().into_iter().map(|f| (f.name, f.params)).collect()
+    }
+
+    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
+    /// returned tuple flattened).
+    fn invoke<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        args: Vec<(Vec<u8>, String, Vec<i64>)>,
+    ) -> PyResult<Vec<PyTensor<'py>>> {
+        let outs = run(py, || {
+            let inputs =
+                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            self.inner.invoke(&name, &inputs).map_err(run_error)
+        })?;
+        Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
+    }
+}
+
 /// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
 /// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str or None.
 fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
@@ -498,11 +538,13 @@ fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// Registers the classes and functions of this file.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RunError", RunError::type_object(m.py())?)?;
     m.add_class::<Library>()?;
     m.add_class::<GraphExecutor>()?;
     m.add_class::<RelaxVm>()?;
+    m.add_class::<RelayVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
     m.add_function(wrap_pyfunction!(read_params_file, m)?)?;
     Ok(())

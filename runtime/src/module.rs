@@ -39,6 +39,7 @@ crate::payload_module!(RawPayload);
 crate::payload_module!(GraphExecutorFactory);
 crate::payload_module!(DeviceModule);
 crate::payload_module!(crate::payload::relax::RelaxExecutable);
+crate::payload_module!(crate::payload::relay_vm::RelayVmExecutable);
 
 /// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type
 /// key is the payload's, and [`Module::as_payload`] returns it, so a loaded tree can be written

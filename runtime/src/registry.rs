@@ -13,6 +13,7 @@ use crate::module::Module;
 use crate::payload::device::{DeviceModule, DEVICE_TYPE_KEYS};
 use crate::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
 use crate::payload::relax::{RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE};
+use crate::payload::relay_vm::{RelayVmExecutable, VM_EXECUTABLE};
 use crate::payload::{RawPayload, RAW_KNOWN_KEYS};
 
 pub use crate::format::Measure;
@@ -94,6 +95,8 @@ impl Default for Registry {
         // The Relax executables are decoded (they replace the raw loaders of their keys).
         r.register(RelaxLoader(RELAX_EXECUTABLE));
         r.register(RelaxLoader(RELAX_VM_EXECUTABLE));
+        // So is the Relay VM executable (TVM 0.8 to 0.19).
+        r.register(RelayVmLoader);
         r
     }
 }
@@ -176,6 +179,26 @@ impl Loader for RelaxLoader {
     }
     fn load(&self, payload: Bytes, layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
         Ok(Arc::new(RelaxExecutable::read_payload(&payload, layout, self.0)?))
+    }
+}
+
+/// The Relay VM executable's loader (`VMExecutable`, classic layouts only: Relay left TVM
+/// before tvm-ffi); the payload is measured by its string wrapper.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayVmLoader;
+
+impl Loader for RelayVmLoader {
+    fn type_key(&self) -> &str {
+        VM_EXECUTABLE
+    }
+    fn measure(&self, bytes: &[u8], base: u64, layout: Layout) -> Result<Measure, FormatError> {
+        if layout.frames_payloads() {
+            return Ok(Measure::Unmeasured);
+        }
+        RelayVmExecutable::measure(bytes, base).map(Measure::Len)
+    }
+    fn load(&self, payload: Bytes, _layout: Layout) -> Result<Arc<dyn Module>, LoaderError> {
+        Ok(Arc::new(RelayVmExecutable::read_payload(&payload)?))
     }
 }
 

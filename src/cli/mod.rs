@@ -85,7 +85,7 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Build one shared library from a module tree described in JSON (see `export --help`).
     Export(export::ExportArgs),
-    /// Run a TVM-compiled model (graph, AOT or Relax) or one host function, with no TVM runtime:
+    /// Run a TVM-compiled model (graph, AOT, Relax or Relay VM) or one host function, with no TVM runtime:
     /// inputs and outputs as .npy files, optional timing (see `run --help`).
     Run(run::RunArgs),
 }

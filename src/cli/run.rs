@@ -1,4 +1,4 @@
-//! `mblob run`: run a TVM-compiled model (graph or AOT factory, or a Relax VM executable) or
+//! `mblob run`: run a TVM-compiled model (graph or AOT factory, a Relax or Relay VM executable) or
 //! one host function of a plain library with `mblob-runtime` alone, on the CPU or the device
 //! the library was built for, inputs and outputs as `.npy` files.
 
@@ -23,7 +23,7 @@ use crate::{Error, Result};
 /// Examples:
 ///
 /// ```text
-/// mblob run model.so --input x=x.npy --output-dir out/          (graph, AOT or Relax model)
+/// mblob run model.so --input x=x.npy --output-dir out/          (graph, AOT, Relax or Relay VM model)
 /// mblob run model.so --input x=x.npy --device opencl            (on an OpenCL device)
 /// mblob run model.so --input x=x.npy --threads 1 --repeat 100   (timing)
 /// mblob run lib.so --function add_one --input A=a.npy --output B=float32[4] --output-dir out/
@@ -60,8 +60,8 @@ pub struct RunArgs {
     /// TVM's `time_evaluator` reports it. On a device, each run waits for its kernels.
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// For a Relax model: the VM function to call (default `main`, or the library's only
-    /// function). A parameter the function checks as a shape takes a 1-d integer .npy (as
+    /// For a Relax or Relay VM model: the VM function to call (default `main`, or a Relax
+    /// library's only function). A parameter the function checks as a shape takes a 1-d integer .npy (as
     /// `run` writes returned shapes), an `R.Prim` one a 0-d .npy; a returned prim value is
     /// written as a 0-d int64 or float64 .npy, a string as its UTF-8 bytes. For a plain library
     /// (such as TVM's `tvm.build` output): the host function to call; its arguments are the
@@ -328,6 +328,8 @@ fn run_model(
             None if m.function().is_none() => m.select_function("main").map_err(fail)?,
             None => {}
         }
+    } else if kind == ModelKind::RelayVm {
+        m.select_function(function.unwrap_or("main")).map_err(fail)?;
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
     }
@@ -340,7 +342,7 @@ fn run_model(
         if let Some(n) = name {
             // Graph and AOT models answer unknown names themselves (AOT ones also take the
             // names the model was built with).
-            if kind == ModelKind::Relax {
+            if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
                 match m.input_position(n) {
                     None => {
                         return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", "))))
@@ -377,7 +379,11 @@ fn run_model(
                 None => n,
             })
             .collect();
-        let of = if kind == ModelKind::Relax { format!(" of `{function_name}`") } else { String::new() };
+        let of = if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
+            format!(" of `{function_name}`")
+        } else {
+            String::new()
+        };
         return Err(invalid(
             model,
             format!("missing inputs{of}: {} (give them with --input NAME=FILE.npy)", described.join(", ")),

@@ -662,7 +662,7 @@ fn llvm_ir_text_and_bitcode_are_host_code() {
         assert!(m.write_bitcode_to_path(&bc));
     }
     let mut e = Export::new();
-    e.ir(&ll).ir(&bc).import(mblob_runtime::Opaque::new("VMExecutable", vec![1u8, 2, 3]));
+    e.ir(&ll).ir(&bc).import(mblob_runtime::Opaque::new("metadata", vec![1u8, 2, 3]));
     let so = dir.path().join("ir.so");
     e.write(&so).unwrap();
     let loaded = load(&so);

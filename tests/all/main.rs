@@ -24,4 +24,5 @@ mod run_device;
 mod run_relax;
 mod trio;
 mod run_relax_args;
+mod run_relay_vm;
 mod user_kind;

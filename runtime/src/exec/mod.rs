@@ -22,6 +22,7 @@
 pub mod aot;
 pub mod graph;
 pub mod relax;
+pub mod relay_vm;
 
 pub mod model;
 
@@ -94,6 +95,9 @@ pub enum ExecError {
     /// The Relax VM failed.
     #[error(transparent)]
     Relax(Box<relax::VmError>),
+    /// The Relay VM failed.
+    #[error(transparent)]
+    RelayVm(Box<relay_vm::RelayVmError>),
     /// An input or output index out of range.
     #[error("{what} index {index} is out of range (there are {count})")]
     Index {

@@ -17,9 +17,11 @@
 //! ```
 
 use super::relax::{ParamKind, RelaxExecutable, VirtualMachine, VmValue};
+use super::relay_vm::RelayVm;
 use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
+use crate::payload::relay_vm::RelayVmExecutable;
 
 /// What kind of model a library holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub enum ModelKind {
     Aot,
     /// A Relax executable (`relax.build` / `tvm.compile`), run by the VM.
     Relax,
+    /// A Relay VM executable (`VMExecutable`, `relay.vm.compile`), run by the Relay VM.
+    RelayVm,
 }
 
 /// One output of a run.
@@ -56,6 +60,15 @@ pub struct Model {
 enum Inner {
     Executor { exec: Box<dyn Executor + Send>, kind: ModelKind, given: Vec<bool> },
     Relax(Box<RelaxState>),
+    RelayVm(Box<RelayState>),
+}
+
+struct RelayState {
+    vm: RelayVm,
+    function: String,
+    params: Vec<String>,
+    inputs: Vec<Option<Tensor>>,
+    outputs: Vec<Tensor>,
 }
 
 struct RelaxState {
@@ -79,6 +92,8 @@ impl Model {
     pub fn kind_of(tree: &LoadedTree) -> Option<ModelKind> {
         if tree.find::<RelaxExecutable>().is_some() {
             Some(ModelKind::Relax)
+        } else if tree.find::<RelayVmExecutable>().is_some() {
+            Some(ModelKind::RelayVm)
         } else if tree.find::<GraphExecutorFactory>().is_some() {
             Some(ModelKind::Graph)
         } else if tree.modules().iter().any(|m| m.module.type_key() == aot::AOT_EXECUTOR_FACTORY) {
@@ -95,7 +110,7 @@ impl Model {
     pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
         let kind = Model::kind_of(tree).ok_or_else(|| {
             ExecError::NoFactory(format!(
-                "the library holds no GraphExecutorFactory, AotExecutorFactory or Relax executable (modules: {})",
+                "the library holds no GraphExecutorFactory, AotExecutorFactory, Relax executable or Relay VM executable (modules: {})",
                 tree.type_keys().join(", ")
             ))
         })?;
@@ -119,6 +134,18 @@ impl Model {
                 state.select(&default, false)?;
                 Inner::Relax(Box::new(state))
             }
+            ModelKind::RelayVm => {
+                let vm = RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
+                let mut state = RelayState {
+                    vm,
+                    function: String::new(),
+                    params: Vec::new(),
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                };
+                state.select("main", false)?;
+                Inner::RelayVm(Box::new(state))
+            }
             ModelKind::Graph => {
                 let exec = graph::GraphFactory::from_tree(tree)?.default(&[device])?;
                 let given = vec![false; exec.inputs().len()];
@@ -138,6 +165,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { kind, .. } => *kind,
             Inner::Relax(_) => ModelKind::Relax,
+            Inner::RelayVm(_) => ModelKind::RelayVm,
         }
     }
 
@@ -150,7 +178,7 @@ impl Model {
     pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
         match &mut self.inner {
             Inner::Relax(r) => Some(&mut r.vm),
-            Inner::Executor { .. } => None,
+            Inner::Executor { .. } | Inner::RelayVm(_) => None,
         }
     }
 
@@ -159,6 +187,7 @@ impl Model {
     pub fn function(&self) -> Option<&str> {
         match &self.inner {
             Inner::Relax(r) if !r.function.is_empty() => Some(&r.function),
+            Inner::RelayVm(r) if !r.function.is_empty() => Some(&r.function),
             _ => None,
         }
     }
@@ -167,6 +196,7 @@ impl Model {
     pub fn functions(&self) -> Vec<String> {
         match &self.inner {
             Inner::Relax(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
+            Inner::RelayVm(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
             Inner::Executor { .. } => Vec::new(),
         }
     }
@@ -176,6 +206,7 @@ impl Model {
     pub fn select_function(&mut self, name: &str) -> Result<(), ExecError> {
         match &mut self.inner {
             Inner::Relax(r) => r.select(name, true),
+            Inner::RelayVm(r) => r.select(name, true),
             Inner::Executor { kind, .. } => Err(ExecError::NoFactory(format!(
                 "a {} model has no functions to choose from (only Relax models do)",
                 if *kind == ModelKind::Graph { "graph" } else { "AOT" }
@@ -189,6 +220,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.inputs().into_iter().map(|i| (i.name.clone(), Some(i))).collect(),
             Inner::Relax(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
+            Inner::RelayVm(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
         }
     }
 
@@ -197,6 +229,7 @@ impl Model {
     pub fn input_kinds(&self) -> Vec<ParamKind> {
         match &self.inner {
             Inner::Relax(r) => r.kinds.clone(),
+            Inner::RelayVm(r) => vec![ParamKind::Tensor; r.params.len()],
             Inner::Executor { .. } => Vec::new(),
         }
     }
@@ -244,6 +277,7 @@ impl Model {
             }
             // The VM passes a bool in the spelling of the executable's TVM.
             Inner::Relax(r) => r.inputs[index] = Some(VmValue::Tensor(tensor.clone())),
+            Inner::RelayVm(r) => r.inputs[index] = Some(tensor.clone()),
         }
         Ok(())
     }
@@ -254,6 +288,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.input_index(name),
             Inner::Relax(r) => r.params.iter().position(|p| p == name),
+            Inner::RelayVm(r) => r.params.iter().position(|p| p == name),
         }
     }
 
@@ -261,6 +296,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.iter().position(|g| !g),
             Inner::Relax(r) => r.inputs.iter().position(Option::is_none),
+            Inner::RelayVm(r) => r.inputs.iter().position(Option::is_none),
         }
     }
 
@@ -269,6 +305,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.get(index).copied().unwrap_or(false),
             Inner::Relax(r) => r.inputs.get(index).is_some_and(Option::is_some),
+            Inner::RelayVm(r) => r.inputs.get(index).is_some_and(Option::is_some),
         }
     }
 
@@ -291,6 +328,11 @@ impl Model {
                 r.result = Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
                 Ok(())
             }
+            Inner::RelayVm(r) => {
+                let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
+                r.outputs = r.vm.invoke(&r.function, &inputs).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
+                Ok(())
+            }
         }
     }
 
@@ -299,7 +341,7 @@ impl Model {
     pub fn result(&self) -> Option<&VmValue> {
         match &self.inner {
             Inner::Relax(r) => r.result.as_ref(),
-            Inner::Executor { .. } => None,
+            Inner::RelayVm(_) | Inner::Executor { .. } => None,
         }
     }
 
@@ -325,6 +367,7 @@ impl Model {
                     VmValue::Null | VmValue::Tuple(_) => None,
                 })
                 .collect()),
+            Inner::RelayVm(r) => Ok(r.outputs.iter().cloned().map(Output::Tensor).collect()),
         }
     }
 }
@@ -339,6 +382,26 @@ impl RelaxState {
                 self.kinds = f.kinds.clone();
                 self.inputs = vec![None; f.params.len()];
                 self.result = None;
+                Ok(())
+            }
+            None if !strict => Ok(()),
+            None => Err(ExecError::NoFunction {
+                name: name.to_owned(),
+                known: functions.into_iter().map(|f| f.name).collect(),
+            }),
+        }
+    }
+}
+
+impl RelayState {
+    fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
+        let functions = self.vm.functions();
+        match functions.iter().find(|f| f.name == name) {
+            Some(f) => {
+                self.function = f.name.clone();
+                self.params = f.params.clone();
+                self.inputs = vec![None; f.params.len()];
+                self.outputs.clear();
                 Ok(())
             }
             None if !strict => Ok(()),

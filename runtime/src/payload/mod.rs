@@ -2,13 +2,15 @@
 //!
 //! A payload kind implements [`Payload`] to be written, and registers a
 //! [`Loader`](crate::registry::Loader) to be read. Built-in kinds: [`graph`]
-//! (`GraphExecutorFactory`), [`device`] (CUDA, OpenCL, Vulkan-source, Metal, WebGPU), and
-//! [`RawPayload`] bytes for anything else (`relax.Executable`, `VMExecutable`,
-//! `AotExecutorFactory`, `metadata_module`, or a kind this build does not know).
+//! (`GraphExecutorFactory`), [`device`] (CUDA, OpenCL, Vulkan-source, Metal, WebGPU),
+//! [`relax`] (`relax.Executable`, `relax.VMExecutable`), [`relay_vm`] (`VMExecutable`), and
+//! [`RawPayload`] bytes for anything else (`AotExecutorFactory`, `metadata_module`, or a kind
+//! this build does not know).
 
 pub mod device;
 pub mod graph;
 pub mod relax;
+pub mod relay_vm;
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -89,8 +91,8 @@ impl Payload for RawPayload {
     }
 }
 
-/// Type keys that TVM writes and mblob recognises but keeps as raw bytes (their formats belong
-/// to TVM's virtual machines and AOT executor, which mblob does not decode yet).
+/// Type keys that TVM writes and mblob recognises, registered as raw bytes by default (the
+/// executables among them are then decoded by their own loaders, registered after these).
 pub const RAW_KNOWN_KEYS: &[&str] = &[
     "relax.Executable",
     "relax.VMExecutable",

@@ -24,7 +24,7 @@ pub const ALL: [(&str, Build); 6] = [
 pub fn opaque_before_long_tail(n: usize) -> Vec<u8> {
     let mut body = u64le(40).to_vec();
     for _ in 0..=100 {
-        push_str(&mut body, b"VMExecutable");
+        push_str(&mut body, b"AotExecutorFactory");
     }
     body.resize(n.max(body.len()), 0);
     blob(body)
@@ -35,7 +35,7 @@ pub fn opaque_before_long_tail(n: usize) -> Vec<u8> {
 pub fn unmeasured_run(n: usize) -> Vec<u8> {
     let mut body = u64le((n / 24) as u64).to_vec();
     while body.len() < n {
-        push_str(&mut body, b"VMExecutable");
+        push_str(&mut body, b"AotExecutorFactory");
     }
     blob(body)
 }
@@ -73,7 +73,7 @@ pub fn near_miss_trees(n: usize) -> Vec<u8> {
     let mut body = u64le(3).to_vec();
     let mut i = 0u64;
     while body.len() < n {
-        push_str(&mut body, b"VMExecutable");
+        push_str(&mut body, b"AotExecutorFactory");
         push_str(&mut body, b"_import_tree");
         body.extend_from_slice(&u64le(3));
         body.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
@@ -88,7 +88,7 @@ pub fn near_miss_trees(n: usize) -> Vec<u8> {
 /// followed by junk, so no end fits and every level searches.
 pub fn real_chain_then_junk(n: usize) -> Vec<u8> {
     let k = 8;
-    let keys: [&[u8]; 2] = [b"VMExecutable", b"metadata"];
+    let keys: [&[u8]; 2] = [b"AotExecutorFactory", b"metadata"];
     let size = n / (k + 1);
     let mut body = u64le(k as u64 + 2).to_vec();
     for i in 0..k {
@@ -105,10 +105,10 @@ pub fn real_chain_then_junk(n: usize) -> Vec<u8> {
 /// A valid classic blob of `k` unmeasured payloads of `size` bytes each, then `_lib` and the
 /// import tree (module 0 imports every other one).
 pub fn classic_opaque_chain_ok(k: usize, size: usize) -> Vec<u8> {
-    classic_opaque_chain_keyed(b"VMExecutable", k, size)
+    classic_opaque_chain_keyed(b"AotExecutorFactory", k, size)
 }
 
-/// [`classic_opaque_chain_ok`] with `first_key` in place of `VMExecutable` (every third
+/// [`classic_opaque_chain_ok`] with `first_key` in place of `AotExecutorFactory` (every third
 /// payload's key; the others are `metadata` and `const_loader`).
 pub fn classic_opaque_chain_keyed(first_key: &[u8], k: usize, size: usize) -> Vec<u8> {
     let keys: [&[u8]; 3] = [first_key, b"metadata", b"const_loader"];

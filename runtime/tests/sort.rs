@@ -91,7 +91,7 @@ fn run(f: &Fixture) -> Result<Vec<Tensor>, String> {
         .into_iter()
         .map(|o| match o {
             Output::Tensor(t) => t,
-            Output::Shape(s) => panic!("{}: a shape output {s:?}", f.name),
+            other => panic!("{}: a non-tensor output {other:?}", f.name),
         })
         .collect())
 }

@@ -71,7 +71,7 @@ fn unique(name: &str, args: &[&Value]) -> Result<Value, VmError> {
         return outs.into_iter().next().map_or_else(|| Err(VmError::Program(format!("`{name}`: no result"))), to_value);
     }
     let items = outs.into_iter().map(to_value).collect::<Result<Vec<_>, _>>()?;
-    Ok(Value::Tuple(items.into()))
+    Ok(Value::tuple(items))
 }
 
 /// `relax.run.nonzero(x)`.
@@ -144,7 +144,9 @@ fn render(v: &Value) -> String {
             let items: Vec<String> = s.iter().map(|d| d.to_string()).collect();
             format!("({})", items.join(", "))
         }
-        Value::Tuple(items) => format!("({})", items.iter().map(render).collect::<Vec<_>>().join(", ")),
+        Value::Tuple(items) => {
+            format!("({})", super::tuple_items(items).iter().map(render).collect::<Vec<_>>().join(", "))
+        }
         Value::Tensor(t) => format!("<tensor {} {:?}>", ops::dtype_name(t.dtype()), t.shape()),
         Value::Null => "None".to_owned(),
         v => v.kind().to_owned(),

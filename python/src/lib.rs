@@ -273,6 +273,8 @@ fn pack<'py>(
         let mut e = Export::from_tree(tree);
         tools.apply(&mut e);
         args.apply(&mut e);
+        // A library of the blob alone has no host functions, by request.
+        e.allow_missing_functions(blob_only);
         Ok(e.write(&output)?)
     })?;
     report_dict(py, &report)

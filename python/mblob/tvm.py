@@ -112,14 +112,27 @@ def _dso_modules(mod: Any) -> List[Any]:
     return found
 
 
+def _kind(mod: Any) -> Optional[str]:
+    """A module's type key: ``kind`` from TVM 0.22, ``type_key`` before. (A tvm-ffi module
+    looks up an unknown attribute as a function, which a module compiled for another machine
+    refuses with an error, so ``kind`` is asked first and errors mean "no such attribute".)"""
+    for attr in ("kind", "type_key"):
+        try:
+            value = getattr(mod, attr, None)
+        except Exception:  # noqa: BLE001 - see above
+            value = None
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def _target_triple(mod: Any) -> Optional[str]:
     """The target triple of the host code compiled into ``mod``'s library, when it names one:
     read from the ``llvm`` modules among ``mod`` and its imports (the root of a model is a
     graph factory or a Relax executable, whose ``llvm`` import holds the target), as TVM's
     ``export_library`` does. None for the host's."""
     for m in _dso_modules(mod):
-        kind = getattr(m, "type_key", None) or getattr(m, "kind", None)
-        if kind != "llvm":
+        if _kind(m) != "llvm":
             continue
         try:
             target = str(m.get_function("_get_target_string")())
@@ -338,6 +351,8 @@ def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callabl
     import numpy as np  # noqa: PLC0415
 
     tvm = _tvm()
+    if _kind(lib) is not None:
+        return None  # a runtime module, not the graph factory's Python object
     module = getattr(lib, "module", None)
     graph_json = getattr(lib, "graph_json", None)
     params = getattr(lib, "params", None)
@@ -345,10 +360,10 @@ def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callabl
     create = tvm.get_global_func("tvm.graph_executor_factory.create", allow_missing=True)
     if create is None or module is None or not isinstance(graph_json, str) or not isinstance(name, str):
         return None
-    if not isinstance(params, dict) or getattr(module, "type_key", None) != "GraphExecutorFactory":
+    if not isinstance(params, dict) or _kind(module) != "GraphExecutorFactory":
         return None
     imports = module.imported_modules
-    if len(imports) != 1 or imports[0].type_key != "llvm" or imports[0].imported_modules:
+    if len(imports) != 1 or _kind(imports[0]) != "llvm" or imports[0].imported_modules:
         return None
     arrays = []
     try:

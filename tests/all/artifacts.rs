@@ -229,3 +229,41 @@ fn pack_keeps_the_source_layout() {
         assert!(*blob == *read(&v.join("relax_add_mul.blob")), "{version}: not TVM's blob");
     }
 }
+
+/// `--force-layout` writes TVM 0.19's host code under a tvm-ffi blob symbol; `run` still calls
+/// it in its own convention (told from the code, not from the blob symbol) and gives TVM's
+/// output.
+#[test]
+fn forced_layouts_run_the_host_code_in_its_own_convention() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = goldens();
+    for layout in ["classic-0.21", "ffi"] {
+        let so = dir.path().join(format!("forced-{layout}.so"));
+        let o = mblob(
+            &[
+                p("pack"),
+                p("--from"),
+                &g.join("graph_dense_relu.so"),
+                p("--host"),
+                &g.join("graph_dense_relu.lib0.o"),
+                p("--layout"),
+                p(layout),
+                p("--force-layout"),
+                p("-o"),
+                &so,
+            ],
+            dir.path(),
+        );
+        assert_ok(&o);
+        let out = dir.path().join(format!("out-{layout}"));
+        let input = format!("x={}", g.join("graph_dense_relu.in.x.npy").display());
+        let o = mblob(&[p("run"), &so, p("--input"), p(&input), p("--output-dir"), &out], dir.path());
+        assert_ok(&o);
+        let values = |path: &Path| {
+            let bytes = read(path);
+            let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+            (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
+        };
+        assert_eq!(values(&out.join("out.0.npy")), values(&g.join("graph_dense_relu.out.0.npy")), "{layout}: not TVM's output");
+    }
+}

@@ -264,7 +264,7 @@ def fcompile(
     cwd: Optional[str] = None,
     **kwargs: Any,
 ) -> None:
-    """TVM's ``fcompile`` (the signature of ``tvm.contrib.cc.create_shared``), linking with
+    """TVM's ``fcompile`` (the signature of TVM's ``create_shared``), linking with
     mblob: the host objects and sources are compiled and linked with a placeholder, and the
     blob (from :func:`fpack_blob`'s raw blob, or taken out of a blob object such as TVM's own
     ``devc.o``) is written once into the linked library, re-serialized by mblob in the same

@@ -112,7 +112,9 @@ impl PackOptionsArgs {
         }
         e.layout(self.layout.unwrap_or(default_layout))
             .allow_missing_functions(self.allow_missing_functions)
-            .system_lib(self.system_lib).prefix(self.prefix.clone()).linker(self.linker.clone());
+            .system_lib(self.system_lib)
+            .prefix(self.prefix.clone())
+            .linker(self.linker.clone());
         if let Some(t) = &self.target {
             e.target(t.clone());
         }

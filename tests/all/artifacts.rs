@@ -75,7 +75,8 @@ fn the_blob_object_takes_the_machine_of_the_host_objects() {
     let tvm_devc = read(&c.join("graph_add.devc.o"));
     assert_eq!(object::File::parse(&*tvm_devc).unwrap().architecture(), Architecture::Aarch64);
     let out = dir.path().join("model.tar");
-    let o = mblob(&[p("pack"), p("--from"), &c.join("graph_add.devc.o"), p("--host"), &lib0, p("-o"), &out], dir.path());
+    let o =
+        mblob(&[p("pack"), p("--from"), &c.join("graph_add.devc.o"), p("--host"), &lib0, p("-o"), &out], dir.path());
     assert_ok(&o);
     let members = tar_members(&out);
     let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
@@ -89,7 +90,17 @@ fn the_blob_object_takes_the_machine_of_the_host_objects() {
 
     let wrong = dir.path().join("wrong.tar");
     let o = mblob(
-        &[p("pack"), p("--from"), &c.join("graph_add.devc.o"), p("--host"), &lib0, p("--target"), p("x86_64-linux-gnu"), p("-o"), &wrong],
+        &[
+            p("pack"),
+            p("--from"),
+            &c.join("graph_add.devc.o"),
+            p("--host"),
+            &lib0,
+            p("--target"),
+            p("x86_64-linux-gnu"),
+            p("-o"),
+            &wrong,
+        ],
         dir.path(),
     );
     assert_refused(&o, &wrong, &["target x86_64-linux-gnu", "graph_add.lib0.o", "aarch64"]);
@@ -104,7 +115,16 @@ fn host_objects_of_two_machines_are_refused() {
     let x86 = goldens().join("graph_dense_relu.lib0.o");
     let out = dir.path().join("mixed.so");
     let o = mblob(
-        &[p("pack"), p("--from"), &c.join("graph_add.devc.o"), p("--host"), &c.join("graph_add.lib0.o"), &x86, p("-o"), &out],
+        &[
+            p("pack"),
+            p("--from"),
+            &c.join("graph_add.devc.o"),
+            p("--host"),
+            &c.join("graph_add.lib0.o"),
+            &x86,
+            p("-o"),
+            &out,
+        ],
         dir.path(),
     );
     assert_refused(&o, &out, &["graph_dense_relu.lib0.o", "x86_64", "aarch64", "two machines"]);
@@ -123,7 +143,8 @@ fn a_shared_library_is_not_host_code() {
     let g = goldens();
     let so = g.join("dso_add_one.so");
     let out = dir.path().join("out.so");
-    let o = mblob(&[p("pack"), p("--from"), &g.join("graph_dense_relu.so"), p("--host"), &so, p("-o"), &out], dir.path());
+    let o =
+        mblob(&[p("pack"), p("--from"), &g.join("graph_dense_relu.so"), p("--host"), &so, p("-o"), &out], dir.path());
     assert_refused(&o, &out, &["dso_add_one.so", "is a shared library"]);
     let tree = dir.path().join("tree.json");
     std::fs::write(&tree, serde_json::json!({"type_key": "llvm", "objects": [so]}).to_string()).unwrap();
@@ -219,7 +240,15 @@ fn pack_keeps_the_source_layout() {
         let v = goldens().join("other_versions").join(version);
         let out = dir.path().join(format!("{version}.so"));
         let o = mblob(
-            &[p("pack"), p("--from"), &v.join("relax_add_mul.so"), p("--host"), &v.join("relax_add_mul.lib0.o"), p("-o"), &out],
+            &[
+                p("pack"),
+                p("--from"),
+                &v.join("relax_add_mul.so"),
+                p("--host"),
+                &v.join("relax_add_mul.lib0.o"),
+                p("-o"),
+                &out,
+            ],
             dir.path(),
         );
         assert_ok(&o);
@@ -264,6 +293,10 @@ fn forced_layouts_run_the_host_code_in_its_own_convention() {
             let f = npyz::NpyFile::new(&bytes[..]).unwrap();
             (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
         };
-        assert_eq!(values(&out.join("out.0.npy")), values(&g.join("graph_dense_relu.out.0.npy")), "{layout}: not TVM's output");
+        assert_eq!(
+            values(&out.join("out.0.npy")),
+            values(&g.join("graph_dense_relu.out.0.npy")),
+            "{layout}: not TVM's output"
+        );
     }
 }

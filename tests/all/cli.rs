@@ -59,7 +59,20 @@ fn pack_converts_between_layouts_and_back() {
     let backends: &[&str] = if cfg!(feature = "llvm") { &["llvm", "c", "c-tvm"] } else { &["c", "c-tvm"] };
     for &backend in backends {
         let out = mblob(
-            &["pack", "--from", s(&ffi), "--host", s(&lib0), "-o", s(&back), "--backend", backend, "-q", "--layout", "classic"],
+            &[
+                "pack",
+                "--from",
+                s(&ffi),
+                "--host",
+                s(&lib0),
+                "-o",
+                s(&back),
+                "--backend",
+                backend,
+                "-q",
+                "--layout",
+                "classic",
+            ],
             tmp.path(),
         );
         assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));

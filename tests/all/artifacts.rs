@@ -300,3 +300,41 @@ fn forced_layouts_run_the_host_code_in_its_own_convention() {
         );
     }
 }
+
+/// The functions the check asks for are the ones TVM's own libraries define: for every model
+/// TVM built (graph, AOT, Relax; TVM 0.19 and 0.27), each name `called_functions` gives is an
+/// exported function of TVM's `.so` (as `name` or `__tvm_ffi_<name>`).
+#[test]
+fn the_functions_asked_for_are_those_tvm_defines() {
+    let run = goldens().join("run");
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&run).unwrap() {
+        let so = entry.unwrap().path();
+        if so.extension().is_none_or(|e| e != "so") {
+            continue;
+        }
+        let (blob, layout) = mblob::repack::read_blob(&so, None).unwrap();
+        let tree = mblob::repack::module_tree_of(&blob, layout, &so).unwrap();
+        let called = mblob::pack::host::called_functions(&tree, layout).unwrap();
+        assert!(!called.is_empty(), "{}: no function asked for", so.display());
+        let data = read(&so);
+        let f = object::File::parse(&*data).unwrap();
+        let exported: std::collections::HashSet<&str> =
+            f.dynamic_symbols().filter(|s| !s.is_undefined()).filter_map(|s| s.name().ok()).collect();
+        for name in &called {
+            assert!(
+                exported.contains(name.as_str()) || exported.contains(format!("__tvm_ffi_{name}").as_str()),
+                "{}: `{name}` is not a function of TVM's library",
+                so.display()
+            );
+        }
+        kinds.extend(tree.ids().filter_map(|id| tree.kind(id)).map(|k| k.type_key().to_owned()));
+        checked += 1;
+    }
+    assert!(checked >= 5, "{checked}");
+    for kind in ["GraphExecutorFactory", "AotExecutorFactory"] {
+        assert!(kinds.contains(kind), "no {kind} among {kinds:?}");
+    }
+    assert!(kinds.iter().any(|k| k.starts_with("relax.")), "{kinds:?}");
+}

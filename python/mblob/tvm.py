@@ -329,6 +329,8 @@ def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
     own packer writes (the tests compare them byte for byte).
     """
     tar = str(file_name).endswith(".tar")
+    # ``None`` (as TVM's own wrappers pass the arguments along) means the default.
+    kwargs = {k: v for k, v in kwargs.items() if not (k in ("fcompile", "fpack_imports") and v is None)}
     if "fpack_imports" not in kwargs and "fcompile" not in kwargs and not tar:
         parts = _graph_factory_parts(mod)
         if parts is not None:

@@ -182,3 +182,13 @@ def test_pack_refuses_a_shared_library_as_host_code(tmp_path):
     with pytest.raises(mblob.InputError, match="is a shared library"):
         mblob.pack(golden("graph_dense_relu.so"), out, host=[golden("dso_add_one.so")])
     assert not out.exists()
+
+
+def test_pack_keeps_the_source_layout(tmp_path):
+    """Without ``layout``, TVM 0.27's library re-packed with its own ``lib0.o`` stays ``ffi``
+    (it was written as ``classic``, which TVM 0.27's host code does not fit, and refused)."""
+    v27 = "other_versions/tvm-0.27.0.post1/relax_add_mul"
+    out = tmp_path / "a.so"
+    report = mblob.pack(golden(f"{v27}.so"), out, host=[golden(f"{v27}.lib0.o")])
+    assert mblob.inspect(out)["layout"] == "ffi", report
+    assert mblob.read_blob(out) == mblob.read_blob(golden(f"{v27}.so"))

@@ -116,6 +116,8 @@ pub struct ExportReport {
     pub symbol: Option<String>,
     /// Bytes of the blob, header included.
     pub blob_len: u64,
+    /// The layout written.
+    pub layout: Layout,
     /// The intermediate directory, when kept.
     pub kept_temp_dir: Option<PathBuf>,
     /// Seconds spent in each stage, in order.
@@ -144,6 +146,7 @@ pub struct Export {
     compile: CompileOptions,
     cancel: Option<Arc<AtomicBool>>,
     force_layout: bool,
+    allow_missing_functions: bool,
 }
 
 impl Default for Export {
@@ -189,6 +192,7 @@ impl Export {
             compile: CompileOptions::default(),
             cancel: None,
             force_layout: false,
+            allow_missing_functions: false,
         }
     }
 
@@ -296,6 +300,14 @@ impl Export {
         self
     }
 
+    /// Writes the library even when the host code does not define every function the module
+    /// tree calls by name (see [`crate::pack::host::called_functions`]); off by default: such a
+    /// library loads, then fails when the model runs.
+    pub fn allow_missing_functions(&mut self, allow: bool) -> &mut Self {
+        self.allow_missing_functions = allow;
+        self
+    }
+
     /// Adds an LLVM IR file (`.ll` or `.bc`) for the host (feature `llvm`; without it
     /// [`Export::write`] fails with [`Error::FeatureDisabled`]).
     pub fn ir(&mut self, path: impl Into<PathBuf>) -> &mut Self {
@@ -344,7 +356,9 @@ impl Export {
         self
     }
 
-    /// Target triple (default: the host).
+    /// Target triple of the blob object (default: the host objects' machine, which is this
+    /// machine's unless they were cross-compiled). A target for another machine than the host
+    /// objects' is refused.
     pub fn target(&mut self, triple: impl Into<String>) -> &mut Self {
         self.target = Some(triple.into());
         self
@@ -424,7 +438,11 @@ impl Export {
     pub fn write(&self, output: impl AsRef<Path>) -> Result<ExportReport> {
         let output = output.as_ref();
         let _span = tracing::info_span!("export", output = %output.display()).entered();
-        let opts = self.pack_options();
+        // The host objects decide the machine of the blob object (and a shared library or
+        // objects of two machines are refused) before anything else is looked at.
+        let host = pack::host::read(&self.objects)?;
+        let mut opts = self.pack_options();
+        opts.target = host.target(self.target.as_deref())?;
         let requested = self.backend.unwrap_or_default();
         let backend = requested.resolve(&opts, output::is_tar(output) || self.emit_devc.is_some());
         if backend != requested {
@@ -445,7 +463,14 @@ impl Export {
             Err(e) => return Err(e),
         };
         let kept_temp_dir = self.keep_temp.then(|| tmp.keep());
-        Ok(ExportReport { output: output.to_owned(), symbol, blob_len, kept_temp_dir, stages: stages.times })
+        Ok(ExportReport {
+            output: output.to_owned(),
+            symbol,
+            blob_len,
+            layout: self.layout,
+            kept_temp_dir,
+            stages: stages.times,
+        })
     }
 
     /// The checks made before any work (see [`Export::write`]).
@@ -505,6 +530,10 @@ impl Export {
             })?);
         }
         let host_objects = objects.len();
+        if !self.allow_missing_functions {
+            // Compiled sources included: every function the tree calls must be defined.
+            pack::host::read(&objects)?.check_defines(&self.tree, self.layout, host_objects)?;
+        }
 
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         let tar = output::is_tar(output);

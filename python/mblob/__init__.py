@@ -178,7 +178,7 @@ def pack(
     host: Iterable[PathLike] = (),
     blob_only: bool = False,
     source_layout: Optional[str] = None,
-    layout: str = "classic",
+    layout: Optional[str] = None,
     backend: Optional[str] = None,
     system_lib: bool = False,
     prefix: str = "",
@@ -199,13 +199,15 @@ def pack(
         from, e.g. TVM's ``lib0.o``. Required unless ``blob_only``.
     :param blob_only: write a library holding only the blob.
     :param source_layout: layout of a raw ``.blob`` source (default: detected).
+    :param layout: the layout to write (default: the source's own, as ``mblob pack``).
     :param flags: extra compiler flags for host sources (``-O3``, ``-I...``).
     :param link_args: extra link arguments, after the objects (``-lm``, ``-Wl,...``).
     :param cc: the compiler that compiles host sources and drives the link (default: ``$CC``,
         then ``cc``).
     :returns: as :func:`export`.
     """
-    _check_layout(layout)
+    if layout is not None:
+        _check_layout(layout)
     if source_layout is not None:
         _check_layout(source_layout)
     return _native.pack(

@@ -91,17 +91,57 @@ def _as_numpy(tensor: Any) -> Any:
         return tensor.numpy()
 
 
+def _dso_modules(mod: Any) -> List[Any]:
+    """The modules TVM compiles into the library (``llvm``, ``c``, ...) among ``mod`` and its
+    imports, as TVM's own ``export_library`` collects them."""
+    collect = getattr(mod, "_collect_dso_modules", None)
+    if collect is not None:
+        try:
+            return list(collect())
+        except Exception:  # noqa: BLE001 - fall back to walking the imports
+            pass
+    found, seen, stack = [], set(), [mod]
+    while stack:
+        m = stack.pop()
+        key = getattr(getattr(m, "handle", None), "value", None) or id(m)
+        if key in seen:
+            continue
+        seen.add(key)
+        found.append(m)
+        stack.extend(getattr(m, "imported_modules", None) or getattr(m, "imports", None) or [])
+    return found
+
+
+def _kind(mod: Any) -> Optional[str]:
+    """A module's type key: ``kind`` from TVM 0.22, ``type_key`` before. (A tvm-ffi module
+    looks up an unknown attribute as a function, which a module compiled for another machine
+    refuses with an error, so ``kind`` is asked first and errors mean "no such attribute".)"""
+    for attr in ("kind", "type_key"):
+        try:
+            value = getattr(mod, attr, None)
+        except Exception:  # noqa: BLE001 - see above
+            value = None
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def _target_triple(mod: Any) -> Optional[str]:
-    """The host module's target triple when it names one (TVM compiles the rest for it)."""
-    kind = getattr(mod, "type_key", None) or getattr(mod, "kind", None)
-    if kind != "llvm":
-        return None
-    try:
-        target = str(mod.get_function("_get_target_string")())
-    except Exception:  # noqa: BLE001 - a module without the function has no target to follow
-        return None
-    m = re.search(r"-mtriple=(\S+)", target) or re.search(r'"mtriple"\s*:\s*"([^"]+)"', target)
-    return m.group(1) if m else None
+    """The target triple of the host code compiled into ``mod``'s library, when it names one:
+    read from the ``llvm`` modules among ``mod`` and its imports (the root of a model is a
+    graph factory or a Relax executable, whose ``llvm`` import holds the target), as TVM's
+    ``export_library`` does. None for the host's."""
+    for m in _dso_modules(mod):
+        if _kind(m) != "llvm":
+            continue
+        try:
+            target = str(m.get_function("_get_target_string")())
+        except Exception:  # noqa: BLE001 - a module without the function has no target to follow
+            continue
+        found = re.search(r"-mtriple=(\S+)", target) or re.search(r'"mtriple"\s*:\s*"([^"]+)"', target)
+        if found:
+            return found.group(1)
+    return None
 
 
 def make_fpack_imports(backend: Optional[str] = None, layout: Optional[str] = None) -> Callable[..., str]:
@@ -224,7 +264,7 @@ def fcompile(
     cwd: Optional[str] = None,
     **kwargs: Any,
 ) -> None:
-    """TVM's ``fcompile`` (the signature of ``tvm.contrib.cc.create_shared``), linking with
+    """TVM's ``fcompile`` (the signature of TVM's ``create_shared``), linking with
     mblob: the host objects and sources are compiled and linked with a placeholder, and the
     blob (from :func:`fpack_blob`'s raw blob, or taken out of a blob object such as TVM's own
     ``devc.o``) is written once into the linked library, re-serialized by mblob in the same
@@ -236,9 +276,7 @@ def fcompile(
     paths = _paths(objects, cwd)
     blobs = [(p, how) for p in paths for how in [_blob_input(p)] if how is not None]
     if not blobs:
-        from tvm.contrib import cc as _cc  # noqa: PLC0415
-
-        return _cc.create_shared(output, list(objects), options=options, cc=cc, cwd=cwd, **kwargs)
+        return _create_shared()(output, list(objects), options=options, cc=cc, cwd=cwd, **kwargs)
     if len(blobs) > 1:
         raise _native.InputError("more than one blob among the inputs: " + ", ".join(p for p, _ in blobs))
     source, how = blobs[0]
@@ -263,10 +301,25 @@ def fcompile(
     return None
 
 
+def _create_shared() -> Callable[..., Any]:
+    """TVM's ``create_shared``: ``tvm.support.cc`` from TVM 0.22, ``tvm.contrib.cc`` before."""
+    _tvm()
+    try:
+        from tvm.support import cc as _cc  # noqa: PLC0415
+    except ImportError:
+        from tvm.contrib import cc as _cc  # noqa: PLC0415
+    return _cc.create_shared
+
+
 def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
     """``mod.export_library(file_name, **kwargs)`` with mblob packing and linking
     (:func:`fpack_blob` and :func:`fcompile`): the blob is written once, into the library.
     Other arguments (``workspace_dir``, ``options``, ``cc``, ...) go to TVM's ``export_library``.
+
+    Where the link is not mblob's, a ``.tar`` output or a caller's own ``fcompile`` (TVM's
+    ``create_staticlib``, a cross compiler, ``ndk.create_shared``, ``fcompile=False``...), the
+    imports are packed by :func:`fpack_imports` into a real object (``devc.o``) for the target
+    of the model's host code, which any linker reads.
 
     For a Relay graph model (TVM 0.19's ``GraphExecutorFactoryModule`` of a CPU library: the
     factory imports one ``llvm`` module that imports nothing), TVM does not serialize the
@@ -275,13 +328,22 @@ def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
     the factory with the model's parameter arrays, read in place. The blob is the one TVM's
     own packer writes (the tests compare them byte for byte).
     """
-    if "fpack_imports" not in kwargs and "fcompile" not in kwargs and not str(file_name).endswith(".tar"):
+    tar = str(file_name).endswith(".tar")
+    # ``None`` (as TVM's own wrappers pass the arguments along) means the default.
+    kwargs = {k: v for k, v in kwargs.items() if not (k in ("fcompile", "fpack_imports") and v is None)}
+    if "fpack_imports" not in kwargs and "fcompile" not in kwargs and not tar:
         parts = _graph_factory_parts(mod)
         if parts is not None:
             fpack, link = parts
             return mod.export_library(file_name, fpack_imports=fpack, fcompile=link, **kwargs)
-    kwargs.setdefault("fpack_imports", fpack_blob)
-    kwargs.setdefault("fcompile", fcompile)
+    ours = kwargs.get("fcompile", None if tar else fcompile) is fcompile
+    if ours:
+        kwargs["fcompile"] = fcompile
+        kwargs.setdefault("fpack_imports", fpack_blob)
+    else:
+        # The link is not mblob's (a `.tar`, the caller's own fcompile, ``fcompile=False``):
+        # it gets a real object, as from TVM's own packer.
+        kwargs.setdefault("fpack_imports", fpack_imports)
     return mod.export_library(file_name, **kwargs)
 
 
@@ -291,6 +353,8 @@ def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callabl
     import numpy as np  # noqa: PLC0415
 
     tvm = _tvm()
+    if _kind(lib) is not None:
+        return None  # a runtime module, not the graph factory's Python object
     module = getattr(lib, "module", None)
     graph_json = getattr(lib, "graph_json", None)
     params = getattr(lib, "params", None)
@@ -298,10 +362,10 @@ def _graph_factory_parts(lib: Any) -> Optional[Tuple[Callable[..., str], Callabl
     create = tvm.get_global_func("tvm.graph_executor_factory.create", allow_missing=True)
     if create is None or module is None or not isinstance(graph_json, str) or not isinstance(name, str):
         return None
-    if not isinstance(params, dict) or getattr(module, "type_key", None) != "GraphExecutorFactory":
+    if not isinstance(params, dict) or _kind(module) != "GraphExecutorFactory":
         return None
     imports = module.imported_modules
-    if len(imports) != 1 or imports[0].type_key != "llvm" or imports[0].imported_modules:
+    if len(imports) != 1 or _kind(imports[0]) != "llvm" or imports[0].imported_modules:
         return None
     arrays = []
     try:

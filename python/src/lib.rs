@@ -299,7 +299,7 @@ fn pack<'py>(
     blob_only: bool,
     source_layout: Option<&str>,
     backend_name: &str,
-    layout_name: &str,
+    layout_name: Option<&str>,
     system_lib: bool,
     prefix: String,
     target: Option<String>,
@@ -317,13 +317,23 @@ fn pack<'py>(
         )));
     }
     let from = source_layout.map(layout).transpose()?;
-    let args = PackArgs::parse(backend_name, layout_name, system_lib, prefix, target, force_layout)?;
+    // Without a layout the library keeps its own (checked below, once it is read).
+    let keep_layout = layout_name.is_none();
+    let args =
+        PackArgs::parse(backend_name, layout_name.unwrap_or("classic"), system_lib, prefix, target, force_layout)?;
     let tools = HostTools { host, flags, link_args, cc };
     let report = run(py, move || {
-        let tree = mblob::repack::read_module_tree(&source, from)?;
+        let (blob, found) = mblob::repack::read_blob(&source, from)?;
+        let tree = mblob::repack::module_tree_of(&blob, found, &source)?;
+        drop(blob);
         let mut e = Export::from_tree(tree);
         tools.apply(&mut e);
         args.apply(&mut e);
+        if keep_layout {
+            e.layout(found);
+        }
+        // A library of the blob alone has no host functions, by request.
+        e.allow_missing_functions(blob_only);
         Ok(e.write(&output)?)
     })?;
     report_dict(py, &report)

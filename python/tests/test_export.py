@@ -89,7 +89,9 @@ def test_pack_converts_between_layouts(tmp_path):
 
 def test_pack_a_raw_blob_to_tar(tmp_path):
     out = tmp_path / "m.tar"
-    mblob.pack(golden("graph_two_dso_merged.blob"), out, host=[golden("graph_two_dso_merged.lib0.o")])
+    # Both of its host objects: lib1.o holds one of the kernels (a library without it is refused).
+    host = [golden("graph_two_dso_merged.lib0.o"), golden("graph_two_dso_merged.lib1.o")]
+    mblob.pack(golden("graph_two_dso_merged.blob"), out, host=host)
     report = mblob.inspect(out)
     assert report["kind"] == "tar"
     assert report["type_keys"] == mblob.inspect(golden("graph_two_dso_merged.blob"))["type_keys"]
@@ -172,3 +174,21 @@ def test_graph_params_written_by_mblob_give_tvms_blob(tmp_path):
     with pytest.raises(mblob.Error, match="no array for the model's parameter"):
         _native.pack_graph_params(str(blob), str(tmp_path / "x.so"), [], params[1:], "classic")
     assert not (tmp_path / "x.so").exists()
+
+
+def test_pack_refuses_a_shared_library_as_host_code(tmp_path):
+    """A `.so` cannot be linked into another library: its functions would be missing."""
+    out = tmp_path / "a.so"
+    with pytest.raises(mblob.InputError, match="is a shared library"):
+        mblob.pack(golden("graph_dense_relu.so"), out, host=[golden("dso_add_one.so")])
+    assert not out.exists()
+
+
+def test_pack_keeps_the_source_layout(tmp_path):
+    """Without ``layout``, TVM 0.27's library re-packed with its own ``lib0.o`` stays ``ffi``
+    (it was written as ``classic``, which TVM 0.27's host code does not fit, and refused)."""
+    v27 = "other_versions/tvm-0.27.0.post1/relax_add_mul"
+    out = tmp_path / "a.so"
+    report = mblob.pack(golden(f"{v27}.so"), out, host=[golden(f"{v27}.lib0.o")])
+    assert mblob.inspect(out)["layout"] == "ffi", report
+    assert mblob.read_blob(out) == mblob.read_blob(golden(f"{v27}.so"))

@@ -32,7 +32,7 @@ def tensor(a):
     return make(a, tvm.cpu(0))
 
 
-def relax_mlp():
+def relax_mlp(target="llvm"):
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -46,7 +46,7 @@ def relax_mlp():
             out = bb.emit_output(relax.op.nn.relu(y))
         bb.emit_func_output(out)
     build = getattr(tvm, "compile", None) or relax.build
-    return build(bb.get(), target="llvm")
+    return build(bb.get(), target=target)
 
 
 def run_relax(path):
@@ -273,3 +273,84 @@ def test_fpack_imports_object_is_tvms_devc_o(tmp_path, system_lib, prefix):
         assert "devc.o" in ours and mblob.inspect(ours)["symbol"] == prefix + SYMBOLS[LAYOUT]
     else:
         assert open(ours, "rb").read() == theirs.read_bytes()
+
+
+def aarch64():
+    return tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+
+
+def elf_machine(data):
+    """The ELF header's e_machine (62 x86-64, 183 AArch64)."""
+    assert data[:4] == b"\x7fELF"
+    return int.from_bytes(data[18:20], "little")
+
+
+def tar_members(path):
+    import tarfile
+
+    with tarfile.open(path) as t:
+        return {m.name: t.extractfile(m).read() for m in t.getmembers()}
+
+
+def test_a_cross_built_model_gets_a_blob_object_for_its_machine(tmp_path):
+    """A model built for AArch64 and written to `.tar` by mblob (both routes): every object is
+    AArch64, as in TVM's own `.tar`, and the blob is TVM's."""
+    lib = relax_mlp(aarch64())
+    lib.export_library(str(tmp_path / "tvm.tar"))
+    theirs = tar_members(tmp_path / "tvm.tar")
+    (tmp_path / "tvm.devc.o").write_bytes(theirs["devc.o"])
+    assert {elf_machine(d) for d in theirs.values()} == {183}
+    mblob.tvm.export_library(lib, str(tmp_path / "mblob.tar"))
+    lib.export_library(str(tmp_path / "fpack.tar"), fpack_imports=mblob.tvm.fpack_imports)
+    for name in ("mblob.tar", "fpack.tar"):
+        ours = tar_members(tmp_path / name)
+        assert sorted(ours) == sorted(theirs), name
+        assert {n: elf_machine(d) for n, d in ours.items()} == {n: 183 for n in theirs}, name
+        (tmp_path / f"{name}.devc.o").write_bytes(ours["devc.o"])
+        assert mblob.read_blob(tmp_path / f"{name}.devc.o") == mblob.read_blob(tmp_path / "tvm.devc.o"), name
+
+
+def test_a_callers_own_fcompile_gets_real_objects(tmp_path):
+    """`mblob.tvm.export_library(..., fcompile=f)` with a link that is not mblob's (here TVM's
+    `create_staticlib`, and a function that records what it is given): it is handed objects
+    any linker reads, the blob object among them, never mblob's raw blob."""
+    try:
+        from tvm.support import cc
+    except ImportError:
+        from tvm.contrib import cc
+    lib = relax_mlp()
+    given = []
+
+    def recording(output, objects, **kwargs):
+        given.extend((str(o), mblob._native.blob_object(str(o)) is not None) for o in objects)
+        return cc.create_shared(output, objects, **kwargs)
+
+    mblob.tvm.export_library(lib, str(tmp_path / "own.so"), fcompile=recording)
+    assert given and all(o.endswith(".o") for o, _ in given), given
+    assert [o.rsplit("/", 1)[-1] for o, blob in given if blob] == ["devc.o"], given
+    np.testing.assert_array_equal(run_relax(tmp_path / "own.so"), run_relax_mblob(tmp_path / "own.so"))
+
+    mblob.tvm.export_library(lib, str(tmp_path / "lib.a"), fcompile=cc.create_staticlib)
+    import subprocess
+
+    names = subprocess.run(["ar", "t", str(tmp_path / "lib.a")], capture_output=True, text=True, check=True)
+    assert "devc.o" in names.stdout.split() and "devc.mblob" not in names.stdout, names.stdout
+
+
+def test_export_library_of_a_library_without_imports(tmp_path):
+    """A library without imports (a TIR function alone) goes to TVM's `create_shared`, which
+    TVM 0.22+ keeps in `tvm.support.cc`."""
+    from tvm import te
+
+    a = te.placeholder((8,), name="a", dtype="float32")
+    b = te.compute(a.shape, lambda i: a[i] + 1.0, name="b")
+    func = te.create_prim_func([a, b]).with_attr("global_symbol", "add_one")
+    build = getattr(tvm, "compile", None) or tvm.build
+    lib = build(tvm.IRModule({"add_one": func}), target="llvm")
+    lib = getattr(lib, "mod", lib)
+    mblob.tvm.export_library(lib, str(tmp_path / "plain.so"))
+    f = tvm.runtime.load_module(str(tmp_path / "plain.so"))["add_one"]
+    x = tensor(np.arange(8, dtype="float32"))
+    y = tensor(np.zeros(8, dtype="float32"))
+    f(x, y)
+    np.testing.assert_array_equal(y.numpy(), np.arange(8, dtype="float32") + 1)

@@ -35,6 +35,6 @@ pub struct ExportArgs {
 /// Runs `mblob export`.
 pub fn run(args: &ExportArgs) -> Result<ExitCode> {
     let mut e = read_tree_json(&args.tree)?;
-    args.options.apply(&mut e);
+    args.options.apply(&mut e, mblob_runtime::Layout::Classic);
     args.options.write(&mut e)
 }

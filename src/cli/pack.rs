@@ -44,9 +44,12 @@ pub struct PackOptionsArgs {
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<Backend>,
     /// Blob layout: `classic` (TVM 0.8-0.20), `classic-0.21` (TVM 0.21) or `ffi` (TVM 0.22+).
-    #[arg(long, value_name = "LAYOUT", value_parser = parse_layout, default_value = "classic")]
-    pub layout: Layout,
-    /// Target triple of the blob object (default: this machine).
+    /// Default: `pack` keeps the layout of the library it reads, `export` writes `classic`.
+    #[arg(long, value_name = "LAYOUT", value_parser = parse_layout)]
+    pub layout: Option<Layout>,
+    /// Target triple of the blob object (default: the machine of the host objects, read from
+    /// their ELF headers; this machine without them). Host objects of two machines, or a
+    /// target for another machine than theirs, are refused.
     #[arg(long, value_name = "TRIPLE")]
     pub target: Option<String>,
     /// Register the blob at start-up with TVM's system library.
@@ -74,6 +77,12 @@ pub struct PackOptionsArgs {
     /// `ffi`), or a Relax executable of one side of TVM 0.20/0.21 in a layout of the other.
     #[arg(long)]
     pub force_layout: bool,
+    /// Write the library even when the host code does not define every function the model
+    /// calls by name (a graph's `func_name`s, the AOT entry, a Relax executable's kernels);
+    /// such a library loads, then fails when the model runs. Without it the export is refused,
+    /// naming the missing functions.
+    #[arg(long)]
+    pub allow_missing_functions: bool,
     /// The C compiler for host sources (default: $CC, then `cc`; C++ sources use $CXX, then
     /// `c++`).
     #[arg(long, value_name = "CC")]
@@ -95,11 +104,17 @@ pub struct PackOptionsArgs {
 
 impl PackOptionsArgs {
     /// Applies the options to an export.
-    pub fn apply(&self, e: &mut Export) {
+    /// Applies the options to an export; `default_layout` is the layout written without
+    /// `--layout`.
+    pub fn apply(&self, e: &mut Export, default_layout: Layout) {
         if let Some(b) = self.backend {
             e.backend(b);
         }
-        e.layout(self.layout).system_lib(self.system_lib).prefix(self.prefix.clone()).linker(self.linker.clone());
+        e.layout(self.layout.unwrap_or(default_layout))
+            .allow_missing_functions(self.allow_missing_functions)
+            .system_lib(self.system_lib)
+            .prefix(self.prefix.clone())
+            .linker(self.linker.clone());
         if let Some(t) = &self.target {
             e.target(t.clone());
         }
@@ -147,7 +162,7 @@ impl PackOptionsArgs {
         match written {
             Ok(report) => {
                 if !self.quiet {
-                    print_report(&report, self.layout);
+                    print_report(&report);
                 }
                 Ok(ExitCode::SUCCESS)
             }
@@ -188,9 +203,9 @@ impl Signals {
     }
 }
 
-fn print_report(r: &ExportReport, layout: Layout) {
+fn print_report(r: &ExportReport) {
     match &r.symbol {
-        Some(sym) => println!("wrote {} ({sym}, {} layout, blob {} bytes)", r.output.display(), layout, r.blob_len),
+        Some(sym) => println!("wrote {} ({sym}, {} layout, blob {} bytes)", r.output.display(), r.layout, r.blob_len),
         None => println!("wrote {} (no imports: a plain library without a blob)", r.output.display()),
     }
     if let Some(dir) = &r.kept_temp_dir {
@@ -220,7 +235,8 @@ pub struct PackArgs {
     #[arg(long = "host", value_name = "OBJ", num_args = 1..)]
     pub host: Vec<PathBuf>,
     /// Write a library that holds only the blob, without host code (no model functions: for
-    /// tools that read the blob, or to link the host code later).
+    /// tools that read the blob, or to link the host code later; implies
+    /// `--allow-missing-functions`).
     #[arg(long, conflicts_with = "host")]
     pub blob_only: bool,
     /// Output and packing options.
@@ -234,7 +250,9 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
         return run_from_tar(args, &tar);
     }
     check_host(args)?;
-    let tree = mblob::repack::read_module_tree(&args.from, args.from_layout)?;
+    let (blob, layout) = mblob::repack::read_blob(&args.from, args.from_layout)?;
+    let tree = mblob::repack::module_tree_of(&blob, layout, &args.from)?;
+    drop(blob);
     let mut e = Export::from_tree(tree);
     for h in &args.host {
         if is_source(h) {
@@ -243,7 +261,11 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
             e.object(h.clone());
         }
     }
-    args.options.apply(&mut e);
+    // Without --layout the library keeps its layout (and so stays loadable by its TVM).
+    args.options.apply(&mut e, layout);
+    if args.blob_only {
+        e.allow_missing_functions(true);
+    }
     args.options.write(&mut e)
 }
 
@@ -288,8 +310,8 @@ fn is_source(path: &std::path::Path) -> bool {
     path.extension().is_some_and(|e| e == "c") || crate::export::is_cxx(path)
 }
 
-/// Refuses a `pack` that would lose the host code: no `--host` without `--blob-only`, and a
-/// shared library given as host code (it cannot be linked into another library).
+/// Refuses a `pack` that would lose the host code: no `--host` without `--blob-only`. (A
+/// shared library given as host code is refused by the export itself, as in every route.)
 fn check_host(args: &PackArgs) -> Result<()> {
     if args.host.is_empty() && !args.blob_only {
         return Err(Error::Invalid {
@@ -302,24 +324,6 @@ fn check_host(args: &PackArgs) -> Result<()> {
                 args.from.display()
             ),
         });
-    }
-    for h in &args.host {
-        if is_source(h) {
-            continue;
-        }
-        let data = mblob_runtime::map_file(h)?;
-        let shared = object::File::parse(data.as_ref()).is_ok_and(|f| {
-            use object::Object;
-            f.kind() == object::ObjectKind::Dynamic
-        });
-        if shared {
-            return Err(Error::Invalid {
-                what: h.display().to_string(),
-                detail: "is a shared library, which cannot be linked into another one: give --host the \
-                         object files (or sources) it was built from, e.g. TVM's `lib0.o`"
-                    .into(),
-            });
-        }
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ pub mod abi;
 pub mod c;
 pub mod direct;
 mod filespan;
+pub mod host;
 #[cfg(feature = "llvm")]
 pub mod llvm;
 

@@ -1,4 +1,5 @@
 //! tests
+mod artifacts;
 mod cli;
 mod concurrency;
 mod corrupt;

@@ -110,7 +110,7 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
             ffi |= name.starts_with("TVMFFI");
             continue;
         }
-        ffi |= name.starts_with("__tvm_ffi") || name.starts_with("__TVMFFI");
+        ffi |= super::callconv::marks_ffi_code(name);
         if name == "__tvm_main__" {
             main_entry = c_string_at(&obj, &sym);
         }

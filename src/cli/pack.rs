@@ -103,7 +103,6 @@ pub struct PackOptionsArgs {
 }
 
 impl PackOptionsArgs {
-    /// Applies the options to an export.
     /// Applies the options to an export; `default_layout` is the layout written without
     /// `--layout`.
     pub fn apply(&self, e: &mut Export, default_layout: Layout) {
@@ -274,6 +273,8 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
 /// otherwise.
 fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCode> {
     let tree = tar.module_tree(None)?;
+    // Without --layout the library keeps the layout of the archive's blob.
+    let layout = tar.blob_member(None)?.map_or(Layout::Classic, |m| m.layout);
     let dir = tempfile::Builder::new()
         .prefix(".mblob-tar-")
         .tempdir()
@@ -301,7 +302,10 @@ fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCod
             e.object(h.clone());
         }
     }
-    args.options.apply(&mut e);
+    args.options.apply(&mut e, layout);
+    if args.blob_only {
+        e.allow_missing_functions(true);
+    }
     args.options.write(&mut e)
 }
 

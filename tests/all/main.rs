@@ -23,7 +23,7 @@ mod run_more;
 #[cfg(feature = "opencl")]
 mod run_device;
 mod run_relax;
-mod trio;
 mod run_relax_args;
 mod run_relay_vm;
+mod trio;
 mod user_kind;

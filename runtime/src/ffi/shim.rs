@@ -277,9 +277,29 @@ mod namespace {
         if handle.is_null() {
             return Err(dl_error());
         }
+        pin_libc(ns);
         // SAFETY: `handle` is a live handle from dlmopen, owned from here by the `Library`
         // (which closes it once, on drop).
         Ok(unsafe { libloading::os::unix::Library::from_raw(handle) })
+    }
+
+    /// Keeps the namespace's own C library loaded for the rest of the process once a library
+    /// brought it in (a library that needs `libc.so.6` or `libm.so.6`; the shim needs neither).
+    /// Without this, closing the last such library unloads that libc and the namespace's copy
+    /// of the dynamic loader's state with it, and glibc 2.39 crashes inside the next `dlmopen`
+    /// into the namespace (seen on Ubuntu 24.04; 2.36 survives it).
+    fn pin_libc(ns: Namespace) {
+        static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if PINNED.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: RTLD_NOLOAD only looks `libc.so.6` up among the namespace's loaded objects
+        // (nothing is opened or initialised); a non-null handle holds one more reference,
+        // which is never released on purpose.
+        let libc = unsafe { libc::dlmopen(ns.lmid, c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if !libc.is_null() {
+            PINNED.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
 
     type Register = unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int;

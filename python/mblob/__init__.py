@@ -136,6 +136,7 @@ def export(
     target: Optional[str] = None,
     base: Optional[PathLike] = None,
     force_layout: bool = False,
+    allow_missing_functions: bool = False,
 ) -> Dict[str, Any]:
     """Build one shared library (or a ``.tar`` of objects) from a module tree, as ``mblob export``.
 
@@ -154,6 +155,10 @@ def export(
     :param target: target triple of the blob object (default: this machine).
     :param force_layout: write the layout even when the host objects' calling convention is
         another TVM version's.
+    :param allow_missing_functions: write the library even when the host objects do not define
+        every function the model calls (graph ``func_name``s, the AOT entry, a Relax
+        executable's kernels), as ``mblob export --allow-missing-functions``; without it such
+        an export is refused with an :class:`InputError` naming the missing functions.
     :returns: ``{"output": path, "symbol": blob symbol or None, "blob_len": bytes}``.
     :raises InputError: a tree description that makes no sense (the message gives its JSON path).
     :raises ExportError: the compiler, linker or LLVM failed.
@@ -164,10 +169,30 @@ def export(
         text = json.dumps(tree).encode()
         root = os.fspath(base) if base is not None else os.getcwd()
         return _native.export(
-            os.fspath(output), text, None, root, backend, layout, system_lib, prefix, target, force_layout
+            os.fspath(output),
+            text,
+            None,
+            root,
+            backend,
+            layout,
+            system_lib,
+            prefix,
+            target,
+            force_layout,
+            allow_missing_functions,
         )
     return _native.export(
-        os.fspath(output), None, os.fspath(tree), ".", backend, layout, system_lib, prefix, target, force_layout
+        os.fspath(output),
+        None,
+        os.fspath(tree),
+        ".",
+        backend,
+        layout,
+        system_lib,
+        prefix,
+        target,
+        force_layout,
+        allow_missing_functions,
     )
 
 

@@ -258,7 +258,7 @@ fn inspect_json(
 /// Builds a library from a tree description: `tree_json` (its text) with paths relative to
 /// `base`, or the file `tree_path`.
 #[pyfunction]
-#[pyo3(signature = (output, tree_json, tree_path, base, backend_name, layout_name, system_lib, prefix, target, force_layout))]
+#[pyo3(signature = (output, tree_json, tree_path, base, backend_name, layout_name, system_lib, prefix, target, force_layout, allow_missing_functions=false))]
 #[allow(clippy::too_many_arguments)]
 fn export<'py>(
     py: Python<'py>,
@@ -272,6 +272,7 @@ fn export<'py>(
     prefix: String,
     target: Option<String>,
     force_layout: bool,
+    allow_missing_functions: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let args = PackArgs::parse(backend_name, layout_name, system_lib, prefix, target, force_layout)?;
     let report = run(py, move || {
@@ -281,6 +282,7 @@ fn export<'py>(
             (None, None) => return Err(PyErrLater::Input("export: no tree given".into())),
         };
         args.apply(&mut e);
+        e.allow_missing_functions(allow_missing_functions);
         Ok(e.write(&output)?)
     })?;
     report_dict(py, &report)

@@ -192,3 +192,27 @@ def test_pack_keeps_the_source_layout(tmp_path):
     report = mblob.pack(golden(f"{v27}.so"), out, host=[golden(f"{v27}.lib0.o")])
     assert mblob.inspect(out)["layout"] == "ffi", report
     assert mblob.read_blob(out) == mblob.read_blob(golden(f"{v27}.so"))
+
+
+def test_export_refuses_host_code_without_the_models_functions(tmp_path):
+    """A graph factory from TVM 0.19's graph JSON and params with no host code: the kernels the
+    graph names are missing, so the export is refused naming them and writes nothing, unless
+    allow_missing_functions says to write it anyway."""
+    trio = golden("..", "trio")
+    graph = json.loads((trio / "m.json").read_text())
+    kernels = sorted({n["attrs"]["func_name"] for n in graph["nodes"] if n["op"] == "tvm_op"} - {"__nop", "__copy"})
+    assert kernels
+    tree = {
+        "type_key": "GraphExecutorFactory",
+        "graph": str(trio / "m.json"),
+        "params": str(trio / "m.params"),
+        "imports": [{"type_key": "llvm"}],
+    }
+    out = tmp_path / "m.so"
+    with pytest.raises(mblob.InputError) as e:
+        mblob.export(tree, out)
+    for k in kernels:
+        assert k in str(e.value)
+    assert not out.exists()
+    report = mblob.export(tree, out, allow_missing_functions=True)
+    assert out.exists() and report["output"] == str(out)

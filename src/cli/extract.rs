@@ -11,8 +11,10 @@
 //!
 //! It also writes `tree.json`, a TREE.json from which `mblob export` builds the same blob:
 //! device modules from their parts, other modules from their payload files, and each `_lib`
-//! as an `llvm` part with no objects (add the host objects to link). The directory appears
-//! only when everything was written.
+//! as an `llvm` part. From a `.tar` (TVM's `export_library("x.tar")`), the archive's host
+//! objects (`lib0.o`, ...) are written too and listed as that part's objects, so `mblob export
+//! tree.json` links a working library; from a `.so` or `.blob` the part has no objects (add
+//! the host objects to link). The directory appears only when everything was written.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -76,7 +78,20 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
     let registry = Registry::default();
     let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque)
         .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?;
-    let files = plan(&parsed, &blob, &registry)
+    // A TVM `.tar` holds the host code beside the blob: its objects go with the extracted parts.
+    let host: Vec<(String, Vec<u8>)> = match mblob::tvm_tar::TvmTar::from_bytes(&data, path)? {
+        Some(tar) => tar
+            .host_objects()
+            .into_iter()
+            .map(|m| {
+                let base =
+                    Path::new(&m.name).file_name().map_or_else(|| m.name.clone(), |n| n.to_string_lossy().into());
+                (safe(&base), m.data.to_vec())
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let files = plan(&parsed, &blob, &registry, &host)
         .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
 
     // Written into a fresh directory beside the output, renamed into place when complete.
@@ -178,6 +193,7 @@ fn plan(
     parsed: &ParsedBlob<'_>,
     blob: &Bytes,
     registry: &Registry,
+    host: &[(String, Vec<u8>)],
 ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let mut used = HashSet::new();
@@ -213,11 +229,31 @@ fn plan(
         }
         nodes.push(node);
     }
-    let tree = tree_json(parsed, nodes);
+    let mut tree = tree_json(parsed, nodes);
+    if !host.is_empty() {
+        let mut objects = Vec::with_capacity(host.len());
+        for (n, bytes) in host {
+            let n = name(n.clone());
+            files.push((n.clone(), bytes.clone()));
+            objects.push(n);
+        }
+        give_objects(&mut tree, &objects);
+    }
     let mut text = serde_json::to_vec_pretty(&tree).map_err(|e| e.to_string())?;
     text.push(b'\n');
     files.push((name("tree.json".into()), text));
     Ok(files)
+}
+
+/// Lists `objects` as the host code of every `llvm` part of `node`'s tree (a blob has one
+/// `_lib`; the host objects of a TVM `.tar` are its code).
+fn give_objects(node: &mut OutNode, objects: &[String]) {
+    if node.type_key.as_deref() == Some("llvm") && node.objects.as_ref().is_some_and(Vec::is_empty) {
+        node.objects = Some(objects.to_vec());
+    }
+    for child in &mut node.imports {
+        give_objects(child, objects);
+    }
 }
 
 /// A device module's parts as files, and its TREE.json fields.

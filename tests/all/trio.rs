@@ -137,6 +137,41 @@ fn extract_of_tvm_tar_gives_tvm_graph_json_and_params_files() {
     assert_eq!(std::fs::read(out.join("0.params")).unwrap(), std::fs::read(trio().join("m.params")).unwrap());
 }
 
+/// `extract` of TVM's `.tar` writes the archive's host objects and lists them in `tree.json`,
+/// so `export` of that tree links a library that runs as TVM's (it used to list no objects,
+/// and the export was refused for the kernels the graph calls).
+#[test]
+fn extract_of_tvm_tar_then_export_runs_as_tvm() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (tar, layout, inputs, want) in [
+        ("m.tar", "classic", vec![format!("x={}", f("m.in.x.npy"))], "m.out.0.npy"),
+        ("r.tar", "ffi", vec![format!("x={}", f("r.in.x.npy")), format!("y={}", f("r.in.y.npy"))], "r.out.0.npy"),
+    ] {
+        let dir = tmp.path().join(format!("{tar}.x"));
+        ok(mblob(&["extract", &f(tar), "-o", dir.to_str().unwrap(), "-q"], tmp.path()));
+        let tree: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("tree.json")).unwrap()).unwrap();
+        let text = tree.to_string();
+        assert!(text.contains(r#""objects":["lib0.o"]"#), "{tar}: {text}");
+        let members = mblob::tvm_tar::TvmTar::open(&trio().join(tar)).unwrap().unwrap();
+        let lib0 = members.host_objects().into_iter().find(|m| m.name.ends_with("lib0.o")).unwrap().data.to_vec();
+        assert_eq!(std::fs::read(dir.join("lib0.o")).unwrap(), lib0, "{tar}: lib0.o is not the archive's");
+        let so = tmp.path().join(format!("{tar}.so"));
+        let tree_path = dir.join("tree.json");
+        ok(mblob(
+            &["export", tree_path.to_str().unwrap(), "--layout", layout, "-o", so.to_str().unwrap(), "-q"],
+            tmp.path(),
+        ));
+        let out = tmp.path().join(format!("{tar}.out"));
+        let mut args =
+            vec!["run".to_owned(), so.to_str().unwrap().to_owned(), "-o".into(), out.to_str().unwrap().into()];
+        for i in &inputs {
+            args.extend(["-i".to_owned(), i.clone()]);
+        }
+        ok(mblob(&args.iter().map(String::as_str).collect::<Vec<_>>(), tmp.path()));
+        same_as_tvm(&out, want);
+    }
+}
+
 #[test]
 fn pack_from_tvm_tar_links_its_own_host_objects_and_runs_as_tvm() {
     let tmp = tempfile::tempdir().unwrap();

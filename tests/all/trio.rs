@@ -266,3 +266,26 @@ fn export_of_a_tree_json_with_graph_and_params_is_tvms_blob_and_runs_as_tvm() {
     let err = fails(mblob(&["export", tree.to_str().unwrap(), "-o", so.to_str().unwrap()], tmp.path()));
     assert!(err.contains("make a `GraphExecutorFactory`, not a `cuda`"), "{err}");
 }
+
+/// `pack --from devc.o --host lib0.o`: TVM's blob object and host object, as TVM's `.tar`
+/// holds them, give a library that runs as TVM's.
+#[test]
+fn pack_from_tvm_devc_o_with_its_host_object_runs_as_tvm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gz = flate2::read::GzDecoder::new(std::fs::File::open(trio().join("m.tar")).unwrap());
+    let mut archive = tar::Archive::new(gz);
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = e.path().unwrap().file_name().unwrap().to_owned();
+        e.unpack(tmp.path().join(name)).unwrap();
+    }
+    let (devc, lib0) = (tmp.path().join("devc.o"), tmp.path().join("lib0.o"));
+    assert!(devc.is_file() && lib0.is_file(), "TVM's tar holds devc.o and lib0.o");
+    let so = tmp.path().join("m.so");
+    let args = ["pack", "--from", devc.to_str().unwrap(), "--host", lib0.to_str().unwrap(), "-o", so.to_str().unwrap()];
+    ok(mblob(&args, tmp.path()));
+    let out = tmp.path().join("out");
+    let input = format!("x={}", f("m.in.x.npy"));
+    ok(mblob(&["run", so.to_str().unwrap(), "-i", &input, "-o", out.to_str().unwrap()], tmp.path()));
+    same_as_tvm(&out, "m.out.0.npy");
+}

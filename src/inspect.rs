@@ -320,6 +320,9 @@ pub struct HostReport {
     /// `functions`: the exported functions (global, defined code symbols), in symbol-table
     /// order.
     pub functions: Vec<HostFunction>,
+    /// `unsupported_imports`: the TVM runtime functions the library imports (undefined
+    /// `TVM*`/`tvm_*` symbols) that mblob does not provide: mblob refuses to load it.
+    pub unsupported_imports: Vec<String>,
 }
 
 /// One exported host function.
@@ -774,9 +777,13 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
     let mut functions = Vec::new();
     let mut context = Vec::new();
     let mut any = false;
+    let mut undefined = Vec::new();
     for sym in file.dynamic_symbols() {
         any = true;
         let Ok(name) = sym.name() else { continue };
+        if sym.is_undefined() && !sym.is_weak() {
+            undefined.push(name);
+        }
         if sym.is_undefined() || name.is_empty() {
             continue;
         }
@@ -816,7 +823,8 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
             HostFunction { name, symbol }
         })
         .collect();
-    Some(HostReport { convention, context_symbols: context, functions })
+    let unsupported_imports = mblob_runtime::exec::relax::unprovided_runtime_imports(undefined);
+    Some(HostReport { convention, context_symbols: context, functions, unsupported_imports })
 }
 
 /// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots and the
@@ -985,6 +993,13 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(s, "  host     {}", convention_text(host.convention));
         if !host.context_symbols.is_empty() {
             let _ = writeln!(s, "           context {}", host.context_symbols.join(", "));
+        }
+        if !host.unsupported_imports.is_empty() {
+            let _ = writeln!(
+                s,
+                "           warning: imports TVM runtime functions mblob does not provide: {} (mblob cannot load it)",
+                host.unsupported_imports.join(", ")
+            );
         }
         for f in &host.functions {
             if f.name == f.symbol {

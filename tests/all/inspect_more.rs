@@ -152,3 +152,39 @@ fn calls_mblob_cannot_serve_are_flagged() {
         assert!(!text.contains("warning"), "{text}");
     }
 }
+
+/// Host code that imports a TVM runtime function mblob does not provide (`TVMArrayAlloc`, of
+/// TVM's C runtime API) is flagged, with the names the loader refuses it for; the imports of
+/// TVM-built libraries (`TVMFFIErrorSetRaisedFromCStrParts`, ...) are provided.
+#[test]
+fn runtime_imports_mblob_lacks_are_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("imports.c");
+    let so = dir.path().join("imports.so");
+    std::fs::write(
+        &c,
+        "int TVMArrayAlloc(const long*, int, int, int, int, int, int, void**);\nvoid TVMAPISetLastError(const char*);\n\
+         int f(void) { TVMAPISetLastError(\"x\"); return TVMArrayAlloc(0, 0, 0, 0, 0, 0, 0, 0); }\n",
+    )
+    .unwrap();
+    let st = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&c).status().unwrap();
+    assert!(st.success());
+    let (report, text) = inspect(&so, &[]);
+    assert_eq!(report["host"]["unsupported_imports"], serde_json::json!(["TVMArrayAlloc"]));
+    assert!(text.contains("warning: imports TVM runtime functions mblob does not provide: TVMArrayAlloc"), "{text}");
+    // The loader refuses it for the same name.
+    let load = mblob(&["inspect", "--load", so.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&load.stderr);
+    assert!(!load.status.success() && err.contains("TVMArrayAlloc") && err.contains("does not provide"), "{err}");
+
+    for name in ["relax_mlp_tvm027", "graph_cnn", "aot_mlp"] {
+        let tvm = json(&goldens().join("run").join(format!("{name}.json")));
+        let (report, _) = inspect(&goldens().join("run").join(format!("{name}.so")), &[]);
+        // TVM's build left these TVM runtime functions undefined (`nm -D`); mblob provides
+        // them all.
+        let undefined = tvm["dynamic_symbols"]["nm_D_undefined_only"].as_array().unwrap();
+        let names: Vec<&str> = undefined.iter().map(|s| s["symbol"].as_str().unwrap()).collect();
+        assert!(names.iter().any(|n| n.starts_with("TVM")) || name != "relax_mlp_tvm027", "{name}");
+        assert_eq!(report["host"]["unsupported_imports"], serde_json::json!([]), "{name}");
+    }
+}

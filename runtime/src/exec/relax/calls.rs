@@ -28,6 +28,21 @@ pub fn unsupported_calls(executable: &RelaxExecutable, modules_have: &dyn Fn(&st
     out
 }
 
+/// Of a library's undefined dynamic symbols (version suffixes such as `@GLIBC_2.27` allowed),
+/// the TVM runtime functions (`TVM*`, `tvm_*`) that mblob's loader does not provide, sorted
+/// and each once: it refuses to open a library that imports one.
+pub fn unprovided_runtime_imports<'a>(undefined: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = undefined
+        .into_iter()
+        .map(|n| n.split('@').next().unwrap_or(n))
+        .filter(|n| crate::ffi::shim::is_tvm_runtime(n) && !crate::ffi::shim::PROVIDED.contains(n))
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +81,17 @@ mod tests {
         .unwrap();
         let got = unsupported_calls(&exe, &|n| n == "matmul");
         assert_eq!(got, ["vm.builtin.paged_attention_kv_cache_attention_with_fused_qkv", "my.ext"]);
+    }
+
+    #[test]
+    fn runtime_imports_the_loader_lacks() {
+        let got = unprovided_runtime_imports([
+            "TVMArrayAlloc",
+            "expf@GLIBC_2.27",
+            "TVMBackendAllocWorkspace",
+            "TVMArrayAlloc",
+            "tvm_thing@V1",
+        ]);
+        assert_eq!(got, ["TVMArrayAlloc", "tvm_thing"]);
     }
 }

@@ -37,5 +37,5 @@ pub use crate::payload::relax::{
     executable, v019, v021, Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable,
     RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
-pub use calls::unsupported_calls;
+pub use calls::{unprovided_runtime_imports, unsupported_calls};
 pub use vm::{numpy_dtype, VirtualMachine, VmError, VmOutput};

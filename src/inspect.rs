@@ -15,11 +15,11 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTORY};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::payload::relax::executable::VM_VERSION;
-use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTORY};
 use mblob_runtime::payload::relax::{Constant, FuncKind, RelaxExecutable};
 use mblob_runtime::{elf, Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::{Deserialize, Serialize};
@@ -499,7 +499,8 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
         report.child_indices = t.child_indices.clone();
     }
     // The library's functions, as the VM finds kernels (shared libraries only).
-    let exports: Option<Vec<String>> = report.host.as_ref().map(|h| h.functions.iter().map(|f| f.name.clone()).collect());
+    let exports: Option<Vec<String>> =
+        report.host.as_ref().map(|h| h.functions.iter().map(|f| f.name.clone()).collect());
     let mut index = 0usize;
     for e in &parsed.entries {
         report.type_keys.push(e.type_key.to_owned());
@@ -617,7 +618,9 @@ fn describe_aot(m: &mut ModuleReport, payload: &Bytes) {
                 outputs: None,
                 io_error: None,
             });
-            m.note = Some("AOT inputs and outputs are in the library's code (get_c_metadata): pass --load to read them".into());
+            m.note = Some(
+                "AOT inputs and outputs are in the library's code (get_c_metadata): pass --load to read them".into(),
+            );
         }
         Err(e) => m.error = Some(e.to_string()),
     }
@@ -633,7 +636,9 @@ fn aot_io(report: &mut Report, tree: &LoadedTree) {
         .and_then(|f| f.default(&[mblob_runtime::device::Device::cpu(0)]))
         .map(|e| e.metadata().clone());
     let infos = |v: &[mblob_runtime::exec::TensorInfo]| -> Vec<GraphTensor> {
-        v.iter().map(|t| GraphTensor { name: t.name.clone(), shape: t.shape.clone(), dtype: t.dtype.to_string() }).collect()
+        v.iter()
+            .map(|t| GraphTensor { name: t.name.clone(), shape: t.shape.clone(), dtype: t.dtype.to_string() })
+            .collect()
     };
     match metadata {
         Ok(md) => {

@@ -68,7 +68,8 @@ fn aot_inputs_and_outputs_are_tvms() {
         for key in ["name", "shape", "dtype"] {
             assert_eq!(got[key], want[key], "input {key}");
         }
-        let line = format!("input {} {}{}", want["name"].as_str().unwrap(), want["dtype"].as_str().unwrap(), want["shape"]);
+        let line =
+            format!("input {} {}{}", want["name"].as_str().unwrap(), want["dtype"].as_str().unwrap(), want["shape"]);
         assert!(text.replace(", ", ",").contains(&line), "{line} in {text}");
     }
     let outputs = aot["outputs"].as_array().unwrap();

@@ -49,21 +49,14 @@ mod tests {
     use crate::payload::relax::FuncInfo;
 
     fn func(kind: FuncKind, name: &str) -> FuncInfo {
-        FuncInfo {
-            kind,
-            name: name.into(),
-            start: 0,
-            end: 0,
-            num_args: -2,
-            register_file_size: 0,
-            param_names: vec![],
-        }
+        FuncInfo { kind, name: name.into(), start: 0, end: 0, num_args: -2, register_file_size: 0, param_names: vec![] }
     }
 
     #[test]
     fn builtins_globals_and_module_functions_are_served() {
+        let main = FuncInfo { end: 1, num_args: 1, register_file_size: 1, ..func(FuncKind::Vm, "main") };
         let functions = vec![
-            func(FuncKind::Vm, "main"),
+            main,
             func(FuncKind::Packed, "vm.builtin.alloc_tensor"),
             func(FuncKind::Packed, "tvm.contrib.sort.argsort"),
             func(FuncKind::Packed, "matmul"),
@@ -76,7 +69,7 @@ mod tests {
             crate::payload::relax::Dialect::Tvm022,
             functions,
             vec![],
-            vec![],
+            vec![crate::payload::relax::Instruction::Ret { result: crate::payload::relax::Reg::Index(0) }],
         )
         .unwrap();
         let got = unsupported_calls(&exe, &|n| n == "matmul");

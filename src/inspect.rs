@@ -15,11 +15,12 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTORY};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::payload::relax::executable::VM_VERSION;
-use mblob_runtime::payload::relax::{FuncKind, RelaxExecutable};
+use mblob_runtime::payload::relax::{Constant, FuncKind, RelaxExecutable};
 use mblob_runtime::{elf, Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +130,44 @@ pub struct ModuleReport {
     /// `relax`: a Relax VM executable's function table.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub relax: Option<RelaxReport>,
+    /// `aot`: an AOT executor factory's model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aot: Option<AotReport>,
+}
+
+/// What an `AotExecutorFactory` holds (JSON `modules[i].aot`). Its inputs and outputs are in
+/// the library's code (the `TVMMetadata` that `get_c_metadata` returns), so they are read only
+/// when the library is loaded (`--load`).
+#[derive(Debug, Clone, Serialize)]
+pub struct AotReport {
+    /// `module_name`: the model's name (`default`).
+    pub module_name: String,
+    /// `params`: the parameters stored in the payload (usually none: AOT links the weights
+    /// into the code).
+    pub params: Vec<ParamReport>,
+    /// `inputs`: the model's inputs, in argument order, as TVM's metadata gives them; `null`
+    /// when the library was not loaded.
+    pub inputs: Option<Vec<GraphTensor>>,
+    /// `outputs`: the model's outputs, in order (named as the metadata names them); `null`
+    /// when the library was not loaded.
+    pub outputs: Option<Vec<GraphTensor>>,
+    /// `io_error`: why the loaded library's metadata could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_error: Option<String>,
+}
+
+/// A tensor of a Relax executable's constant pool (JSON `relax.constants[i]`). The pool's
+/// constants have no names: `index` is the position TVM's VM text prints as `c[index]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxConstant {
+    /// `index`: the position in the constant pool.
+    pub index: usize,
+    /// `dtype`, as TVM spells it.
+    pub dtype: String,
+    /// `shape`.
+    pub shape: Vec<i64>,
+    /// `bytes`: the size of its data.
+    pub bytes: usize,
 }
 
 /// The function table (global section) of a Relax VM executable; the constants and the code
@@ -141,6 +180,18 @@ pub struct RelaxReport {
     pub functions: Vec<RelaxFunction>,
     /// `externs`: the packed functions the table names (VM builtins and kernels), in order.
     pub externs: Vec<String>,
+    /// `constant_pool_len`: how many constants the pool holds (tensors, shapes, strings, ...).
+    pub constant_pool_len: usize,
+    /// `constants`: the pool's tensors (the model's weights), in pool order; `mblob extract`
+    /// writes them as a params file.
+    pub constants: Vec<RelaxConstant>,
+    /// `constants_bytes`: the total size of the tensors' data.
+    pub constants_bytes: usize,
+    /// `unsupported_calls`: the packed functions of `externs` that neither mblob's VM (its
+    /// builtins and global functions) nor the library's exported functions provide: a run
+    /// that reaches one fails. `null` when the library is not at hand (a raw blob or a tar
+    /// archive), so its functions are unknown.
+    pub unsupported_calls: Option<Vec<String>>,
 }
 
 /// One VM function (JSON `relax.functions[i]`).
@@ -273,6 +324,9 @@ pub struct HostReport {
     /// `other_functions`: the other exported code symbols, which are not TVM entry points
     /// (C++-mangled helpers of BYOC code, plain C helpers next to `__tvm_ffi_` functions).
     pub other_functions: Vec<String>,
+    /// `unsupported_imports`: the TVM runtime functions the library imports (undefined
+    /// `TVM*`/`tvm_*` symbols) that mblob does not provide: mblob refuses to load it.
+    pub unsupported_imports: Vec<String>,
 }
 
 /// One exported host function.
@@ -289,7 +343,9 @@ pub fn inspect_path(path: &Path, options: &Options) -> Result<Report> {
     let data = mblob_runtime::map_file(path)?;
     let mut report = inspect_bytes(&data, path, options.layout, options.prefix.as_deref())?;
     if options.load {
-        report.loaded = Some(load_shape(path, &data, &report, options)?);
+        let tree = load_tree(path, &data, &report, options)?;
+        report.loaded = Some(shape_value(&tree.shape()));
+        aot_io(&mut report, &tree);
     }
     Ok(report)
 }
@@ -446,6 +502,9 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
         report.row_ptr = t.row_ptr.clone();
         report.child_indices = t.child_indices.clone();
     }
+    // The library's functions, as the VM finds kernels (shared libraries only).
+    let exports: Option<Vec<String>> =
+        report.host.as_ref().map(|h| h.functions.iter().map(|f| f.name.clone()).collect());
     let mut index = 0usize;
     for e in &parsed.entries {
         report.type_keys.push(e.type_key.to_owned());
@@ -461,6 +520,7 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
             graph: None,
             device: None,
             relax: None,
+            aot: None,
         };
         if e.kind != EntryKind::ImportTree {
             m.index = Some(index);
@@ -470,7 +530,7 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
             // A view of the blob by offset: the parser checked that the payload lies inside it.
             let start = usize::try_from(e.payload_offset).ok();
             match start.and_then(|s| blob.slice(s..s.checked_add(e.payload.len())?)) {
-                Some(payload) => describe(&mut m, payload, parsed.layout, registry),
+                Some(payload) => describe(&mut m, payload, parsed.layout, registry, exports.as_deref()),
                 None => m.error = Some("the payload lies outside the blob".into()),
             }
         }
@@ -480,7 +540,12 @@ fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &R
 }
 
 /// Adds what is known about a payload kind (decoded with its loader, which runs no code).
-fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Registry) {
+/// `exports`: the functions of the library that holds the blob, when known.
+fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Registry, exports: Option<&[String]>) {
+    if m.type_key == AOT_EXECUTOR_FACTORY {
+        describe_aot(m, &payload);
+        return;
+    }
     let Some(loader) = registry.get(&m.type_key) else { return };
     let module = match loader.load(payload, layout) {
         Ok(module) => module,
@@ -497,14 +562,24 @@ fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Reg
         m.device = Some(describe_device(d));
     }
     if let Some(x) = any.downcast_ref::<RelaxExecutable>() {
-        m.relax = Some(describe_relax(x));
+        let mut r = describe_relax(x);
+        describe_relax_more(&mut r, x, exports);
+        m.relax = Some(r);
     }
 }
 
 /// The function table of a Relax executable, as the runtime's reader decoded it (the loader
 /// that `describe` already ran; it accepts only the VM version string TVM has written).
 fn describe_relax(x: &RelaxExecutable) -> RelaxReport {
-    let mut report = RelaxReport { version: VM_VERSION.to_owned(), functions: Vec::new(), externs: Vec::new() };
+    let mut report = RelaxReport {
+        version: VM_VERSION.to_owned(),
+        functions: Vec::new(),
+        externs: Vec::new(),
+        constant_pool_len: 0,
+        constants: Vec::new(),
+        constants_bytes: 0,
+        unsupported_calls: None,
+    };
     for f in &x.functions {
         let (name, params) = (f.name.clone(), f.param_names.clone());
         match f.kind {
@@ -514,6 +589,80 @@ fn describe_relax(x: &RelaxExecutable) -> RelaxReport {
         }
     }
     report
+}
+
+/// A Relax executable's constants, and the calls mblob cannot serve (when the library's
+/// functions are known).
+fn describe_relax_more(r: &mut RelaxReport, x: &RelaxExecutable, exports: Option<&[String]>) {
+    r.constant_pool_len = x.constants.len();
+    for (index, c) in x.constants.iter().enumerate() {
+        if let Constant::Tensor(t) = c {
+            r.constants.push(RelaxConstant {
+                index,
+                dtype: t.dtype.to_string(),
+                shape: t.shape.clone(),
+                bytes: t.data.len(),
+            });
+            r.constants_bytes = r.constants_bytes.saturating_add(t.data.len());
+        }
+    }
+    r.unsupported_calls =
+        exports.map(|names| mblob_runtime::exec::relax::unsupported_calls(x, &|n| names.iter().any(|e| e == n)));
+}
+
+/// An `AotExecutorFactory` payload: its name and stored params (inputs and outputs need the
+/// loaded library: [`aot_io`]).
+fn describe_aot(m: &mut ModuleReport, payload: &Bytes) {
+    match AotFactoryPayload::read(payload) {
+        Ok(p) => {
+            m.aot = Some(AotReport {
+                module_name: p.module_name.clone(),
+                params: param_reports(&p.params),
+                inputs: None,
+                outputs: None,
+                io_error: None,
+            });
+            m.note = Some(
+                "AOT inputs and outputs are in the library's code (get_c_metadata): pass --load to read them".into(),
+            );
+        }
+        Err(e) => m.error = Some(e.to_string()),
+    }
+}
+
+/// Fills the AOT factories' inputs and outputs from the loaded tree's metadata, read as the
+/// AOT executor reads it.
+fn aot_io(report: &mut Report, tree: &LoadedTree) {
+    let Some(m) = report.modules.iter_mut().find(|m| m.aot.is_some()) else { return };
+    m.note = None;
+    let Some(aot) = m.aot.as_mut() else { return };
+    let metadata = AotFactory::from_tree(tree)
+        .and_then(|f| f.default(&[mblob_runtime::device::Device::cpu(0)]))
+        .map(|e| e.metadata().clone());
+    let infos = |v: &[mblob_runtime::exec::TensorInfo]| -> Vec<GraphTensor> {
+        v.iter()
+            .map(|t| GraphTensor { name: t.name.clone(), shape: t.shape.clone(), dtype: t.dtype.to_string() })
+            .collect()
+    };
+    match metadata {
+        Ok(md) => {
+            aot.inputs = Some(infos(&md.inputs));
+            aot.outputs = Some(infos(&md.outputs));
+        }
+        Err(e) => aot.io_error = Some(e.to_string()),
+    }
+}
+
+fn param_reports(params: &[(String, mblob_runtime::payload::graph::Tensor)]) -> Vec<ParamReport> {
+    params
+        .iter()
+        .map(|(name, t)| ParamReport {
+            name: name.clone(),
+            dtype: t.dtype.to_string(),
+            shape: t.shape.clone(),
+            bytes: t.data.len(),
+        })
+        .collect()
 }
 
 fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
@@ -637,9 +786,13 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
     let mut functions = Vec::new();
     let mut context = Vec::new();
     let mut any = false;
+    let mut undefined = Vec::new();
     for sym in file.dynamic_symbols() {
         any = true;
         let Ok(name) = sym.name() else { continue };
+        if sym.is_undefined() && !sym.is_weak() {
+            undefined.push(name);
+        }
         if sym.is_undefined() || name.is_empty() {
             continue;
         }
@@ -681,7 +834,8 @@ fn host_report(data: &[u8]) -> Option<HostReport> {
             HostFunction { name, symbol }
         })
         .collect();
-    Some(HostReport { convention, context_symbols: context, functions, other_functions })
+    let unsupported_imports = mblob_runtime::exec::relax::unprovided_runtime_imports(undefined);
+    Some(HostReport { convention, context_symbols: context, functions, other_functions, unsupported_imports })
 }
 
 /// Whether an exported code symbol is one TVM calls as a function of the library: TVM's
@@ -750,7 +904,7 @@ fn tree_value(parsed: &ParsedBlob<'_>) -> TreeNode {
 }
 
 #[allow(unsafe_code)]
-fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Result<LoadedNode> {
+fn load_tree(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Result<LoadedTree> {
     let registry = Registry::default();
     let unknown = if args.keep_unknown { UnknownKeys::KeepOpaque } else { UnknownKeys::Error };
     let options = LoadOptions { prefix: args.prefix.clone(), unknown };
@@ -781,7 +935,7 @@ fn load_shape(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Res
         },
         None => e.into(),
     })?;
-    Ok(shape_value(&loaded.shape()))
+    Ok(loaded)
 }
 
 /// The type key of an "unknown type key" error in `e` or its causes.
@@ -862,6 +1016,13 @@ pub fn render_text(r: &Report) -> String {
         if !host.context_symbols.is_empty() {
             let _ = writeln!(s, "           context {}", host.context_symbols.join(", "));
         }
+        if !host.unsupported_imports.is_empty() {
+            let _ = writeln!(
+                s,
+                "           warning: imports TVM runtime functions mblob does not provide: {} (mblob cannot load it)",
+                host.unsupported_imports.join(", ")
+            );
+        }
         for f in &host.functions {
             if f.name == f.symbol {
                 let _ = writeln!(s, "           function {}", f.name);
@@ -903,6 +1064,10 @@ fn render_module(s: &mut String, m: &ModuleReport) {
         if !r.externs.is_empty() {
             let _ = writeln!(s, "{AT}calls {}", r.externs.join(", "));
         }
+        render_relax_more(s, r);
+    }
+    if let Some(a) = &m.aot {
+        render_aot(s, a);
     }
     if let Some(g) = &m.graph {
         let _ = writeln!(s, "{AT}module {} (graph JSON {} bytes)", g.module_name, g.graph_json_len);
@@ -933,6 +1098,48 @@ fn render_module(s: &mut String, m: &ModuleReport) {
         for sh in &d.shaders {
             let _ = writeln!(s, "{AT}shader {} ({} bytes of SPIR-V)", sh.name, sh.bytes);
         }
+    }
+}
+
+/// A Relax executable's constants and the calls mblob cannot serve, for the text form.
+fn render_relax_more(s: &mut String, r: &RelaxReport) {
+    use std::fmt::Write as _;
+    const AT: &str = "           ";
+    let _ = writeln!(
+        s,
+        "{AT}constants {} in the pool, {} tensors ({} bytes; `mblob extract` writes them as a params file)",
+        r.constant_pool_len,
+        r.constants.len(),
+        r.constants_bytes
+    );
+    for c in &r.constants {
+        let _ = writeln!(s, "{AT}constant c[{}] {}{:?} ({} bytes)", c.index, c.dtype, c.shape, c.bytes);
+    }
+    if let Some(calls) = r.unsupported_calls.as_ref().filter(|c| !c.is_empty()) {
+        let _ = writeln!(
+            s,
+            "{AT}warning: mblob cannot serve {} (not a builtin of its VM, a global function of mblob, or a function of the library): a run that calls one fails",
+            calls.join(", ")
+        );
+    }
+}
+
+/// An AOT factory, for the text form.
+fn render_aot(s: &mut String, a: &AotReport) {
+    use std::fmt::Write as _;
+    const AT: &str = "           ";
+    let _ = writeln!(s, "{AT}AOT module {}", a.module_name);
+    for t in a.inputs.iter().flatten() {
+        let _ = writeln!(s, "{AT}input {} {}{:?}", t.name, t.dtype, t.shape);
+    }
+    for (i, t) in a.outputs.iter().flatten().enumerate() {
+        let _ = writeln!(s, "{AT}output {i} {}{:?} ({})", t.dtype, t.shape, t.name);
+    }
+    if let Some(e) = &a.io_error {
+        let _ = writeln!(s, "{AT}inputs and outputs unknown: {e}");
+    }
+    for p in &a.params {
+        let _ = writeln!(s, "{AT}param {} {}{:?} ({} bytes)", p.name, p.dtype, p.shape, p.bytes);
     }
 }
 
@@ -1003,8 +1210,9 @@ mod tests {
             graph: None,
             device: None,
             relax: None,
+            aot: None,
         };
-        describe(&mut m, Bytes::from_vec(exe), Layout::Ffi, &Registry::default());
+        describe(&mut m, Bytes::from_vec(exe), Layout::Ffi, &Registry::default(), None);
         assert!(m.relax.is_none());
         let err = m.error.expect("an error");
         assert!(err.contains("function table length 18446744073709551615 is larger than"), "{err}");

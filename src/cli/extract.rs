@@ -5,6 +5,8 @@
 //! holds it, and for the kinds it knows their parts:
 //! - graph factories: `I.graph.json` (the graph JSON as stored) and `I.params`, the
 //!   parameters in the format of TVM's `save_param_dict` (what `load_param_dict` reads);
+//! - Relax executables: `I.constants.params`, the constant pool's tensors (the weights) in
+//!   that format, each named `c[K]` by its pool index as TVM's VM text prints it;
 //! - device modules: the code (`I.K.ptx`, `.cubin`, `.fatbin`, `.cl`, `.metal`, `.cu`, ...),
 //!   per-kernel sources (`I.<kernel>.metal`, `.wgsl`) or SPIR-V (`I.<kernel>.spv`), and the
 //!   function table `I.functions.json` (the shape `inspect --json` prints).
@@ -25,6 +27,7 @@ use mblob::tree_json::{FunctionTable, ShaderJson};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::{DeviceForm, DeviceModule};
 use mblob_runtime::payload::graph::GraphExecutorFactory;
+use mblob_runtime::payload::relax::{Constant, RelaxExecutable};
 use mblob_runtime::{Bytes, ImportTree, Layout, LoadedTree, Registry};
 use serde::Serialize;
 
@@ -38,6 +41,8 @@ use crate::{Error, Result};
   I.K.bin             the payload as the blob holds it
   I.graph.json        graph factories: the graph JSON
   I.params            graph factories: the params, as TVM's save_param_dict writes them
+  I.constants.params  Relax executables: the tensor constants, in that format, named c[K]
+                      by their index in the constant pool
   I.K.ptx|cubin|...   device modules: the code, named by its format
   I.<kernel>.metal|wgsl|spv   device modules with per-kernel sources or shaders
   I.functions.json    device modules: the function table
@@ -223,6 +228,11 @@ fn plan(
             files.push((name(format!("{i}.graph.json")), g.graph_json.as_bytes().to_vec()));
             files.push((name(format!("{i}.params")), params_file(g)));
         }
+        if let Some(x) = any.and_then(|a| a.downcast_ref::<RelaxExecutable>()) {
+            if let Some(bytes) = relax_constants_file(x) {
+                files.push((name(format!("{i}.constants.params")), bytes));
+            }
+        }
         match any.and_then(|a| a.downcast_ref::<DeviceModule>()) {
             Some(d) => device_parts(i, d, &mut node, &mut files, &mut name)?,
             None => node.payload = Some(payload_file),
@@ -354,6 +364,27 @@ fn params_file(g: &GraphExecutorFactory) -> Vec<u8> {
     // Writing into a Vec cannot fail.
     let _ = mblob_runtime::exec::graph::write_params(&g.params, &mut out);
     out
+}
+
+/// A Relax executable's tensor constants in TVM's params format, named `c[K]` by their
+/// index in the constant pool (as TVM's VM text names them); `None` when it has none.
+fn relax_constants_file(x: &RelaxExecutable) -> Option<Vec<u8>> {
+    let tensors: Vec<(String, _)> = x
+        .constants
+        .iter()
+        .enumerate()
+        .filter_map(|(k, c)| match c {
+            Constant::Tensor(t) => Some((format!("c[{k}]"), (**t).clone())),
+            _ => None,
+        })
+        .collect();
+    if tensors.is_empty() {
+        return None;
+    }
+    let mut out = Vec::new();
+    // Writing into a Vec cannot fail.
+    let _ = mblob_runtime::exec::graph::write_params(&tensors, &mut out);
+    Some(out)
 }
 
 /// The file extension of a device module's code, by its format.

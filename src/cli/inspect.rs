@@ -22,7 +22,7 @@ pub struct InspectArgs {
     #[arg(long)]
     pub json: bool,
     /// Also load the file with the real loader (this dlopens it and so runs its initialisers)
-    /// and print the tree after loading.
+    /// and print the tree after loading, and an AOT model's inputs and outputs.
     #[arg(long)]
     pub load: bool,
     /// Read raw `.blob` files as this layout instead of detecting it.
@@ -46,9 +46,13 @@ With --json, each file gives one line holding one JSON object:
   for graph factories graph_json_len, module_name, params, inputs, outputs; for device kinds
   format, functions {name: {name, arg_types, launch_param_tags, arg_extra_tags}}, data_len,
   smap, shaders, version; for Relax executables relax {version, functions [{name, kind,
-  params}], externs}), tree (nested {index, type_key, imports}), host (for a shared
+  params}], externs, constant_pool_len, constants [{index, dtype, shape, bytes}],
+  constants_bytes, unsupported_calls (the packed functions neither mblob nor the library
+  provides; null without the library)}; for AOT factories aot {module_name, params, inputs,
+  outputs (null without --load: they are in the library's code), io_error}), tree (nested {index, type_key, imports}), host (for a shared
   library: convention, context_symbols, functions (TVM's entry points: {name, symbol}),
-  other_functions (exported code that is not an entry point, e.g. C++ helpers)), tar (members, blob_member), and with
+  other_functions (exported code that is not an entry point, e.g. C++ helpers),
+  unsupported_imports), tar (members, blob_member), and with
   --load, loaded (nested {type_key, imports}).
 The function tables are what `mblob export` takes in TREE.json.
 

@@ -15,6 +15,7 @@ mod export_options;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;
+mod inspect_more;
 mod library;
 mod pack;
 mod run;

@@ -85,7 +85,7 @@ pub(crate) struct Preflight {
 }
 
 /// Whether a symbol name is one of TVM's runtime functions.
-fn is_tvm_runtime(name: &str) -> bool {
+pub(crate) fn is_tvm_runtime(name: &str) -> bool {
     name.starts_with("TVM") || name.starts_with("tvm_")
 }
 

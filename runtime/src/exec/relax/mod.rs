@@ -30,10 +30,12 @@
 //! and the outputs back. [`VirtualMachine::invoke_arrays`] takes and gives
 //! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
+pub mod calls;
 pub mod vm;
 
 pub use crate::payload::relax::{
     executable, v019, v021, Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable,
     RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
+pub use calls::{unprovided_runtime_imports, unsupported_calls};
 pub use vm::{numpy_dtype, ParamKind, VirtualMachine, VmError, VmOutput, VmValue, REFUSED_BUILTINS};

@@ -1378,6 +1378,15 @@ impl VirtualMachine {
     }
 }
 
+/// Whether mblob itself serves a packed function of this name, as [`resolve`] finds it when
+/// no module of the tree has it: a VM builtin, a `relax.run.*` function or a global function
+/// (`crate::ffi::globals`). Used by [`super::calls::unsupported_calls`].
+pub fn is_served(name: &str) -> bool {
+    BUILTINS.iter().any(|(n, _)| *n == name)
+        || run::lookup(name).is_some()
+        || crate::ffi::globals::global_function(name).is_some()
+}
+
 /// Resolves a packed function by name: a builtin, else a function of the tree (from the root,
 /// through the imports), called in the convention of the module that has it.
 fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {

@@ -1378,7 +1378,7 @@ impl VirtualMachine {
     }
 }
 
-/// Whether mblob itself serves a packed function of this name, as [`resolve`] finds it when
+/// Whether mblob itself serves a packed function of this name, as the VM's name resolution finds it when
 /// no module of the tree has it: a VM builtin, a `relax.run.*` function or a global function
 /// (`crate::ffi::globals`). Used by [`super::calls::unsupported_calls`].
 pub fn is_served(name: &str) -> bool {

@@ -102,7 +102,8 @@ fn prim_value_of_a_symbolic_expression() {
     let case = &m["models"]["user_args"]["cases"][2];
     assert_eq!(case["function"], "mixed_ret");
     let out = tempfile::tempdir().unwrap();
-    let ins: Vec<String> = (0..2).map(|i| dir().join(format!("user_args.mixed_ret.2.in{i}.npy")).display().to_string()).collect();
+    let ins: Vec<String> =
+        (0..2).map(|i| dir().join(format!("user_args.mixed_ret.2.in{i}.npy")).display().to_string()).collect();
     let o = mblob_run("user_args.so", Some("mixed_ret"), &ins, out.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let want = dir().join(case["flat_outputs"][1]["int"].as_str().unwrap());
@@ -121,8 +122,7 @@ fn one_function_library_by_parameter_names() {
     let mut files = Vec::new();
     case["inputs"].as_array().unwrap().iter().for_each(|i| leaves(i, &mut files).unwrap());
     // In reverse order, by name.
-    let inputs: Vec<String> =
-        names.iter().zip(&files).rev().map(|(n, f)| format!("{n}={}", f.display())).collect();
+    let inputs: Vec<String> = names.iter().zip(&files).rev().map(|(n, f)| format!("{n}={}", f.display())).collect();
     let out = tempfile::tempdir().unwrap();
     let o = mblob_run("user_mlp.so", None, &inputs, out.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

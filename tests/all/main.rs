@@ -27,4 +27,5 @@ mod run_relax;
 mod run_relax_args;
 mod run_relay_vm;
 mod trio;
+mod user_027;
 mod user_kind;

@@ -894,10 +894,10 @@ impl VirtualMachine {
         match &self.callees[func] {
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
             Callee::Builtin(b) => self.builtin(*b, name, args, depth),
-            Callee::Kernel(f) => {
-                call_kernel(name, f, args)?;
-                Ok(Value::Null)
-            }
+            // A kernel's return value is the call's result: a destination-passing kernel
+            // returns nothing (null), a host function such as `compute_symbolic_expr` (a
+            // symbolic expression Relax computes for `R.prim_value(n * m + 1)`) returns its value.
+            Callee::Kernel(f) => call_kernel(name, f, args),
             Callee::Run(f) => f(name, args),
             Callee::Refused(reason) => Err(VmError::UnknownBuiltin { name: name.clone(), reason }),
         }
@@ -1526,7 +1526,8 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 
 /// Calls a kernel with the VM values as arguments: tensors as `DLTensor`s of their storage
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
-fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<(), VmError> {
+/// Its return value comes back as a VM value (integers and bools as `Int`, floats, null).
+fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
     // The DLTensors first, in a vector that is not touched again until the call returns, so
     // that the pointers to them stay valid.
     let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();
@@ -1568,7 +1569,30 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<(
     let called = unsafe { kernel.call(&values) };
     drop(values);
     drop(tensors);
-    called.map(|_| ()).map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })
+    match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
+        CallValue::None => Ok(Value::Null),
+        CallValue::Int(i) => Ok(Value::Int(i)),
+        CallValue::Float(f) => Ok(Value::Float(f)),
+        other => Err(VmError::Program(format!(
+            "function `{name}` returned a value the VM cannot hold ({})",
+            call_value_kind(&other)
+        ))),
+    }
+}
+
+/// What kind of value a packed call returned, for errors.
+fn call_value_kind(v: &CallValue) -> &'static str {
+    match v {
+        CallValue::None => "none",
+        CallValue::Int(_) => "an integer",
+        CallValue::Float(_) => "a float",
+        CallValue::Handle(_) => "an opaque pointer",
+        CallValue::DataType(_) => "a data type",
+        CallValue::Device(_) => "a device",
+        CallValue::Tensor(_) => "a DLTensor pointer",
+        CallValue::Str(_) => "a string",
+        CallValue::Object { .. } => "a tvm-ffi object",
+    }
 }
 
 /// An error context string, turned into text only when an error is reported.

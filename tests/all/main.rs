@@ -26,4 +26,5 @@ mod run_relax;
 mod run_relax_args;
 mod run_relay_vm;
 mod trio;
+mod user_019;
 mod user_kind;

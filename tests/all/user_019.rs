@@ -80,7 +80,7 @@ fn graph_and_relay_vm_models_give_tvms_outputs() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 5);
+    assert_eq!(seen, 6);
 }
 
 #[test]

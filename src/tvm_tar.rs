@@ -162,13 +162,17 @@ impl TvmTar {
         Ok(found)
     }
 
-    /// The host objects: every ELF member without a blob (TVM's `lib0.o`, `lib1.o`, ...), in
-    /// archive order.
+    /// The host code: every ELF member without a blob (TVM's `lib0.o`, `lib1.o`, ...) and every
+    /// C or C++ source (`lib0.c`, `lib1.cc`: TVM saves a module of format `c` or `cc`, such as
+    /// BYOC `ccompiler` code, as its source, which `export_library("x.so")` would compile with
+    /// TVM's include paths), in archive order.
     pub fn host_objects(&self) -> Vec<&Member> {
         self.members
             .iter()
-            .filter(|m| m.data.starts_with(b"\x7fELF"))
-            .filter(|m| !matches!(elf::find_blob(&m.data, None), Ok(Some(_))))
+            .filter(|m| {
+                let elf = m.data.starts_with(b"\x7fELF") && !matches!(elf::find_blob(&m.data, None), Ok(Some(_)));
+                elf || is_source_name(&m.name)
+            })
             .collect()
     }
 
@@ -189,7 +193,7 @@ impl TvmTar {
         crate::repack::module_tree_of(&found.blob, found.layout, &self.member_path(&found.member))
     }
 
-    /// Writes the host objects into `dir` under their member names and returns their paths,
+    /// Writes the host objects (and sources) into `dir` under their member names and returns their paths,
     /// in archive order.
     ///
     /// # Errors
@@ -201,7 +205,8 @@ impl TvmTar {
             if !plain {
                 return Err(Error::Invalid {
                     what: self.member_path(&m.name).display().to_string(),
-                    detail: "a host object's name must be a plain file name (TVM's are lib0.o, lib1.o, ...)".into(),
+                    detail: "a host object's name must be a plain file name (TVM's are lib0.o, lib1.o, lib0.c, ...)"
+                        .into(),
                 });
             }
             let p = dir.join(&m.name);
@@ -210,6 +215,12 @@ impl TvmTar {
         }
         Ok(out)
     }
+}
+
+/// Whether a member is a C (`.c`) or C++ (`.cc`, `.cpp`, `.cxx`) source, by its name.
+fn is_source_name(name: &str) -> bool {
+    let p = Path::new(name);
+    p.extension().is_some_and(|e| e == "c") || crate::export::is_cxx(p)
 }
 
 #[cfg(test)]

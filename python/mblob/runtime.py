@@ -734,8 +734,10 @@ class RelayVirtualMachine:
     ``vm["main"](*arrays)``.
 
     Arguments are numpy arrays (or anything ``numpy.asarray`` takes), in parameter order; the
-    result is one array, or a tuple of arrays for a function that returns a tuple (nested
-    tuples flattened in order). The Relay VM runs on the CPU.
+    result is one array, or for a function that returns a tuple (TVM's ADT) a Python tuple
+    with TVM's structure: ``((a, (b,)), c)`` stays nested and a one-field tuple is a tuple of
+    one array, so that ``out[0][1][0]`` reads what it reads in TVM. The Relay VM runs on the
+    CPU.
     """
 
     def __init__(self, mod: Module, device: Any = None) -> None:
@@ -747,8 +749,7 @@ class RelayVirtualMachine:
 
     def invoke(self, func_name: str, *args: Any) -> Any:
         """Calls VM function ``func_name`` with ``args``."""
-        outs = [_from_triple(t) for t in self._vm.invoke(func_name, [_to_triple(a) for a in args])]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _relay_result(self._vm.invoke_nested(func_name, [_to_triple(a) for a in args]))
 
     def run(self, *args: Any) -> Any:
         """Calls ``main``."""
@@ -759,6 +760,13 @@ class RelayVirtualMachine:
         if name not in names:
             raise _native.InputError(f"no VM function `{name}` (functions: {', '.join(names)})")
         return lambda *args: self.invoke(name, *args)
+
+
+def _relay_result(v: Any) -> Any:
+    """A native Relay VM result as Python values: a list (an ADT's fields) becomes a tuple."""
+    if isinstance(v, list):
+        return tuple(_relay_result(x) for x in v)
+    return _from_triple(v)
 
 
 def relay_vm(mod: Module, device: Any = None) -> RelayVirtualMachine:

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ParamKind, VirtualMachine, VmValue};
-use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
+use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
 use mblob_runtime::ffi::packed::DLTensor;
@@ -480,6 +480,33 @@ impl RelayVm {
         })?;
         Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
     }
+
+    /// Calls VM function `name` as `invoke` does; returns its result with TVM's structure: a
+    /// tensor `(bytes, dtype, shape)`, or a list of fields for an ADT (a tuple), nested.
+    fn invoke_nested(
+        &self,
+        py: Python<'_>,
+        name: String,
+        args: Vec<(Vec<u8>, String, Vec<i64>)>,
+    ) -> PyResult<Py<PyAny>> {
+        let out = run(py, || {
+            let inputs =
+                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            self.inner.invoke_nested(&name, &inputs).map_err(run_error)
+        })?;
+        relay_vm_value(py, &out)
+    }
+}
+
+/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
+fn relay_vm_value(py: Python<'_>, v: &RelayVmOutput) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        RelayVmOutput::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
+        RelayVmOutput::Adt { fields, .. } => {
+            let items = fields.iter().map(|f| relay_vm_value(py, f)).collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+    })
 }
 
 /// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::relay_vm::{RelayVm, RelayVmError};
+use mblob_runtime::exec::relay_vm::{RelayVm, RelayVmError, RelayVmOutput};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::payload::relay_vm::{FormatVersion, Instruction, RelayVmExecutable, VmConstant, VM_EXECUTABLE};
@@ -75,6 +75,27 @@ fn outputs_match_tvm_bit_for_bit() {
             assert_eq!(got.data, want.data, "{name} output {i}");
         }
     }
+}
+
+/// `invoke_nested` keeps the result's structure as TVM's VM returns it: `tuple_out` returns a
+/// flat 3-tuple (an ADT of tag 0, TVM's three outputs), `mlp` one tensor. (A nested tuple:
+/// `tests/fixtures/user-0.19/vm_nested`, in `python/tests/test_user_019.py`.)
+#[test]
+fn invoke_nested_keeps_tvms_structure() {
+    let tree = load("tuple_out.so");
+    let vm = RelayVm::new(&tree, CPU).unwrap();
+    let inputs: Vec<Tensor> = (0..2).map(|i| npy(&dir().join(format!("tuple_out.0.in.{i}.npy")))).collect();
+    let RelayVmOutput::Adt { tag: 0, fields } = vm.invoke_nested("main", &inputs).unwrap() else {
+        panic!("tuple_out returns a tuple")
+    };
+    assert_eq!(fields.len(), 3);
+    for (i, f) in fields.iter().enumerate() {
+        assert_eq!(f, &RelayVmOutput::Tensor(npy(&dir().join(format!("tuple_out.0.out.{i}.npy")))), "field {i}");
+    }
+    let tree = load("mlp.so");
+    let vm = RelayVm::new(&tree, CPU).unwrap();
+    let out = vm.invoke_nested("main", &[npy(&dir().join("mlp.0.in.0.npy"))]).unwrap();
+    assert_eq!(out, RelayVmOutput::Tensor(npy(&dir().join("mlp.0.out.0.npy"))));
 }
 
 /// The same VM runs the dynamic-batch model at two batch sizes, one after the other.

@@ -219,8 +219,9 @@ pub struct PackArgs {
     /// The `.so`, raw `.blob`, blob object (`devc.o`, TVM's or mblob's) or `.tar` (TVM's
     /// `export_library("x.tar")`, gzip-compressed, or mblob's) whose module tree is packed
     /// again. It is read, never run; payload kinds mblob does not know are carried over as
-    /// opaque bytes. From a `.tar`, the host objects are the archive's own (`lib0.o`, ...)
-    /// unless `--host` gives others.
+    /// opaque bytes. From a `.tar`, the host objects are the archive's own (`lib0.o`, ...,
+    /// and C/C++ sources such as BYOC's `lib0.c`, compiled with `-I`: give TVM's include
+    /// directories) unless `--host` gives others.
     #[arg(long, value_name = "IN")]
     pub from: PathBuf,
     /// Layout of a raw `.blob` input (default: detected).

@@ -27,5 +27,6 @@ mod run_relax;
 mod run_relax_args;
 mod run_relay_vm;
 mod trio;
+mod user_019;
 mod user_027;
 mod user_kind;

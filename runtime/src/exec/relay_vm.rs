@@ -357,6 +357,21 @@ impl RelayVm {
     /// Calls the VM function `name` with `inputs` (in parameter order) and returns its result
     /// as host tensors: one tensor, or the fields of a returned tuple (ADT), flattened in order.
     pub fn invoke(&self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, RelayVmError> {
+        let result = self.call(name, inputs)?;
+        let mut out = Vec::new();
+        flatten(&result, name, 0, &mut out)?;
+        out.into_iter().map(|t| Ok(t.to_tensor()?)).collect()
+    }
+
+    /// Calls the VM function `name` as [`RelayVm::invoke`] does, and returns its result with
+    /// TVM's structure: a tensor, or an ADT (a tuple: tag 0) holding its fields, nested as the
+    /// function built them (`((a, (b,)), c)` stays so; a one-field tuple is not a tensor).
+    pub fn invoke_nested(&self, name: &str, inputs: &[Tensor]) -> Result<RelayVmOutput, RelayVmError> {
+        let result = self.call(name, inputs)?;
+        nested(&result, name, 0)
+    }
+
+    fn call(&self, name: &str, inputs: &[Tensor]) -> Result<Value, RelayVmError> {
         let _span = tracing::debug_span!("relay_vm_invoke", function = name, inputs = inputs.len()).entered();
         let index = self.exec.function_index(name).ok_or_else(|| RelayVmError::UnknownFunction {
             name: name.to_owned(),
@@ -373,10 +388,7 @@ impl RelayVm {
             }
             args.push(Value::Tensor(NdArray::from_tensor(t, self.device)?));
         }
-        let result = self.run(index, args)?;
-        let mut out = Vec::new();
-        flatten(&result, name, 0, &mut out)?;
-        out.into_iter().map(|t| Ok(t.to_tensor()?)).collect()
+        self.run(index, args)
     }
 
     fn frame(&self, func: usize, args: Vec<Value>, ret_dst: RegName) -> Result<Frame, RelayVmError> {
@@ -675,6 +687,35 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
 
 /// ADTs nested deeper than this in a result are refused (a Relay list is a chain of ADTs).
 const MAX_OUTPUT_DEPTH: usize = 1024;
+
+/// A VM function's result with its structure ([`RelayVm::invoke_nested`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RelayVmOutput {
+    /// A tensor, on the host.
+    Tensor(Tensor),
+    /// An ADT: a tuple (tag 0) or a constructor's value (its tag), with its fields.
+    Adt {
+        /// The constructor tag (0 for a tuple).
+        tag: i64,
+        /// The fields, in order.
+        fields: Vec<RelayVmOutput>,
+    },
+}
+
+/// A result as a [`RelayVmOutput`], as deep as [`flatten`] allows.
+fn nested(v: &Value, function: &str, depth: usize) -> Result<RelayVmOutput, RelayVmError> {
+    match v {
+        Value::Tensor(t) => Ok(RelayVmOutput::Tensor(t.to_tensor()?)),
+        Value::Adt { .. } if depth >= MAX_OUTPUT_DEPTH => {
+            Err(program(format!("`{function}` returned ADTs nested deeper than {MAX_OUTPUT_DEPTH}")))
+        }
+        Value::Adt { tag, fields } => Ok(RelayVmOutput::Adt {
+            tag: *tag,
+            fields: fields.iter().map(|f| nested(f, function, depth + 1)).collect::<Result<_, _>>()?,
+        }),
+        v => Err(RelayVmError::Output { function: function.to_owned(), got: v.kind() }),
+    }
+}
 
 /// The tensors of a result, an ADT's fields flattened in order.
 fn flatten<'a>(v: &'a Value, function: &str, depth: usize, out: &mut Vec<&'a NdArray>) -> Result<(), RelayVmError> {

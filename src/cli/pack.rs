@@ -254,13 +254,7 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
     let tree = mblob::repack::module_tree_of(&blob, layout, &args.from)?;
     drop(blob);
     let mut e = Export::from_tree(tree);
-    for h in &args.host {
-        if is_source(h) {
-            e.c_source(h.clone());
-        } else {
-            e.object(h.clone());
-        }
-    }
+    add_host(&mut e, &args.host);
     // Without --layout the library keeps its layout (and so stays loadable by its TVM).
     args.options.apply(&mut e, layout);
     if args.blob_only {
@@ -296,18 +290,23 @@ fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCod
         objects
     };
     let mut e = Export::from_tree(tree);
-    for h in &hosts {
+    add_host(&mut e, &hosts);
+    args.options.apply(&mut e, layout);
+    if args.blob_only {
+        e.allow_missing_functions(true);
+    }
+    args.options.write(&mut e)
+}
+
+/// Adds host code to an export: C/C++ sources to compile, objects to link.
+fn add_host(e: &mut Export, files: &[std::path::PathBuf]) {
+    for h in files {
         if is_source(h) {
             e.c_source(h.clone());
         } else {
             e.object(h.clone());
         }
     }
-    args.options.apply(&mut e, layout);
-    if args.blob_only {
-        e.allow_missing_functions(true);
-    }
-    args.options.write(&mut e)
 }
 
 /// Whether a `--host` file is a source to compile (C, or C++ by its extension).

@@ -174,30 +174,28 @@ fn count(function: &str, args: &[Value], n: usize) -> Result<(), String> {
 }
 
 fn sort(args: &[Value]) -> Result<Value, String> {
-    const F: &str = "tvm.contrib.sort.sort";
-    count(F, args, 4)?;
-    let input = tensor(F, args, 0)?;
-    let mut output = tensor(F, args, 1)?;
-    let (axis, asc) = (int(F, args, 2)?, int(F, args, 3)? != 0);
+    sort_into("tvm.contrib.sort.sort", args, ops::sort::sort)
+}
+
+fn argsort(args: &[Value]) -> Result<Value, String> {
+    sort_into("tvm.contrib.sort.argsort", args, ops::sort::argsort)
+}
+
+/// `sort` and `argsort`: `(input, output, axis, is_ascend)`, the result written into `output`.
+fn sort_into(
+    f: &str,
+    args: &[Value],
+    op: fn(View<'_>, ViewMut<'_>, i64, bool) -> Result<(), ops::OpError>,
+) -> Result<Value, String> {
+    count(f, args, 4)?;
+    let input = tensor(f, args, 0)?;
+    let mut output = tensor(f, args, 1)?;
+    let (axis, asc) = (int(f, args, 2)?, int(f, args, 3)? != 0);
     let data = input.bytes();
     let view = View { dtype: input.dtype, shape: &input.shape, data: &data };
     // SAFETY: the only slice of the output's bytes (the input was copied).
     let out = ViewMut { dtype: output.dtype, shape: &output.shape.clone(), data: unsafe { output.bytes_mut() } };
-    ops::sort::sort(view, out, axis, asc).map_err(|e| e.to_string())?;
-    Ok(Value::None)
-}
-
-fn argsort(args: &[Value]) -> Result<Value, String> {
-    const F: &str = "tvm.contrib.sort.argsort";
-    count(F, args, 4)?;
-    let input = tensor(F, args, 0)?;
-    let mut output = tensor(F, args, 1)?;
-    let (axis, asc) = (int(F, args, 2)?, int(F, args, 3)? != 0);
-    let data = input.bytes();
-    let view = View { dtype: input.dtype, shape: &input.shape, data: &data };
-    // SAFETY: as in `sort`.
-    let out = ViewMut { dtype: output.dtype, shape: &output.shape.clone(), data: unsafe { output.bytes_mut() } };
-    ops::sort::argsort(view, out, axis, asc).map_err(|e| e.to_string())?;
+    op(view, out, axis, asc).map_err(|e| e.to_string())?;
     Ok(Value::None)
 }
 

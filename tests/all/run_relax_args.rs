@@ -135,3 +135,29 @@ fn the_only_function_is_the_default_and_llm_builtins_are_named() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("no VM function `main`") && stderr.contains("fine"), "{stderr}");
 }
+
+/// `R.print` (TVM's Python-registered `relax.run.print`): `mblob run` prints what TVM 0.27's
+/// VM printed for the same call, line for line (prim values, a shape, a string, an empty
+/// format, a format without values), before its own report, and the result is TVM's.
+#[test]
+fn relax_print_prints_what_tvm_printed() {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/relax-print");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("run")
+        .arg(d.join("relax_print.so"))
+        .arg("-i")
+        .arg(format!("x={}", d.join("x.npy").display()))
+        .arg("-i")
+        .arg(format!("k={}", d.join("k.npy").display()))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tvm = std::fs::read_to_string(d.join("tvm_stdout.txt")).unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.starts_with(&tvm), "mblob printed:\n{stdout}\nTVM printed:\n{tvm}");
+    assert_eq!(npy(&out.join("out.0.npy")), npy(&d.join("out.0.npy")));
+}

@@ -1,7 +1,8 @@
 //! The `relax.run.*` functions the VM calls by name (`call_pure_packed`) that TVM registers
 //! from Python over numpy (`python/tvm/relax/op/set.py`), so that TVM's C++ runtime alone
 //! cannot run them: `relax.run.unique` and `relax.run.nonzero`, computed by
-//! [`crate::ops::set`], and `relax.run.assert_op` (`R.assert_op`). Their results are new tensors on the host, as `tvm.runtime.tensor(...)`
+//! [`crate::ops::set`], `relax.run.assert_op` (`R.assert_op`), `relax.run.print` (`R.print`,
+//! to standard output) and `relax.run.shape_to_tensor`. Their results are new tensors on the host, as `tvm.runtime.tensor(...)`
 //! makes them in TVM's Python function.
 
 use super::{Value, VmError};
@@ -18,6 +19,8 @@ pub(super) fn lookup(name: &str) -> Option<RunFn> {
         "relax.run.unique" => Some(unique),
         "relax.run.nonzero" => Some(nonzero),
         "relax.run.assert_op" => Some(assert_op),
+        "relax.run.print" => Some(print),
+        "relax.run.shape_to_tensor" => Some(shape_to_tensor),
         _ => None,
     }
 }
@@ -131,6 +134,42 @@ fn assert_op(name: &str, args: &[&Value]) -> Result<Value, VmError> {
         python_format(&format, &rendered)
     };
     Err(VmError::Check { kind: "AssertionError", message })
+}
+
+/// `relax.run.print(format, *values)` (`R.print`): the values as TVM's `render_object` shows
+/// them, formatted with `format` (Python's `str.format`) or, when it is empty, separated by
+/// spaces as Python's `print` separates them; one line on standard output, as TVM prints it.
+fn print(name: &str, args: &[&Value]) -> Result<Value, VmError> {
+    use std::io::Write;
+    let format = match args.first() {
+        Some(Value::Str(s)) => String::from_utf8_lossy(s).into_owned(),
+        Some(v) => {
+            return Err(VmError::Type { callee: name.to_owned(), index: 0, expected: "a format string", got: v.kind() })
+        }
+        None => return Err(VmError::Program(format!("`{name}` needs a format string"))),
+    };
+    let rendered: Vec<String> = args.iter().skip(1).map(|v| render(v)).collect();
+    let line = if format.is_empty() { rendered.join(" ") } else { python_format(&format, &rendered) };
+    tracing::debug!(target: "mblob::relax::print", "{line}");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(|e| VmError::Program(format!("`{name}`: cannot write to standard output: {e}")))?;
+    Ok(Value::Null)
+}
+
+/// `relax.run.shape_to_tensor(shape)`: the shape as a 1-d int64 tensor on the host, as
+/// `tvm.runtime.tensor([int(v) for v in shape])` makes it.
+fn shape_to_tensor(name: &str, args: &[&Value]) -> Result<Value, VmError> {
+    match args.first() {
+        Some(Value::Shape(s)) => {
+            let data = s.iter().flat_map(|d| d.to_le_bytes()).collect();
+            let len = i64::try_from(s.len()).map_err(|_| VmError::Program(format!("`{name}`: shape too long")))?;
+            to_value(Owned { dtype: crate::format::DataType::I64, shape: vec![len], data })
+        }
+        Some(v) => Err(VmError::Type { callee: name.to_owned(), index: 0, expected: "a shape", got: v.kind() }),
+        None => Err(VmError::Program(format!("`{name}` needs a shape"))),
+    }
 }
 
 /// A value as TVM's `render_object` (Python's `str`) shows it.

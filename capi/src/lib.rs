@@ -1,0 +1,686 @@
+//! # mblob-capi: the C API of mblob's load side
+//!
+//! Builds `libmblob.so` and `libmblob.a`; `include/mblob.h` declares what they export (made
+//! by cbindgen from this file, see `cbindgen.toml`; `tests/header.rs` checks it is current and
+//! compiles as C99 and C++17). The README's "C API" section is the user's guide.
+//!
+//! This crate is an FFI edge, like `mblob_runtime::ffi`: every `unsafe` block in it reads a
+//! pointer that a C caller handed over, and says in a `// SAFETY:` comment which documented
+//! rule of the API makes it valid.
+//!
+//! The conventions, after wasmtime's, tract's and ONNX Runtime's C APIs:
+//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`]. Each is made by one
+//!   function and freed by one (`mblob_*_free`); freeing NULL does nothing.
+//! - Every call returns an [`mblob_status`]; on an error, [`mblob_last_error`] gives the
+//!   message (thread-local, valid until the next mblob call on that thread). Results come back
+//!   through out-pointers, written only on success.
+//! - No Rust panic crosses the boundary: each call runs under `catch_unwind`, and a panic is
+//!   reported as [`mblob_status::MBLOB_ERR_PANIC`].
+//! - Handles are checked against the set of live handles of their kind before use, so a NULL,
+//!   freed or wrong-kind handle is an error ([`mblob_status::MBLOB_ERR_INVALID_HANDLE`]), not a
+//!   crash: except when the allocator has reused a freed handle's address for a new handle of
+//!   the same kind, which cannot be told apart.
+//! - Threads: a library may be shared by any number of threads (models made from it on each);
+//!   a model or a tensor is used by one thread at a time (it may move between threads).
+#![allow(non_camel_case_types)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use mblob_runtime::exec::{ExecError, Model, Output};
+use mblob_runtime::format::DataType;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, Registry};
+
+/// What a call did. `MBLOB_OK` is 0; every other value is an error whose message
+/// `mblob_last_error` gives.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum mblob_status {
+    /// Success.
+    MBLOB_OK = 0,
+    /// A pointer argument that must not be NULL was NULL.
+    MBLOB_ERR_NULL_ARGUMENT = 1,
+    /// A handle that is not a live handle of the kind the call takes (freed, or of another
+    /// kind).
+    MBLOB_ERR_INVALID_HANDLE = 2,
+    /// An argument out of its domain: a string that is not UTF-8, a buffer whose size does
+    /// not match its dtype and shape, a negative rank or extent, an index out of range.
+    MBLOB_ERR_INVALID_ARGUMENT = 3,
+    /// A library that could not be loaded (not found, not an ELF file, a malformed blob, a
+    /// payload no loader takes).
+    MBLOB_ERR_LOAD = 4,
+    /// The library holds no model, or the model has no function of that name.
+    MBLOB_ERR_NO_MODEL = 5,
+    /// An input the model does not take: an unknown name, a dtype or shape that differs from
+    /// the model's, or inputs missing at run time.
+    MBLOB_ERR_INPUT = 6,
+    /// The device is not supported or failed (no driver, out of memory, a kernel that does
+    /// not build).
+    MBLOB_ERR_DEVICE = 7,
+    /// Running the model failed (the graph, the VM or a kernel reported an error).
+    MBLOB_ERR_RUN = 8,
+    /// A call out of order: outputs asked for before a successful run.
+    MBLOB_ERR_STATE = 9,
+    /// Something this version does not do (an output that is a string, not a tensor).
+    MBLOB_ERR_UNSUPPORTED = 10,
+    /// A bug in mblob (a caught Rust panic); the handle the call used should be freed.
+    MBLOB_ERR_PANIC = 11,
+}
+
+/// A tensor's element type, laid out as DLPack's `DLDataType`: type code (0 int, 1 uint,
+/// 2 float, 4 bfloat, 6 bool), bits per lane, lanes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct mblob_dtype {
+    /// DLPack type code.
+    pub code: u8,
+    /// Bits per lane.
+    pub bits: u8,
+    /// Lanes (1 for scalars).
+    pub lanes: u16,
+}
+
+/// A loaded library (`mblob_library_load`). Shareable across threads; freed with
+/// `mblob_library_free`. Models made from it keep what they need of it alive, so it may be
+/// freed before them.
+pub struct mblob_library {
+    tree: Arc<LoadedTree>,
+}
+
+/// A model on a device (`mblob_model_new`): a graph executor, an AOT executor or a Relax VM
+/// function. Used by one thread at a time; freed with `mblob_model_free`.
+pub struct mblob_model {
+    model: Model,
+    /// The input names, as C strings (`mblob_model_input_name`).
+    names: Vec<CString>,
+    /// The outputs of the last successful run, `None` before one.
+    outputs: Option<Vec<Output>>,
+}
+
+/// A tensor on the host owned by the caller (`mblob_model_output`); freed with
+/// `mblob_tensor_free`.
+pub struct mblob_tensor {
+    dtype: DataType,
+    shape: Vec<i64>,
+    data: Vec<u8>,
+}
+
+/// An error on its way to the caller: a status and a message.
+struct Failure {
+    status: mblob_status,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: mblob_status, message: impl Into<String>) -> Failure {
+        Failure { status, message: message.into() }
+    }
+}
+
+impl From<ExecError> for Failure {
+    fn from(e: ExecError) -> Failure {
+        use mblob_status::*;
+        let status = match &e {
+            ExecError::NoFactory(_) | ExecError::NoFunction { .. } => MBLOB_ERR_NO_MODEL,
+            ExecError::UnknownInput { .. } | ExecError::MissingInputs { .. } | ExecError::InputMismatch { .. } => {
+                MBLOB_ERR_INPUT
+            }
+            ExecError::Index { .. } => MBLOB_ERR_INVALID_ARGUMENT,
+            ExecError::UnsupportedDevice { .. } | ExecError::Device(_) => MBLOB_ERR_DEVICE,
+            _ => MBLOB_ERR_RUN,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+type Result<T, E = Failure> = std::result::Result<T, E>;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// The kinds of handle, for the set of live handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Library,
+    Model,
+    Tensor,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Library => "mblob_library",
+            Kind::Model => "mblob_model",
+            Kind::Tensor => "mblob_tensor",
+        }
+    }
+}
+
+/// The addresses of the live handles, with their kinds.
+static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);
+
+fn live<R>(f: impl FnOnce(&mut HashMap<usize, Kind>) -> R) -> R {
+    let mut guard = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// Boxes `value` as a new handle of `kind` and writes it to `out`.
+fn publish<T>(kind: Kind, value: T, out: *mut *mut T) {
+    let ptr = Box::into_raw(Box::new(value));
+    live(|m| m.insert(ptr as usize, kind));
+    // SAFETY: every caller checked `out` is not NULL, and the API requires a non-NULL `out`
+    // to point to writable storage for one pointer.
+    unsafe { out.write(ptr) };
+}
+
+/// Checks that `ptr` is a live handle of `kind`.
+fn check<T>(kind: Kind, ptr: *const T, what: &str) -> Result<()> {
+    if ptr.is_null() {
+        return Err(Failure::new(mblob_status::MBLOB_ERR_NULL_ARGUMENT, format!("{what} is NULL")));
+    }
+    match live(|m| m.get(&(ptr as usize)).copied()) {
+        Some(k) if k == kind => Ok(()),
+        Some(k) => Err(Failure::new(
+            mblob_status::MBLOB_ERR_INVALID_HANDLE,
+            format!("{what} is a {}, not a {}", k.name(), kind.name()),
+        )),
+        None => Err(Failure::new(
+            mblob_status::MBLOB_ERR_INVALID_HANDLE,
+            format!("{what} is not a live {} (freed already, or never made by mblob)", kind.name()),
+        )),
+    }
+}
+
+/// Takes back and drops the handle `ptr` of `kind`; NULL does nothing.
+fn release<T>(kind: Kind, ptr: *mut T, what: &str) -> Result<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    check(kind, ptr, what)?;
+    live(|m| m.remove(&(ptr as usize)));
+    // SAFETY: `ptr` was a live handle of `kind`, made by `publish` from `Box::into_raw` of a
+    // `T` (the kind determines the type), and it is now out of the live set, so no later call
+    // takes it; the API requires that no other call on it is in progress.
+    drop(unsafe { Box::from_raw(ptr) });
+    Ok(())
+}
+
+fn null_arg(what: &str) -> Failure {
+    Failure::new(mblob_status::MBLOB_ERR_NULL_ARGUMENT, format!("{what} is NULL"))
+}
+
+fn not_null<T>(ptr: *const T, what: &str) -> Result<()> {
+    if ptr.is_null() {
+        Err(null_arg(what))
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads a NUL-terminated UTF-8 string argument.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that lives for `'a`.
+unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> Result<&'a str> {
+    not_null(ptr, what)?;
+    // SAFETY: not NULL, and the caller guarantees a NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(ptr) };
+    s.to_str().map_err(|_| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
+}
+
+/// Runs `body` as one API call: catches panics, records the message of an error.
+fn call(body: impl FnOnce() -> Result<()>) -> mblob_status {
+    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
+        let detail = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(Failure::new(mblob_status::MBLOB_ERR_PANIC, format!("internal error (a bug in mblob): {detail}")))
+    });
+    let (status, message) = match outcome {
+        Ok(()) => (mblob_status::MBLOB_OK, String::new()),
+        Err(f) => (f.status, f.message),
+    };
+    let message = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = message);
+    status
+}
+
+/// The message of the last call on this thread that failed, or `""` when the last call
+/// succeeded. Never NULL. The string belongs to mblob and stays valid until the next mblob
+/// call on this thread.
+#[no_mangle]
+pub extern "C" fn mblob_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// mblob's version, as `"0.1.0"`. Never NULL; a static string.
+#[no_mangle]
+pub extern "C" fn mblob_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Loads the library at `path` (a TVM `export_library` output or an mblob-packed one) and
+/// writes its handle to `*out`.
+///
+/// Loading runs the library's code (its constructors): load only libraries you trust.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string; `out` is NULL or points to writable storage
+/// for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_library_load(path: *const c_char, out: *mut *mut mblob_library) -> mblob_status {
+    call(|| {
+        not_null(path, "path")?;
+        not_null(out, "out")?;
+        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+        let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
+        // SAFETY: loading runs the library's code; the header says to load only libraries
+        // the caller trusts to run, and the caller asked for this one.
+        let tree = unsafe { load_library(path, &Registry::default(), &LoadOptions::keep_unknown()) }
+            .map_err(|e| Failure::new(mblob_status::MBLOB_ERR_LOAD, e.to_string()))?;
+        publish(Kind::Library, mblob_library { tree: Arc::new(tree) }, out);
+        Ok(())
+    })
+}
+
+/// Frees a library; NULL does nothing. Models made from it stay usable.
+///
+/// # Safety
+/// No other call on `lib` is in progress, and `lib` is not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_library_free(lib: *mut mblob_library) -> mblob_status {
+    call(|| release(Kind::Library, lib, "lib"))
+}
+
+/// Makes a model of what `lib` holds (a graph factory, an AOT factory, a Relax executable or
+/// a Relay VM executable) on the device `(device_type, device_id)`, with DLPack's codes
+/// (`kDLCPU` = 1, `kDLCUDA` = 2, `kDLOpenCL` = 4), and writes its handle to `*out`.
+/// Parameters are copied to the device here, once. A Relax model calls `main` (or its only
+/// function) until `mblob_model_select_function` picks another.
+///
+/// # Safety
+/// `lib` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_new(
+    lib: *const mblob_library,
+    device_type: i32,
+    device_id: i32,
+    out: *mut *mut mblob_model,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Library, lib, "lib")?;
+        not_null(out, "out")?;
+        // SAFETY: `lib` is a live library handle (checked above), and the API forbids freeing
+        // it while a call on it is in progress.
+        let lib = unsafe { &*lib };
+        let model = Model::new(&lib.tree, Device::from_dlpack(device_type, device_id))?;
+        let mut handle = mblob_model { model, names: Vec::new(), outputs: None };
+        handle.refresh_names();
+        publish(Kind::Model, handle, out);
+        Ok(())
+    })
+}
+
+impl mblob_model {
+    fn refresh_names(&mut self) {
+        self.names = self
+            .model
+            .inputs()
+            .into_iter()
+            .map(|(name, _)| CString::new(name.replace('\0', "\\0")).unwrap_or_default())
+            .collect();
+    }
+}
+
+/// Borrows the model behind a checked handle.
+///
+/// # Safety
+/// `model` passed `check(Kind::Model, ..)`, and the API gives the calling thread sole use of
+/// it for the duration of the call.
+unsafe fn model_mut<'a>(model: *mut mblob_model) -> &'a mut mblob_model {
+    // SAFETY: see the function's contract.
+    unsafe { &mut *model }
+}
+
+/// Frees a model; NULL does nothing.
+///
+/// # Safety
+/// No other call on `model` is in progress, and `model` is not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_free(model: *mut mblob_model) -> mblob_status {
+    call(|| release(Kind::Model, model, "model"))
+}
+
+/// Picks the function a Relax (or Relay VM) model runs; the inputs set so far are dropped.
+/// A graph or AOT model has no functions: `MBLOB_ERR_NO_MODEL`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_select_function(model: *mut mblob_model, name: *const c_char) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        // SAFETY: the caller passes NULL or a NUL-terminated string that outlives the call.
+        let name = unsafe { c_str(name, "name") }?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { model_mut(model) };
+        m.model.select_function(name)?;
+        m.outputs = None;
+        m.refresh_names();
+        Ok(())
+    })
+}
+
+/// Writes the number of inputs of the model (of the selected function) to `*out`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_num_inputs(model: *const mblob_model, out: *mut usize) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(m.names.len()) };
+        Ok(())
+    })
+}
+
+/// Writes a pointer to the name of input `index` to `*out`: a NUL-terminated string owned by
+/// the model, valid until the model is freed or `mblob_model_select_function` is called.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_input_name(
+    model: *const mblob_model,
+    index: usize,
+    out: *mut *const c_char,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let name = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(name.as_ptr()) };
+        Ok(())
+    })
+}
+
+fn out_of_range(what: &str, index: usize, count: usize) -> Failure {
+    Failure::new(
+        mblob_status::MBLOB_ERR_INVALID_ARGUMENT,
+        format!("{what} index {index} is out of range (there are {count})"),
+    )
+}
+
+/// Sets an input from a host buffer, copied in: by `name` when it is not NULL, else by
+/// position `index`. `data` holds `nbytes` bytes of a dense, C-order, little-endian tensor of
+/// the dtype `(dtype_code, dtype_bits, dtype_lanes)` and the shape `shape[0..ndim]`;
+/// `nbytes` must be `ceil(dtype_bits / 8) * product(shape)`. A graph or AOT model checks the
+/// dtype and shape against its input's here (`MBLOB_ERR_INPUT`); a Relax function checks them
+/// when it runs.
+///
+/// # Safety
+/// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `data` is NULL or
+/// points to `nbytes` readable bytes; `shape` is NULL or points to `ndim` readable `int64_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mblob_model_set_input(
+    model: *mut mblob_model,
+    name: *const c_char,
+    index: usize,
+    data: *const c_void,
+    nbytes: usize,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
+    shape: *const i64,
+    ndim: i32,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        let invalid = |m: String| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, m);
+        let ndim = usize::try_from(ndim).map_err(|_| invalid(format!("ndim is {ndim}, negative")))?;
+        let shape: Vec<i64> = if ndim == 0 {
+            Vec::new()
+        } else {
+            not_null(shape, "shape")?;
+            // SAFETY: not NULL, and the caller passes `ndim` readable extents.
+            unsafe { std::slice::from_raw_parts(shape, ndim) }.to_vec()
+        };
+        if let Some(d) = shape.iter().find(|&&d| d < 0) {
+            return Err(invalid(format!("shape {shape:?} has a negative extent {d}")));
+        }
+        if dtype_bits == 0 || dtype_lanes == 0 {
+            return Err(invalid(format!(
+                "dtype (code {dtype_code}, bits {dtype_bits}, lanes {dtype_lanes}) has no bits or no lanes"
+            )));
+        }
+        let dtype = DataType { code: dtype_code, bits: dtype_bits, lanes: dtype_lanes };
+        let expected = shape
+            .iter()
+            .try_fold(dtype.element_bytes(), |acc, &d| acc.checked_mul(d as u64))
+            .ok_or_else(|| invalid(format!("shape {shape:?} of {dtype} overflows")))?;
+        if expected != nbytes as u64 {
+            return Err(invalid(format!(
+                "nbytes is {nbytes}, but a {dtype} tensor of shape {shape:?} takes {expected} bytes"
+            )));
+        }
+        let bytes: Vec<u8> = if nbytes == 0 {
+            Vec::new()
+        } else {
+            not_null(data, "data")?;
+            // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
+            unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }.to_vec()
+        };
+        let name = if name.is_null() {
+            None
+        } else {
+            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+            Some(unsafe { c_str(name, "name") }?)
+        };
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { model_mut(model) };
+        let name: String = match name {
+            Some(n) => n.to_owned(),
+            None => {
+                let n = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
+                n.to_string_lossy().into_owned()
+            }
+        };
+        let tensor = Tensor::new(dtype, shape.clone(), bytes)
+            .ok_or_else(|| invalid(format!("a {dtype} tensor of shape {shape:?} does not fit {nbytes} bytes")))?;
+        m.model.set_input(Some(&name), &tensor)?;
+        Ok(())
+    })
+}
+
+/// Runs the model (the selected function of a Relax model) once; every input must be set
+/// (`MBLOB_ERR_INPUT` names those that are not). Outputs of an earlier run are dropped.
+///
+/// # Safety
+/// `model` is NULL or a handle.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_run(model: *mut mblob_model) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { model_mut(model) };
+        m.outputs = None;
+        m.model.run()?;
+        m.outputs = Some(m.model.outputs()?);
+        Ok(())
+    })
+}
+
+fn outputs(m: &mblob_model) -> Result<&[Output]> {
+    m.outputs.as_deref().ok_or_else(|| {
+        Failure::new(mblob_status::MBLOB_ERR_STATE, "the model has no outputs yet: call mblob_model_run first")
+    })
+}
+
+/// Writes the number of outputs of the last run to `*out` (a Relax function's returned tuple
+/// counts flattened, depth first). Before a successful run: `MBLOB_ERR_STATE`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_num_outputs(model: *const mblob_model, out: *mut usize) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let n = outputs(m)?.len();
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(n) };
+        Ok(())
+    })
+}
+
+/// Copies output `index` of the last run into a new tensor that the caller owns and frees
+/// with `mblob_tensor_free`, and writes its handle to `*out`. A shape a Relax function
+/// returns comes as a 1-D `int64` tensor, an integer as a 0-D `int64` one, a float as a 0-D
+/// `float64` one; a string is `MBLOB_ERR_UNSUPPORTED`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_output(
+    model: *const mblob_model,
+    index: usize,
+    out: *mut *mut mblob_tensor,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let all = outputs(m)?;
+        let tensor = match all.get(index).ok_or_else(|| out_of_range("output", index, all.len()))? {
+            Output::Tensor(t) => mblob_tensor { dtype: t.dtype, shape: t.shape.clone(), data: t.data.to_vec() },
+            Output::Shape(s) => mblob_tensor {
+                dtype: DataType::I64,
+                shape: vec![s.len() as i64],
+                data: s.iter().flat_map(|d| d.to_le_bytes()).collect(),
+            },
+            Output::Int(i) => mblob_tensor { dtype: DataType::I64, shape: Vec::new(), data: i.to_le_bytes().to_vec() },
+            Output::Float(f) => mblob_tensor {
+                dtype: DataType { code: 2, bits: 64, lanes: 1 },
+                shape: Vec::new(),
+                data: f.to_le_bytes().to_vec(),
+            },
+            Output::Str(s) => {
+                return Err(Failure::new(
+                    mblob_status::MBLOB_ERR_UNSUPPORTED,
+                    format!("output {index} is a string ({s:?}), not a tensor"),
+                ))
+            }
+        };
+        publish(Kind::Tensor, tensor, out);
+        Ok(())
+    })
+}
+
+/// Frees a tensor; NULL does nothing.
+///
+/// # Safety
+/// No other call on `tensor` is in progress, and `tensor` is not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_free(tensor: *mut mblob_tensor) -> mblob_status {
+    call(|| release(Kind::Tensor, tensor, "tensor"))
+}
+
+/// Runs `f` on a checked tensor handle and writes what it gives to `*out`.
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one `R`.
+unsafe fn tensor_get<R>(tensor: *const mblob_tensor, out: *mut R, f: impl FnOnce(&mblob_tensor) -> R) -> mblob_status {
+    call(|| {
+        check(Kind::Tensor, tensor, "tensor")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let t = unsafe { &*tensor };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(f(t)) };
+        Ok(())
+    })
+}
+
+/// Writes the tensor's rank to `*out`.
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_ndim(tensor: *const mblob_tensor, out: *mut i32) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| t.shape.len() as i32) }
+}
+
+/// Writes a pointer to the tensor's `ndim` extents to `*out` (owned by the tensor, valid until
+/// it is freed; may be any non-NULL pointer for a 0-D tensor).
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_shape(tensor: *const mblob_tensor, out: *mut *const i64) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| t.shape.as_ptr()) }
+}
+
+/// Writes the tensor's dtype to `*out`.
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_dtype(tensor: *const mblob_tensor, out: *mut mblob_dtype) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| mblob_dtype { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes }) }
+}
+
+/// Writes a pointer to the tensor's bytes (dense, C order, little-endian) to `*out`; owned by
+/// the tensor, valid until it is freed (may be any non-NULL pointer when it has no bytes).
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_data(tensor: *const mblob_tensor, out: *mut *const c_void) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| t.data.as_ptr().cast()) }
+}
+
+/// Writes the number of bytes of the tensor's data to `*out`.
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_nbytes(tensor: *const mblob_tensor, out: *mut usize) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| t.data.len()) }
+}
+
+// A library handle is shared across threads; a model or a tensor moves between them.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send_sync::<mblob_library>();
+    send::<mblob_model>();
+    send_sync::<mblob_tensor>();
+};

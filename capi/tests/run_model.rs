@@ -1,0 +1,107 @@
+//! `examples/c/run_model.c`, compiled with `cc` against the libmblob this build made, runs
+//! every model of `tests/fixtures/tvm-goldens/run` (made by TVM 0.19 and 0.27, see its README)
+//! on TVM's inputs, and its outputs equal TVM's bit for bit (dtype, shape and bytes).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+/// The profile directory of this build (`target/debug`): the test binary is in its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// A directory laid out as an install's `lib/`: `libmblob.so` and `libmblob.so.0` (the soname)
+/// pointing at the build's `libmblob_capi.so` (`cargo test` leaves it in `deps/`, `cargo build`
+/// in the profile directory).
+fn lib_dir(work: &Path) -> PathBuf {
+    let dir = profile_dir();
+    let so = [dir.join("deps/libmblob_capi.so"), dir.join("libmblob_capi.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("libmblob_capi.so not built in {} or its deps/", dir.display()));
+    let lib = work.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    for name in ["libmblob.so", "libmblob.so.0"] {
+        let link = lib.join(name);
+        std::fs::remove_file(&link).ok();
+        std::os::unix::fs::symlink(&so, &link).unwrap();
+    }
+    lib
+}
+
+/// (descr, shape, data bytes) of a .npy file.
+fn npy(path: &Path) -> (String, Vec<u64>, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let dtype = file.dtype();
+    let shape = file.shape().to_vec();
+    let n = shape.iter().product::<u64>() as usize * dtype.num_bytes().unwrap();
+    (dtype.descr(), shape, bytes[bytes.len() - n..].to_vec())
+}
+
+#[test]
+fn run_model_example_matches_tvm_goldens() {
+    if !Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: no `cc` on PATH: examples/c/run_model.c not built");
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("mblob-capi-run-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let lib = lib_dir(&work);
+    let exe = work.join("run_model");
+    let out = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
+        .arg(repo().join("capi/include"))
+        .arg(repo().join("examples/c/run_model.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lmblob")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc run_model.c:\n{}", String::from_utf8_lossy(&out.stderr));
+
+    let goldens = repo().join("tests/fixtures/tvm-goldens/run");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(goldens.join("manifest.json")).unwrap()).unwrap();
+    let models = manifest["models"].as_object().unwrap();
+    let mut ran = Vec::new();
+    for (name, m) in models {
+        let out_dir = work.join(name);
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let mut cmd = Command::new(&exe);
+        cmd.arg(goldens.join(m["so"].as_str().unwrap()));
+        if m["executor"] == "relax" {
+            cmd.args(["--function", m["entry"].as_str().unwrap()]);
+        }
+        for input in m["inputs"].as_array().unwrap() {
+            let file = goldens.join(input["file"].as_str().unwrap());
+            cmd.arg(format!("{}={}", input["name"].as_str().unwrap(), file.display()));
+        }
+        cmd.arg("-o").arg(&out_dir);
+        let run = cmd.output().unwrap();
+        assert!(run.status.success(), "run_model {name}:\n{}", String::from_utf8_lossy(&run.stderr));
+        let outputs = m["outputs"].as_array().unwrap();
+        for (k, o) in outputs.iter().enumerate() {
+            let want = npy(&goldens.join(o["file"].as_str().unwrap()));
+            let got = npy(&out_dir.join(format!("out.{k}.npy")));
+            assert_eq!(got.0, want.0, "{name} output {k}: dtype");
+            assert_eq!(got.1, want.1, "{name} output {k}: shape");
+            assert!(got.2 == want.2, "{name} output {k}: bytes differ from TVM's");
+        }
+        assert!(!out_dir.join(format!("out.{}.npy", outputs.len())).exists(), "{name}: more outputs than TVM's");
+        ran.push((name.clone(), m["executor"].as_str().unwrap().to_owned()));
+    }
+    for kind in ["graph", "aot", "relax"] {
+        assert!(ran.iter().any(|(_, e)| e == kind), "no {kind} model among the goldens: {ran:?}");
+    }
+    assert!(ran.iter().any(|(n, _)| n == "graph_mlp"), "graph_mlp missing from the goldens");
+    std::fs::remove_dir_all(&work).ok();
+}

@@ -187,7 +187,11 @@ fn check<T>(kind: Kind, ptr: *const T, what: &str) -> Result<()> {
     if ptr.is_null() {
         return Err(Failure::new(mblob_status::MBLOB_ERR_NULL_ARGUMENT, format!("{what} is NULL")));
     }
-    match live(|m| m.get(&(ptr as usize)).copied()) {
+    live(|m| is_live(m, kind, ptr as usize, what))
+}
+
+fn is_live(m: &HashMap<usize, Kind>, kind: Kind, address: usize, what: &str) -> Result<()> {
+    match m.get(&address).copied() {
         Some(k) if k == kind => Ok(()),
         Some(k) => Err(Failure::new(
             mblob_status::MBLOB_ERR_INVALID_HANDLE,
@@ -205,8 +209,12 @@ fn release<T>(kind: Kind, ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {
         return Ok(());
     }
-    check(kind, ptr, what)?;
-    live(|m| m.remove(&(ptr as usize)));
+    // Checked and taken out of the live set at once: of two frees of one handle, one wins.
+    live(|m| -> Result<()> {
+        is_live(m, kind, ptr as usize, what)?;
+        m.remove(&(ptr as usize));
+        Ok(())
+    })?;
     // SAFETY: `ptr` was a live handle of `kind`, made by `publish` from `Box::into_raw` of a
     // `T` (the kind determines the type), and it is now out of the live set, so no later call
     // takes it; the API requires that no other call on it is in progress.

@@ -266,3 +266,52 @@ fn last_error_is_per_thread() {
     assert_eq!(other, "");
     assert!(last_error().contains("path is NULL"));
 }
+
+/// One library shared by threads, a model on each: every thread's output is TVM's.
+#[test]
+fn one_library_shared_by_threads() {
+    let _serial = serial();
+    let npy_data = |name: &str| {
+        let bytes =
+            std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run").join(name))
+                .unwrap();
+        let file = npyz::NpyFile::new(&bytes[..]).unwrap();
+        let n = file.shape().iter().product::<u64>() as usize * file.dtype().num_bytes().unwrap();
+        bytes[bytes.len() - n..].to_vec()
+    };
+    let x = npy_data("graph_mlp.in.x.npy");
+    let want = npy_data("graph_mlp.out.0.npy");
+    struct Shared(*mut mblob_library);
+    // SAFETY: the API documents a library as shareable across threads.
+    unsafe impl Send for Shared {}
+    unsafe impl Sync for Shared {}
+    let lib = Shared(load("graph_mlp.so"));
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                let lib = &lib;
+                let m = model(lib.0);
+                let mut t = null_mut();
+                let (mut data, mut n) = (null(), 0usize);
+                // SAFETY: a model of this thread's own, buffers of the sizes passed.
+                unsafe {
+                    for _ in 0..5 {
+                        assert_eq!(set(m, None, &x, 32, &[2, 64]), MBLOB_OK, "{}", last_error());
+                        assert_eq!(mblob_model_run(m), MBLOB_OK, "{}", last_error());
+                        assert_eq!(mblob_model_output(m, 0, &mut t), MBLOB_OK, "{}", last_error());
+                        assert_eq!(mblob_tensor_data(t, &mut data), MBLOB_OK);
+                        assert_eq!(mblob_tensor_nbytes(t, &mut n), MBLOB_OK);
+                        assert!(
+                            std::slice::from_raw_parts(data.cast::<u8>(), n) == &want[..],
+                            "output differs from TVM's"
+                        );
+                        assert_eq!(mblob_tensor_free(t), MBLOB_OK);
+                    }
+                    assert_eq!(mblob_model_free(m), MBLOB_OK);
+                }
+            });
+        }
+    });
+    // SAFETY: every thread is done with it.
+    assert_eq!(unsafe { mblob_library_free(lib.0) }, MBLOB_OK);
+}

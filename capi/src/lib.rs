@@ -692,3 +692,28 @@ const _: () = {
     send::<mblob_model>();
     send_sync::<mblob_tensor>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_error() -> String {
+        // SAFETY: never NULL; valid until the next call on this thread.
+        unsafe { CStr::from_ptr(mblob_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_panic_is_a_status_and_a_message() {
+        assert_eq!(call(|| panic!("boom {}", 7)), mblob_status::MBLOB_ERR_PANIC);
+        assert_eq!(last_error(), "internal error (a bug in mblob): boom 7");
+        assert_eq!(call(|| Ok(())), mblob_status::MBLOB_OK);
+        assert_eq!(last_error(), "");
+    }
+
+    #[test]
+    fn a_message_with_a_nul_survives() {
+        let s = call(|| Err(Failure::new(mblob_status::MBLOB_ERR_INPUT, "no input named `a\0b`")));
+        assert_eq!(s, mblob_status::MBLOB_ERR_INPUT);
+        assert_eq!(last_error(), "no input named `a\\0b`");
+    }
+}

@@ -315,3 +315,22 @@ fn one_library_shared_by_threads() {
     // SAFETY: every thread is done with it.
     assert_eq!(unsafe { mblob_library_free(lib.0) }, MBLOB_OK);
 }
+
+/// A CPU-built model asked for another device, or an unknown device type: a device error.
+#[test]
+fn devices_the_model_cannot_run_on() {
+    let _serial = serial();
+    let lib = load("graph_mlp.so");
+    let mut m = null_mut();
+    // SAFETY: a live library and a valid out-pointer.
+    unsafe {
+        for (device_type, device_id) in [(4, 0), (2, 0), (99, 0)] {
+            let s = mblob_model_new(lib, device_type, device_id, &mut m);
+            let message = last_error();
+            assert_eq!(s, MBLOB_ERR_DEVICE, "({device_type}, {device_id}): {message}");
+            assert!(!message.is_empty());
+            assert!(m.is_null());
+        }
+        assert_eq!(mblob_library_free(lib), MBLOB_OK);
+    }
+}

@@ -44,15 +44,15 @@ fn npy(path: &Path) -> (String, Vec<u64>, Vec<u8>) {
     (dtype.descr(), shape, bytes[bytes.len() - n..].to_vec())
 }
 
-#[test]
-fn run_model_example_matches_tvm_goldens() {
+/// Builds `examples/c/run_model.c` in `work` against the build's libmblob, or `None` (with a
+/// message) when there is no C compiler.
+fn build_example(work: &Path) -> Option<PathBuf> {
     if !Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success()) {
         eprintln!("SKIPPED: no `cc` on PATH: examples/c/run_model.c not built");
-        return;
+        return None;
     }
-    let work = std::env::temp_dir().join(format!("mblob-capi-run-{}", std::process::id()));
-    std::fs::create_dir_all(&work).unwrap();
-    let lib = lib_dir(&work);
+    std::fs::create_dir_all(work).unwrap();
+    let lib = lib_dir(work);
     let exe = work.join("run_model");
     let out = Command::new("cc")
         .args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
@@ -67,7 +67,13 @@ fn run_model_example_matches_tvm_goldens() {
         .output()
         .unwrap();
     assert!(out.status.success(), "cc run_model.c:\n{}", String::from_utf8_lossy(&out.stderr));
+    Some(exe)
+}
 
+#[test]
+fn run_model_example_matches_tvm_goldens() {
+    let work = std::env::temp_dir().join(format!("mblob-capi-run-{}", std::process::id()));
+    let Some(exe) = build_example(&work) else { return };
     let goldens = repo().join("tests/fixtures/tvm-goldens/run");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(goldens.join("manifest.json")).unwrap()).unwrap();
@@ -103,5 +109,53 @@ fn run_model_example_matches_tvm_goldens() {
         assert!(ran.iter().any(|(_, e)| e == kind), "no {kind} model among the goldens: {ran:?}");
     }
     assert!(ran.iter().any(|(n, _)| n == "graph_mlp"), "graph_mlp missing from the goldens");
+    std::fs::remove_dir_all(&work).ok();
+}
+
+/// `run_model --device opencl` on the OpenCL models of `tests/fixtures/device-run` (built by
+/// TVM 0.19 and 0.27 for OpenCL; the reference is TVM's run of the same model built for the
+/// CPU): within the fixtures' tolerance, `rtol * max(1, max|want|)`. Skipped with a message
+/// when no OpenCL device opens, unless `MBLOB_REQUIRE_OPENCL` is set.
+#[test]
+fn run_model_example_on_opencl() {
+    let work = std::env::temp_dir().join(format!("mblob-capi-ocl-{}", std::process::id()));
+    let Some(exe) = build_example(&work) else { return };
+    let dir = repo().join("tests/fixtures/device-run");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    for name in ["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"] {
+        let m = &manifest["models"][name];
+        let out_dir = work.join(name);
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let mut cmd = Command::new(&exe);
+        cmd.arg(dir.join(m["so"].as_str().unwrap())).args(["--device", "opencl"]);
+        if m["executor"] == "relax" {
+            cmd.args(["--function", m["entry"].as_str().unwrap()]);
+        }
+        for input in m["inputs"].as_array().unwrap() {
+            let file = dir.join(input["file"].as_str().unwrap());
+            cmd.arg(format!("{}={}", input["name"].as_str().unwrap(), file.display()));
+        }
+        let run = cmd.arg("-o").arg(&out_dir).output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        if !run.status.success() && stderr.contains("(status 7)") && std::env::var_os("MBLOB_REQUIRE_OPENCL").is_none()
+        {
+            eprintln!("SKIPPED: no OpenCL device ({stderr})");
+            return;
+        }
+        assert!(run.status.success(), "run_model {name} --device opencl:\n{stderr}");
+        let rtol = m["rtol"].as_f64().unwrap() as f32;
+        for (k, o) in m["outputs"].as_array().unwrap().iter().enumerate() {
+            let (want_dtype, want_shape, want) = npy(&dir.join(o["file"].as_str().unwrap()));
+            let (dtype, shape, got) = npy(&out_dir.join(format!("out.{k}.npy")));
+            assert_eq!((dtype, shape), (want_dtype, want_shape), "{name} output {k}");
+            let f =
+                |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>();
+            let (got, want) = (f(&got), f(&want));
+            let scale = want.iter().fold(1f32, |a, w| a.max(w.abs()));
+            let worst = got.iter().zip(&want).fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+            assert!(worst <= rtol * scale, "{name} output {k}: off by {worst} (allowed {})", rtol * scale);
+        }
+    }
     std::fs::remove_dir_all(&work).ok();
 }

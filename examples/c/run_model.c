@@ -1,11 +1,12 @@
 /*
  * run_model: runs a model through mblob's C API on .npy inputs and writes its outputs as .npy.
  *
- *   run_model MODEL.so [--function F] NAME=IN.npy... -o DIR
+ *   run_model MODEL.so [--function F] [--device cpu|cuda|opencl[:ID]] NAME=IN.npy... -o DIR
  *
  * Loads MODEL.so (a TVM `export_library` output: graph, AOT, Relax or Relay VM), runs it on
- * the CPU with each NAME=IN.npy as input NAME (an argument without `NAME=` sets the next input
- * by position), and writes output K to DIR/out.K.npy. `--function` picks a Relax function.
+ * the device (the CPU by default) with each NAME=IN.npy as input NAME (an argument without
+ * `NAME=` sets the next input by position), and writes output K to DIR/out.K.npy.
+ * `--function` picks a Relax function.
  *
  * The .npy reader and writer here take float32, float64, int32, int64, int8 and uint8,
  * little-endian, C order: what this example needs, not a general .npy library.
@@ -148,7 +149,8 @@ static int npy_write(const char *path, mblob_dtype dtype, int32_t ndim, const in
 }
 
 int main(int argc, char **argv) {
-    const char *model_path = NULL, *function = NULL, *out_dir = NULL;
+    const char *model_path = NULL, *function = NULL, *out_dir = NULL, *device = "cpu";
+    int32_t device_type = 1 /* kDLCPU */, device_id = 0;
     mblob_library *lib = NULL;
     mblob_model *model = NULL;
     size_t positional = 0, n_outputs = 0, k;
@@ -157,14 +159,20 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--function") == 0 && i + 1 < argc) function = argv[++i];
         else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) out_dir = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
         else if (!model_path) model_path = argv[i];
     }
     if (!model_path || !out_dir) {
-        fprintf(stderr, "usage: run_model MODEL.so [--function F] NAME=IN.npy... -o DIR\n");
+        fprintf(stderr, "usage: run_model MODEL.so [--function F] [--device cpu|cuda|opencl[:ID]] NAME=IN.npy... -o DIR\n");
         return 2;
     }
+    /* DLPack's device codes: kDLCPU 1, kDLCUDA 2, kDLOpenCL 4. */
+    if (strncmp(device, "cuda", 4) == 0) device_type = 2;
+    else if (strncmp(device, "opencl", 6) == 0) device_type = 4;
+    else if (strncmp(device, "cpu", 3) != 0) return fail(device, "unknown device (cpu, cuda or opencl)");
+    if (strchr(device, ':')) device_id = atoi(strchr(device, ':') + 1);
     if (check(mblob_library_load(model_path, &lib), model_path)) goto done;
-    if (check(mblob_model_new(lib, 1 /* kDLCPU */, 0, &model), model_path)) goto done;
+    if (check(mblob_model_new(lib, device_type, device_id, &model), model_path)) goto done;
     if (function && check(mblob_model_select_function(model, function), function)) goto done;
 
     for (i = 1; i < argc; i++) {
@@ -172,7 +180,7 @@ int main(int argc, char **argv) {
         const char *arg = argv[i], *eq, *file;
         char name[256] = {0};
         mblob_status status;
-        if (strcmp(arg, "--function") == 0 || strcmp(arg, "-o") == 0) {
+        if (strcmp(arg, "--function") == 0 || strcmp(arg, "-o") == 0 || strcmp(arg, "--device") == 0) {
             i++;
             continue;
         }

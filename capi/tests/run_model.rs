@@ -118,17 +118,39 @@ fn run_model_example_matches_tvm_goldens() {
 /// when no OpenCL device opens, unless `MBLOB_REQUIRE_OPENCL` is set.
 #[test]
 fn run_model_example_on_opencl() {
-    let work = std::env::temp_dir().join(format!("mblob-capi-ocl-{}", std::process::id()));
+    run_on_device("opencl", &["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"], "MBLOB_REQUIRE_OPENCL");
+}
+
+/// The same on CUDA, with TVM 0.27's CUDA models (`sm_80` and `sm_90`; their CUDA source is
+/// compiled with NVRTC at load): needs an NVIDIA GPU, its driver and NVRTC (run with
+/// `-- --ignored`, NVRTC's folder on `LD_LIBRARY_PATH`).
+#[test]
+#[ignore = "needs an NVIDIA GPU (sm_80 or newer) with its driver, and NVRTC"]
+fn run_model_example_on_cuda() {
+    let models = [
+        "dev_relax_mlp_cuda_sm80",
+        "dev_relax_mlp_cuda_sm90",
+        "dev_relax_cnn_cuda_sm90",
+        "dev_relax_transformer_cuda_sm90",
+    ];
+    run_on_device("cuda", &models, "MBLOB_REQUIRE_CUDA");
+}
+
+/// Runs the device-run models `names` through the example on `device` and compares them with
+/// TVM's CPU outputs within their tolerance; skips (with a message) when the device cannot be
+/// opened, unless the environment variable `require` is set.
+fn run_on_device(device: &str, names: &[&str], require: &str) {
+    let work = std::env::temp_dir().join(format!("mblob-capi-{device}-{}", std::process::id()));
     let Some(exe) = build_example(&work) else { return };
     let dir = repo().join("tests/fixtures/device-run");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    for name in ["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"] {
+    for name in names {
         let m = &manifest["models"][name];
         let out_dir = work.join(name);
         std::fs::create_dir_all(&out_dir).unwrap();
         let mut cmd = Command::new(&exe);
-        cmd.arg(dir.join(m["so"].as_str().unwrap())).args(["--device", "opencl"]);
+        cmd.arg(dir.join(m["so"].as_str().unwrap())).args(["--device", device]);
         if m["executor"] == "relax" {
             cmd.args(["--function", m["entry"].as_str().unwrap()]);
         }
@@ -138,12 +160,11 @@ fn run_model_example_on_opencl() {
         }
         let run = cmd.arg("-o").arg(&out_dir).output().unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr);
-        if !run.status.success() && stderr.contains("(status 7)") && std::env::var_os("MBLOB_REQUIRE_OPENCL").is_none()
-        {
-            eprintln!("SKIPPED: no OpenCL device ({stderr})");
+        if !run.status.success() && stderr.contains("(status 7)") && std::env::var_os(require).is_none() {
+            eprintln!("SKIPPED: no {device} device ({stderr})");
             return;
         }
-        assert!(run.status.success(), "run_model {name} --device opencl:\n{stderr}");
+        assert!(run.status.success(), "run_model {name} --device {device}:\n{stderr}");
         let rtol = m["rtol"].as_f64().unwrap() as f32;
         for (k, o) in m["outputs"].as_array().unwrap().iter().enumerate() {
             let (want_dtype, want_shape, want) = npy(&dir.join(o["file"].as_str().unwrap()));

@@ -116,6 +116,7 @@ fn run_model_example_matches_tvm_goldens() {
 /// TVM 0.19 and 0.27 for OpenCL; the reference is TVM's run of the same model built for the
 /// CPU): within the fixtures' tolerance, `rtol * max(1, max|want|)`. Skipped with a message
 /// when no OpenCL device opens, unless `MBLOB_REQUIRE_OPENCL` is set.
+#[cfg(feature = "opencl")]
 #[test]
 fn run_model_example_on_opencl() {
     run_on_device("opencl", &["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"], "MBLOB_REQUIRE_OPENCL");
@@ -124,6 +125,7 @@ fn run_model_example_on_opencl() {
 /// The same on CUDA, with TVM 0.27's CUDA models (`sm_80` and `sm_90`; their CUDA source is
 /// compiled with NVRTC at load): needs an NVIDIA GPU, its driver and NVRTC (run with
 /// `-- --ignored`, NVRTC's folder on `LD_LIBRARY_PATH`).
+#[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs an NVIDIA GPU (sm_80 or newer) with its driver, and NVRTC"]
 fn run_model_example_on_cuda() {
@@ -139,6 +141,7 @@ fn run_model_example_on_cuda() {
 /// Runs the device-run models `names` through the example on `device` and compares them with
 /// TVM's CPU outputs within their tolerance; skips (with a message) when the device cannot be
 /// opened, unless the environment variable `require` is set.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 fn run_on_device(device: &str, names: &[&str], require: &str) {
     let work = std::env::temp_dir().join(format!("mblob-capi-{device}-{}", std::process::id()));
     let Some(exe) = build_example(&work) else { return };

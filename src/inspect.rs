@@ -666,16 +666,7 @@ fn param_reports(params: &[(String, mblob_runtime::payload::graph::Tensor)]) -> 
 }
 
 fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
-    let params = g
-        .params
-        .iter()
-        .map(|(name, t)| ParamReport {
-            name: name.clone(),
-            dtype: t.dtype.to_string(),
-            shape: t.shape.clone(),
-            bytes: t.data.len(),
-        })
-        .collect();
+    let params = param_reports(&g.params);
     let (inputs, outputs, graph_error) = match graph_io(&g.graph_json, &g.params) {
         Ok((i, o)) => (i, o, None),
         Err(e) => (vec![], vec![], Some(e)),

@@ -177,11 +177,11 @@ impl TvmTar {
     }
 
     /// The module tree of the blob member, read without running anything (as
-    /// [`crate::repack::read_module_tree`] reads a `.so`).
+    /// [`crate::repack::read_module_tree`] reads a `.so`), and the blob's layout.
     ///
     /// # Errors
     /// No member holds a blob, or its blob cannot be read (the error names the member).
-    pub fn module_tree(&self, prefix: Option<&str>) -> Result<ModuleTree> {
+    pub fn module_tree(&self, prefix: Option<&str>) -> Result<(ModuleTree, mblob_runtime::Layout)> {
         let found = self.blob_member(prefix)?.ok_or_else(|| Error::Invalid {
             what: self.path.display().to_string(),
             detail: format!(
@@ -190,7 +190,8 @@ impl TvmTar {
                 self.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
             ),
         })?;
-        crate::repack::module_tree_of(&found.blob, found.layout, &self.member_path(&found.member))
+        let tree = crate::repack::module_tree_of(&found.blob, found.layout, &self.member_path(&found.member))?;
+        Ok((tree, found.layout))
     }
 
     /// Writes the host objects (and sources) into `dir` under their member names and returns their paths,

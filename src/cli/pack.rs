@@ -267,9 +267,8 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
 /// with the archive's own host objects (`lib0.o`, ...) unless `--host` or `--blob-only` says
 /// otherwise.
 fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCode> {
-    let tree = tar.module_tree(None)?;
     // Without --layout the library keeps the layout of the archive's blob.
-    let layout = tar.blob_member(None)?.map_or(Layout::Classic, |m| m.layout);
+    let (tree, layout) = tar.module_tree(None)?;
     let dir = tempfile::Builder::new()
         .prefix(".mblob-tar-")
         .tempdir()

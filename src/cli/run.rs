@@ -321,15 +321,14 @@ fn run_model(
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
     let mut m = Model::new(tree, device).map_err(fail)?;
     let kind = m.kind();
-    // A Relax model runs `--function`, else `main`, else its only function.
-    if kind == ModelKind::Relax {
+    // A Relax or Relay VM model runs `--function`, else what `Model::new` chose (`main`, or a
+    // Relax library's only function); without either, selecting `main` says what there is.
+    if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
         match function {
             Some(f) => m.select_function(f).map_err(fail)?,
             None if m.function().is_none() => m.select_function("main").map_err(fail)?,
             None => {}
         }
-    } else if kind == ModelKind::RelayVm {
-        m.select_function(function.unwrap_or("main")).map_err(fail)?;
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
     }

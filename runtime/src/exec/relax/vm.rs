@@ -1382,9 +1382,17 @@ impl VirtualMachine {
 /// no module of the tree has it: a VM builtin, a `relax.run.*` function or a global function
 /// (`crate::ffi::globals`). Used by [`super::calls::unsupported_calls`].
 pub fn is_served(name: &str) -> bool {
-    BUILTINS.iter().any(|(n, _)| *n == name)
-        || run::lookup(name).is_some()
-        || crate::ffi::globals::global_function(name).is_some()
+    BUILTINS.iter().any(|(n, _)| *n == name) || provided(name).is_some()
+}
+
+/// A function mblob provides by name for when no module of the tree has it, as TVM's global
+/// registry: a `relax.run.*` function on VM values, else a global function on DLTensors
+/// (`tvm.contrib.sort.*` and others, `crate::ffi::globals`).
+fn provided(name: &str) -> Option<Callee> {
+    match run::lookup(name) {
+        Some(f) => Some(Callee::Run(f)),
+        None => crate::ffi::globals::global_function(name).map(Callee::Kernel),
+    }
 }
 
 /// Resolves a packed function by name: a builtin, else a function of the tree (from the root,
@@ -1395,11 +1403,10 @@ fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
     }
     match tree.packed_function(name) {
         Some(f) => Ok(Callee::Kernel(f)),
-        None => match (run::lookup(name), crate::ffi::globals::global_function(name)) {
-            (Some(f), _) => Ok(Callee::Run(f)),
-            (None, Some(f)) => Ok(Callee::Kernel(f)),
-            _ if name.starts_with("vm.builtin.") => Ok(Callee::Refused(refusal(name))),
-            _ => Err(VmError::MissingFunction { name: name.to_owned() }),
+        None => match provided(name) {
+            Some(c) => Ok(c),
+            None if name.starts_with("vm.builtin.") => Ok(Callee::Refused(refusal(name))),
+            None => Err(VmError::MissingFunction { name: name.to_owned() }),
         },
     }
 }

@@ -31,6 +31,8 @@
 //! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
 pub mod calls;
+#[cfg(feature = "llm")]
+pub mod kv_cache;
 pub mod vm;
 
 pub use crate::payload::relax::{
@@ -38,4 +40,6 @@ pub use crate::payload::relax::{
     RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
-pub use vm::{numpy_dtype, ParamKind, VirtualMachine, VmError, VmOutput, VmValue, REFUSED_BUILTINS};
+pub use vm::{
+    numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmError, VmObject, VmOutput, VmValue, REFUSED_BUILTINS,
+};

@@ -293,3 +293,126 @@ fn batch_prefill_params() {
         scenario("llm_params.so", "batch_prefill", threads);
     }
 }
+
+/// The integers of a list such as `[0, 1]` or a range `a..b` (inclusive, as the fixture
+/// writes them), or one integer.
+fn parse_ints(s: &str) -> Vec<i64> {
+    let s = s.trim();
+    if let Some((a, b)) = s.split_once("..") {
+        return (a.trim().parse().unwrap()..=b.trim().parse().unwrap()).collect();
+    }
+    s.trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse().unwrap())
+        .collect()
+}
+
+/// The bracketed lists and the rest of a `forward FUNC [ids] [lengths] TOKENS` call.
+fn forward_step(call: &str, prompt: &[i64]) -> Json {
+    let rest = call.strip_prefix("forward ").unwrap();
+    let (func, rest) = rest.split_once(' ').unwrap();
+    let (ids, rest) = rest.split_once("] ").unwrap();
+    let (lengths, tokens) = rest.split_once("] ").unwrap();
+    let tokens = match tokens.strip_prefix("tokens ") {
+        Some(t) => parse_ints(t),
+        None => {
+            assert_eq!(tokens, "PROMPT");
+            prompt.to_vec()
+        }
+    };
+    serde_json::json!({"func": func, "seq_ids": parse_ints(ids), "lengths": parse_ints(lengths), "tokens": tokens})
+}
+
+/// Runs one call of an `errors.json` case; the error names the call that failed.
+fn error_call(llm: &mut Llm, call: &str, prompt: &[i64]) -> Result<(), (String, VmError)> {
+    let (op, args) = call.split_once('(').unwrap_or((call, ""));
+    let args = args.trim_end_matches(')');
+    let plain = |r: Result<VmValue, VmError>| r.map(drop).map_err(|e| (op.to_owned(), e));
+    match op {
+        "create" => {
+            llm.create(&parse_ints(args));
+            Ok(())
+        }
+        "add_sequence" => {
+            for s in parse_ints(args) {
+                plain(llm.call("kv_state_add_sequence", &[VmValue::Int(s)]))?;
+            }
+            Ok(())
+        }
+        "remove_sequence" | "fork_sequence" | "popn" => {
+            let args: Vec<VmValue> = parse_ints(args).into_iter().map(VmValue::Int).collect();
+            plain(llm.call(&format!("kv_state_{op}"), &args))
+        }
+        "begin_forward" => {
+            let (ids, lengths) = args.split_once("], ").unwrap();
+            let args = [VmValue::Shape(parse_ints(ids)), VmValue::Shape(parse_ints(lengths))];
+            plain(llm.call("kv_state_begin_forward", &args))
+        }
+        "embed" => Ok(()),
+        "decode" => {
+            // decode(embedding [2, 1, 64], ...): the embedding of the `embed` call before.
+            let ids = Tensor::new(DataType::I32, vec![2], [1i32, 2].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
+            let e = match llm.invoke("embed", vec![VmValue::Tensor(ids.unwrap())]).unwrap() {
+                VmValue::Tensor(t) => t,
+                v => panic!("embed returned {v:?}"),
+            };
+            let e = Tensor::new(e.dtype, vec![2, 1, 64], e.data).unwrap();
+            let cache = llm.cache.clone();
+            plain(llm.invoke("decode", vec![VmValue::Tensor(e), cache]))
+        }
+        _ => {
+            let step = forward_step(call, prompt);
+            llm.forward(&step).map(drop).map_err(|(c, e)| (c.to_owned(), e))
+        }
+    }
+}
+
+/// The KV cache cases of `errors.json`: each fails in the call TVM failed in, with TVM's
+/// message (the whole `Check failed: ...` text for the cache's own checks, the check's text for
+/// the VM's), and leaves the cache in the state TVM left it.
+#[test]
+fn kv_cache_errors_are_tvms() {
+    let errors = json("errors.json");
+    let scenarios = json("scenarios.json");
+    let prompt = ints(&scenarios["scenarios"]["single"]["steps"][2]["tokens"]);
+    let mut checked = 0;
+    for lib in ["llm_consts.so", "llm_params.so"] {
+        let mut llm = Llm::new(lib, &scenarios);
+        for (name, case) in errors["cases"].as_object().unwrap() {
+            let calls: Vec<&str> = case["calls"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+            if !calls[0].starts_with("create(") {
+                continue;
+            }
+            let (last, before) = calls.split_last().unwrap();
+            for call in before {
+                error_call(&mut llm, call, &prompt).unwrap_or_else(|(c, e)| panic!("{lib} {name}: {call}: {c}: {e}"));
+            }
+            let (failed_in, err) = match error_call(&mut llm, last, &prompt) {
+                Err(e) => e,
+                Ok(()) => panic!("{lib} {name}: {last} succeeded"),
+            };
+            let want = &case["error"];
+            if let Some(f) = case.get("failing_call") {
+                assert_eq!(failed_in, f.as_str().unwrap(), "{lib} {name}: {err}");
+            }
+            match err.root() {
+                VmError::KvCache(mblob_runtime::exec::relax::kv_cache::KvCacheError::Check(m)) => {
+                    assert_eq!(want["kind"], "InternalError", "{lib} {name}");
+                    assert_eq!(m, want["message"].as_str().unwrap(), "{lib} {name}");
+                }
+                e => {
+                    let text = e.to_string();
+                    assert!(text.contains(want["check"].as_str().unwrap()), "{lib} {name}: {text}");
+                    if let VmError::Check { kind, .. } = e {
+                        assert_eq!(*kind, want["kind"].as_str().unwrap(), "{lib} {name}");
+                    }
+                }
+            }
+            let state = &case["state_after"];
+            assert_eq!(llm.state(seqs_of(state)), *state, "{lib} {name}: state after the error");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2 * 15);
+}

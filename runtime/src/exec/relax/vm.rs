@@ -44,6 +44,9 @@ use crate::payload::relax::executable::{
 
 mod run;
 
+/// The page TVM's pooled allocator rounds storage sizes up to (`kDefaultPageSize`).
+const POOL_PAGE: u64 = 4096;
+
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
 
@@ -1255,7 +1258,12 @@ impl VirtualMachine {
                         )));
                     }
                 }
-                let size = tensor_bytes(dtype, &shape).ok_or(VmError::Alloc(u64::MAX))?;
+                // TVM's VM allocates through its pooled allocator, which rounds every size up
+                // to its 4096-byte page: a program that overruns its plan (more tokens than an
+                // LLM's bounds) fails where TVM's does, with TVM's sizes.
+                let size = tensor_bytes(dtype, &shape)
+                    .and_then(|n| n.checked_next_multiple_of(POOL_PAGE))
+                    .ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
                 Ok(Value::Storage(self.pool.alloc(device, &self.apis[device], len)?))
             }
@@ -1277,7 +1285,7 @@ impl VirtualMachine {
                     .is_some_and(|end| end <= storage.nbytes() as u64);
                 if !fits {
                     return Err(VmError::Program(format!(
-                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {} bytes",
+                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {}bytes",
                         needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
                         storage.nbytes()
                     )));

@@ -352,7 +352,11 @@ fn error_call(llm: &mut Llm, call: &str, prompt: &[i64]) -> Result<(), (String, 
         "embed" => Ok(()),
         "decode" => {
             // decode(embedding [2, 1, 64], ...): the embedding of the `embed` call before.
-            let ids = Tensor::new(DataType::I32, vec![2], [1i32, 2].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
+            let ids = Tensor::new(
+                DataType::I32,
+                vec![2],
+                [1i32, 2].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>(),
+            );
             let e = match llm.invoke("embed", vec![VmValue::Tensor(ids.unwrap())]).unwrap() {
                 VmValue::Tensor(t) => t,
                 v => panic!("embed returned {v:?}"),

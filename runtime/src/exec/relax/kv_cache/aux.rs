@@ -148,8 +148,7 @@ impl Table {
         if seq_ids.is_empty() {
             return Err(check_false("!seq_ids.empty()", "BeginForward needs at least one sequence."));
         }
-        let mut batch =
-            Batch { append_lengths: append_lengths.to_vec(), ..Batch::default() };
+        let mut batch = Batch { append_lengths: append_lengths.to_vec(), ..Batch::default() };
         let mut is_decode_request = true;
         let mut last_block_length_before = Vec::with_capacity(seq_ids.len());
         for (&id, &len) in seq_ids.iter().zip(append_lengths) {

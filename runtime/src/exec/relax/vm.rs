@@ -999,6 +999,7 @@ impl VirtualMachine {
 
     /// The library function that the function value `func` (an index into the function
     /// table, `Value::Func`) resolves to, when it is one of the library's kernels.
+    #[cfg(feature = "llm")]
     pub(crate) fn kernel_of(&self, func: u32) -> Option<(&str, PackedFunction)> {
         match self.callees.get(func as usize)? {
             Callee::Kernel(f) => Some((self.executable().functions[func as usize].name.as_str(), f.clone())),
@@ -1007,6 +1008,7 @@ impl VirtualMachine {
     }
 
     /// The loaded tree the VM runs (kept alive by objects that hold its kernels).
+    #[cfg(feature = "llm")]
     pub(crate) fn tree(&self) -> &LoadedTree {
         &self._tree
     }

@@ -194,8 +194,14 @@ fn seqs_of(state: &Json) -> Vec<i64> {
 fn scenario(lib: &str, name: &str, threads: usize) {
     threadpool::set_num_threads(threads);
     let scenarios = json("scenarios.json");
-    let steps = scenarios["scenarios"][name]["steps"].as_array().unwrap().clone();
-    let (ref_shape, reference) = npy_f32(&format!("{name}.logits.npy"));
+    // `deep` (deep/make_deep.py) is recorded apart from make.py's three.
+    let (steps, logits) = if name == "deep" {
+        (json("deep/deep.json")["steps"].clone(), "deep/deep.logits.npy".to_owned())
+    } else {
+        (scenarios["scenarios"][name]["steps"].clone(), format!("{name}.logits.npy"))
+    };
+    let steps = steps.as_array().unwrap().clone();
+    let (ref_shape, reference) = npy_f32(&logits);
     let vocab = ref_shape[1];
     let mut llm = Llm::new(lib, &scenarios);
     let mut forwards = 0;
@@ -291,6 +297,20 @@ fn batch_prefill_consts() {
 fn batch_prefill_params() {
     for threads in [1, 2] {
         scenario("llm_params.so", "batch_prefill", threads);
+    }
+}
+
+#[test]
+fn deep_consts() {
+    for threads in [1, 2] {
+        scenario("llm_consts.so", "deep", threads);
+    }
+}
+
+#[test]
+fn deep_params() {
+    for threads in [1, 2] {
+        scenario("llm_params.so", "deep", threads);
     }
 }
 

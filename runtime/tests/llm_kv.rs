@@ -502,3 +502,18 @@ fn refusals_and_bad_calls_are_errors() {
     // After a clear, a round is needed again before attention.
     assert!(llm.call(attn, &[VmValue::Int(0), VmValue::Float(0.25), qkv, o]).is_err());
 }
+
+/// Every global function the fixture libraries call (`functions.json`) is served: what
+/// `mblob inspect` reports as `unsupported_calls` is empty for both.
+#[test]
+fn every_global_function_of_the_libraries_is_served() {
+    let functions = json("functions.json");
+    for lib in ["llm_consts.so", "llm_params.so"] {
+        let vm = VirtualMachine::new(&load(lib), Device::cpu(0)).unwrap();
+        let kernels: Vec<&str> =
+            functions[lib]["library_kernels"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+        let unsupported = mblob_runtime::exec::relax::unsupported_calls(vm.executable(), &|n| kernels.contains(&n));
+        assert!(unsupported.is_empty(), "{lib}: {unsupported:?}");
+        assert!(!functions[lib]["global_funcs"].as_array().unwrap().is_empty());
+    }
+}

@@ -1,12 +1,12 @@
 //! TVM 0.27's TIR paged KV cache against TVM itself: the LLM of tests/fixtures/llm (both
 //! libraries: weights as constants, and weights passed as `packed_params` from the tensor
-//! cache) runs each scenario of `scenarios.json` step by step, as the fixture's README gives
-//! the call sequences, at 1 and 2 threads. After every step the cache's state
-//! (`num_available_pages`, `total_sequence_length`, each sequence's length) equals TVM's;
+//! cache) runs each scenario of `scenarios.json` (and `deep/deep.json`) step by step, as the
+//! fixture's README gives the call sequences, at 1 and 2 threads. After every step the cache's
+//! state (`num_available_pages`, `total_sequence_length`, each sequence's length) equals TVM's;
 //! every forward gives TVM's greedy tokens and its logits within 1e-4 (relative to the largest
 //! logit, at least 1; they come out bitwise equal here); `debug_get_kv` reads back TVM's keys
-//! and values bitwise. The KV cache cases of
-//! `errors.json` fail with TVM's messages and leave the state TVM leaves.
+//! and values bitwise. The KV cache cases of `errors.json` fail with TVM's messages and leave
+//! the state TVM leaves.
 #![cfg(feature = "llm")]
 
 use std::collections::BTreeMap;

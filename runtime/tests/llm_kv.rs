@@ -1,6 +1,6 @@
 //! TVM 0.27's TIR paged KV cache against TVM itself: the LLM of tests/fixtures/llm (both
 //! libraries: weights as constants, and weights passed as `packed_params` from the tensor
-//! cache) runs each scenario of `scenarios.json` (and `deep/deep.json`) step by step, as the
+//! cache) runs each scenario of `scenarios.json` (and of `deep/`) step by step, as the
 //! fixture's README gives the call sequences, at 1 and 2 threads. After every step the cache's
 //! state (`num_available_pages`, `total_sequence_length`, each sequence's length) equals TVM's;
 //! every forward gives TVM's greedy tokens and its logits within 1e-4 (relative to the largest
@@ -195,9 +195,9 @@ fn seqs_of(state: &Json) -> Vec<i64> {
 fn scenario(lib: &str, name: &str, threads: usize) {
     threadpool::set_num_threads(threads);
     let scenarios = json("scenarios.json");
-    // `deep` (deep/make_deep.py) is recorded apart from make.py's three.
-    let (steps, logits) = if name == "deep" {
-        (json("deep/deep.json")["steps"].clone(), "deep/deep.logits.npy".to_owned())
+    // `deep` and `aligned` (deep/make_deep.py) are recorded apart from make.py's three.
+    let (steps, logits) = if name == "deep" || name == "aligned" {
+        (json(&format!("deep/{name}.json"))["steps"].clone(), format!("deep/{name}.logits.npy"))
     } else {
         (scenarios["scenarios"][name]["steps"].clone(), format!("{name}.logits.npy"))
     };
@@ -313,6 +313,20 @@ fn deep_consts() {
 fn deep_params() {
     for threads in [1, 2] {
         scenario("llm_params.so", "deep", threads);
+    }
+}
+
+#[test]
+fn aligned_consts() {
+    for threads in [1, 2] {
+        scenario("llm_consts.so", "aligned", threads);
+    }
+}
+
+#[test]
+fn aligned_params() {
+    for threads in [1, 2] {
+        scenario("llm_params.so", "aligned", threads);
     }
 }
 

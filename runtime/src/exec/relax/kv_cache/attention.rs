@@ -48,6 +48,13 @@ impl PagedKvCache {
         if layer_id < 0 || layer_id >= c.num_layers {
             return Err(check_cmp("local_layer_id < num_layers_", layer_id, c.num_layers, "").into());
         }
+        if !qkv.device().is_cpu() || !o.device().is_cpu() {
+            return Err(KvCacheError::Unsupported(format!(
+                "attention on tensors on {} (the cache is on the CPU)",
+                if qkv.device().is_cpu() { o.device() } else { qkv.device() }
+            ))
+            .into());
+        }
         if qkv.dtype() != c.dtype || o.dtype() != c.dtype {
             return Err(check_false("qkv_data.DataType() == pages.DataType()", "").into());
         }

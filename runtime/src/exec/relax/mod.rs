@@ -31,6 +31,8 @@
 //! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
 pub mod calls;
+#[cfg(feature = "llm")]
+pub mod lm;
 pub mod vm;
 
 pub use crate::payload::relax::{

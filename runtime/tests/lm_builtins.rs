@@ -138,13 +138,17 @@ fn global_tensor_cache_builtins() {
     let arr = tensor_cache::param_array_from_cache_by_name(&names).unwrap();
     assert_eq!(arr.len(), 15);
     assert_eq!(arr[14].shape(), [256, 64]);
-    let err = tensor_cache::param_array_from_cache_by_name(&["model.embed_tokens.weight", "no.such.weight"]).unwrap_err();
+    let err =
+        tensor_cache::param_array_from_cache_by_name(&["model.embed_tokens.weight", "no.such.weight"]).unwrap_err();
     assert_eq!(err.to_string(), error_case("param_not_in_cache")["message"].as_str().unwrap());
 
     let x = npy("builtins/logits.npy");
     tensor_cache::tensor_cache_update("w_0", x.clone(), None).unwrap();
     tensor_cache::tensor_cache_update("w_1", x.clone(), Some(false)).unwrap();
-    assert!(tensor_cache::tensor_cache_update("w_1", x.clone(), None).unwrap_err().to_string().contains("already exists"));
+    assert!(tensor_cache::tensor_cache_update("w_1", x.clone(), None)
+        .unwrap_err()
+        .to_string()
+        .contains("already exists"));
     tensor_cache::tensor_cache_update("w_1", x.clone(), Some(true)).unwrap();
     assert_eq!(tensor_cache::param_array_from_cache("w", -1).unwrap().len(), 2);
     assert_eq!(tensor_cache::param_array_from_cache("w", 2).unwrap().len(), 2);
@@ -313,7 +317,9 @@ fn sampling_builtins_fail_as_tvm_does() {
             "sample_top_p_from_logits_batch2" => {
                 sampling::sample_top_p_from_logits(&npy("builtins/logits2.npy"), 1.0, 0.9, 0.5).map(|_| ())
             }
-            "sample_top_p_from_prob_batch2" => sampling::sample_top_p_from_prob(&npy("builtins/prob2.npy"), 0.9, 0.5).map(|_| ()),
+            "sample_top_p_from_prob_batch2" => {
+                sampling::sample_top_p_from_prob(&npy("builtins/prob2.npy"), 0.9, 0.5).map(|_| ())
+            }
             "sample_top_p_from_prob_nan" => sampling::sample_top_p_from_prob(&nan, 0.9, 0.5).map(|_| ()),
             "repetition_penalty_int64_ids" => sampling::apply_repetition_penalty(&target, &ids64, 1.3),
             "softmax_float64" => sampling::apply_softmax_with_temperature(&f64_logits, 1.0),
@@ -360,13 +366,20 @@ fn legacy_kv_cache_follows_tvm() {
         let tensor = |k: usize| npy(a[k]["tensor"].as_str().unwrap());
         match op {
             "vm.builtin.attention_kv_cache_create" => {
-                cache = Some(legacy_kv::attention_kv_cache_create(&tensor(0), &shape_arg(&a[1]), a[2].as_i64().unwrap()).unwrap());
+                cache = Some(
+                    legacy_kv::attention_kv_cache_create(&tensor(0), &shape_arg(&a[1]), a[2].as_i64().unwrap())
+                        .unwrap(),
+                );
             }
             _ => {
                 let c = cache.as_mut().unwrap();
                 match op {
-                    "vm.builtin.attention_kv_cache_append" => legacy_kv::attention_kv_cache_append(c, &tensor(0)).unwrap(),
-                    "vm.builtin.attention_kv_cache_update" => legacy_kv::attention_kv_cache_update(c, &tensor(0)).unwrap(),
+                    "vm.builtin.attention_kv_cache_append" => {
+                        legacy_kv::attention_kv_cache_append(c, &tensor(0)).unwrap()
+                    }
+                    "vm.builtin.attention_kv_cache_update" => {
+                        legacy_kv::attention_kv_cache_update(c, &tensor(0)).unwrap()
+                    }
                     "vm.builtin.attention_kv_cache_view" => {
                         let got = legacy_kv::attention_kv_cache_view(c, Some(&shape_arg(&a[0]))).unwrap();
                         assert_same(&what, &got, &npy(step["result"].as_str().unwrap()));
@@ -429,8 +442,13 @@ fn legacy_kv_cache_fails_as_tvm_does() {
             "update_wrong_rows" => c.update(&ones(&[2, 2, 4])),
             "append_wrong_dim" => c.append(&ones(&[1, 3, 4])),
             "append_wrong_dtype" => {
-                let v = NdArray::from_bytes(&1f64.to_le_bytes().repeat(8), &[1, 2, 4], DataType { code: 2, bits: 64, lanes: 1 }, cpu)
-                    .unwrap();
+                let v = NdArray::from_bytes(
+                    &1f64.to_le_bytes().repeat(8),
+                    &[1, 2, 4],
+                    DataType { code: 2, bits: 64, lanes: 1 },
+                    cpu,
+                )
+                .unwrap();
                 assert_eq!(f64s_of(&v)[0], 1.0);
                 c.append(&v)
             }

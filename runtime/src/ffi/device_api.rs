@@ -336,7 +336,11 @@ impl Storage {
 
     /// Bytes `offset..offset + nbytes` of a host file mapping as CPU storage (`cpu(0)`), kept
     /// alive by the storage: no copy.
-    pub fn in_file_mapping(map: &Arc<HostFileMapping>, offset: usize, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
+    pub fn in_file_mapping(
+        map: &Arc<HostFileMapping>,
+        offset: usize,
+        nbytes: usize,
+    ) -> Result<Arc<Storage>, DeviceError> {
         let device = Device::cpu(0);
         match offset.checked_add(nbytes) {
             Some(end) if end <= map.len() => {}

@@ -46,7 +46,9 @@ pub enum SamplingError {
         found: DataType,
     },
     /// A top-p sampler given a batch: a leading dimension is not 1.
-    #[error("{builtin}: Check failed: {what}->shape[i] == 1 ({extent} vs. 1) : The leading dimensions of logits must be 1")]
+    #[error(
+        "{builtin}: Check failed: {what}->shape[i] == 1 ({extent} vs. 1) : The leading dimensions of logits must be 1"
+    )]
     LeadingDimension {
         /// The builtin.
         builtin: &'static str,
@@ -154,11 +156,11 @@ fn store_f32s(a: &NdArray, values: &[f32]) -> Result<(), SamplingError> {
 
 /// The last extent of `a` (TVM's `shape[ndim - 1]`), which must exist and be positive.
 fn last_extent(a: &NdArray, builtin: &'static str, what: &'static str) -> Result<usize, SamplingError> {
-    a.shape()
-        .last()
-        .and_then(|&d| usize::try_from(d).ok())
-        .filter(|&d| d > 0)
-        .ok_or_else(|| SamplingError::Empty { builtin, what, shape: a.shape().to_vec() })
+    a.shape().last().and_then(|&d| usize::try_from(d).ok()).filter(|&d| d > 0).ok_or_else(|| SamplingError::Empty {
+        builtin,
+        what,
+        shape: a.shape().to_vec(),
+    })
 }
 
 /// Checks that every dimension but the last is 1 (a single row).
@@ -311,9 +313,15 @@ pub fn multinomial_from_uniform(prob: &NdArray, uniform_sample: &NdArray) -> Res
     let u = f32s(uniform_sample, B, "uniform_sample")?;
     let vocab = last_extent(prob, B, "prob")?;
     let batch = usize::try_from(prob.shape()[0]).unwrap_or(0);
-    let needed = batch.checked_mul(vocab).unwrap_or(usize::MAX);
+    let needed = batch.saturating_mul(vocab);
     if p.len() < needed {
-        return Err(SamplingError::TooFew { builtin: B, what: "prob", shape: prob.shape().to_vec(), found: p.len(), needed });
+        return Err(SamplingError::TooFew {
+            builtin: B,
+            what: "prob",
+            shape: prob.shape().to_vec(),
+            found: p.len(),
+            needed,
+        });
     }
     if u.len() < batch {
         return Err(SamplingError::TooFew {

@@ -562,6 +562,17 @@ fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
             let items = items.iter().map(|i| py_value(py, i)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
+        VmValue::Object(o) => {
+            return Err(RunError::new_err(format!(
+                "the function returned a runtime object ({}), which the Python package cannot hold yet",
+                o.type_key()
+            )))
+        }
+        VmValue::Array(a) => {
+            let t = a.to_tensor().map_err(|e| RunError::new_err(e.to_string()))?;
+            let (data, dtype, shape) = to_py_tensor(py, &t);
+            ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
+        }
     })
 }
 

@@ -364,7 +364,7 @@ impl Model {
                     VmValue::Int(i) => Some(Output::Int(*i)),
                     VmValue::Float(f) => Some(Output::Float(*f)),
                     VmValue::Str(s) => Some(Output::Str(s.clone())),
-                    VmValue::Null | VmValue::Tuple(_) => None,
+                    VmValue::Null | VmValue::Tuple(_) | VmValue::Object(_) | VmValue::Array(_) => None,
                 })
                 .collect()),
             Inner::RelayVm(r) => Ok(r.outputs.iter().cloned().map(Output::Tensor).collect()),

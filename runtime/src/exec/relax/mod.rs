@@ -32,6 +32,8 @@
 
 pub mod calls;
 #[cfg(feature = "llm")]
+pub mod kv_cache;
+#[cfg(feature = "llm")]
 pub mod lm;
 pub mod vm;
 
@@ -40,4 +42,6 @@ pub use crate::payload::relax::{
     RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
-pub use vm::{numpy_dtype, ParamKind, VirtualMachine, VmError, VmOutput, VmValue, REFUSED_BUILTINS};
+pub use vm::{
+    numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmError, VmObject, VmOutput, VmValue, REFUSED_BUILTINS,
+};

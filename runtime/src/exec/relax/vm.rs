@@ -44,6 +44,9 @@ use crate::payload::relax::executable::{
 
 mod run;
 
+/// The page TVM's pooled allocator rounds storage sizes up to (`kDefaultPageSize`).
+const POOL_PAGE: u64 = 4096;
+
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
 
@@ -162,6 +165,10 @@ pub enum VmError {
         /// What it returned.
         got: &'static str,
     },
+    /// A paged KV cache call failed (TVM's checks, with TVM's messages).
+    #[cfg(feature = "llm")]
+    #[error(transparent)]
+    KvCache(#[from] super::kv_cache::KvCacheError),
     /// Where an error happened: the VM function, its instruction and the function it called.
     #[error("in `{function}` at instruction {pc} (call of `{callee}`): {source}")]
     At {
@@ -213,9 +220,52 @@ pub enum VmOutput {
     Shape(Vec<i64>),
 }
 
+/// A TVM runtime object a VM function or builtin made and the caller may hold and pass back,
+/// such as the paged KV cache (`relax.vm.PagedAttentionKVCache`). Objects change through
+/// their own methods (interior mutability): builtins get them by shared reference.
+pub trait VmObject: std::any::Any + std::fmt::Debug + Send + Sync {
+    /// TVM's type key of the object (e.g. `relax.vm.PagedAttentionKVCache`).
+    fn type_key(&self) -> &'static str;
+    /// The object as [`std::any::Any`], for [`ObjectRef::downcast_ref`].
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A shared reference to a [`VmObject`] (TVM's `ObjectRef`): cloning shares the object, and
+/// two references are equal when they name the same object.
+#[derive(Debug, Clone)]
+pub struct ObjectRef(Arc<dyn VmObject>);
+
+impl ObjectRef {
+    /// A reference to a new object.
+    pub fn new(object: impl VmObject) -> ObjectRef {
+        ObjectRef(Arc::new(object))
+    }
+
+    /// TVM's type key of the object.
+    pub fn type_key(&self) -> &'static str {
+        self.0.type_key()
+    }
+
+    /// The object as a `T`, when it is one.
+    pub fn downcast_ref<T: VmObject>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
+    }
+
+    /// Whether both name the same object.
+    pub fn ptr_eq(&self, other: &ObjectRef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl PartialEq for ObjectRef {
+    fn eq(&self, other: &ObjectRef) -> bool {
+        self.ptr_eq(other)
+    }
+}
+
 /// A value passed to or returned by a VM function ([`VirtualMachine::invoke_values`]): what
 /// TVM's `relax.VirtualMachine` takes and gives in Python.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum VmValue {
     /// A tensor (`R.Tensor`); returned ones are copied to the host.
     Tensor(Tensor),
@@ -231,6 +281,36 @@ pub enum VmValue {
     Tuple(Vec<VmValue>),
     /// Nothing (`None`), such as an `R.Object` the function set to null.
     Null,
+    /// A runtime object (`R.Object`), such as the paged KV cache that
+    /// `create_tir_paged_kv_cache` returns: passed back as it is, shared.
+    Object(ObjectRef),
+    /// A tensor passed by reference (as TVM passes its `Tensor`s): a tensor on the VM's device
+    /// is given to the function itself, not copied, so that what the callee writes into it
+    /// (`vm.builtin.attention_kv_cache_debug_get_kv`) is seen by the caller. One on another
+    /// device is copied there. Results never come back in this form.
+    Array(NdArray),
+}
+
+impl PartialEq for VmValue {
+    /// Values equal as TVM compares them in Python: tensors, shapes, numbers and strings by
+    /// value, objects and arrays by identity (the same object, the same bytes of the same
+    /// storage with the same shape and dtype).
+    fn eq(&self, other: &VmValue) -> bool {
+        match (self, other) {
+            (VmValue::Tensor(a), VmValue::Tensor(b)) => a == b,
+            (VmValue::Shape(a), VmValue::Shape(b)) => a == b,
+            (VmValue::Int(a), VmValue::Int(b)) => a == b,
+            (VmValue::Float(a), VmValue::Float(b)) => a == b,
+            (VmValue::Str(a), VmValue::Str(b)) => a == b,
+            (VmValue::Tuple(a), VmValue::Tuple(b)) => a == b,
+            (VmValue::Null, VmValue::Null) => true,
+            (VmValue::Object(a), VmValue::Object(b)) => a == b,
+            (VmValue::Array(a), VmValue::Array(b)) => {
+                Arc::ptr_eq(a.storage(), b.storage()) && a.shape() == b.shape() && a.dtype() == b.dtype()
+            }
+            _ => false,
+        }
+    }
 }
 
 impl VmValue {
@@ -271,14 +351,14 @@ pub enum ParamKind {
 /// A closure: a function of the table with arguments bound after the caller's (TVM's
 /// `VMClosure::BindLastArgs`).
 #[derive(Debug)]
-struct Closure {
+pub(crate) struct Closure {
     func: u32,
     bound: Vec<Value>,
 }
 
 /// A register value.
 #[derive(Debug, Clone)]
-enum Value {
+pub(crate) enum Value {
     Null,
     Int(i64),
     Float(f64),
@@ -292,11 +372,13 @@ enum Value {
     Vm,
     Func(u32),
     Closure(Arc<Closure>),
+    /// A runtime object (the paged KV cache).
+    Object(ObjectRef),
 }
 
 impl Value {
     /// The name of the value's kind, as TVM's type keys call it (before tvm-ffi).
-    fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.type_key(false)
     }
 
@@ -321,21 +403,22 @@ impl Value {
             (Value::Tuple(_), true) => "ffi.Array",
             (Value::Vm, _) => "VirtualMachine",
             (Value::Func(_) | Value::Closure(_), _) => "vm.Closure",
+            (Value::Object(o), _) => o.type_key(),
         }
     }
 
-    fn tuple(items: impl IntoIterator<Item = Value>) -> Value {
+    pub(crate) fn tuple(items: impl IntoIterator<Item = Value>) -> Value {
         Value::Tuple(items.into_iter().map(Mutex::new).collect())
     }
 }
 
 /// Item `i` of a tuple.
-fn tuple_item(t: &[Mutex<Value>], i: usize) -> Option<Value> {
+pub(crate) fn tuple_item(t: &[Mutex<Value>], i: usize) -> Option<Value> {
     t.get(i).map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone())
 }
 
 /// The items of a tuple.
-fn tuple_items(t: &[Mutex<Value>]) -> Vec<Value> {
+pub(crate) fn tuple_items(t: &[Mutex<Value>]) -> Vec<Value> {
     t.iter().map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone()).collect()
 }
 
@@ -453,6 +536,9 @@ enum Callee {
     Run(run::RunFn),
     /// A `vm.builtin.*` mblob does not implement: an error when called.
     Refused(&'static str),
+    /// An LLM builtin on runtime objects (the paged KV cache, [`super::kv_cache`]).
+    #[cfg(feature = "llm")]
+    Llm(super::kv_cache::BuiltinFn),
 }
 
 /// A function of the executable that a caller can invoke.
@@ -735,6 +821,11 @@ impl VirtualMachine {
             VmValue::Float(f) => Value::Float(*f),
             VmValue::Str(s) => Value::Str(s.as_bytes().into()),
             VmValue::Null => Value::Null,
+            VmValue::Object(o) => Value::Object(o.clone()),
+            VmValue::Array(a) => {
+                *next += 1;
+                self.upload_array(a, ffi_bool)?
+            }
             VmValue::Tuple(items) => {
                 Value::tuple(items.iter().map(|i| self.upload_value(next, i, ffi_bool)).collect::<Result<Vec<_>, _>>()?)
             }
@@ -753,6 +844,7 @@ impl VirtualMachine {
             Value::Float(f) => VmValue::Float(*f),
             Value::Str(s) => VmValue::Str(String::from_utf8_lossy(s).into_owned()),
             Value::Null => VmValue::Null,
+            Value::Object(o) => VmValue::Object(o.clone()),
             Value::Tuple(items) => VmValue::Tuple(
                 tuple_items(items).iter().map(|i| self.download_value(i, function)).collect::<Result<_, _>>()?,
             ),
@@ -900,7 +992,53 @@ impl VirtualMachine {
             Callee::Kernel(f) => call_kernel(name, f, args),
             Callee::Run(f) => f(name, args),
             Callee::Refused(reason) => Err(VmError::UnknownBuiltin { name: name.clone(), reason }),
+            #[cfg(feature = "llm")]
+            Callee::Llm(f) => f(self, name, args),
         }
+    }
+
+    /// The library function that the function value `func` (an index into the function
+    /// table, `Value::Func`) resolves to, when it is one of the library's kernels.
+    pub(crate) fn kernel_of(&self, func: u32) -> Option<(&str, PackedFunction)> {
+        match self.callees.get(func as usize)? {
+            Callee::Kernel(f) => Some((self.executable().functions[func as usize].name.as_str(), f.clone())),
+            _ => None,
+        }
+    }
+
+    /// The loaded tree the VM runs (kept alive by objects that hold its kernels).
+    pub(crate) fn tree(&self) -> &LoadedTree {
+        &self._tree
+    }
+
+    /// Calls a packed function by name with `args`, as TVM's
+    /// `tvm.get_global_func(name)(*args)` does from Python: a VM builtin (the KV cache's
+    /// `vm.builtin.kv_state_add_sequence`, ...), a VM function, a function of the library or one
+    /// of mblob's global functions. Tensors are passed as [`VirtualMachine::invoke_values`]
+    /// passes them, [`VmValue::Array`]s by reference (a builtin that writes into its
+    /// arguments, such as `vm.builtin.attention_kv_cache_debug_get_kv`, writes into the
+    /// caller's arrays); the result comes back as `invoke_values` gives it.
+    pub fn call_function(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
+        let _span = tracing::debug_span!("relax_vm_call_function", function = name, args = args.len()).entered();
+        let exec = self.executable();
+        let ffi_bool = exec.dialect == Dialect::Tvm022;
+        let mut next = 0;
+        let values = args.iter().map(|v| self.upload_value(&mut next, v, ffi_bool)).collect::<Result<Vec<_>, _>>()?;
+        if let Some(index) = exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm) {
+            let result = self.call_vm(index, values, 0)?;
+            return self.download_value(&result, name);
+        }
+        let refs: SmallVec<[&Value; 8]> = values.iter().collect();
+        let result = match resolve(&self._tree, name)? {
+            Callee::Vm(i) => self.call_vm(i, values.clone(), 0)?,
+            Callee::Builtin(b) => self.builtin(b, name, &refs, 0)?,
+            Callee::Kernel(f) => call_kernel(name, &f, &refs)?,
+            Callee::Run(f) => f(name, &refs)?,
+            Callee::Refused(reason) => return Err(VmError::UnknownBuiltin { name: name.to_owned(), reason }),
+            #[cfg(feature = "llm")]
+            Callee::Llm(f) => f(self, name, &refs)?,
+        };
+        self.download_value(&result, name)
     }
 
     /// Calls a function value (a function of the table or a closure) with `args`, then the
@@ -1120,7 +1258,12 @@ impl VirtualMachine {
                         )));
                     }
                 }
-                let size = tensor_bytes(dtype, &shape).ok_or(VmError::Alloc(u64::MAX))?;
+                // TVM's VM allocates through its pooled allocator, which rounds every size up
+                // to its 4096-byte page: a program that overruns its plan (more tokens than an
+                // LLM's bounds) fails where TVM's does, with TVM's sizes.
+                let size = tensor_bytes(dtype, &shape)
+                    .and_then(|n| n.checked_next_multiple_of(POOL_PAGE))
+                    .ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
                 Ok(Value::Storage(self.pool.alloc(device, &self.apis[device], len)?))
             }
@@ -1142,7 +1285,7 @@ impl VirtualMachine {
                     .is_some_and(|end| end <= storage.nbytes() as u64);
                 if !fits {
                     return Err(VmError::Program(format!(
-                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {} bytes",
+                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {}bytes",
                         needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
                         storage.nbytes()
                     )));
@@ -1382,7 +1525,19 @@ impl VirtualMachine {
 /// no module of the tree has it: a VM builtin, a `relax.run.*` function or a global function
 /// (`crate::ffi::globals`). Used by [`super::calls::unsupported_calls`].
 pub fn is_served(name: &str) -> bool {
-    BUILTINS.iter().any(|(n, _)| *n == name) || provided(name).is_some()
+    BUILTINS.iter().any(|(n, _)| *n == name) || provided(name).is_some() || llm_builtin(name).is_some()
+}
+
+/// The LLM builtin (paged KV cache) of this name, when the `llm` feature is on.
+#[cfg(feature = "llm")]
+fn llm_builtin(name: &str) -> Option<Callee> {
+    super::kv_cache::lookup(name).map(Callee::Llm)
+}
+
+/// Without the `llm` feature there are none: the names stay refused.
+#[cfg(not(feature = "llm"))]
+fn llm_builtin(_name: &str) -> Option<Callee> {
+    None
 }
 
 /// A function mblob provides by name for when no module of the tree has it, as TVM's global
@@ -1403,7 +1558,7 @@ fn resolve(tree: &LoadedTree, name: &str) -> Result<Callee, VmError> {
     }
     match tree.packed_function(name) {
         Some(f) => Ok(Callee::Kernel(f)),
-        None => match provided(name) {
+        None => match provided(name).or_else(|| llm_builtin(name)) {
             Some(c) => Ok(c),
             None if name.starts_with("vm.builtin.") => Ok(Callee::Refused(refusal(name))),
             None => Err(VmError::MissingFunction { name: name.to_owned() }),
@@ -1534,7 +1689,7 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 /// Calls a kernel with the VM values as arguments: tensors as `DLTensor`s of their storage
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
 /// Its return value comes back as a VM value (integers and bools as `Int`, floats, null).
-fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
+pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
     // The DLTensors first, in a vector that is not touched again until the call returns, so
     // that the pointers to them stay valid.
     let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();

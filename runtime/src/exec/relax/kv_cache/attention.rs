@@ -1,0 +1,311 @@
+//! The attention of one layer (`vm.builtin.attention_kv_cache_attention_with_fused_qkv`) and
+//! the read-back of keys and values (`debug_get_kv`), as TVM's `AttentionWithFusedQKV`,
+//! `AttentionInternal` and `DebugGetKV` call the library's TIR kernels.
+
+use smallvec::SmallVec;
+
+use crate::array::NdArray;
+use crate::exec::relax::vm::{call_kernel, Value};
+use crate::exec::relax::VmError;
+use crate::format::DataType;
+
+use super::aux::{int32_array, AuxArrays, Batch};
+use super::config::{Kernel, RopeMode};
+use super::error::{check_cmp, check_false, unknown_sequence, KvCacheError};
+use super::{PagedKvCache, State};
+
+/// Calls a kernel with tensors and numbers.
+fn run(k: &Kernel, args: &[Value]) -> Result<(), VmError> {
+    let refs: SmallVec<[&Value; 16]> = args.iter().collect();
+    call_kernel(&k.name, &k.f, &refs).map(|_| ())
+}
+
+fn t(a: &NdArray) -> Value {
+    Value::Tensor(a.clone())
+}
+
+fn view(a: &NdArray, shape: &[i64]) -> Result<NdArray, VmError> {
+    Ok(a.view(shape, a.dtype())?)
+}
+
+impl PagedKvCache {
+    /// Attention of layer `layer_id` for the round `begin_forward` started: splits the fused
+    /// `qkv` ([tokens, qo_heads + 2 kv_heads, head_dim]) into queries, keys and values with
+    /// RoPE applied, appends the keys and values to the pages, and writes the attention of
+    /// each query over its sequence (the cached positions and the new ones, causally) into
+    /// `o` ([tokens, qo_heads, head_dim]).
+    pub fn attention_with_fused_qkv(
+        &self,
+        layer_id: i64,
+        sm_scale: f64,
+        qkv: &NdArray,
+        o: &NdArray,
+    ) -> Result<(), VmError> {
+        let _span = tracing::trace_span!("kv_cache_attention", layer_id).entered();
+        let c = &self.config;
+        let mut guard = self.lock();
+        let state: &mut State = &mut guard;
+        if layer_id < 0 || layer_id >= c.num_layers {
+            return Err(check_cmp("local_layer_id < num_layers_", layer_id, c.num_layers, "").into());
+        }
+        if qkv.dtype() != c.dtype || o.dtype() != c.dtype {
+            return Err(check_false("qkv_data.DataType() == pages.DataType()", "").into());
+        }
+        let (qs, os) = (qkv.shape(), o.shape());
+        if qs.len() != 3 || os.len() != 3 {
+            return Err(check_cmp("qkv_data->ndim == 3 && o_data->ndim", qs.len(), 3, "").into());
+        }
+        if qs[1] != c.num_qo_heads + 2 * c.num_kv_heads {
+            return Err(check_cmp(
+                "qkv_data->shape[1] == num_qo_heads_ + 2 * num_kv_heads_",
+                qs[1],
+                c.num_qo_heads + 2 * c.num_kv_heads,
+                "",
+            )
+            .into());
+        }
+        if os[1] != c.num_qo_heads {
+            return Err(check_cmp("o_data->shape[1] == num_qo_heads_", os[1], c.num_qo_heads, "").into());
+        }
+        if os[0] != qs[0] || os[2] != qs[2] {
+            return Err(check_cmp("o_data->shape[0] == qkv_data->shape[0]", os[0], qs[0], "").into());
+        }
+        if qs[2] != c.qk_head_dim {
+            return Err(check_cmp("qkv_data->shape[2] == qk_head_dim_", qs[2], c.qk_head_dim, "").into());
+        }
+        let Some(batch) = state.batch.as_ref() else {
+            return Err(check_false("cur_batch_size_ > 0", "attention called before kv_state_begin_forward").into());
+        };
+        let total = batch.total_append_length();
+        if total > qs[0] {
+            return Err(check_cmp("total_seq_length <= qkv_data->shape[0]", total, qs[0], "").into());
+        }
+        if total > c.prefill_chunk_size {
+            return Err(KvCacheError::Check(format!(
+                "{total} tokens in one round exceed the prefill chunk size {} of the cache",
+                c.prefill_chunk_size
+            ))
+            .into());
+        }
+        if state.aux.is_none() {
+            state.aux = Some(AuxArrays::new(batch)?);
+        }
+        let (Some(batch), Some(aux)) = (state.batch.as_ref(), state.aux.as_ref()) else {
+            return Err(check_false("!dirty_aux_data_device_", "the auxiliary arrays of the round are missing").into());
+        };
+        let pages = &self.pages[layer_id as usize];
+
+        let q = view(&self.temp.q, &[total, c.num_qo_heads, c.qk_head_dim])?;
+        let k = view(&self.temp.k, &[total, c.num_kv_heads, c.qk_head_dim])?;
+        let v = view(&self.temp.v, &[total, c.num_kv_heads, c.v_head_dim])?;
+        let (qkv, o) = if total != qs[0] {
+            (view(qkv, &[total, qs[1], qs[2]])?, view(o, &[total, c.num_qo_heads, c.qk_head_dim])?)
+        } else {
+            (qkv.clone(), o.clone())
+        };
+        let kern = &self.kernels;
+        run(
+            &kern.split_rotary,
+            &[
+                t(&qkv),
+                t(&aux.q_rope_position_map),
+                t(&q),
+                t(&k),
+                t(&v),
+                Value::Int(i64::from(c.rope_mode == RopeMode::Normal)),
+            ],
+        )?;
+        let append = || run(&kern.transpose_append, &[t(pages), t(&k), t(&v), t(&aux.append_position_map)]);
+        if batch.append_before_attn {
+            append()?;
+        }
+        self.attention_internal(batch, aux, pages, &q, &k, &v, &o, total, sm_scale)?;
+        if !batch.append_before_attn {
+            append()?;
+        }
+        Ok(())
+    }
+
+    /// TVM's `AttentionInternal`: the new tokens among themselves (ragged prefill, when they
+    /// are not in the pages yet), then each depth of cached blocks, merged by log-sum-exp.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_internal(
+        &self,
+        batch: &Batch,
+        aux: &AuxArrays,
+        pages: &NdArray,
+        q: &NdArray,
+        k: &NdArray,
+        v: &NdArray,
+        o: &NdArray,
+        total: i64,
+        sm_scale: f64,
+    ) -> Result<(), VmError> {
+        let c = &self.config;
+        let kern = &self.kernels;
+        let inline = Value::Int(i64::from(c.rope_mode == RopeMode::Inline));
+        let (scale, theta, sm) = (Value::Float(c.rotary_scale), Value::Float(c.rotary_theta), Value::Float(sm_scale));
+        let merged_lse = self.temp.merged_lse.view(&[total, c.num_qo_heads], DataType::F32)?;
+        let temp_out = view(&self.temp.out, &[total, c.num_qo_heads, c.v_head_dim])?;
+        let temp_lse = self.temp.lse.view(&[total, c.num_qo_heads], DataType::F32)?;
+        let mut is_first = true;
+        if !batch.append_before_attn {
+            is_first = false;
+            run(
+                &kern.prefill_ragged,
+                &[
+                    t(q),
+                    t(&aux.cur_append_length_indptr),
+                    t(k),
+                    t(v),
+                    t(&aux.cur_append_length_indptr),
+                    t(&aux.q_rope_position_map),
+                    t(&aux.k_ragged_rope_pos_offset),
+                    t(o),
+                    t(&merged_lse),
+                    Value::Int(1),
+                    inline.clone(),
+                    scale.clone(),
+                    theta.clone(),
+                    sm.clone(),
+                ],
+            )?;
+        }
+        let self_computed = !is_first;
+        let mut cross_computed = false;
+        for (d, arrays) in aux.depths.iter().enumerate() {
+            let Some(page_indices) = &arrays.page_indices else { continue };
+            let (out, lse) = if is_first { (o, &merged_lse) } else { (&temp_out, &temp_lse) };
+            if batch.use_decode_kernel[d] {
+                run(
+                    &kern.decode,
+                    &[
+                        t(q),
+                        t(pages),
+                        t(&arrays.page_indptr),
+                        t(page_indices),
+                        t(&arrays.length_info),
+                        t(&arrays.k_rope_pos_offset),
+                        t(&aux.q_rope_position_map),
+                        t(out),
+                        t(lse),
+                        inline.clone(),
+                        scale.clone(),
+                        theta.clone(),
+                        sm.clone(),
+                    ],
+                )?;
+            } else {
+                run(
+                    &kern.prefill,
+                    &[
+                        t(q),
+                        t(&arrays.qo_indptr),
+                        t(pages),
+                        t(&arrays.page_indptr),
+                        t(page_indices),
+                        t(&arrays.length_info),
+                        t(&arrays.k_rope_pos_offset),
+                        t(&aux.q_rope_position_map),
+                        t(out),
+                        t(lse),
+                        Value::Int(0),
+                        inline.clone(),
+                        scale.clone(),
+                        theta.clone(),
+                        sm.clone(),
+                    ],
+                )?;
+            }
+            if is_first {
+                is_first = false;
+            } else {
+                run(&kern.merge, &[t(o), t(&merged_lse), t(&temp_out), t(&temp_lse)])?;
+            }
+            cross_computed = true;
+        }
+        if !self_computed && !cross_computed {
+            return Err(check_false(
+                "self_attn_computed || cross_attn_computed",
+                "Both self-attention and cross-attention are not computed.",
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// TVM's `DebugGetKV`: the keys (RoPE applied) and values of positions `start..end` of
+    /// sequence `seq_id`, every layer, written into `k` and `v` ([layers, end - start,
+    /// kv_heads, head_dim], the cache's dtype).
+    pub fn debug_get_kv(&self, seq_id: i64, start: i64, end: i64, k: &NdArray, v: &NdArray) -> Result<(), VmError> {
+        let c = &self.config;
+        let state = self.lock();
+        let seq = state.table.seqs.get(&seq_id).ok_or_else(|| unknown_sequence(seq_id))?;
+        if start < 0 {
+            return Err(check_cmp(
+                "start_pos >= 0",
+                start,
+                0,
+                format!("DebugGetKV does not accept negative start_pos {start}"),
+            )
+            .into());
+        }
+        if end > seq.seq_length {
+            return Err(check_cmp(
+                "end_pos <= seq.seq_length",
+                end,
+                seq.seq_length,
+                "DebugGetKV does not accept out-of-range end_pos",
+            )
+            .into());
+        }
+        if start >= end {
+            return Err(check_cmp(
+                "start_pos < end_pos",
+                start,
+                end,
+                "DebugGetKV does not accept \"start_pos >= end_pos\"",
+            )
+            .into());
+        }
+        let msg = "DebugGetKV expects the k_data in layout (num_layers, seq_length, num_kv_heads, qk_head_dim).";
+        for a in [k, v] {
+            let s = a.shape();
+            let want = [c.num_layers, end - start, c.num_kv_heads, c.qk_head_dim];
+            if s != want || a.dtype() != c.dtype || !a.device().is_cpu() {
+                return Err(KvCacheError::Check(format!(
+                    "{msg} Got shape {s:?} ({}), expected {want:?}",
+                    crate::payload::relax::executable::dtype_name(a.dtype())
+                ))
+                .into());
+            }
+        }
+        let ps = c.page_size;
+        let mut positions = Vec::with_capacity(seq.seq_length as usize);
+        for b in state.table.trace(seq) {
+            let block = &state.table.blocks[b];
+            for i in 0..block.seq_length {
+                positions.push(block.page_ids[(i / ps) as usize] * ps as i32 + (i % ps) as i32);
+            }
+        }
+        let map = int32_array(&positions[start as usize..end as usize])?;
+        for (layer, pages) in self.pages.iter().enumerate() {
+            run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(k), t(v), Value::Int(layer as i64)])?;
+        }
+        Ok(())
+    }
+
+    /// The positions of the round's queries (TVM's `GetQueryPositions`), an `int32` tensor.
+    pub fn query_positions(&self) -> Result<NdArray, VmError> {
+        let mut state = self.lock();
+        let Some(batch) = state.batch.as_ref() else {
+            return Err(
+                check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into()
+            );
+        };
+        let aux = AuxArrays::new(batch)?;
+        let positions = aux.q_rope_position_map.clone();
+        state.aux = Some(aux);
+        Ok(positions)
+    }
+}

@@ -1,0 +1,343 @@
+//! TVM's paged KV cache (`relax.vm.PagedAttentionKVCache`, TVM 0.27's
+//! `src/runtime/vm/paged_kv_cache.cc`) for LLMs compiled for the CPU with TIR attention
+//! kernels, and the `vm.builtin.kv_state_*` / `vm.builtin.attention_kv_cache_*` builtins on it.
+//!
+//! A model library made as MLC-LLM makes them has a VM function `create_tir_paged_kv_cache`
+//! that calls `vm.builtin.paged_attention_kv_cache_create` with the cache's configuration and
+//! the library's own kernels (attention over pages, RoPE, page copies, merging of partial
+//! attentions). The cache ([`PagedKvCache`]) keeps the keys and values of every layer in pages
+//! and TVM's bookkeeping of sequences, blocks and pages, so that a sequence can be forked
+//! (sharing its prefix), shortened (`popn`) and removed; each round of forwarding
+//! (`kv_state_begin_forward`) computes the auxiliary arrays the kernels read, and each layer's
+//! `attention_kv_cache_attention_with_fused_qkv` calls the kernels with them, as TVM does, so
+//! that the model gives TVM's logits.
+//!
+//! The host drives it as MLC-LLM's runtime does, with
+//! [`VirtualMachine::call_function`](crate::exec::relax::VirtualMachine::call_function):
+//!
+//! ```no_run
+//! # use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
+//! # fn f(vm: &mut VirtualMachine, embedding: VmValue) -> Result<(), Box<dyn std::error::Error>> {
+//! let shape = |n| VmValue::Shape(vec![n]);
+//! let cache = vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)])?;
+//! vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(0)])?;
+//! vm.call_function("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)])?;
+//! let out = vm.invoke_values("prefill", &[embedding, cache.clone()])?;
+//! vm.call_function("vm.builtin.kv_state_end_forward", &[cache])?;
+//! # Ok(()) }
+//! ```
+//!
+//! Implemented: MHA layers, RoPE modes none/normal/inline, any number of sequences with shared
+//! prefixes (block depths and the merge of partial attentions), `fork_sequence` at the end or
+//! inside a page, `popn` into a shared prefix, `debug_get_kv`. Refused with
+//! [`KvCacheError::Unsupported`]: sliding windows, token-tree attention, MLA and linear
+//! attention, KV transfer, RoPE extension factors, FlashInfer kernels, devices other than the
+//! CPU. TVM's checks fail with TVM's messages ([`KvCacheError::Check`]).
+
+mod attention;
+mod aux;
+mod blocks;
+mod config;
+mod error;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+pub use config::{CacheConfig, RopeMode};
+pub use error::KvCacheError;
+
+use crate::array::NdArray;
+use crate::device::Device;
+use crate::format::DataType;
+use crate::module::LoadedTree;
+
+use super::vm::{ObjectRef, Value, VirtualMachine, VmError, VmObject};
+use aux::{AuxArrays, Batch};
+use blocks::Table;
+use config::Kernels;
+
+/// TVM's type key of the cache.
+pub const TYPE_KEY: &str = "relax.vm.PagedAttentionKVCache";
+
+/// Scratch tensors of the attention, sized for the prefill chunk (TVM's `temp_attn_*`).
+#[derive(Debug)]
+struct Temp {
+    q: NdArray,
+    k: NdArray,
+    v: NdArray,
+    out: NdArray,
+    lse: NdArray,
+    merged_lse: NdArray,
+}
+
+/// What changes: the page table and the current round.
+#[derive(Debug)]
+struct State {
+    table: Table,
+    batch: Option<Batch>,
+    aux: Option<AuxArrays>,
+}
+
+/// TVM's `PagedAttentionKVCache` on the CPU with TIR kernels. Shared between the VM's
+/// registers and the host (an [`ObjectRef`]); its methods lock it.
+#[derive(Debug)]
+pub struct PagedKvCache {
+    config: CacheConfig,
+    kernels: Kernels,
+    /// Per layer: `[num_pages, 2, num_kv_heads, page_size, head_dim]` (keys at 0, values at 1).
+    pages: Vec<NdArray>,
+    temp: Temp,
+    state: Mutex<State>,
+    /// Keeps the library of the kernels loaded.
+    _tree: LoadedTree,
+}
+
+impl VmObject for PagedKvCache {
+    fn type_key(&self) -> &'static str {
+        TYPE_KEY
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn empty(shape: &[i64], dtype: DataType) -> Result<NdArray, VmError> {
+    Ok(NdArray::empty(shape, dtype, Device::cpu(0))?)
+}
+
+impl PagedKvCache {
+    fn new(config: CacheConfig, kernels: Kernels, tree: LoadedTree) -> Result<PagedKvCache, VmError> {
+        let c = &config;
+        let page_shape = [c.num_total_pages, 2, c.num_kv_heads, c.page_size, c.qk_head_dim];
+        let bytes = crate::array::tensor_bytes(c.dtype, &page_shape)
+            .and_then(|b| b.checked_mul(c.num_layers as u64))
+            .ok_or(VmError::Alloc(u64::MAX))?;
+        // TVM would try; mblob refuses a cache it cannot hope to hold rather than aborting.
+        if bytes > 1 << 40 {
+            return Err(VmError::Alloc(bytes));
+        }
+        let pages = (0..c.num_layers).map(|_| empty(&page_shape, c.dtype)).collect::<Result<Vec<_>, _>>()?;
+        let chunk = c.prefill_chunk_size;
+        let temp = Temp {
+            q: empty(&[chunk, c.num_qo_heads, c.qk_head_dim], c.dtype)?,
+            k: empty(&[chunk, c.num_kv_heads, c.qk_head_dim], c.dtype)?,
+            v: empty(&[chunk, c.num_kv_heads, c.v_head_dim], c.dtype)?,
+            out: empty(&[chunk, c.num_qo_heads, c.v_head_dim], c.dtype)?,
+            lse: empty(&[chunk, c.num_qo_heads], DataType::F32)?,
+            merged_lse: empty(&[chunk, c.num_qo_heads], DataType::F32)?,
+        };
+        let state = Mutex::new(State { table: Table::new(c.page_size, c.num_total_pages), batch: None, aux: None });
+        Ok(PagedKvCache { config, kernels, pages, temp, state, _tree: tree })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// Drops every sequence (TVM's `kv_state_clear`).
+    pub fn clear(&self) {
+        let mut s = self.lock();
+        s.table.clear();
+        s.batch = None;
+        s.aux = None;
+    }
+
+    /// Adds an empty sequence.
+    pub fn add_sequence(&self, seq_id: i64) -> Result<(), VmError> {
+        Ok(self.lock().table.add_sequence(seq_id)?)
+    }
+
+    /// Removes a sequence, freeing the pages only it used.
+    pub fn remove_sequence(&self, seq_id: i64) -> Result<(), VmError> {
+        Ok(self.lock().table.remove_sequence(seq_id)?)
+    }
+
+    /// Forks `child_id` off `parent_id` at `fork_pos` (-1: at its end).
+    pub fn fork_sequence(&self, parent_id: i64, child_id: i64, fork_pos: i64) -> Result<(), VmError> {
+        let mut copy = |src, dst, len| self.copy_single_page(src, dst, len);
+        self.lock().table.fork_sequence(parent_id, child_id, fork_pos, &mut copy)
+    }
+
+    /// Drops the last `n` positions of a sequence.
+    pub fn popn(&self, seq_id: i64, n: i64) -> Result<(), VmError> {
+        let mut copy = |src, dst, len| self.copy_single_page(src, dst, len);
+        self.lock().table.popn(seq_id, n, &mut copy)
+    }
+
+    /// The library's `copy_single_page` over every layer.
+    fn copy_single_page(&self, src: i32, dst: i32, len: i64) -> Result<(), VmError> {
+        let k = &self.kernels.copy_single_page;
+        for pages in &self.pages {
+            let args =
+                [Value::Tensor(pages.clone()), Value::Int(i64::from(src)), Value::Int(i64::from(dst)), Value::Int(len)];
+            let refs: Vec<&Value> = args.iter().collect();
+            super::vm::call_kernel(&k.name, &k.f, &refs)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a round: the sequences and how many tokens each appends.
+    pub fn begin_forward(&self, seq_ids: &[i64], append_lengths: &[i64]) -> Result<(), VmError> {
+        let _span = tracing::debug_span!("kv_cache_begin_forward", batch = seq_ids.len()).entered();
+        let mut s = self.lock();
+        s.batch = None;
+        s.aux = None;
+        let batch = s.table.begin_forward(seq_ids, append_lengths)?;
+        s.batch = Some(batch);
+        Ok(())
+    }
+
+    /// Ends a round (nothing to synchronise on the CPU).
+    pub fn end_forward(&self) {}
+
+    /// Pages free.
+    pub fn num_available_pages(&self) -> i64 {
+        self.lock().table.free_pages.len() as i64
+    }
+
+    /// The sum of the sequences' lengths (a shared prefix counted once per sequence).
+    pub fn total_sequence_length(&self) -> i64 {
+        self.lock().table.seqs.values().map(|s| s.seq_length).sum()
+    }
+
+    /// A sequence's length.
+    pub fn sequence_length(&self, seq_id: i64) -> Result<i64, VmError> {
+        Ok(self.lock().table.seq(seq_id)?.seq_length)
+    }
+
+    /// Whether the cache holds no sequence and every page and block is free (TVM's `Empty`).
+    pub fn is_empty(&self) -> bool {
+        let s = self.lock();
+        s.table.seqs.is_empty()
+            && s.table.free_blocks.len() == s.table.blocks.len()
+            && s.table.free_pages.len() as i64 == s.table.num_total_pages
+    }
+}
+
+/// A builtin on VM values: the VM (for its kernels), the builtin's name, the arguments.
+pub(crate) type BuiltinFn = fn(&VirtualMachine, &str, &[&Value]) -> Result<Value, VmError>;
+
+/// The KV cache builtin `name`.
+pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
+    Some(match name {
+        "vm.builtin.paged_attention_kv_cache_create" => create,
+        "vm.builtin.kv_state_clear" => |_, n, a| {
+            cache(n, a)?.clear();
+            Ok(Value::Null)
+        },
+        "vm.builtin.kv_state_add_sequence" => |_, n, a| cache(n, a)?.add_sequence(int(n, a, 1)?).map(|_| Value::Null),
+        "vm.builtin.kv_state_remove_sequence" => {
+            |_, n, a| cache(n, a)?.remove_sequence(int(n, a, 1)?).map(|_| Value::Null)
+        }
+        "vm.builtin.kv_state_fork_sequence" => |_, n, a| {
+            let fork_pos = if a.len() > 3 { int(n, a, 3)? } else { -1 };
+            cache(n, a)?.fork_sequence(int(n, a, 1)?, int(n, a, 2)?, fork_pos).map(|_| Value::Null)
+        },
+        "vm.builtin.kv_state_popn" => |_, n, a| cache(n, a)?.popn(int(n, a, 1)?, int(n, a, 2)?).map(|_| Value::Null),
+        "vm.builtin.kv_state_begin_forward" => begin_forward,
+        "vm.builtin.kv_state_end_forward" => |_, n, a| {
+            cache(n, a)?.end_forward();
+            Ok(Value::Null)
+        },
+        "vm.builtin.attention_kv_cache_get_num_available_pages" => {
+            |_, n, a| Ok(Value::Int(cache(n, a)?.num_available_pages()))
+        }
+        "vm.builtin.attention_kv_cache_get_total_sequence_length" => {
+            |_, n, a| Ok(Value::Int(cache(n, a)?.total_sequence_length()))
+        }
+        "vm.builtin.attention_kv_cache_get_sequence_length" => {
+            |_, n, a| cache(n, a)?.sequence_length(int(n, a, 1)?).map(Value::Int)
+        }
+        "vm.builtin.attention_kv_cache_empty" => |_, n, a| Ok(Value::Int(i64::from(cache(n, a)?.is_empty()))),
+        "vm.builtin.attention_kv_cache_get_query_positions" => {
+            |_, n, a| cache(n, a)?.query_positions().map(Value::Tensor)
+        }
+        "vm.builtin.attention_kv_cache_debug_get_kv" => |_, n, a| {
+            let c = cache(n, a)?;
+            c.debug_get_kv(int(n, a, 1)?, int(n, a, 2)?, int(n, a, 3)?, tensor(n, a, 4)?, tensor(n, a, 5)?)?;
+            Ok(Value::Null)
+        },
+        "vm.builtin.attention_kv_cache_attention_with_fused_qkv" => |_, n, a| {
+            let sm_scale = match arg(n, a, 2)? {
+                Value::Float(f) => *f,
+                Value::Int(i) => *i as f64,
+                v => return Err(type_err(n, 2, "a number (sm_scale)", v)),
+            };
+            cache(n, a)?.attention_with_fused_qkv(int(n, a, 1)?, sm_scale, tensor(n, a, 3)?, tensor(n, a, 4)?)?;
+            Ok(Value::Null)
+        },
+        _ => return None,
+    })
+}
+
+fn arg<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a Value, VmError> {
+    args.get(i)
+        .copied()
+        .ok_or_else(|| VmError::Program(format!("`{name}` needs argument {i}, but was given {}", args.len())))
+}
+
+fn type_err(name: &str, index: usize, expected: &'static str, got: &Value) -> VmError {
+    VmError::Type { callee: name.to_owned(), index, expected, got: got.kind() }
+}
+
+fn int(name: &str, args: &[&Value], i: usize) -> Result<i64, VmError> {
+    match arg(name, args, i)? {
+        Value::Int(v) => Ok(*v),
+        v => Err(type_err(name, i, "an integer", v)),
+    }
+}
+
+fn tensor<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a NdArray, VmError> {
+    match arg(name, args, i)? {
+        Value::Tensor(t) => Ok(t),
+        v => Err(type_err(name, i, "a tensor", v)),
+    }
+}
+
+fn shape<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a [i64], VmError> {
+    match arg(name, args, i)? {
+        Value::Shape(s) => Ok(s),
+        v => Err(type_err(name, i, "a shape", v)),
+    }
+}
+
+/// Argument 0: the cache.
+fn cache<'a>(name: &str, args: &[&'a Value]) -> Result<&'a PagedKvCache, VmError> {
+    match arg(name, args, 0)? {
+        Value::Object(o) => o
+            .downcast_ref::<PagedKvCache>()
+            .ok_or_else(|| type_err(name, 0, "a relax.vm.PagedAttentionKVCache", args[0])),
+        v => Err(type_err(name, 0, "a relax.vm.PagedAttentionKVCache", v)),
+    }
+}
+
+fn create(vm: &VirtualMachine, _name: &str, args: &[&Value]) -> Result<Value, VmError> {
+    let _span = tracing::debug_span!("kv_cache_create").entered();
+    let (config, kernels) = config::parse(vm, args)?;
+    let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
+    Ok(Value::Object(ObjectRef::new(cache)))
+}
+
+fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value]) -> Result<Value, VmError> {
+    if args.len() != 3 && args.len() != 4 {
+        return Err(KvCacheError::Check(format!(
+            "Check failed: (args.size() == 3 || args.size() == 4) is false: KVState BeginForward only accepts 3 or 4 arguments (got {})",
+            args.len()
+        ))
+        .into());
+    }
+    if args.len() == 4 && !matches!(args[3], Value::Null) {
+        return Err(KvCacheError::Unsupported(
+            "token-tree attention (begin_forward with token_tree_parent_ptr)".into(),
+        )
+        .into());
+    }
+    let c = cache(name, args)?;
+    c.begin_forward(shape(name, args, 1)?, shape(name, args, 2)?)?;
+    Ok(Value::Null)
+}

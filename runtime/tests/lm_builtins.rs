@@ -8,9 +8,16 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Mutex;
+
 use mblob_runtime::exec::relax::lm::{legacy_kv, sampling, tensor_cache, AttentionKvCacheLegacy, TensorCache};
+use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
 use mblob_runtime::format::DataType;
-use mblob_runtime::{Device, NdArray};
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
+
+/// Held by the tests of the process-wide tensor cache (tests run in parallel).
+static GLOBAL_CACHE: Mutex<()> = Mutex::new(());
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llm")
@@ -131,7 +138,7 @@ fn tensor_cache_holds_tvms_weights() {
 
 #[test]
 fn global_tensor_cache_builtins() {
-    // The one test of the process-wide cache (tests run in parallel).
+    let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
     tensor_cache::tensor_cache_clear();
     tensor_cache::tensor_cache_load(&dir().join("params"), 1, 0).unwrap();
     let names = param_names();
@@ -174,7 +181,12 @@ fn tensor_cache_refuses_bad_caches() {
     assert!(msg.contains(&shard.display().to_string()), "{msg}");
     assert_eq!(err.tvm_kind(), tvm["kind"].as_str().unwrap());
     // Nothing of the first shard was added to the global cache either.
-    assert!(tensor_cache::tensor_cache_load(&d, 1, 0).is_err());
+    {
+        let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        tensor_cache::tensor_cache_clear();
+        assert!(tensor_cache::tensor_cache_load(&d, 1, 0).is_err());
+        assert!(tensor_cache::tensor_cache_get("model.embed_tokens.weight").is_none());
+    }
 
     // A missing shard.
     std::fs::remove_file(&shard).unwrap();
@@ -477,4 +489,129 @@ fn legacy_kv_cache_fails_as_tvm_does() {
     assert!(err.to_string().contains("(18446744073709551615 vs. 3)"), "{err}");
     let err = c.window_override(&ones(&[7, 2, 4]), 8, 2).unwrap_err();
     assert!(err.to_string().contains("(7 vs. 6) : dim 0 of value too large"), "{err}");
+}
+
+fn host(a: &NdArray) -> Tensor {
+    a.to_tensor().unwrap()
+}
+
+/// The builtins by name through the Relax VM, as MLC-LLM's runtime calls them: build A's
+/// weights from the tensor cache run TVM's `embed` and `prefill` to TVM's outputs; a sampler,
+/// an in-place softmax and a legacy cache give TVM's results.
+#[test]
+fn lm_builtins_through_the_vm() {
+    let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let path = dir().join("llm_params.so");
+    // SAFETY: the fixture is a library TVM built for these tests.
+    let tree = unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }.unwrap();
+    let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+    let params_dir = dir().join("params").display().to_string();
+    vm.call_function("vm.builtin.tensor_cache.clear", &[]).unwrap();
+    vm.call_function("vm.builtin.tensor_cache.load", &[VmValue::Str(params_dir), VmValue::Int(1), VmValue::Int(0)])
+        .unwrap();
+    let names = param_names();
+    let params = vm
+        .call_function(
+            "vm.builtin.param_array_from_cache_by_name",
+            &[VmValue::Tuple(names.iter().map(|n| VmValue::Str(n.clone())).collect())],
+        )
+        .unwrap();
+    let VmValue::Tuple(items) = &params else { panic!("{params:?}") };
+    assert_eq!(items.len(), 15);
+    let err = vm
+        .call_function(
+            "vm.builtin.param_array_from_cache_by_name",
+            &[VmValue::Tuple(vec![
+                VmValue::Str("model.embed_tokens.weight".into()),
+                VmValue::Str("no.such.weight".into()),
+            ])],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains(error_case("param_not_in_cache")["message"].as_str().unwrap()), "{err}");
+
+    // `embed` of the prompt with these weights: TVM's embedding, bitwise.
+    let scen = json("scenarios.json");
+    let step = &scen["scenarios"]["single"]["steps"][2];
+    assert_eq!(step["func"], "prefill");
+    let tokens: Vec<u8> =
+        step["tokens"].as_array().unwrap().iter().flat_map(|t| (t.as_i64().unwrap() as i32).to_le_bytes()).collect();
+    let ids = Tensor::new(DataType::I32, vec![7], tokens).unwrap();
+    let e = match vm.invoke_values("embed", &[VmValue::Tensor(ids), params.clone()]).unwrap() {
+        VmValue::Tensor(t) => t,
+        v => panic!("embed returned {v:?}"),
+    };
+    assert_eq!(e, host(&npy("embed.prompt.npy")), "embed differs from TVM's");
+
+    // `prefill` of the prompt: TVM's logits (within 1e-4, as the paged KV cache's tests) and
+    // its greedy token.
+    let shape = |n| VmValue::Shape(vec![n]);
+    let cache =
+        vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
+    vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(0)]).unwrap();
+    vm.call_function("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)]).unwrap();
+    let e = VmValue::Tensor(Tensor::new(e.dtype, vec![1, 7, 64], e.data).unwrap());
+    let out = vm.invoke_values("prefill", &[e, cache.clone(), params]).unwrap();
+    vm.call_function("vm.builtin.kv_state_end_forward", &[cache]).unwrap();
+    let VmValue::Tuple(out) = out else { panic!("prefill returned {out:?}") };
+    let VmValue::Tensor(logits) = &out[0] else { panic!("{:?}", out[0]) };
+    assert_eq!(logits.shape, [1, 1, 256]);
+    let got: Vec<f32> = logits.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let want = npy("single.logits.npy").to_f32().unwrap().unwrap();
+    let bound = want[..256].iter().fold(1f32, |m, x| m.max(x.abs()));
+    let worst = got.iter().zip(&want[..256]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4 * bound, "prefill logits differ from TVM's by {worst}");
+    let argmax = (0..256).max_by(|&a, &b| got[a].total_cmp(&got[b])).unwrap();
+    assert_eq!(argmax as i64, step["argmax"][0].as_i64().unwrap());
+    tensor_cache::tensor_cache_clear();
+
+    // A sampler and an in-place builtin, with a VM tensor passed by reference.
+    let fixture = json("sampling.json");
+    let case = &fixture["cases"][11];
+    assert_eq!(case["builtin"], "vm.builtin.sample_top_p_from_logits");
+    let logits = npy("builtins/logits.npy");
+    let a = case["args"].as_array().unwrap();
+    let token = vm
+        .call_function(
+            "vm.builtin.sample_top_p_from_logits",
+            &[
+                VmValue::Array(logits.clone()),
+                VmValue::Float(a[1].as_f64().unwrap()),
+                VmValue::Float(a[2].as_f64().unwrap()),
+                VmValue::Float(a[3].as_f64().unwrap()),
+            ],
+        )
+        .unwrap();
+    assert_eq!(token, VmValue::Int(case["result"]["int"].as_i64().unwrap()));
+    vm.call_function("vm.builtin.apply_softmax_with_temperature", &[VmValue::Array(logits.clone()), VmValue::Int(1)])
+        .unwrap();
+    assert_same("softmax through the VM", &logits, &npy("builtins/softmax_t1.out.npy"));
+
+    // The legacy cache as a VM object.
+    let legacy = json("legacy_kv_cache.json");
+    let steps = legacy["steps"].as_array().unwrap();
+    let arg_tensor = |i: usize| VmValue::Tensor(host(&npy(steps[i]["args"][0]["tensor"].as_str().unwrap())));
+    let c = vm
+        .call_function(
+            "vm.builtin.attention_kv_cache_create",
+            &[arg_tensor(0), VmValue::Shape(vec![4, 2, 4]), VmValue::Int(0)],
+        )
+        .unwrap();
+    let VmValue::Object(o) = &c else { panic!("{c:?}") };
+    assert_eq!(o.type_key(), "relax.vm.AttentionKVCacheLegacy");
+    for i in [1, 2] {
+        let same = vm.call_function("vm.builtin.attention_kv_cache_append", &[c.clone(), arg_tensor(i)]).unwrap();
+        assert_eq!(same, c, "append returns the cache it was given");
+        let view = vm.call_function("vm.builtin.attention_kv_cache_view", &[c.clone()]).unwrap();
+        assert_eq!(view, VmValue::Tensor(host(&npy(steps[i]["view"].as_str().unwrap()))), "step {i}");
+    }
+    vm.call_function("vm.builtin.attention_kv_cache_array_popn", &[VmValue::Tuple(vec![c.clone()]), VmValue::Int(2)])
+        .unwrap();
+    let view =
+        vm.call_function("vm.builtin.attention_kv_cache_view", &[c.clone(), VmValue::Shape(vec![4, 2, 4])]).unwrap();
+    let VmValue::Tensor(view) = view else { panic!("{view:?}") };
+    assert_eq!(view.shape, [4, 2, 4]);
+    let err = vm
+        .call_function("vm.builtin.attention_kv_cache_array_popn", &[VmValue::Tuple(vec![c]), VmValue::Int(5)])
+        .unwrap_err();
+    assert!(err.to_string().contains("Check failed: n <= fill_count (5 vs. 4) :"), "{err}");
 }

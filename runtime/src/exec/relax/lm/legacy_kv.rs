@@ -340,7 +340,13 @@ impl AttentionKvCacheLegacy {
         self.view(&shape)
     }
 
-    /// `PopN`: the last `n` filled rows dropped.
+    /// `PopN`: the last `n` filled rows dropped (`n` at most the fill count).
+    pub fn pop_n(&mut self, n: i64) -> Result<(), LegacyKvError> {
+        self.check_pop(n)?;
+        self.fill_count -= n;
+        Ok(())
+    }
+
     fn check_pop(&self, n: i64) -> Result<(), LegacyKvError> {
         // TVM casts `n` to `size_t` and compares it with the fill count.
         if n < 0 || n > self.fill_count {

@@ -601,7 +601,7 @@ fn lm_builtins_through_the_vm() {
     for i in [1, 2] {
         let same = vm.call_function("vm.builtin.attention_kv_cache_append", &[c.clone(), arg_tensor(i)]).unwrap();
         assert_eq!(same, c, "append returns the cache it was given");
-        let view = vm.call_function("vm.builtin.attention_kv_cache_view", &[c.clone()]).unwrap();
+        let view = vm.call_function("vm.builtin.attention_kv_cache_view", std::slice::from_ref(&c)).unwrap();
         assert_eq!(view, VmValue::Tensor(host(&npy(steps[i]["view"].as_str().unwrap()))), "step {i}");
     }
     vm.call_function("vm.builtin.attention_kv_cache_array_popn", &[VmValue::Tuple(vec![c.clone()]), VmValue::Int(2)])

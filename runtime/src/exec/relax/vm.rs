@@ -170,10 +170,10 @@ pub enum VmError {
     #[error(transparent)]
     KvCache(#[from] super::kv_cache::KvCacheError),
     /// A tensor cache, sampling or legacy KV cache builtin failed (TVM's checks, with TVM's
-    /// messages).
+    /// messages). Boxed: its errors carry paths and shapes, and `VmError` stays small.
     #[cfg(feature = "llm")]
     #[error(transparent)]
-    Lm(#[from] super::lm::LmError),
+    Lm(Box<super::lm::LmError>),
     /// Where an error happened: the VM function, its instruction and the function it called.
     #[error("in `{function}` at instruction {pc} (call of `{callee}`): {source}")]
     At {

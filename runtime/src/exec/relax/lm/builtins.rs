@@ -49,7 +49,7 @@ impl VmObject for LegacyKvObject {
 }
 
 fn lm<T, E: Into<LmError>>(r: Result<T, E>) -> Result<T, VmError> {
-    r.map_err(|e| VmError::Lm(e.into()))
+    r.map_err(|e| VmError::from(e.into()))
 }
 
 fn arg<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a Value, VmError> {
@@ -127,6 +127,17 @@ fn with_cache(
     Ok(args[0].clone())
 }
 
+/// Parameter names: strings, else TVM's `Expect string as input` error.
+fn strings<'a>(values: impl Iterator<Item = &'a Value>) -> Result<Vec<String>, VmError> {
+    values
+        .enumerate()
+        .map(|(index, v)| match v {
+            Value::Str(s) => Ok(String::from_utf8_lossy(s).into_owned()),
+            v => Err(LmError::from(TensorCacheError::NotAString { index, type_key: v.kind().to_owned() }).into()),
+        })
+        .collect()
+}
+
 fn tensors(list: Vec<NdArray>) -> Value {
     Value::tuple(list.into_iter().map(Value::Tensor))
 }
@@ -165,29 +176,11 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
             |_, n, a| Ok(tensors(lm(tensor_cache::param_array_from_cache(&string(n, a, 0)?, int(n, a, 1)?))?))
         }
         "vm.builtin.param_array_from_cache_by_name" => |_, n, a| {
-            let names = tuple(n, a, 0)?
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::Str(s) => Ok(String::from_utf8_lossy(s).into_owned()),
-                    v => Err(VmError::Lm(
-                        TensorCacheError::NotAString { index: i, type_key: v.kind().to_owned() }.into(),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let names = strings(tuple(n, a, 0)?.iter())?;
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name(&names))?))
         },
         "vm.builtin.param_array_from_cache_by_name_unpacked" => |_, _, a| {
-            let names = a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::Str(s) => Ok(String::from_utf8_lossy(s).into_owned()),
-                    v => Err(VmError::Lm(
-                        TensorCacheError::NotAString { index: i, type_key: v.kind().to_owned() }.into(),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let names = strings(a.iter().copied())?;
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name_unpacked(&names))?))
         },
         "vm.builtin.sample_top_p_from_logits" => |_, n, a| {

@@ -49,6 +49,12 @@ impl LmError {
     }
 }
 
+impl From<LmError> for super::vm::VmError {
+    fn from(e: LmError) -> Self {
+        super::vm::VmError::Lm(Box::new(e))
+    }
+}
+
 /// The global functions this module implements, by TVM's name.
 pub const BUILTINS: &[&str] = &[
     "vm.builtin.tensor_cache.load",

@@ -103,6 +103,10 @@ fn tensor_cache_holds_tvms_weights() {
     }
     assert_eq!(count, 15);
     assert_eq!(cache.len(), 15);
+    // Every record of TVM's shards starts 64-byte aligned: all stay views of the mapping.
+    for name in cache.names() {
+        assert!(cache.get(name).unwrap().storage().is_file_mapped(), "{name} was copied");
+    }
 
     // The model's order, as MLC-LLM asks for it; the embedding rows of the prompt are what
     // TVM's `embed` computed from these weights.
@@ -165,6 +169,91 @@ fn global_tensor_cache_builtins() {
     assert_eq!(tensor_cache::param_array_from_cache_by_name_unpacked(&["w_0"]).unwrap().len(), 1);
     tensor_cache::tensor_cache_clear();
     assert!(tensor_cache::tensor_cache_get("model.norm.weight").is_none());
+}
+
+/// The cache with each shard shifted by `pad` bytes (the JSON's offsets and sizes to match).
+fn shifted_cache(name: &str, pad: usize) -> PathBuf {
+    let d = scratch(name);
+    let mut meta = json("params/tensor-cache.json");
+    for shard in meta["records"].as_array_mut().unwrap() {
+        let file = shard["dataPath"].as_str().unwrap().to_owned();
+        let mut bytes = vec![0xA5u8; pad];
+        bytes.extend(std::fs::read(dir().join("params").join(&file)).unwrap());
+        std::fs::write(d.join(&file), &bytes).unwrap();
+        shard["nbytes"] = (bytes.len() as u64).into();
+        for rec in shard["records"].as_array_mut().unwrap() {
+            rec["byteOffset"] = (rec["byteOffset"].as_u64().unwrap() + pad as u64).into();
+        }
+    }
+    std::fs::write(d.join("tensor-cache.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+    d
+}
+
+#[test]
+fn tensor_cache_copies_unaligned_weights() {
+    // Shifted by 4 bytes, no weight starts aligned: each is copied once into its own tensor,
+    // with TVM's bytes (the embedding rows are still those of TVM's `embed`).
+    let d = shifted_cache("unaligned", 4);
+    let mut cache = TensorCache::new();
+    cache.load(&d, Device::cpu(0)).unwrap();
+    let mut reference = TensorCache::new();
+    reference.load(&dir().join("params"), Device::cpu(0)).unwrap();
+    for name in param_names() {
+        let a = cache.get(&name).unwrap();
+        assert!(!a.storage().is_file_mapped(), "{name} is a view of a misaligned record");
+        assert_eq!(a.storage().ptr().0 % 64, 0, "{name}");
+        assert!(a.to_bytes().unwrap() == reference.get(&name).unwrap().to_bytes().unwrap(), "{name}");
+    }
+    let table = cache.get("model.embed_tokens.weight").unwrap().to_bytes().unwrap();
+    let rows: Vec<u8> =
+        [17usize, 211, 5, 98, 140, 33, 251].iter().flat_map(|&t| table[t * 256..(t + 1) * 256].to_vec()).collect();
+    assert!(rows == npy("embed.prompt.npy").to_bytes().unwrap());
+    // Shifted by 64, all are aligned again and stay views.
+    let d64 = shifted_cache("aligned64", 64);
+    let mut cache = TensorCache::new();
+    cache.load(&d64, Device::cpu(0)).unwrap();
+    assert!(cache.get("lm_head.weight").unwrap().storage().is_file_mapped());
+    let _ = std::fs::remove_dir_all(d);
+    let _ = std::fs::remove_dir_all(d64);
+}
+
+#[test]
+fn tensor_cache_decodes_bf16_records() {
+    // `f32-to-bf16`: each float32 stored as its upper 16 bits, which TVM's loader shifts back
+    // (`ParamRecord::Load`). Encoded here by truncating TVM's weights, so the loaded values are
+    // TVM's with the low 16 bits cleared.
+    let d = scratch("bf16");
+    let mut meta = json("params/tensor-cache.json");
+    let mut reference = TensorCache::new();
+    reference.load(&dir().join("params"), Device::cpu(0)).unwrap();
+    for shard in meta["records"].as_array_mut().unwrap() {
+        let mut bytes = Vec::new();
+        for rec in shard["records"].as_array_mut().unwrap() {
+            let w = reference.get(rec["name"].as_str().unwrap()).unwrap().to_bytes().unwrap();
+            rec["byteOffset"] = (bytes.len() as u64).into();
+            rec["nbytes"] = (w.len() as u64 / 2).into();
+            rec["format"] = "f32-to-bf16".into();
+            bytes.extend(w.chunks_exact(4).flat_map(|c| [c[2], c[3]]));
+        }
+        shard["nbytes"] = (bytes.len() as u64).into();
+        std::fs::write(d.join(shard["dataPath"].as_str().unwrap()), &bytes).unwrap();
+    }
+    std::fs::write(d.join("tensor-cache.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+    let mut cache = TensorCache::new();
+    cache.load(&d, Device::cpu(0)).unwrap();
+    for name in param_names() {
+        let got = cache.get(&name).unwrap().to_bytes().unwrap();
+        let want: Vec<u8> = reference
+            .get(&name)
+            .unwrap()
+            .to_bytes()
+            .unwrap()
+            .chunks_exact(4)
+            .flat_map(|c| [0, 0, c[2], c[3]])
+            .collect();
+        assert!(got == want, "{name}");
+    }
+    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]

@@ -362,6 +362,16 @@ impl Storage {
         }))
     }
 
+    /// Whether the storage is part of a file mapping ([`Storage::in_file_mapping`]), directly
+    /// or as a view of one.
+    pub fn is_file_mapped(&self) -> bool {
+        match &self.kind {
+            StorageKind::Mapped { .. } => true,
+            StorageKind::View { _parent } | StorageKind::Alias { _parent } => _parent.is_file_mapped(),
+            StorageKind::Owned => false,
+        }
+    }
+
     /// The device.
     pub fn device(&self) -> Device {
         self.api.device()

@@ -445,9 +445,19 @@ fn sampling_builtins_fail_as_tvm_does() {
     assert!(target.to_bytes().unwrap() == before);
     let short = NdArray::from_f32(&[0.5], &[1, 1], Device::cpu(0)).unwrap();
     assert!(sampling::multinomial_from_uniform(&npy("builtins/prob2.npy"), &short).is_err());
+    // An empty vocabulary: no token to return (TVM reads past the end), an "all NaN"
+    // distribution to TVM's `sample_top_p_from_prob`, nothing to normalise; a 0-d tensor has
+    // no last dimension (TVM reads before its shape).
     let empty = NdArray::from_f32(&[], &[1, 0], Device::cpu(0)).unwrap();
     assert!(sampling::sample_top_p_from_logits(&empty, 1.0, 0.9, 0.5).is_err());
-    assert!(sampling::apply_softmax_with_temperature(&empty, 1.0).is_err());
+    assert!(matches!(sampling::sample_top_p_from_prob(&empty, 0.9, 0.5), Err(sampling::SamplingError::AllNan)));
+    sampling::apply_softmax_with_temperature(&empty, 1.0).unwrap();
+    let scalar = NdArray::from_f32(&[1.0], &[], Device::cpu(0)).unwrap();
+    assert!(sampling::apply_softmax_with_temperature(&scalar, 1.0).is_err());
+    assert!(sampling::sample_top_p_from_prob(&scalar, 0.9, 0.5).is_err());
+    let zero_vocab = NdArray::from_f32(&[], &[2, 0], Device::cpu(0)).unwrap();
+    let picked = sampling::multinomial_from_uniform(&zero_vocab, &npy("builtins/uniform2.npy")).unwrap();
+    assert_eq!(picked.to_bytes().unwrap(), [0u8; 16]);
     let err = sampling::sample_top_p_from_logits(&logits(), 1.0, 0.9, 1.5).unwrap_err();
     assert!(err.to_string().contains("uniform_sample <= data[0].first"), "{err}");
 }

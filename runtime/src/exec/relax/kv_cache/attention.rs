@@ -282,13 +282,21 @@ impl PagedKvCache {
         }
         let ps = c.page_size;
         let mut positions = Vec::with_capacity(seq.seq_length as usize);
+        let unfilled = || {
+            KvCacheError::Check(format!(
+                "sequence {seq_id} has length {} but its pages hold fewer positions (a round that failed for want of pages)",
+                seq.seq_length
+            ))
+        };
         for b in state.table.trace(seq) {
             let block = &state.table.blocks[b];
             for i in 0..block.seq_length {
-                positions.push(block.page_ids[(i / ps) as usize] * ps as i32 + (i % ps) as i32);
+                let page = block.page_ids.get((i / ps) as usize).ok_or_else(unfilled)?;
+                positions.push(page * ps as i32 + (i % ps) as i32);
             }
         }
-        let map = int32_array(&positions[start as usize..end as usize])?;
+        let positions = positions.get(start as usize..end as usize).ok_or_else(unfilled)?;
+        let map = int32_array(positions)?;
         for (layer, pages) in self.pages.iter().enumerate() {
             run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(k), t(v), Value::Int(layer as i64)])?;
         }

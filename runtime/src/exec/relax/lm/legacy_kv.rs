@@ -160,11 +160,9 @@ fn row_bytes(dtype: DataType, shape: &[i64]) -> Result<usize, ArrayError> {
         .ok_or_else(|| ArrayError::BadShape { shape: shape.to_vec(), dtype })
 }
 
-fn offset(rows: i64, row: usize) -> Result<usize, ArrayError> {
-    usize::try_from(rows)
-        .ok()
-        .and_then(|r| r.checked_mul(row))
-        .ok_or(ArrayError::BadShape { shape: vec![rows], dtype: DataType::F32 })
+/// Bytes of `rows` rows of `row` bytes (`rows` is never negative: the callers check).
+fn offset(rows: i64, row: usize, dtype: DataType) -> Result<usize, ArrayError> {
+    usize::try_from(rows).ok().and_then(|r| r.checked_mul(row)).ok_or(ArrayError::BadShape { shape: vec![rows], dtype })
 }
 
 impl AttentionKvCacheLegacy {
@@ -237,11 +235,12 @@ impl AttentionKvCacheLegacy {
 
     /// Copies rows `src_row..src_row + rows` of `value` to rows `dst_row..` of the data.
     fn copy_rows(&self, value: &NdArray, src_row: i64, dst_row: i64, rows: i64) -> Result<(), LegacyKvError> {
-        let row = row_bytes(self.data.dtype(), self.data.shape())?;
-        let n = offset(rows, row)?;
+        let dtype = self.data.dtype();
+        let row = row_bytes(dtype, self.data.shape())?;
+        let n = offset(rows, row, dtype)?;
         value
             .storage()
-            .copy_to(offset(src_row, row)?, self.data.storage(), offset(dst_row, row)?, n)
+            .copy_to(offset(src_row, row, dtype)?, self.data.storage(), offset(dst_row, row, dtype)?, n)
             .map_err(ArrayError::from)?;
         Ok(())
     }

@@ -267,6 +267,9 @@ enum StorageKind {
     View { _parent: Arc<Storage> },
     /// The start of `parent` (kept alive), with fewer bytes: nothing to release.
     Alias { _parent: Arc<Storage> },
+    /// Memory someone else allocated ([`Storage::borrowed`]): never freed here; `_owner`
+    /// (dropped with the storage) gives it back.
+    Borrowed { _owner: Option<Box<dyn Send + Sync>> },
 }
 
 impl fmt::Debug for Storage {
@@ -286,6 +289,26 @@ impl Storage {
     pub fn with_api(api: Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
         let ptr = api.alloc(nbytes)?;
         Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned }))
+    }
+
+    /// Memory allocated by someone else (a caller's DLPack tensor, say) as a storage of `api`'s
+    /// device, without copying: `ptr` is used as the API's own pointers are, and never freed by
+    /// mblob. `owner`, if any, is dropped when the last holder of the storage (or of a view of
+    /// it) drops it: the place to give the memory back.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is memory of `api`'s device (a host address for the CPU, a device address for
+    /// CUDA in the context mblob uses, a buffer of mblob's own OpenCL context) with at least
+    /// `nbytes` bytes, valid for reads and writes until `owner` is dropped (or, without an
+    /// owner, as long as the storage or anything made from it is alive).
+    pub unsafe fn borrowed(
+        api: Arc<dyn DeviceApi>,
+        ptr: DevicePtr,
+        nbytes: usize,
+        owner: Option<Box<dyn Send + Sync>>,
+    ) -> Arc<Storage> {
+        Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Borrowed { _owner: owner } })
     }
 
     /// The device.
@@ -388,7 +411,7 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
-            StorageKind::Alias { .. } => {}
+            StorageKind::Alias { .. } | StorageKind::Borrowed { .. } => {}
         }
     }
 }

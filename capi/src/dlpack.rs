@@ -12,6 +12,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 use mblob_runtime::array::tensor_bytes;
+use mblob_runtime::exec::relax::VmError;
 use mblob_runtime::exec::ModelKind;
 use mblob_runtime::ffi::device_api::{device_api, DevicePtr, Storage};
 use mblob_runtime::format::DataType;
@@ -359,7 +360,13 @@ pub unsafe extern "C" fn mblob_model_invoke(
         m.outputs = None;
         let run = vm.invoke_arrays(&name, &arrays);
         drop(arrays);
-        let mut outputs = run.map_err(|e| Failure::new(mblob_status::MBLOB_ERR_RUN, e.to_string()))?;
+        let mut outputs = run.map_err(|e| {
+            let status = match e {
+                VmError::UnknownFunction { .. } => mblob_status::MBLOB_ERR_NO_MODEL,
+                _ => mblob_status::MBLOB_ERR_RUN,
+            };
+            Failure::new(status, e.to_string())
+        })?;
         if Arc::strong_count(&token) > 1 {
             // An output shares a caller's memory (a function returning its input, or a view of
             // it): give every output memory of its own.

@@ -616,7 +616,7 @@ fn outputs(m: &mblob_model) -> Result<&[RunOutput]> {
     m.outputs.as_deref().ok_or_else(|| {
         Failure::new(
             mblob_status::MBLOB_ERR_STATE,
-            "the model has no outputs yet: call mblob_model_run or mblob_model_invoke first",
+            "the model has no outputs yet: call mblob_model_run first (or mblob_model_invoke)",
         )
     })
 }

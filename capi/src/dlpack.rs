@@ -331,6 +331,12 @@ pub unsafe extern "C" fn mblob_model_invoke(
         // SAFETY: checked above; one thread at a time per the API.
         let m = unsafe { model_mut(model) };
         let kind = m.model.kind();
+        if kind != ModelKind::Relax {
+            return Err(Failure::new(
+                mblob_status::MBLOB_ERR_UNSUPPORTED,
+                format!("mblob_model_invoke calls Relax functions; this is a {kind:?} model: use mblob_model_run"),
+            ));
+        }
         let name = match function {
             Some(f) => f.to_owned(),
             None => m.model.function().map(str::to_owned).ok_or_else(|| {
@@ -338,12 +344,8 @@ pub unsafe extern "C" fn mblob_model_invoke(
             })?,
         };
         let Some(vm) = m.model.vm() else {
-            return Err(Failure::new(
-                mblob_status::MBLOB_ERR_UNSUPPORTED,
-                format!("mblob_model_invoke calls Relax functions; this is a {kind:?} model: use mblob_model_run"),
-            ));
+            return Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "the model has no Relax VM"));
         };
-        debug_assert_eq!(kind, ModelKind::Relax);
         // Each borrowed array holds a clone of `token`: after the call, more than one left
         // means an output still points into a caller's memory.
         let token = Arc::new(());

@@ -55,7 +55,10 @@ fn export_writes_tvm_blob_and_runs_like_tvm() {
             let bin = dir().join("relax_add_mul.relax.VMExecutable.bin");
             let mut exe = usize::MAX;
             if payload_from_file {
-                ok(mblob_export_add_payload_file(e, c"relax.VMExecutable".as_ptr(), c(&bin).as_ptr(), &mut exe), "file");
+                ok(
+                    mblob_export_add_payload_file(e, c"relax.VMExecutable".as_ptr(), c(&bin).as_ptr(), &mut exe),
+                    "file",
+                );
             } else {
                 let bytes = std::fs::read(&bin).unwrap();
                 let s = mblob_export_add_payload(
@@ -110,7 +113,10 @@ fn export_writes_tvm_blob_and_runs_like_tvm() {
             ok(mblob_tensor_shape(t, &mut shape), "shape");
             ok(mblob_tensor_ndim(t, &mut ndim), "ndim");
             assert_eq!(std::slice::from_raw_parts(shape, ndim as usize), &want_shape[..]);
-            assert!(std::slice::from_raw_parts(data.cast::<u8>(), n) == &want[..], "{backend}: output differs from TVM's");
+            assert!(
+                std::slice::from_raw_parts(data.cast::<u8>(), n) == &want[..],
+                "{backend}: output differs from TVM's"
+            );
             ok(mblob_tensor_free(t), "free");
             ok(mblob_model_free(m), "free");
             ok(mblob_library_free(lib), "free");

@@ -5,7 +5,7 @@
 //! outputs), `tests/fixtures/device-run` (OpenCL models, TVM's CPU outputs), and
 //! `tests/fixtures/inspect` (what TVM 0.27 reports about the executable it wrote).
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,6 +63,7 @@ fn npy(path: &Path) -> Npy {
     Npy { code, bits, shape, data: bytes[bytes.len() - n..].to_vec() }
 }
 
+#[cfg(feature = "opencl")]
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
@@ -418,7 +419,10 @@ fn inspect_reports_what_tvm_wrote() {
         ok(mblob_inspect(path.as_ptr(), 0, &mut s), "inspect");
         reports.push(CStr::from_ptr(s).to_str().unwrap().to_owned());
         ok(mblob_string_free(s), "free");
-        ok(mblob_inspect_memory(bytes.as_ptr().cast::<c_void>(), bytes.len(), c"consts.so".as_ptr(), &mut s), "memory");
+        ok(
+            mblob_inspect_memory(bytes.as_ptr().cast::<std::ffi::c_void>(), bytes.len(), c"consts.so".as_ptr(), &mut s),
+            "memory",
+        );
         reports.push(CStr::from_ptr(s).to_str().unwrap().to_owned());
         ok(mblob_string_free(s), "free");
     }

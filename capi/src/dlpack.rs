@@ -152,6 +152,19 @@ unsafe fn describe(t: *const mblob_dl_tensor, what: &str) -> Result<Described> {
     Ok(Described { device, dtype, shape, data: t.data, byte_offset, nbytes })
 }
 
+/// TVM's alignment of tensor data (`kAllocAlignment`), which compiled kernels assume.
+const ALIGNMENT: usize = 64;
+
+/// Whether the first element of `d` is aligned as TVM's kernels assume: its address on the
+/// CPU and CUDA, its offset into the buffer object on devices whose pointers are handles.
+fn is_aligned(d: &Described) -> bool {
+    use mblob_runtime::DeviceType;
+    match d.device.device_type {
+        DeviceType::Cpu | DeviceType::Cuda => (d.data as usize).wrapping_add(d.byte_offset) % ALIGNMENT == 0,
+        _ => d.byte_offset % ALIGNMENT == 0,
+    }
+}
+
 /// An `NdArray` over the caller's memory `d` describes, no byte copied; `owner` is dropped
 /// when the last array made from it is.
 ///
@@ -291,9 +304,10 @@ pub unsafe extern "C" fn mblob_model_set_input_dlpack(
 /// order, and keeps its outputs on the model's device, uncopied: `mblob_model_num_outputs`
 /// counts them, `mblob_model_output_device` hands them out where they lie and
 /// `mblob_model_output` copies them to the host. The inputs set with `mblob_model_set_input*`
-/// are not used and stay set. An input on the model's device is used where it lies, with no
-/// copy (read during the call only: an output that would share its memory is copied); one on
-/// another device is copied. A graph, AOT or Relay VM model: `MBLOB_ERR_UNSUPPORTED` (use
+/// are not used and stay set. An input on the model's device whose data is aligned to 64 bytes
+/// (as TVM allocates) is used where it lies, with no copy (read during the call only: an
+/// output that would share its memory is copied); one on another device, or misaligned, is
+/// copied. A graph, AOT or Relay VM model: `MBLOB_ERR_UNSUPPORTED` (use
 /// `mblob_model_run`).
 ///
 /// # Safety
@@ -356,7 +370,14 @@ pub unsafe extern "C" fn mblob_model_invoke(
                 // SAFETY: the caller keeps the memory valid during the call; outputs that
                 // still hold it after the call are copied below, and the VM drops its
                 // registers' references to inputs when the call returns.
-                unsafe { borrow(d, Some(owner)) }
+                let array = unsafe { borrow(d, Some(owner)) }?;
+                // TVM's kernels assume their tensors' data aligned to 64 bytes (TVM refuses a
+                // DLPack tensor that is not): a misaligned one is copied into memory of its own.
+                if is_aligned(d) {
+                    Ok(array)
+                } else {
+                    array.copy(d.device).map_err(device_failure)
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         m.outputs = None;

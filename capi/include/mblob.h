@@ -290,11 +290,11 @@ mblob_status mblob_model_output(const struct mblob_model *model,
                                 size_t index,
                                 struct mblob_tensor **out);
 
-// Writes to `*out` a new tensor handle on output `index` of the last run where it lies, with
-// no copy: on the model's device for the outputs of `mblob_model_invoke`, on the host for
-// those of `mblob_model_run` (which copies them there, as `mblob_model_output` gives them).
-// The tensor shares the output's memory and keeps it alive after the model runs again or is
-// freed; `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
+// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
+// output of `mblob_model_invoke` stays on the model's device, uncopied (the tensor shares its
+// memory and keeps it alive after the model runs again or is freed); an output of
+// `mblob_model_run`, which copies its outputs to the host, comes as `mblob_model_output`
+// gives it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
 //
 // # Safety
 // `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
@@ -393,9 +393,10 @@ mblob_status mblob_model_set_input_dlpack(struct mblob_model *model,
 // order, and keeps its outputs on the model's device, uncopied: `mblob_model_num_outputs`
 // counts them, `mblob_model_output_device` hands them out where they lie and
 // `mblob_model_output` copies them to the host. The inputs set with `mblob_model_set_input*`
-// are not used and stay set. An input on the model's device is used where it lies, with no
-// copy (read during the call only: an output that would share its memory is copied); one on
-// another device is copied. A graph, AOT or Relay VM model: `MBLOB_ERR_UNSUPPORTED` (use
+// are not used and stay set. An input on the model's device whose data is aligned to 64 bytes
+// (as TVM allocates) is used where it lies, with no copy (read during the call only: an
+// output that would share its memory is copied); one on another device, or misaligned, is
+// copied. A graph, AOT or Relay VM model: `MBLOB_ERR_UNSUPPORTED` (use
 // `mblob_model_run`).
 //
 // # Safety

@@ -231,7 +231,8 @@ impl Drop for Managed {
 
 /// The host bytes of a managed CPU tensor, as the `Bytes` of an input, without a copy.
 struct ManagedBytes {
-    managed: Managed,
+    /// Runs the deleter when the bytes are dropped.
+    _managed: Managed,
     ptr: *const u8,
     len: usize,
 }
@@ -246,9 +247,8 @@ impl AsRef<[u8]> for ManagedBytes {
         if self.len == 0 {
             return &[];
         }
-        let _ = &self.managed;
         // SAFETY: `describe` checked `ptr` is not NULL for these `len` bytes, and the producer
-        // keeps them valid until the deleter, which runs when `managed` drops, after `self`.
+        // keeps them valid until the deleter, which runs when `_managed` drops, with `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn mblob_model_set_input_dlpack(
         let d = unsafe { describe(&raw const (*tensor).dl_tensor, "tensor") }?;
         let host = if d.device.is_cpu() {
             let ptr = d.data.cast::<u8>().cast_const().wrapping_add(d.byte_offset);
-            let bytes = Bytes::from_owner(Arc::new(ManagedBytes { managed, ptr, len: d.nbytes }));
+            let bytes = Bytes::from_owner(Arc::new(ManagedBytes { _managed: managed, ptr, len: d.nbytes }));
             Tensor::new(d.dtype, d.shape.clone(), bytes)
                 .ok_or_else(|| invalid(format!("tensor: {} bytes do not fit shape {:?}", d.nbytes, d.shape)))?
         } else {

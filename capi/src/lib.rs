@@ -696,11 +696,11 @@ pub unsafe extern "C" fn mblob_model_output(
     })
 }
 
-/// Writes to `*out` a new tensor handle on output `index` of the last run where it lies, with
-/// no copy: on the model's device for the outputs of `mblob_model_invoke`, on the host for
-/// those of `mblob_model_run` (which copies them there, as `mblob_model_output` gives them).
-/// The tensor shares the output's memory and keeps it alive after the model runs again or is
-/// freed; `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
+/// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
+/// output of `mblob_model_invoke` stays on the model's device, uncopied (the tensor shares its
+/// memory and keeps it alive after the model runs again or is freed); an output of
+/// `mblob_model_run`, which copies its outputs to the host, comes as `mblob_model_output`
+/// gives it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
 ///
 /// # Safety
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.

@@ -315,7 +315,8 @@ fn invoke_relax_by_name_matches_tvm() {
             let mut shifted = vec![0u8; 4];
             shifted.extend_from_slice(&x.data);
             let mut shape = x.shape.clone();
-            let off = mblob_dl_tensor { data: shifted.as_mut_ptr().cast(), shape: shape.as_mut_ptr(), byte_offset: 4, ..t };
+            let off =
+                mblob_dl_tensor { data: shifted.as_mut_ptr().cast(), shape: shape.as_mut_ptr(), byte_offset: 4, ..t };
             ok(mblob_model_invoke(m, null(), [&off as *const mblob_dl_tensor].as_ptr(), 1), name);
             let mut again = null_mut();
             ok(mblob_model_output(m, 0, &mut again), name);

@@ -82,6 +82,30 @@ typedef int32_t mblob_status;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// What kind of model a library holds (`mblob_model_kind` tells).
+enum mblob_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // A graph executor factory (`relay.build`): inputs by name, `mblob_model_run`.
+  MBLOB_MODEL_GRAPH = 0,
+  // An AOT executor factory.
+  MBLOB_MODEL_AOT = 1,
+  // A Relax executable (`relax.build`, `tvm.compile`): functions by name,
+  // `mblob_model_invoke` or `mblob_model_run`.
+  MBLOB_MODEL_RELAX = 2,
+  // A Relay VM executable (`relay.vm.compile`): functions by name, `mblob_model_run`.
+  MBLOB_MODEL_RELAY_VM = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum mblob_kind mblob_kind;
+#else
+typedef int32_t mblob_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 #if defined(MBLOB_FEATURE_EMIT)
 // An export being built (`mblob_export_new`): a module tree whose root is the host library
 // (type key `llvm`, module id 0) until `mblob_export_set_root` picks another. Used by one
@@ -212,6 +236,29 @@ mblob_status mblob_model_new(const struct mblob_library *lib,
                              int32_t device_type,
                              int32_t device_id,
                              struct mblob_model **out);
+
+// Writes the kind of model (graph, AOT, Relax, Relay VM) to `*out`.
+//
+// # Safety
+// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+mblob_status mblob_model_kind(const struct mblob_model *model, mblob_kind *out);
+
+// Writes the number of functions a Relax or Relay VM model can call (by
+// `mblob_model_select_function` or `mblob_model_invoke`) to `*out`: 0 for graph and AOT
+// models.
+//
+// # Safety
+// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+mblob_status mblob_model_num_functions(const struct mblob_model *model, size_t *out);
+
+// Writes a pointer to the name of function `index` to `*out`: a NUL-terminated string owned
+// by the model, valid until the model is freed.
+//
+// # Safety
+// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+mblob_status mblob_model_function_name(const struct mblob_model *model,
+                                       size_t index,
+                                       const char **out);
 
 // Frees a model; NULL does nothing.
 //

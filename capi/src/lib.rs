@@ -34,7 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use mblob_runtime::exec::{ExecError, Model, Output};
+use mblob_runtime::exec::{ExecError, Model, ModelKind, Output};
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, load_library_bytes, Device, LoadOptions, LoadedTree, NdArray, Registry};
@@ -90,6 +90,21 @@ pub enum mblob_status {
     MBLOB_ERR_EMIT = 12,
 }
 
+/// What kind of model a library holds (`mblob_model_kind` tells).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum mblob_kind {
+    /// A graph executor factory (`relay.build`): inputs by name, `mblob_model_run`.
+    MBLOB_MODEL_GRAPH = 0,
+    /// An AOT executor factory.
+    MBLOB_MODEL_AOT = 1,
+    /// A Relax executable (`relax.build`, `tvm.compile`): functions by name,
+    /// `mblob_model_invoke` or `mblob_model_run`.
+    MBLOB_MODEL_RELAX = 2,
+    /// A Relay VM executable (`relay.vm.compile`): functions by name, `mblob_model_run`.
+    MBLOB_MODEL_RELAY_VM = 3,
+}
+
 /// A tensor's element type, laid out as DLPack's `DLDataType`: type code (0 int, 1 uint,
 /// 2 float, 4 bfloat, 6 bool), bits per lane, lanes.
 #[repr(C)]
@@ -116,6 +131,8 @@ pub struct mblob_model {
     model: Model,
     /// The input names, as C strings (`mblob_model_input_name`).
     names: Vec<CString>,
+    /// The functions a caller can pick, as C strings (`mblob_model_function_name`).
+    functions: Vec<CString>,
     /// The outputs of the last successful run, `None` before one.
     outputs: Option<Vec<RunOutput>>,
 }
@@ -403,7 +420,8 @@ pub unsafe extern "C" fn mblob_model_new(
         // it while a call on it is in progress.
         let lib = unsafe { &*lib };
         let model = Model::new(&lib.tree, Device::from_dlpack(device_type, device_id))?;
-        let mut handle = mblob_model { model, names: Vec::new(), outputs: None };
+        let functions = model.functions().iter().map(|f| c_string(f)).collect();
+        let mut handle = mblob_model { model, names: Vec::new(), functions, outputs: None };
         handle.refresh_names();
         publish(Kind::Model, handle, out);
         Ok(())
@@ -412,13 +430,78 @@ pub unsafe extern "C" fn mblob_model_new(
 
 impl mblob_model {
     fn refresh_names(&mut self) {
-        self.names = self
-            .model
-            .inputs()
-            .into_iter()
-            .map(|(name, _)| CString::new(name.replace('\0', "\\0")).unwrap_or_default())
-            .collect();
+        self.names = self.model.inputs().into_iter().map(|(name, _)| c_string(&name)).collect();
     }
+}
+
+/// A C string of `s` (a NUL inside is spelled `\0`).
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+}
+
+/// Writes the kind of model (graph, AOT, Relax, Relay VM) to `*out`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_kind(model: *const mblob_model, out: *mut mblob_kind) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let kind = match m.model.kind() {
+            ModelKind::Graph => mblob_kind::MBLOB_MODEL_GRAPH,
+            ModelKind::Aot => mblob_kind::MBLOB_MODEL_AOT,
+            ModelKind::Relax => mblob_kind::MBLOB_MODEL_RELAX,
+            ModelKind::RelayVm => mblob_kind::MBLOB_MODEL_RELAY_VM,
+        };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(kind) };
+        Ok(())
+    })
+}
+
+/// Writes the number of functions a Relax or Relay VM model can call (by
+/// `mblob_model_select_function` or `mblob_model_invoke`) to `*out`: 0 for graph and AOT
+/// models.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_num_functions(model: *const mblob_model, out: *mut usize) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(m.functions.len()) };
+        Ok(())
+    })
+}
+
+/// Writes a pointer to the name of function `index` to `*out`: a NUL-terminated string owned
+/// by the model, valid until the model is freed.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_function_name(
+    model: *const mblob_model,
+    index: usize,
+    out: *mut *const c_char,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let name = m.functions.get(index).ok_or_else(|| out_of_range("function", index, m.functions.len()))?;
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(name.as_ptr()) };
+        Ok(())
+    })
 }
 
 /// Borrows the model behind a checked handle.

@@ -489,6 +489,22 @@ fn invoke_and_device_tensors_misused() {
     // SAFETY: valid or NULL pointers as each case says.
     unsafe {
         expect(mblob_model_invoke(gm, null(), inputs.as_ptr(), 1), MBLOB_ERR_UNSUPPORTED, "mblob_model_run");
+        let mut kind = mblob_kind::MBLOB_MODEL_RELAX;
+        ok(mblob_model_kind(gm, &mut kind));
+        assert_eq!(kind, mblob_kind::MBLOB_MODEL_GRAPH);
+        expect(mblob_model_kind(gm, null_mut()), MBLOB_ERR_NULL_ARGUMENT, "out is NULL");
+        let mut count = 7;
+        ok(mblob_model_num_functions(gm, &mut count));
+        assert_eq!(count, 0, "a graph model has no functions");
+        let mut fname = null();
+        expect(
+            mblob_model_function_name(gm, 0, &mut fname),
+            MBLOB_ERR_INVALID_ARGUMENT,
+            "function index 0 is out of range",
+        );
+        ok(mblob_model_num_functions(rm, &mut count));
+        expect(mblob_model_function_name(rm, count, &mut fname), MBLOB_ERR_INVALID_ARGUMENT, "out of range");
+        assert!(fname.is_null());
         expect(mblob_model_invoke(rm, c"nope".as_ptr(), inputs.as_ptr(), 1), MBLOB_ERR_NO_MODEL, "nope");
         expect(mblob_model_invoke(rm, null(), null(), 1), MBLOB_ERR_NULL_ARGUMENT, "inputs is NULL");
         let nulls = [null::<mblob_dl_tensor>()];

@@ -89,6 +89,7 @@ fn cpp_example_exports_and_runs_like_tvm() {
         "export_and_run",
     );
     assert!(text.contains("all outputs equal the expected ones"), "{text}");
+    assert!(text.contains("function main\n"), "{text}");
     // What it wrote carries TVM's blob byte for byte.
     let so = std::fs::read(&out_so).unwrap();
     let found = mblob_runtime::elf::find_blob(&so, None).unwrap().expect("a blob symbol");

@@ -294,6 +294,19 @@ fn invoke_relax_by_name_matches_tvm() {
         let inputs = [&t as *const mblob_dl_tensor];
         // SAFETY: live handles and valid pointers.
         unsafe {
+            let mut kind = mblob_kind::MBLOB_MODEL_GRAPH;
+            ok(mblob_model_kind(m, &mut kind), name);
+            assert_eq!(kind, mblob_kind::MBLOB_MODEL_RELAX);
+            let mut n = 0;
+            ok(mblob_model_num_functions(m, &mut n), name);
+            let names: Vec<String> = (0..n)
+                .map(|i| {
+                    let mut f = null();
+                    ok(mblob_model_function_name(m, i, &mut f), name);
+                    CStr::from_ptr(f).to_str().unwrap().to_owned()
+                })
+                .collect();
+            assert!(names.iter().any(|f| f == "main"), "{name}: functions {names:?}");
             ok(mblob_model_invoke(m, c"main".as_ptr(), inputs.as_ptr(), 1), name);
             let mut n = 0;
             ok(mblob_model_num_outputs(m, &mut n), name);

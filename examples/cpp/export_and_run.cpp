@@ -241,14 +241,23 @@ int run(const Args &a) {
   std::vector<const mblob_dl_tensor *> pointers;
   for (const mblob_dl_tensor &t : tensors) pointers.push_back(&t);
 
-  const char *function = a.function.empty() ? nullptr : a.function.c_str();
-  mblob_status s = mblob_model_invoke(model.get(), function, pointers.data(), pointers.size());
-  if (s == MBLOB_ERR_UNSUPPORTED) {  // not a Relax model: set the inputs by name and run
+  mblob_kind kind{};
+  check(mblob_model_kind(model.get(), &kind), "kind");
+  if (kind == MBLOB_MODEL_RELAX) {  // call the function by name, outputs left on the device
+    size_t functions = 0;
+    check(mblob_model_num_functions(model.get(), &functions), "functions");
+    for (size_t i = 0; i < functions; ++i) {
+      const char *name = nullptr;
+      check(mblob_model_function_name(model.get(), i, &name), "function name");
+      std::printf("function %s\n", name);
+    }
+    const char *function = a.function.empty() ? nullptr : a.function.c_str();
+    check(mblob_model_invoke(model.get(), function, pointers.data(), pointers.size()), "invoke");
+  } else {  // set the inputs by name and run
+    if (!a.function.empty()) check(mblob_model_select_function(model.get(), a.function.c_str()), "function");
     for (size_t i = 0; i < tensors.size(); ++i)
       check(mblob_model_set_input_dltensor(model.get(), a.inputs[i].first.c_str(), 0, &tensors[i]), "input " + a.inputs[i].first);
     check(mblob_model_run(model.get()), "run");
-  } else {
-    check(s, "invoke");
   }
   size_t outputs = 0;
   check(mblob_model_num_outputs(model.get(), &outputs), "outputs");

@@ -307,6 +307,22 @@ fn invoke_relax_by_name_matches_tvm() {
                 })
                 .collect();
             assert!(names.iter().any(|f| f == "main"), "{name}: functions {names:?}");
+            // The input at a 64-byte boundary (used in place, not copied), then as it lies.
+            let mut aligned = vec![0u8; x.data.len() + 64];
+            let pad = (64 - aligned.as_ptr() as usize % 64) % 64;
+            aligned[pad..pad + x.data.len()].copy_from_slice(&x.data);
+            let mut ashape = x.shape.clone();
+            let at = mblob_dl_tensor {
+                data: aligned.as_mut_ptr().cast(),
+                shape: ashape.as_mut_ptr(),
+                byte_offset: pad as u64,
+                ..t
+            };
+            ok(mblob_model_invoke(m, c"main".as_ptr(), [&at as *const mblob_dl_tensor].as_ptr(), 1), name);
+            let mut first = null_mut();
+            ok(mblob_model_output(m, 0, &mut first), name);
+            assert_tvm(first, &want, name);
+            ok(mblob_tensor_free(first), name);
             ok(mblob_model_invoke(m, c"main".as_ptr(), inputs.as_ptr(), 1), name);
             let mut n = 0;
             ok(mblob_model_num_outputs(m, &mut n), name);

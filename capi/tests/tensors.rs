@@ -165,6 +165,25 @@ fn libraries_from_memory_run_like_tvm() {
             }
         }
     }
+    // The memory file lives as long as the library: open while a model holds it, closed after.
+    let memfds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().contains("memfd:graph_mlp"))
+            .count()
+    };
+    let before = memfds();
+    let bytes = std::fs::read(run_dir().join("graph_mlp.so")).unwrap();
+    let lib = load_memory(&bytes, "graph_mlp");
+    let m = model_of(lib, 1);
+    // SAFETY: a live library, freed once.
+    ok(unsafe { mblob_library_free(lib) }, "free");
+    assert_eq!(memfds(), before + 1, "the memory file is open while the model holds the library");
+    // SAFETY: a live model, freed once.
+    ok(unsafe { mblob_model_free(m) }, "free");
+    assert_eq!(memfds(), before, "the memory file is closed with the library");
+
     // A library from memory and then a different one: each runs its own code.
     let two = std::fs::read(run_dir().join("graph_two_outputs.so")).unwrap();
     let lib = load_memory(&two, "graph_two_outputs");

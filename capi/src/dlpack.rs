@@ -212,8 +212,8 @@ pub unsafe extern "C" fn mblob_model_set_input_dltensor(
 /// A `DLManagedTensor` mblob took over: its deleter runs when this is dropped.
 struct Managed(*mut mblob_dl_managed_tensor);
 
-// SAFETY: DLPack lets the holder of a managed tensor call its deleter from any thread (the API
-// documents that mblob may), and the tensor's memory is only read through it.
+// SAFETY: the API tells callers that mblob may run the deleter from any thread (the thread that
+// drops the last reference), and the tensor's memory is only read through this pointer.
 unsafe impl Send for Managed {}
 // SAFETY: as above; shared references only read the struct.
 unsafe impl Sync for Managed {}

@@ -63,7 +63,7 @@ fn npy(path: &Path) -> Npy {
     Npy { code, bits, shape, data: bytes[bytes.len() - n..].to_vec() }
 }
 
-#[cfg(feature = "opencl")]
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
@@ -381,29 +381,57 @@ fn invoke_relax_by_name_matches_tvm() {
 /// On OpenCL (pocl here): `dev_relax_mlp_opencl` (built by TVM for OpenCL) invoked with a host
 /// input keeps its output on the OpenCL device; its host bytes are refused until copied, and
 /// the copy is within the fixture's tolerance of TVM's CPU output; its DLPack view and managed
-/// tensor point at the same OpenCL memory. Skipped with a message when no OpenCL device opens, unless `MBLOB_REQUIRE_OPENCL`.
+/// tensor point at the same OpenCL memory. Skipped with a message when no OpenCL device opens,
+/// unless `MBLOB_REQUIRE_OPENCL` is set.
 #[cfg(feature = "opencl")]
 #[test]
 fn invoke_on_opencl_keeps_outputs_on_the_device() {
     let _s = serial();
+    invoke_on_device(4, "dev_relax_mlp_opencl", "MBLOB_REQUIRE_OPENCL");
+}
+
+/// The same on CUDA with TVM 0.27's four CUDA models of `tests/fixtures/device-run` (`sm_80`
+/// and `sm_90`; their CUDA source is compiled with NVRTC at load): needs an NVIDIA GPU, its
+/// driver and NVRTC (run with `-- --ignored`, NVRTC's folder on `LD_LIBRARY_PATH`).
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU (sm_80 or newer) with its driver, and NVRTC"]
+fn invoke_on_cuda_keeps_outputs_on_the_device() {
+    let _s = serial();
+    for name in [
+        "dev_relax_mlp_cuda_sm80",
+        "dev_relax_mlp_cuda_sm90",
+        "dev_relax_cnn_cuda_sm90",
+        "dev_relax_transformer_cuda_sm90",
+    ] {
+        invoke_on_device(2, name, "MBLOB_REQUIRE_CUDA");
+    }
+}
+
+/// Invokes the device-run model `name` on the device of DLPack type `device_type` with TVM's
+/// input on the host, and checks its output stays on the device and, copied, is within the
+/// fixture's tolerance of TVM's CPU output. Skips (with a message) when the device does not
+/// open, unless the environment variable `require` is set.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn invoke_on_device(device_type: i32, name: &str, require: &str) {
     let dir = repo().join("tests/fixtures/device-run");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    let spec = &manifest["models"]["dev_relax_mlp_opencl"];
+    let spec = &manifest["models"][name];
     let mut lib = null_mut();
     let path = CString::new(dir.join(spec["so"].as_str().unwrap()).to_str().unwrap()).unwrap();
     // SAFETY: a valid path and out-pointer.
     ok(unsafe { mblob_library_load(path.as_ptr(), &mut lib) }, "load");
     let mut m = null_mut();
     // SAFETY: a live library and a valid out-pointer.
-    let s = unsafe { mblob_model_new(lib, 4, 0, &mut m) };
-    if s == MBLOB_ERR_DEVICE && std::env::var_os("MBLOB_REQUIRE_OPENCL").is_none() {
-        eprintln!("SKIPPED: no OpenCL device ({})", last_error());
+    let s = unsafe { mblob_model_new(lib, device_type, 0, &mut m) };
+    if s == MBLOB_ERR_DEVICE && std::env::var_os(require).is_none() {
+        eprintln!("SKIPPED: no device of type {device_type} ({})", last_error());
         // SAFETY: a live library, freed once.
         unsafe { mblob_library_free(lib) };
         return;
     }
-    ok(s, "mblob_model_new on opencl");
+    ok(s, name);
     let input = &spec["inputs"][0];
     let mut x = npy(&dir.join(input["file"].as_str().unwrap()));
     let want = npy(&dir.join(spec["outputs"][0]["file"].as_str().unwrap()));
@@ -412,44 +440,44 @@ fn invoke_on_opencl_keeps_outputs_on_the_device() {
     let t = dl(&mut x);
     let check = |got: &[u8], what: &str| {
         let (got, want) = (f32s(got), f32s(&want.data));
-        assert_eq!(got.len(), want.len(), "{what}");
+        assert_eq!(got.len(), want.len(), "{name} {what}");
         let scale = want.iter().fold(1f32, |a, w| a.max(w.abs()));
         let worst = got.iter().zip(&want).fold(0f32, |a, (g, w)| a.max((g - w).abs()));
-        assert!(worst <= rtol * scale, "{what}: off by {worst} (allowed {})", rtol * scale);
+        assert!(worst <= rtol * scale, "{name} {what}: off by {worst} (allowed {})", rtol * scale);
     };
     // SAFETY: live handles and valid pointers.
     unsafe {
-        ok(mblob_model_invoke(m, function.as_ptr(), [&t as *const mblob_dl_tensor].as_ptr(), 1), "invoke");
+        ok(mblob_model_invoke(m, function.as_ptr(), [&t as *const mblob_dl_tensor].as_ptr(), 1), name);
         let mut y = null_mut();
-        ok(mblob_model_output_device(m, 0, &mut y), "output_device");
+        ok(mblob_model_output_device(m, 0, &mut y), name);
         let mut dev = mblob_dl_device { device_type: 0, device_id: -1 };
-        ok(mblob_tensor_device(y, &mut dev), "device");
-        assert_eq!((dev.device_type, dev.device_id), (4, 0), "the output stays on OpenCL");
+        ok(mblob_tensor_device(y, &mut dev), name);
+        assert_eq!((dev.device_type, dev.device_id), (device_type, 0), "{name}: the output stays on the device");
         let mut data = null();
         assert_eq!(mblob_tensor_data(y, &mut data), MBLOB_ERR_STATE);
         assert!(last_error().contains("mblob_tensor_to_host"), "{}", last_error());
         let mut host = null_mut();
-        ok(mblob_tensor_to_host(y, &mut host), "to_host");
+        ok(mblob_tensor_to_host(y, &mut host), name);
         let (dtype, shape, bytes) = read(host);
-        assert_eq!((dtype.code, dtype.bits, shape), (2, 32, want.shape.clone()));
+        assert_eq!((dtype.code, dtype.bits, shape), (2, 32, want.shape.clone()), "{name}");
         check(&bytes, "to_host");
         let mut copy = null_mut();
-        ok(mblob_model_output(m, 0, &mut copy), "output");
+        ok(mblob_model_output(m, 0, &mut copy), name);
         check(&read(copy).2, "mblob_model_output");
-        // The device output, viewed as a DLTensor on OpenCL, handed out as DLPack.
+        // The device output, viewed as a DLTensor and handed out as DLPack, on the device.
         let mut view = std::mem::zeroed::<mblob_dl_tensor>();
-        ok(mblob_tensor_dltensor(y, &mut view), "dltensor");
-        assert_eq!(view.device.device_type, 4);
+        ok(mblob_tensor_dltensor(y, &mut view), name);
+        assert_eq!(view.device.device_type, device_type);
         let mut managed = null_mut();
-        ok(mblob_tensor_to_dlpack(y, &mut managed), "to_dlpack");
-        assert_eq!((*managed).dl_tensor.device.device_type, 4);
+        ok(mblob_tensor_to_dlpack(y, &mut managed), name);
+        assert_eq!((*managed).dl_tensor.device.device_type, device_type);
         assert_eq!((*managed).dl_tensor.data, view.data);
         ((*managed).deleter.unwrap())(managed);
         for h in [y, host, copy] {
-            ok(mblob_tensor_free(h), "free");
+            ok(mblob_tensor_free(h), name);
         }
-        ok(mblob_model_free(m), "free");
-        ok(mblob_library_free(lib), "free");
+        ok(mblob_model_free(m), name);
+        ok(mblob_library_free(lib), name);
     }
 }
 

@@ -1,16 +1,22 @@
-//! # mblob-capi: the C API of mblob's load side
+//! # mblob-capi: the C API of mblob
 //!
 //! Builds `libmblob.so` and `libmblob.a`; `include/mblob.h` declares what they export (made
-//! by cbindgen from this file, see `cbindgen.toml`; `tests/header.rs` checks it is current and
+//! by cbindgen from this crate, see `cbindgen.toml`; `tests/header.rs` checks it is current and
 //! compiles as C99 and C++17). The README's "C API" section is the user's guide.
+//!
+//! This file holds the conventions, loading (from a file or from memory), models and tensors;
+//! `dlpack.rs` DLPack tensors in and out and `mblob_model_invoke`; `inspect.rs` (feature
+//! `inspect`) the JSON report and `emit.rs` (feature `emit`) writing libraries, the two parts
+//! that link the `mblob` crate (without them the library is the runtime alone).
 //!
 //! This crate is an FFI edge, like `mblob_runtime::ffi`: every `unsafe` block in it reads a
 //! pointer that a C caller handed over, and says in a `// SAFETY:` comment which documented
 //! rule of the API makes it valid.
 //!
 //! The conventions, after wasmtime's, tract's and ONNX Runtime's C APIs:
-//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`]. Each is made by one
-//!   function and freed by one (`mblob_*_free`); freeing NULL does nothing.
+//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`] (and
+//!   `mblob_export`). Each is made by one function and freed by one (`mblob_*_free`); freeing
+//!   NULL does nothing.
 //! - Every call returns an [`mblob_status`]; on an error, [`mblob_last_error`] gives the
 //!   message (thread-local, valid until the next mblob call on that thread). Results come back
 //!   through out-pointers, written only on success.

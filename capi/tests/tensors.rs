@@ -138,9 +138,10 @@ fn run_x(m: *mut mblob_model, x: &mut Npy, want: &Npy, what: &str) {
 }
 
 /// Libraries loaded from memory (no file) run as TVM ran them: TVM 0.19's graph and Relax
-/// models and TVM 0.27's Relax model (through the same `dlopen` or private-namespace `dlmopen`
-/// path as files), two copies of one library at once, and again after both are freed (each
-/// memory file gets its own path, so the loader never hands back an old image).
+/// models (opened with `dlopen`) and TVM 0.27's Relax model (it imports a TVM runtime function
+/// by name, so it opens in mblob's private `dlmopen` namespace), two copies of one library at
+/// once, and again after both are freed (each memory file gets its own path, so the loader
+/// never hands back an old image).
 #[test]
 fn libraries_from_memory_run_like_tvm() {
     let _s = serial();

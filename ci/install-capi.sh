@@ -5,28 +5,52 @@
 #   PREFIX/lib/libmblob.a
 #   PREFIX/lib/pkgconfig/mblob.pc
 # Then `cc prog.c $(PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs mblob)`
-# links the shared library, and `pkg-config --static` the static one.
+# links the shared library, and `pkg-config --static` the static one; CMake finds it with
+# `pkg_check_modules(MBLOB REQUIRED IMPORTED_TARGET mblob)` (see examples/cpp/).
+#
+# Environment:
+#   MBLOB_CAPI_FEATURES  the crate's features, comma-separated, instead of its defaults
+#                        (`cuda,opencl,llm` is the runtime alone, without `inspect` and `emit`:
+#                        mblob.pc's Cflags then hide their declarations in mblob.h)
+#   MBLOB_CAPI_LIB_DIR   install the libmblob_capi.so (and libmblob_capi.a, when there) of
+#                        this directory instead of building (a build of the same features)
 set -euo pipefail
 prefix=${1:-/usr/local}
 cd "$(dirname "$0")/.."
-cargo build --release --quiet -p mblob-capi
-target=$(bash ci/target-dir.sh)/release
+features=${MBLOB_CAPI_FEATURES-}
+if [ -n "${MBLOB_CAPI_LIB_DIR-}" ]; then
+  built=$MBLOB_CAPI_LIB_DIR
+else
+  if [ -n "$features" ]; then
+    cargo build --release --quiet -p mblob-capi --no-default-features --features "$features"
+  else
+    cargo build --release --quiet -p mblob-capi
+  fi
+  built=$(bash ci/target-dir.sh)/release
+fi
+cflags='-I${includedir}'
+if [ -n "$features" ]; then
+  case ",$features," in *,inspect,*) ;; *) cflags+=" -DMBLOB_NO_INSPECT" ;; esac
+  case ",$features," in *,emit,* | *,llvm,*) ;; *) cflags+=" -DMBLOB_NO_EMIT" ;; esac
+fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 mkdir -p "$prefix/include" "$prefix/lib/pkgconfig"
 prefix=$(cd "$prefix" && pwd)
 install -m 644 capi/include/mblob.h "$prefix/include/mblob.h"
-install -m 755 "$target/libmblob_capi.so" "$prefix/lib/libmblob.so.0"
+install -m 755 "$built/libmblob_capi.so" "$prefix/lib/libmblob.so.0"
 ln -sf libmblob.so.0 "$prefix/lib/libmblob.so"
-install -m 644 "$target/libmblob_capi.a" "$prefix/lib/libmblob.a"
+if [ -f "$built/libmblob_capi.a" ]; then
+  install -m 644 "$built/libmblob_capi.a" "$prefix/lib/libmblob.a"
+fi
 cat >"$prefix/lib/pkgconfig/mblob.pc" <<PC
 prefix=$prefix
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
 Name: mblob
-Description: Load and run TVM runtime module libraries without TVM (C API)
+Description: Load, run and write TVM runtime module libraries without TVM (C API)
 Version: $version
-Cflags: -I\${includedir}
+Cflags: $cflags
 Libs: -L\${libdir} -lmblob
 Libs.private: -ldl -lpthread -lm -lrt
 PC

@@ -3,10 +3,11 @@
 # inkwell needs Polly and zlib too), lld (the fast linker, optional but preferred), and a C
 # compiler, Python 3 with venv for the Python package, patchelf (which `maturin build` needs to
 # put the libraries the extension links, libffi and libtinfo from LLVM, into a wheel), and pocl
-# for OpenCL tests (a CPU OpenCL driver, with the ICD loader and clinfo). Safe to run again:
+# for OpenCL tests (a CPU OpenCL driver, with the ICD loader and clinfo), and g++, cmake and
+# pkg-config for the C++ example of the C API (examples/cpp/). Safe to run again:
 # packages already present are skipped.
 set -euo pipefail
-need=(llvm-14-dev libpolly-14-dev zlib1g-dev lld-14 gcc libc6-dev binutils python3 python3-venv patchelf pocl-opencl-icd ocl-icd-libopencl1 clinfo)
+need=(llvm-14-dev libpolly-14-dev zlib1g-dev lld-14 gcc libc6-dev binutils python3 python3-venv patchelf pocl-opencl-icd ocl-icd-libopencl1 clinfo g++ cmake pkg-config)
 missing=()
 for p in "${need[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -9,6 +9,8 @@ export CARGO_TERM_COLOR=never
 # pocl is installed above: the OpenCL tests run for real, and fail (rather than skip) when no
 # OpenCL device can be opened.
 export MBLOB_REQUIRE_OPENCL=1
+# g++, cmake and pkg-config are installed above: the C++ example of the C API is built and run.
+export MBLOB_REQUIRE_CMAKE=1
 cargo fmt --all -- --check
 # The library without its default features must not pull in the command line's crates.
 if cargo tree -p mblob --no-default-features -e normal | grep -E " (clap|tracing-subscriber) v"; then exit 1; fi

@@ -1,16 +1,22 @@
-//! # mblob-capi: the C API of mblob's load side
+//! # mblob-capi: the C API of mblob
 //!
 //! Builds `libmblob.so` and `libmblob.a`; `include/mblob.h` declares what they export (made
-//! by cbindgen from this file, see `cbindgen.toml`; `tests/header.rs` checks it is current and
+//! by cbindgen from this crate, see `cbindgen.toml`; `tests/header.rs` checks it is current and
 //! compiles as C99 and C++17). The README's "C API" section is the user's guide.
+//!
+//! This file holds the conventions, loading (from a file or from memory), models and tensors;
+//! `dlpack.rs` DLPack tensors in and out and `mblob_model_invoke`; `inspect.rs` (feature
+//! `inspect`) the JSON report and `emit.rs` (feature `emit`) writing libraries, the two parts
+//! that link the `mblob` crate (without them the library is the runtime alone).
 //!
 //! This crate is an FFI edge, like `mblob_runtime::ffi`: every `unsafe` block in it reads a
 //! pointer that a C caller handed over, and says in a `// SAFETY:` comment which documented
 //! rule of the API makes it valid.
 //!
 //! The conventions, after wasmtime's, tract's and ONNX Runtime's C APIs:
-//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`]. Each is made by one
-//!   function and freed by one (`mblob_*_free`); freeing NULL does nothing.
+//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`] (and
+//!   `mblob_export`). Each is made by one function and freed by one (`mblob_*_free`); freeing
+//!   NULL does nothing.
 //! - Every call returns an [`mblob_status`]; on an error, [`mblob_last_error`] gives the
 //!   message (thread-local, valid until the next mblob call on that thread). Results come back
 //!   through out-pointers, written only on success.
@@ -34,10 +40,22 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use mblob_runtime::exec::{ExecError, Model, Output};
+use mblob_runtime::exec::{ExecError, Model, ModelKind, Output};
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, Registry};
+use mblob_runtime::{load_library, load_library_bytes, Device, LoadOptions, LoadedTree, NdArray, Registry};
+
+mod dlpack;
+#[cfg(feature = "emit")]
+mod emit;
+#[cfg(feature = "inspect")]
+mod inspect;
+
+pub use dlpack::*;
+#[cfg(feature = "emit")]
+pub use emit::*;
+#[cfg(feature = "inspect")]
+pub use inspect::*;
 
 /// What a call did. `MBLOB_OK` is 0; every other value is an error whose message
 /// `mblob_last_error` gives.
@@ -73,6 +91,24 @@ pub enum mblob_status {
     MBLOB_ERR_UNSUPPORTED = 10,
     /// A bug in mblob (a caught Rust panic); the handle the call used should be freed.
     MBLOB_ERR_PANIC = 11,
+    /// Writing a library failed (`mblob_export_write`: a host object that cannot be read or
+    /// does not fit the layout, a module tree TVM cannot load, the compiler or linker failed).
+    MBLOB_ERR_EMIT = 12,
+}
+
+/// What kind of model a library holds (`mblob_model_kind` tells).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum mblob_kind {
+    /// A graph executor factory (`relay.build`): inputs by name, `mblob_model_run`.
+    MBLOB_MODEL_GRAPH = 0,
+    /// An AOT executor factory.
+    MBLOB_MODEL_AOT = 1,
+    /// A Relax executable (`relax.build`, `tvm.compile`): functions by name,
+    /// `mblob_model_invoke` or `mblob_model_run`.
+    MBLOB_MODEL_RELAX = 2,
+    /// A Relay VM executable (`relay.vm.compile`): functions by name, `mblob_model_run`.
+    MBLOB_MODEL_RELAY_VM = 3,
 }
 
 /// A tensor's element type, laid out as DLPack's `DLDataType`: type code (0 int, 1 uint,
@@ -101,16 +137,24 @@ pub struct mblob_model {
     model: Model,
     /// The input names, as C strings (`mblob_model_input_name`).
     names: Vec<CString>,
+    /// The functions a caller can pick, as C strings (`mblob_model_function_name`).
+    functions: Vec<CString>,
     /// The outputs of the last successful run, `None` before one.
-    outputs: Option<Vec<Output>>,
+    outputs: Option<Vec<RunOutput>>,
 }
 
-/// A tensor on the host owned by the caller (`mblob_model_output`); freed with
-/// `mblob_tensor_free`.
+/// A tensor owned by the caller, on the host (`mblob_model_output`, `mblob_tensor_to_host`)
+/// or on a model's device (`mblob_model_output_device`); freed with `mblob_tensor_free`.
+/// A tensor keeps its memory alive by itself: it outlives its model.
 pub struct mblob_tensor {
-    dtype: DataType,
-    shape: Vec<i64>,
-    data: Vec<u8>,
+    array: NdArray,
+}
+
+/// One output of the last run: copied to the host by the run (`mblob_model_run`), or left on
+/// the model's device (`mblob_model_invoke`).
+enum RunOutput {
+    Host(Output),
+    Device(NdArray),
 }
 
 /// An error on its way to the caller: a status and a message.
@@ -153,6 +197,12 @@ enum Kind {
     Library,
     Model,
     Tensor,
+    /// A string mblob made for the caller (`mblob_string_free`).
+    #[cfg_attr(not(feature = "inspect"), allow(dead_code))]
+    String,
+    /// An export builder (`mblob_export_free`).
+    #[cfg_attr(not(feature = "emit"), allow(dead_code))]
+    Export,
 }
 
 impl Kind {
@@ -161,6 +211,8 @@ impl Kind {
             Kind::Library => "mblob_library",
             Kind::Model => "mblob_model",
             Kind::Tensor => "mblob_tensor",
+            Kind::String => "string made by mblob",
+            Kind::Export => "mblob_export",
         }
     }
 }
@@ -303,6 +355,46 @@ pub unsafe extern "C" fn mblob_library_load(path: *const c_char, out: *mut *mut 
     })
 }
 
+/// Loads a library held in memory: `data` holds the `nbytes` bytes of a shared library file
+/// as `mblob_library_load` takes it (read from a file, received over the network, embedded in
+/// the program). No file is written: the bytes are copied into an anonymous memory file
+/// (`memfd_create`, kept while the library is loaded) that the dynamic loader opens through
+/// `/proc/self/fd`. `name` (NULL for `"memory"`) names it in messages and `/proc/self/maps`.
+/// `data` may be freed when the call returns. Bytes that are not a shared library give
+/// `MBLOB_ERR_LOAD`.
+///
+/// Loading runs the library's code (its constructors): load only libraries you trust.
+///
+/// # Safety
+/// `data` is NULL or points to `nbytes` readable bytes; `name` is NULL or a NUL-terminated
+/// string; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_library_load_memory(
+    data: *const c_void,
+    nbytes: usize,
+    name: *const c_char,
+    out: *mut *mut mblob_library,
+) -> mblob_status {
+    call(|| {
+        not_null(data, "data")?;
+        not_null(out, "out")?;
+        let name = if name.is_null() {
+            "memory"
+        } else {
+            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+            unsafe { c_str(name, "name") }?
+        };
+        // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) };
+        // SAFETY: loading runs the library's code; the header says to load only libraries
+        // the caller trusts to run, and the caller asked for this one.
+        let tree = unsafe { load_library_bytes(bytes, name, &Registry::default(), &LoadOptions::keep_unknown()) }
+            .map_err(|e| Failure::new(mblob_status::MBLOB_ERR_LOAD, format!("library from memory `{name}`: {e}")))?;
+        publish(Kind::Library, mblob_library { tree: Arc::new(tree) }, out);
+        Ok(())
+    })
+}
+
 /// Frees a library; NULL does nothing. Models made from it stay usable.
 ///
 /// # Safety
@@ -334,7 +426,8 @@ pub unsafe extern "C" fn mblob_model_new(
         // it while a call on it is in progress.
         let lib = unsafe { &*lib };
         let model = Model::new(&lib.tree, Device::from_dlpack(device_type, device_id))?;
-        let mut handle = mblob_model { model, names: Vec::new(), outputs: None };
+        let functions = model.functions().iter().map(|f| c_string(f)).collect();
+        let mut handle = mblob_model { model, names: Vec::new(), functions, outputs: None };
         handle.refresh_names();
         publish(Kind::Model, handle, out);
         Ok(())
@@ -343,13 +436,78 @@ pub unsafe extern "C" fn mblob_model_new(
 
 impl mblob_model {
     fn refresh_names(&mut self) {
-        self.names = self
-            .model
-            .inputs()
-            .into_iter()
-            .map(|(name, _)| CString::new(name.replace('\0', "\\0")).unwrap_or_default())
-            .collect();
+        self.names = self.model.inputs().into_iter().map(|(name, _)| c_string(&name)).collect();
     }
+}
+
+/// A C string of `s` (a NUL inside is spelled `\0`).
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+}
+
+/// Writes the kind of model (graph, AOT, Relax, Relay VM) to `*out`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_kind(model: *const mblob_model, out: *mut mblob_kind) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let kind = match m.model.kind() {
+            ModelKind::Graph => mblob_kind::MBLOB_MODEL_GRAPH,
+            ModelKind::Aot => mblob_kind::MBLOB_MODEL_AOT,
+            ModelKind::Relax => mblob_kind::MBLOB_MODEL_RELAX,
+            ModelKind::RelayVm => mblob_kind::MBLOB_MODEL_RELAY_VM,
+        };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(kind) };
+        Ok(())
+    })
+}
+
+/// Writes the number of functions a Relax or Relay VM model can call (by
+/// `mblob_model_select_function` or `mblob_model_invoke`) to `*out`: 0 for graph and AOT
+/// models.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_num_functions(model: *const mblob_model, out: *mut usize) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(m.functions.len()) };
+        Ok(())
+    })
+}
+
+/// Writes a pointer to the name of function `index` to `*out`: a NUL-terminated string owned
+/// by the model, valid until the model is freed.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_function_name(
+    model: *const mblob_model,
+    index: usize,
+    out: *mut *const c_char,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let name = m.functions.get(index).ok_or_else(|| out_of_range("function", index, m.functions.len()))?;
+        // SAFETY: not NULL, writable per the API.
+        unsafe { out.write(name.as_ptr()) };
+        Ok(())
+    })
 }
 
 /// Borrows the model behind a checked handle.
@@ -431,6 +589,20 @@ pub unsafe extern "C" fn mblob_model_input_name(
     })
 }
 
+/// The input a `(name, index)` pair names: `name` when it is not NULL, else input `index`.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+unsafe fn input_name(m: &mblob_model, name: *const c_char, index: usize) -> Result<String> {
+    if name.is_null() {
+        let n = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
+        Ok(n.to_string_lossy().into_owned())
+    } else {
+        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+        Ok(unsafe { c_str(name, "name") }?.to_owned())
+    }
+}
+
 fn out_of_range(what: &str, index: usize, count: usize) -> Failure {
     Failure::new(
         mblob_status::MBLOB_ERR_INVALID_ARGUMENT,
@@ -498,21 +670,10 @@ pub unsafe extern "C" fn mblob_model_set_input(
             // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
             unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }.to_vec()
         };
-        let name = if name.is_null() {
-            None
-        } else {
-            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-            Some(unsafe { c_str(name, "name") }?)
-        };
         // SAFETY: checked above; one thread at a time per the API.
         let m = unsafe { model_mut(model) };
-        let name: String = match name {
-            Some(n) => n.to_owned(),
-            None => {
-                let n = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
-                n.to_string_lossy().into_owned()
-            }
-        };
+        // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
+        let name = unsafe { input_name(m, name, index) }?;
         let tensor = Tensor::new(dtype, shape.clone(), bytes)
             .ok_or_else(|| invalid(format!("a {dtype} tensor of shape {shape:?} does not fit {nbytes} bytes")))?;
         m.model.set_input(Some(&name), &tensor)?;
@@ -521,7 +682,9 @@ pub unsafe extern "C" fn mblob_model_set_input(
 }
 
 /// Runs the model (the selected function of a Relax model) once; every input must be set
-/// (`MBLOB_ERR_INPUT` names those that are not). Outputs of an earlier run are dropped.
+/// (`MBLOB_ERR_INPUT` names those that are not). Outputs of an earlier run are dropped. The
+/// outputs are copied to the host (`mblob_model_invoke` leaves a Relax function's outputs on
+/// the device).
 ///
 /// # Safety
 /// `model` is NULL or a handle.
@@ -533,14 +696,17 @@ pub unsafe extern "C" fn mblob_model_run(model: *mut mblob_model) -> mblob_statu
         let m = unsafe { model_mut(model) };
         m.outputs = None;
         m.model.run()?;
-        m.outputs = Some(m.model.outputs()?);
+        m.outputs = Some(m.model.outputs()?.into_iter().map(RunOutput::Host).collect());
         Ok(())
     })
 }
 
-fn outputs(m: &mblob_model) -> Result<&[Output]> {
+fn outputs(m: &mblob_model) -> Result<&[RunOutput]> {
     m.outputs.as_deref().ok_or_else(|| {
-        Failure::new(mblob_status::MBLOB_ERR_STATE, "the model has no outputs yet: call mblob_model_run first")
+        Failure::new(
+            mblob_status::MBLOB_ERR_STATE,
+            "the model has no outputs yet: call mblob_model_run first (or mblob_model_invoke)",
+        )
     })
 }
 
@@ -563,10 +729,42 @@ pub unsafe extern "C" fn mblob_model_num_outputs(model: *const mblob_model, out:
     })
 }
 
-/// Copies output `index` of the last run into a new tensor that the caller owns and frees
-/// with `mblob_tensor_free`, and writes its handle to `*out`. A shape a Relax function
+fn device_failure(e: impl std::fmt::Display) -> Failure {
+    Failure::new(mblob_status::MBLOB_ERR_DEVICE, e.to_string())
+}
+
+/// A host tensor with `data`'s bytes.
+fn host_array(dtype: DataType, shape: &[i64], data: &[u8]) -> Result<NdArray> {
+    NdArray::from_bytes(data, shape, dtype, Device::cpu(0)).map_err(device_failure)
+}
+
+/// Output `index` of the last run, on the host (`to_host`) or where it lies.
+fn output_array(m: &mblob_model, index: usize, to_host: bool) -> Result<NdArray> {
+    let all = outputs(m)?;
+    match all.get(index).ok_or_else(|| out_of_range("output", index, all.len()))? {
+        RunOutput::Device(a) if to_host => a.copy(Device::cpu(0)).map_err(device_failure),
+        RunOutput::Device(a) => Ok(a.clone()),
+        RunOutput::Host(Output::Tensor(t)) => host_array(t.dtype, &t.shape, &t.data),
+        RunOutput::Host(Output::Shape(s)) => {
+            let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
+            host_array(DataType::I64, &[s.len() as i64], &data)
+        }
+        RunOutput::Host(Output::Int(i)) => host_array(DataType::I64, &[], &i.to_le_bytes()),
+        RunOutput::Host(Output::Float(f)) => {
+            host_array(DataType { code: 2, bits: 64, lanes: 1 }, &[], &f.to_le_bytes())
+        }
+        RunOutput::Host(Output::Str(s)) => Err(Failure::new(
+            mblob_status::MBLOB_ERR_UNSUPPORTED,
+            format!("output {index} is a string ({s:?}), not a tensor"),
+        )),
+    }
+}
+
+/// Copies output `index` of the last run into a new host tensor that the caller owns and
+/// frees with `mblob_tensor_free`, and writes its handle to `*out`. A shape a Relax function
 /// returns comes as a 1-D `int64` tensor, an integer as a 0-D `int64` one, a float as a 0-D
-/// `float64` one; a string is `MBLOB_ERR_UNSUPPORTED`.
+/// `float64` one; a string is `MBLOB_ERR_UNSUPPORTED`. An output `mblob_model_invoke` left
+/// on the device is copied to the host here.
 ///
 /// # Safety
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
@@ -581,33 +779,39 @@ pub unsafe extern "C" fn mblob_model_output(
         not_null(out, "out")?;
         // SAFETY: checked above; one thread at a time per the API.
         let m = unsafe { &*model };
-        let all = outputs(m)?;
-        let tensor = match all.get(index).ok_or_else(|| out_of_range("output", index, all.len()))? {
-            Output::Tensor(t) => mblob_tensor { dtype: t.dtype, shape: t.shape.clone(), data: t.data.to_vec() },
-            Output::Shape(s) => mblob_tensor {
-                dtype: DataType::I64,
-                shape: vec![s.len() as i64],
-                data: s.iter().flat_map(|d| d.to_le_bytes()).collect(),
-            },
-            Output::Int(i) => mblob_tensor { dtype: DataType::I64, shape: Vec::new(), data: i.to_le_bytes().to_vec() },
-            Output::Float(f) => mblob_tensor {
-                dtype: DataType { code: 2, bits: 64, lanes: 1 },
-                shape: Vec::new(),
-                data: f.to_le_bytes().to_vec(),
-            },
-            Output::Str(s) => {
-                return Err(Failure::new(
-                    mblob_status::MBLOB_ERR_UNSUPPORTED,
-                    format!("output {index} is a string ({s:?}), not a tensor"),
-                ))
-            }
-        };
-        publish(Kind::Tensor, tensor, out);
+        let array = output_array(m, index, true)?;
+        publish(Kind::Tensor, mblob_tensor { array }, out);
         Ok(())
     })
 }
 
-/// Frees a tensor; NULL does nothing.
+/// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
+/// output of `mblob_model_invoke` stays on the model's device, uncopied (the tensor shares its
+/// memory and keeps it alive after the model runs again or is freed); an output of
+/// `mblob_model_run`, which copies its outputs to the host, comes as `mblob_model_output`
+/// gives it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_model_output_device(
+    model: *const mblob_model,
+    index: usize,
+    out: *mut *mut mblob_tensor,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Model, model, "model")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let m = unsafe { &*model };
+        let array = output_array(m, index, false)?;
+        publish(Kind::Tensor, mblob_tensor { array }, out);
+        Ok(())
+    })
+}
+
+/// Frees a tensor; NULL does nothing. Memory it shares with other tensors or with DLPack
+/// tensors handed out (`mblob_tensor_to_dlpack`) lives on with them.
 ///
 /// # Safety
 /// No other call on `tensor` is in progress, and `tensor` is not used after this call.
@@ -620,14 +824,19 @@ pub unsafe extern "C" fn mblob_tensor_free(tensor: *mut mblob_tensor) -> mblob_s
 ///
 /// # Safety
 /// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one `R`.
-unsafe fn tensor_get<R>(tensor: *const mblob_tensor, out: *mut R, f: impl FnOnce(&mblob_tensor) -> R) -> mblob_status {
+unsafe fn tensor_get<R>(
+    tensor: *const mblob_tensor,
+    out: *mut R,
+    f: impl FnOnce(&mblob_tensor) -> Result<R>,
+) -> mblob_status {
     call(|| {
         check(Kind::Tensor, tensor, "tensor")?;
         not_null(out, "out")?;
         // SAFETY: checked above; one thread at a time per the API.
         let t = unsafe { &*tensor };
+        let value = f(t)?;
         // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(f(t)) };
+        unsafe { out.write(value) };
         Ok(())
     })
 }
@@ -639,7 +848,7 @@ unsafe fn tensor_get<R>(tensor: *const mblob_tensor, out: *mut R, f: impl FnOnce
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_ndim(tensor: *const mblob_tensor, out: *mut i32) -> mblob_status {
     // SAFETY: the caller's contract is `tensor_get`'s.
-    unsafe { tensor_get(tensor, out, |t| t.shape.len() as i32) }
+    unsafe { tensor_get(tensor, out, |t| Ok(t.array.shape().len() as i32)) }
 }
 
 /// Writes a pointer to the tensor's `ndim` extents to `*out` (owned by the tensor, valid until
@@ -650,7 +859,7 @@ pub unsafe extern "C" fn mblob_tensor_ndim(tensor: *const mblob_tensor, out: *mu
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_shape(tensor: *const mblob_tensor, out: *mut *const i64) -> mblob_status {
     // SAFETY: the caller's contract is `tensor_get`'s.
-    unsafe { tensor_get(tensor, out, |t| t.shape.as_ptr()) }
+    unsafe { tensor_get(tensor, out, |t| Ok(t.array.shape().as_ptr())) }
 }
 
 /// Writes the tensor's dtype to `*out`.
@@ -660,18 +869,38 @@ pub unsafe extern "C" fn mblob_tensor_shape(tensor: *const mblob_tensor, out: *m
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_dtype(tensor: *const mblob_tensor, out: *mut mblob_dtype) -> mblob_status {
     // SAFETY: the caller's contract is `tensor_get`'s.
-    unsafe { tensor_get(tensor, out, |t| mblob_dtype { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes }) }
+    unsafe {
+        tensor_get(tensor, out, |t| {
+            let d = t.array.dtype();
+            Ok(mblob_dtype { code: d.code, bits: d.bits, lanes: d.lanes })
+        })
+    }
 }
 
 /// Writes a pointer to the tensor's bytes (dense, C order, little-endian) to `*out`; owned by
 /// the tensor, valid until it is freed (may be any non-NULL pointer when it has no bytes).
+/// A tensor on a device has no host bytes: `MBLOB_ERR_STATE` (copy it with
+/// `mblob_tensor_to_host`, or take its device pointer with `mblob_tensor_to_dlpack`).
 ///
 /// # Safety
 /// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_data(tensor: *const mblob_tensor, out: *mut *const c_void) -> mblob_status {
     // SAFETY: the caller's contract is `tensor_get`'s.
-    unsafe { tensor_get(tensor, out, |t| t.data.as_ptr().cast()) }
+    unsafe {
+        tensor_get(tensor, out, |t| {
+            if !t.array.device().is_cpu() {
+                return Err(Failure::new(
+                    mblob_status::MBLOB_ERR_STATE,
+                    format!(
+                        "the tensor is on {}, not on the host: copy it with mblob_tensor_to_host",
+                        t.array.device()
+                    ),
+                ));
+            }
+            Ok(t.array.dl_tensor().data.cast_const())
+        })
+    }
 }
 
 /// Writes the number of bytes of the tensor's data to `*out`.
@@ -681,7 +910,44 @@ pub unsafe extern "C" fn mblob_tensor_data(tensor: *const mblob_tensor, out: *mu
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_nbytes(tensor: *const mblob_tensor, out: *mut usize) -> mblob_status {
     // SAFETY: the caller's contract is `tensor_get`'s.
-    unsafe { tensor_get(tensor, out, |t| t.data.len()) }
+    unsafe { tensor_get(tensor, out, |t| Ok(t.array.nbytes())) }
+}
+
+/// Writes the device the tensor's memory is on to `*out` (DLPack's codes: `kDLCPU` 1 for
+/// the host).
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_device(tensor: *const mblob_tensor, out: *mut mblob_dl_device) -> mblob_status {
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe {
+        tensor_get(tensor, out, |t| {
+            let (device_type, device_id) = t.array.device().to_dlpack();
+            Ok(mblob_dl_device { device_type, device_id })
+        })
+    }
+}
+
+/// Copies a tensor to the host: writes a new host tensor, which the caller owns, to `*out`
+/// (a copy also when `tensor` is on the host already). Waits for the device's work on it.
+///
+/// # Safety
+/// `tensor` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_tensor_to_host(
+    tensor: *const mblob_tensor,
+    out: *mut *mut mblob_tensor,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Tensor, tensor, "tensor")?;
+        not_null(out, "out")?;
+        // SAFETY: checked above; one thread at a time per the API.
+        let t = unsafe { &*tensor };
+        let array = t.array.copy(Device::cpu(0)).map_err(device_failure)?;
+        publish(Kind::Tensor, mblob_tensor { array }, out);
+        Ok(())
+    })
 }
 
 // A library handle is shared across threads; a model or a tensor moves between them.

@@ -76,7 +76,7 @@ pub use ffi::cuda;
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
 pub use ffi::packed;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
-pub use load::{load_blob, load_library, map_file, LoadOptions};
+pub use load::{load_blob, load_library, load_library_bytes, map_file, LoadOptions};
 pub use module::{LoadedModule, LoadedTree, Module, Origin, Symbol, TreeShape};
 pub use payload::{Opaque, Payload, RawPayload};
 pub use registry::{Loader, LoaderError, Measure, Registry};

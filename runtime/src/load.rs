@@ -89,6 +89,49 @@ pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &Lo
 #[allow(unsafe_code)]
 pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let _span = tracing::info_span!("load", path = %path.display()).entered();
+    // SAFETY: the caller accepts that the library's initialisers run.
+    unsafe { load_opened(path, None, registry, options) }
+}
+
+/// Loads a packed shared library held in memory (`data`, the bytes of the `.so` file), as
+/// [`load_library`] loads one from a file, with no file written: the bytes go to an anonymous
+/// memory file (`memfd_create`) that `dlopen` (or the private namespace's `dlmopen`) opens
+/// through `/proc/self/fd`, kept open while the library is loaded. `name` names the memory
+/// file (it shows in `/proc/self/maps`); the loaded tree's paths are the `/proc/self/fd/..`
+/// path. Bytes that are not an ELF file fail as a file would ([`Error::Elf`]).
+///
+/// # Safety
+///
+/// As [`load_library`]: loading runs the library's initialisers. Only load bytes you trust.
+#[allow(unsafe_code)]
+pub unsafe fn load_library_bytes(
+    data: &[u8],
+    name: &str,
+    registry: &Registry,
+    options: &LoadOptions,
+) -> Result<LoadedTree> {
+    let _span = tracing::info_span!("load_memory", name, bytes = data.len()).entered();
+    let (fd, path) = library::memory_file(data, name).map_err(|source| Error::Io {
+        path: format!("<memory: {name}>").into(),
+        action: "cannot make a memory file (memfd_create) for",
+        source,
+    })?;
+    // SAFETY: the caller accepts that the library's initialisers run.
+    unsafe { load_opened(&path, Some(fd), registry, options) }
+}
+
+/// [`load_library`] of `path`; `memfd` is the memory file `path` opens, kept with the image.
+///
+/// # Safety
+///
+/// As [`load_library`].
+#[allow(unsafe_code)]
+unsafe fn load_opened(
+    path: &Path,
+    memfd: Option<std::os::fd::OwnedFd>,
+    registry: &Registry,
+    options: &LoadOptions,
+) -> Result<LoadedTree> {
     let (on_disk, pre) = {
         let file = map_file(path)?;
         let found = crate::elf::find_blob(&file, options.prefix.as_deref())
@@ -97,7 +140,7 @@ pub unsafe fn load_library(path: &Path, registry: &Registry, options: &LoadOptio
         (found, crate::ffi::shim::preflight(&file, path)?)
     };
     // SAFETY: the caller accepts that the library's initialisers run.
-    let image = unsafe { library::open(path, pre.private) }?;
+    let image = unsafe { library::open(path, pre.private, memfd) }?;
     crate::ffi::context::install(image.lib(), image.context());
     // The names to look for in the image: the one the file names first, then every layout's
     // symbol with the requested prefix (or none).

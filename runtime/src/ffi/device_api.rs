@@ -269,6 +269,9 @@ enum StorageKind {
     Alias { _parent: Arc<Storage> },
     /// Host memory of a file mapping (kept alive): nothing to release.
     Mapped { _map: Arc<HostFileMapping> },
+    /// Memory someone else allocated ([`Storage::borrowed`]): never freed here; `_owner`
+    /// (dropped with the storage) gives it back.
+    Borrowed { _owner: Option<Box<dyn Send + Sync>> },
 }
 
 /// A file mapped copy-on-write into host memory, whose byte ranges can be the storage of CPU
@@ -368,8 +371,28 @@ impl Storage {
         match &self.kind {
             StorageKind::Mapped { .. } => true,
             StorageKind::View { _parent } | StorageKind::Alias { _parent } => _parent.is_file_mapped(),
-            StorageKind::Owned => false,
+            StorageKind::Owned | StorageKind::Borrowed { .. } => false,
         }
+    }
+
+    /// Memory allocated by someone else (a caller's DLPack tensor, say) as a storage of `api`'s
+    /// device, without copying: `ptr` is used as the API's own pointers are, and never freed by
+    /// mblob. `owner`, if any, is dropped when the last holder of the storage (or of a view of
+    /// it) drops it: the place to give the memory back.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is memory of `api`'s device (a host address for the CPU, a device address for
+    /// CUDA in the context mblob uses, a buffer of mblob's own OpenCL context) with at least
+    /// `nbytes` bytes, valid for reads and writes until `owner` is dropped (or, without an
+    /// owner, as long as the storage or anything made from it is alive).
+    pub unsafe fn borrowed(
+        api: Arc<dyn DeviceApi>,
+        ptr: DevicePtr,
+        nbytes: usize,
+        owner: Option<Box<dyn Send + Sync>>,
+    ) -> Arc<Storage> {
+        Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Borrowed { _owner: owner } })
     }
 
     /// The device.
@@ -472,7 +495,7 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
-            StorageKind::Alias { .. } | StorageKind::Mapped { .. } => {}
+            StorageKind::Alias { .. } | StorageKind::Mapped { .. } | StorageKind::Borrowed { .. } => {}
         }
     }
 }

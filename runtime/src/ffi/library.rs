@@ -10,7 +10,9 @@
 
 use std::any::Any;
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::bytes::Bytes;
@@ -37,9 +39,13 @@ pub(crate) type ModuleContext = LibraryContext;
 /// A loaded shared object. Dropping the last one runs the library's finalisers (`dlclose`),
 /// then frees the context its context symbols point to.
 pub(crate) struct Image {
+    // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
     lib: libloading::os::unix::Library,
     ctx: Arc<ModuleContext>,
     link_map: usize,
+    /// The memory file a library loaded from memory was opened through, kept open while the
+    /// image is loaded so that no later memory file gets its number (and its path).
+    _memfd: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for Image {
@@ -171,7 +177,7 @@ static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new(
 /// Opening a library runs its initialisers (static constructors), and dropping the last
 /// handle runs its finalisers: this is as safe as calling an unknown foreign function. Only
 /// open files you trust to run.
-pub(crate) unsafe fn open(path: &Path, private: bool) -> Result<Arc<Image>> {
+pub(crate) unsafe fn open(path: &Path, private: bool, memfd: Option<OwnedFd>) -> Result<Arc<Image>> {
     let target = dlopen_path(path);
     // Immediate binding: an unresolved symbol fails the open instead of killing the process at
     // its first call.
@@ -208,7 +214,42 @@ pub(crate) unsafe fn open(path: &Path, private: bool) -> Result<Arc<Image>> {
             ctx
         }
     };
-    Ok(Arc::new(Image { lib, ctx, link_map }))
+    Ok(Arc::new(Image { lib, ctx, link_map, _memfd: memfd }))
+}
+
+/// How many libraries were loaded from memory so far, to make each one's path unique.
+static MEMORY_LOADS: AtomicU64 = AtomicU64::new(1);
+
+/// An anonymous memory file (`memfd_create`) holding `data`, and a path that opens it
+/// (`/proc/self/fd/N`), for loading a library from memory with `dlopen` and no file on disk.
+///
+/// `dlopen` hands back an already loaded object whose name equals the path it is given, and a
+/// library that cannot be unloaded (`RTLD_NODELETE`, `STB_GNU_UNIQUE` symbols) stays loaded
+/// under its name after its memory file closed and the number went to a new one: so each path
+/// is made unique with a count spelled in `.` and `..` steps that resolve to the same
+/// directory (`/proc/self/fd/./../fd/N`; one step per bit of the count).
+pub(crate) fn memory_file(data: &[u8], name: &str) -> std::io::Result<(OwnedFd, PathBuf)> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let c_name = std::ffi::CString::new(name.replace('\0', "_")).unwrap_or_default();
+    // SAFETY: `c_name` is a NUL-terminated string that outlives the call; memfd_create reads it
+    // and returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c_name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new, valid descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data)?;
+    let fd = OwnedFd::from(file);
+    let count = MEMORY_LOADS.fetch_add(1, Ordering::Relaxed);
+    let mut path = String::from("/proc/self/fd/");
+    for bit in (0..64 - count.leading_zeros()).rev() {
+        path.push_str(if count >> bit & 1 == 1 { "./" } else { "../fd/" });
+    }
+    path.push_str(&fd.as_raw_fd().to_string());
+    Ok((fd, PathBuf::from(path)))
 }
 
 /// The mapped bytes of a data symbol, kept alive by the image.

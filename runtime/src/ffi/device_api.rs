@@ -267,6 +267,52 @@ enum StorageKind {
     View { _parent: Arc<Storage> },
     /// The start of `parent` (kept alive), with fewer bytes: nothing to release.
     Alias { _parent: Arc<Storage> },
+    /// Host memory of a file mapping (kept alive): nothing to release.
+    Mapped { _map: Arc<HostFileMapping> },
+}
+
+/// A file mapped copy-on-write into host memory, whose byte ranges can be the storage of CPU
+/// tensors ([`Storage::in_file_mapping`]): a tensor that stays a view of the file costs no
+/// copy, and a kernel that writes to it changes a private copy of the page, never the file.
+pub struct HostFileMapping {
+    map: memmap2::MmapMut,
+    base: usize,
+}
+
+impl fmt::Debug for HostFileMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostFileMapping({} bytes)", self.map.len())
+    }
+}
+
+impl HostFileMapping {
+    /// Maps all of `file` (private, copy-on-write). An empty file gives an empty mapping.
+    pub fn map(file: &std::fs::File) -> std::io::Result<Arc<HostFileMapping>> {
+        // SAFETY: a private copy-on-write mapping: writes through it never reach the file. If
+        // another process truncates the file while it is mapped, reads may fault (SIGBUS), as
+        // for every mapped file mblob reads (see `load::map_file`); mblob maps only files it
+        // was asked to read.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_copy(file) }?;
+        // The address comes from a unique borrow, so tensors may write through it; the mapping
+        // never moves while `self` lives.
+        let base = map.as_mut_ptr() as usize;
+        Ok(Arc::new(HostFileMapping { map, base }))
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the mapping is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The address of byte `offset` (for alignment checks).
+    pub fn address(&self, offset: usize) -> usize {
+        self.base.wrapping_add(offset)
+    }
 }
 
 impl fmt::Debug for Storage {
@@ -286,6 +332,30 @@ impl Storage {
     pub fn with_api(api: Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
         let ptr = api.alloc(nbytes)?;
         Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned }))
+    }
+
+    /// Bytes `offset..offset + nbytes` of a host file mapping as CPU storage (`cpu(0)`), kept
+    /// alive by the storage: no copy.
+    pub fn in_file_mapping(map: &Arc<HostFileMapping>, offset: usize, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
+        let device = Device::cpu(0);
+        match offset.checked_add(nbytes) {
+            Some(end) if end <= map.len() => {}
+            end => {
+                return Err(DeviceError::OutOfBounds {
+                    device,
+                    what: "file mapping",
+                    offset: offset as u64,
+                    end: end.map_or(u64::MAX, |e| e as u64),
+                    size: map.len() as u64,
+                })
+            }
+        }
+        Ok(Arc::new(Storage {
+            api: device_api(device)?,
+            ptr: DevicePtr(map.address(offset)),
+            nbytes,
+            kind: StorageKind::Mapped { _map: map.clone() },
+        }))
     }
 
     /// The device.
@@ -388,7 +458,7 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
-            StorageKind::Alias { .. } => {}
+            StorageKind::Alias { .. } | StorageKind::Mapped { .. } => {}
         }
     }
 }

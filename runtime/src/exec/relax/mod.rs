@@ -33,6 +33,8 @@
 pub mod calls;
 #[cfg(feature = "llm")]
 pub mod kv_cache;
+#[cfg(feature = "llm")]
+pub mod lm;
 pub mod vm;
 
 pub use crate::payload::relax::{

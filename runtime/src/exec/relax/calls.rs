@@ -5,8 +5,8 @@
 //! builtin, else a function of the loaded tree (the library's kernels), else one of mblob's
 //! global functions ([`super::vm::is_served`] answers for the builtins and globals). A name
 //! that none of these has is reported; TVM would look it up in its global registry, which
-//! holds functions (the LLM groups `vm.builtin.paged_attention_kv_cache_*`,
-//! `vm.builtin.kv_state_*`, ...) mblob does not implement.
+//! holds functions (the LLM groups such as `vm.builtin.rnn_state_*`, and without the `llm`
+//! feature the paged KV cache's `vm.builtin.kv_state_*`, ...) mblob does not implement.
 
 use crate::payload::relax::{FuncKind, RelaxExecutable};
 

@@ -20,11 +20,18 @@
 //! Function names are resolved when the VM is created, as TVM's `InitFuncPool` does: a name
 //! that is neither a builtin nor a function of the tree (looked up from the root through the
 //! imports, each module in its own convention) is an error then, naming it. A `vm.builtin.*`
-//! this VM does not implement (the LLM groups: KV caches, sampling, the tensor cache; the
-//! Python function registry) is refused only when a function calls it
-//! ([`VmError::UnknownBuiltin`] with the reason), so the other functions of the module run.
-//! Argument checks (`check_tensor_info`, `match_shape`, ...) fail with the error kind and
-//! message TVM gives.
+//! this VM does not implement (LLM sampling, the tensor cache, the legacy and RNN states, and
+//! without the `llm` feature the paged KV cache; the Python function registry) is refused only
+//! when a function calls it ([`VmError::UnknownBuiltin`] with the reason), so the other
+//! functions of the module run. Argument checks (`check_tensor_info`, `match_shape`, ...) fail
+//! with the error kind and message TVM gives. Storages are allocated in 4096-byte pages, as
+//! TVM's pooled allocator allocates them.
+//!
+//! Besides tensors, shapes, numbers, strings and tuples, registers hold runtime objects
+//! ([`ObjectRef`]: TVM's paged KV cache, `exec::relax::kv_cache` with the `llm` feature) that a
+//! caller gets back as [`VmValue::Object`] and passes in again, and function values that
+//! builtins resolve to the library's kernels. [`VirtualMachine::call_function`] calls a builtin
+//! or global function by name, as `tvm.get_global_func(name)(...)` does.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -43,6 +50,9 @@ use crate::payload::relax::executable::{
 };
 
 mod run;
+
+/// The page TVM's pooled allocator rounds storage sizes up to (`kDefaultPageSize`).
+const POOL_PAGE: u64 = 4096;
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
@@ -996,6 +1006,7 @@ impl VirtualMachine {
 
     /// The library function that the function value `func` (an index into the function
     /// table, `Value::Func`) resolves to, when it is one of the library's kernels.
+    #[cfg(feature = "llm")]
     pub(crate) fn kernel_of(&self, func: u32) -> Option<(&str, PackedFunction)> {
         match self.callees.get(func as usize)? {
             Callee::Kernel(f) => Some((self.executable().functions[func as usize].name.as_str(), f.clone())),
@@ -1004,6 +1015,7 @@ impl VirtualMachine {
     }
 
     /// The loaded tree the VM runs (kept alive by objects that hold its kernels).
+    #[cfg(feature = "llm")]
     pub(crate) fn tree(&self) -> &LoadedTree {
         &self._tree
     }
@@ -1255,7 +1267,12 @@ impl VirtualMachine {
                         )));
                     }
                 }
-                let size = tensor_bytes(dtype, &shape).ok_or(VmError::Alloc(u64::MAX))?;
+                // TVM's VM allocates through its pooled allocator, which rounds every size up
+                // to its 4096-byte page: a program that overruns its plan (more tokens than an
+                // LLM's bounds) fails where TVM's does, with TVM's sizes.
+                let size = tensor_bytes(dtype, &shape)
+                    .and_then(|n| n.checked_next_multiple_of(POOL_PAGE))
+                    .ok_or(VmError::Alloc(u64::MAX))?;
                 let len = usize::try_from(size).map_err(|_| VmError::Alloc(size))?;
                 Ok(Value::Storage(self.pool.alloc(device, &self.apis[device], len)?))
             }
@@ -1277,7 +1294,7 @@ impl VirtualMachine {
                     .is_some_and(|end| end <= storage.nbytes() as u64);
                 if !fits {
                     return Err(VmError::Program(format!(
-                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {} bytes",
+                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {}bytes",
                         needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
                         storage.nbytes()
                     )));

@@ -56,7 +56,13 @@ impl PagedKvCache {
             return Err(check_cmp("qkv_data->ndim == 3 && o_data->ndim", qs.len(), 3, "").into());
         }
         if qs[1] != c.num_qo_heads + 2 * c.num_kv_heads {
-            return Err(check_cmp("qkv_data->shape[1] == num_qo_heads_ + 2 * num_kv_heads_", qs[1], c.num_qo_heads + 2 * c.num_kv_heads, "").into());
+            return Err(check_cmp(
+                "qkv_data->shape[1] == num_qo_heads_ + 2 * num_kv_heads_",
+                qs[1],
+                c.num_qo_heads + 2 * c.num_kv_heads,
+                "",
+            )
+            .into());
         }
         if os[1] != c.num_qo_heads {
             return Err(check_cmp("o_data->shape[1] == num_qo_heads_", os[1], c.num_qo_heads, "").into());
@@ -100,7 +106,14 @@ impl PagedKvCache {
         let kern = &self.kernels;
         run(
             &kern.split_rotary,
-            &[t(&qkv), t(&aux.q_rope_position_map), t(&q), t(&k), t(&v), Value::Int(i64::from(c.rope_mode == RopeMode::Normal))],
+            &[
+                t(&qkv),
+                t(&aux.q_rope_position_map),
+                t(&q),
+                t(&k),
+                t(&v),
+                Value::Int(i64::from(c.rope_mode == RopeMode::Normal)),
+            ],
         )?;
         let append = || run(&kern.transpose_append, &[t(pages), t(&k), t(&v), t(&aux.append_position_map)]);
         if batch.append_before_attn {
@@ -229,13 +242,31 @@ impl PagedKvCache {
         let state = self.lock();
         let seq = state.table.seqs.get(&seq_id).ok_or_else(|| unknown_sequence(seq_id))?;
         if start < 0 {
-            return Err(check_cmp("start_pos >= 0", start, 0, format!("DebugGetKV does not accept negative start_pos {start}")).into());
+            return Err(check_cmp(
+                "start_pos >= 0",
+                start,
+                0,
+                format!("DebugGetKV does not accept negative start_pos {start}"),
+            )
+            .into());
         }
         if end > seq.seq_length {
-            return Err(check_cmp("end_pos <= seq.seq_length", end, seq.seq_length, "DebugGetKV does not accept out-of-range end_pos").into());
+            return Err(check_cmp(
+                "end_pos <= seq.seq_length",
+                end,
+                seq.seq_length,
+                "DebugGetKV does not accept out-of-range end_pos",
+            )
+            .into());
         }
         if start >= end {
-            return Err(check_cmp("start_pos < end_pos", start, end, "DebugGetKV does not accept \"start_pos >= end_pos\"").into());
+            return Err(check_cmp(
+                "start_pos < end_pos",
+                start,
+                end,
+                "DebugGetKV does not accept \"start_pos >= end_pos\"",
+            )
+            .into());
         }
         let msg = "DebugGetKV expects the k_data in layout (num_layers, seq_length, num_kv_heads, qk_head_dim).";
         for a in [k, v] {
@@ -251,13 +282,21 @@ impl PagedKvCache {
         }
         let ps = c.page_size;
         let mut positions = Vec::with_capacity(seq.seq_length as usize);
+        let unfilled = || {
+            KvCacheError::Check(format!(
+                "sequence {seq_id} has length {} but its pages hold fewer positions (a round that failed for want of pages)",
+                seq.seq_length
+            ))
+        };
         for b in state.table.trace(seq) {
             let block = &state.table.blocks[b];
             for i in 0..block.seq_length {
-                positions.push(block.page_ids[(i / ps) as usize] * ps as i32 + (i % ps) as i32);
+                let page = block.page_ids.get((i / ps) as usize).ok_or_else(unfilled)?;
+                positions.push(page * ps as i32 + (i % ps) as i32);
             }
         }
-        let map = int32_array(&positions[start as usize..end as usize])?;
+        let positions = positions.get(start as usize..end as usize).ok_or_else(unfilled)?;
+        let map = int32_array(positions)?;
         for (layer, pages) in self.pages.iter().enumerate() {
             run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(k), t(v), Value::Int(layer as i64)])?;
         }
@@ -268,7 +307,9 @@ impl PagedKvCache {
     pub fn query_positions(&self) -> Result<NdArray, VmError> {
         let mut state = self.lock();
         let Some(batch) = state.batch.as_ref() else {
-            return Err(check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into());
+            return Err(
+                check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into()
+            );
         };
         let aux = AuxArrays::new(batch)?;
         let positions = aux.q_rope_position_map.clone();

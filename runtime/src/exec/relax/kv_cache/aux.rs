@@ -148,8 +148,12 @@ impl Table {
         if seq_ids.is_empty() {
             return Err(check_false("!seq_ids.empty()", "BeginForward needs at least one sequence."));
         }
-        let mut batch =
-            Batch { append_lengths: append_lengths.to_vec(), ..Batch::default() };
+        // TVM finds out in `ReserveAppendLengthInSeq`, after it counted the lengths; a length
+        // that is not positive is refused before anything changes here.
+        if let Some(&len) = append_lengths.iter().find(|&&l| l <= 0 || l > i64::from(i32::MAX)) {
+            return Err(check_cmp("append_length > 0", len, 0, "Append with length 0 is not allowed."));
+        }
+        let mut batch = Batch { append_lengths: append_lengths.to_vec(), ..Batch::default() };
         let mut is_decode_request = true;
         let mut last_block_length_before = Vec::with_capacity(seq_ids.len());
         for (&id, &len) in seq_ids.iter().zip(append_lengths) {
@@ -223,7 +227,7 @@ impl Table {
         for (i, (&id, &len)) in seq_ids.iter().zip(append_lengths).enumerate() {
             let block = &self.blocks[self.seqs[&id].last_block];
             for pos in 0..len {
-                batch.q_rope_position_map.push(batch.k_ragged_rope_pos_offset[i] + pos as i32);
+                batch.q_rope_position_map.push(batch.k_ragged_rope_pos_offset[i].wrapping_add(pos as i32));
                 let in_block = block.seq_length - len + pos;
                 let page = block.page_ids[(in_block / ps) as usize];
                 batch.append_position_map.push(page * ps as i32 + (in_block % ps) as i32);

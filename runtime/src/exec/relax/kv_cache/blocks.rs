@@ -247,6 +247,13 @@ impl Table {
                 self.blocks[forked].parent = Some(pb);
                 self.blocks[child_block].parent = Some(pb);
                 self.blocks[pb].ref_cnt = 2;
+                if moved_pages > self.blocks[forked].page_ids.len() {
+                    return Err(KvCacheError::Check(format!(
+                        "fork of sequence {parent_id} at {fork_pos}: block {forked} has {} pages, fewer than the {moved_pages} to share (its length was never filled)",
+                        self.blocks[forked].page_ids.len()
+                    ))
+                    .into());
+                }
                 let moved: Vec<i32> = self.blocks[forked].page_ids.drain(..moved_pages).collect();
                 self.blocks[pb].page_ids = moved;
                 self.blocks[pb].start_pos = self.blocks[forked].start_pos;
@@ -331,7 +338,7 @@ impl Table {
         if n > 0 {
             // The rest lies in blocks shared with other sequences: fork the kept prefix into
             // a temporary sequence, drop this one, and give the fork this one's id.
-            let temp = -1 - seq_id;
+            let temp = (-1i64).wrapping_sub(seq_id);
             if self.seqs.contains_key(&temp) {
                 return Err(KvCacheError::Check(format!(
                     "popn of sequence {seq_id}: the temporary sequence id {temp} is in use"

@@ -157,7 +157,9 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let (reserved_num_seqs, total_token_capacity, prefill_chunk_size, page_size, sliding_window) =
         (cache_config[0], cache_config[1], cache_config[2], cache_config[3], cache_config[4]);
     if sliding_window != 0 {
-        return Err(KvCacheError::Unsupported("sliding window attention (cache config support_sliding_window = 1)".into()));
+        return Err(KvCacheError::Unsupported(
+            "sliding window attention (cache config support_sliding_window = 1)".into(),
+        ));
     }
     for (name, v) in [
         ("max batch size", reserved_num_seqs),
@@ -180,7 +182,8 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     if layers[0] != 0 || num_layers <= 0 {
         return Err(arg_err(1, format!("layer partition {layers:?}: expected [0, num_layers]")));
     }
-    let (num_qo_heads, num_kv_heads, qk_head_dim, v_head_dim) = (int(args, 2)?, int(args, 3)?, int(args, 4)?, int(args, 5)?);
+    let (num_qo_heads, num_kv_heads, qk_head_dim, v_head_dim) =
+        (int(args, 2)?, int(args, 3)?, int(args, 4)?, int(args, 5)?);
     for (i, v) in [(2, num_qo_heads), (3, num_kv_heads), (4, qk_head_dim), (5, v_head_dim)] {
         if v <= 0 || v > 1 << 16 {
             return Err(arg_err(i, format!("{v} is out of range")));
@@ -224,7 +227,9 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
         Value::Tensor(t) => {
             return Err(KvCacheError::Unsupported(format!("a cache on {} (only the CPU)", t.device())));
         }
-        v => return Err(arg_err(12, format!("expected a tensor (the dtype and device of the cache), got {}", v.kind()))),
+        v => {
+            return Err(arg_err(12, format!("expected a tensor (the dtype and device of the cache), got {}", v.kind())))
+        }
     };
     let transpose_append = match get(args, 13)? {
         Value::Null => return Err(arg_err(13, "an MHA cache needs the transpose-append function")),
@@ -236,7 +241,9 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let decode = backend(vm, args, 17, "paged decode")?.ok_or_else(|| missing(17, "paged decode"))?;
     let merge = match get(args, 23)? {
         Value::Tuple(t) => match tuple_items(t).first() {
-            Some(first) => kernel(vm, &[first], 0).map_err(|_| arg_err(23, "the merge function is not a kernel of the library"))?,
+            Some(first) => {
+                kernel(vm, &[first], 0).map_err(|_| arg_err(23, "the merge function is not a kernel of the library"))?
+            }
             None => {
                 return Err(KvCacheError::Check(
                     "Check failed: (!f_merge_inplace.empty()) is false: Merge inplace function is not defined.".into(),
@@ -265,6 +272,15 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             rotary_theta,
             dtype,
         },
-        Kernels { transpose_append, prefill_ragged, prefill, decode, merge, split_rotary, copy_single_page, debug_get_kv },
+        Kernels {
+            transpose_append,
+            prefill_ragged,
+            prefill,
+            decode,
+            merge,
+            split_rotary,
+            copy_single_page,
+            debug_get_kv,
+        },
     ))
 }

@@ -309,9 +309,9 @@ fn shape<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a [i64], VmEr
 /// Argument 0: the cache.
 fn cache<'a>(name: &str, args: &[&'a Value]) -> Result<&'a PagedKvCache, VmError> {
     match arg(name, args, 0)? {
-        Value::Object(o) => {
-            o.downcast_ref::<PagedKvCache>().ok_or_else(|| type_err(name, 0, "a relax.vm.PagedAttentionKVCache", args[0]))
-        }
+        Value::Object(o) => o
+            .downcast_ref::<PagedKvCache>()
+            .ok_or_else(|| type_err(name, 0, "a relax.vm.PagedAttentionKVCache", args[0])),
         v => Err(type_err(name, 0, "a relax.vm.PagedAttentionKVCache", v)),
     }
 }
@@ -332,7 +332,10 @@ fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value]) -> Result<Va
         .into());
     }
     if args.len() == 4 && !matches!(args[3], Value::Null) {
-        return Err(KvCacheError::Unsupported("token-tree attention (begin_forward with token_tree_parent_ptr)".into()).into());
+        return Err(KvCacheError::Unsupported(
+            "token-tree attention (begin_forward with token_tree_parent_ptr)".into(),
+        )
+        .into());
     }
     let c = cache(name, args)?;
     c.begin_forward(shape(name, args, 1)?, shape(name, args, 2)?)?;

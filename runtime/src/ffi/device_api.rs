@@ -336,7 +336,11 @@ impl Storage {
 
     /// Bytes `offset..offset + nbytes` of a host file mapping as CPU storage (`cpu(0)`), kept
     /// alive by the storage: no copy.
-    pub fn in_file_mapping(map: &Arc<HostFileMapping>, offset: usize, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
+    pub fn in_file_mapping(
+        map: &Arc<HostFileMapping>,
+        offset: usize,
+        nbytes: usize,
+    ) -> Result<Arc<Storage>, DeviceError> {
         let device = Device::cpu(0);
         match offset.checked_add(nbytes) {
             Some(end) if end <= map.len() => {}
@@ -356,6 +360,16 @@ impl Storage {
             nbytes,
             kind: StorageKind::Mapped { _map: map.clone() },
         }))
+    }
+
+    /// Whether the storage is part of a file mapping ([`Storage::in_file_mapping`]), directly
+    /// or as a view of one.
+    pub fn is_file_mapped(&self) -> bool {
+        match &self.kind {
+            StorageKind::Mapped { .. } => true,
+            StorageKind::View { _parent } | StorageKind::Alias { _parent } => _parent.is_file_mapped(),
+            StorageKind::Owned => false,
+        }
     }
 
     /// The device.

@@ -176,6 +176,11 @@ pub enum VmError {
     #[cfg(feature = "llm")]
     #[error(transparent)]
     KvCache(#[from] super::kv_cache::KvCacheError),
+    /// A tensor cache, sampling or legacy KV cache builtin failed (TVM's checks, with TVM's
+    /// messages). Boxed: its errors carry paths and shapes, and `VmError` stays small.
+    #[cfg(feature = "llm")]
+    #[error(transparent)]
+    Lm(Box<super::lm::LmError>),
     /// Where an error happened: the VM function, its instruction and the function it called.
     #[error("in `{function}` at instruction {pc} (call of `{callee}`): {source}")]
     At {
@@ -1537,10 +1542,11 @@ pub fn is_served(name: &str) -> bool {
     BUILTINS.iter().any(|(n, _)| *n == name) || provided(name).is_some() || llm_builtin(name).is_some()
 }
 
-/// The LLM builtin (paged KV cache) of this name, when the `llm` feature is on.
+/// The LLM builtin (paged KV cache, tensor cache, sampling, legacy KV cache) of this name,
+/// when the `llm` feature is on.
 #[cfg(feature = "llm")]
 fn llm_builtin(name: &str) -> Option<Callee> {
-    super::kv_cache::lookup(name).map(Callee::Llm)
+    super::kv_cache::lookup(name).or_else(|| super::lm::builtins::lookup(name)).map(Callee::Llm)
 }
 
 /// Without the `llm` feature there are none: the names stay refused.

@@ -161,7 +161,10 @@ fn row_bytes(dtype: DataType, shape: &[i64]) -> Result<usize, ArrayError> {
 }
 
 fn offset(rows: i64, row: usize) -> Result<usize, ArrayError> {
-    usize::try_from(rows).ok().and_then(|r| r.checked_mul(row)).ok_or(ArrayError::BadShape { shape: vec![rows], dtype: DataType::F32 })
+    usize::try_from(rows)
+        .ok()
+        .and_then(|r| r.checked_mul(row))
+        .ok_or(ArrayError::BadShape { shape: vec![rows], dtype: DataType::F32 })
 }
 
 impl AttentionKvCacheLegacy {
@@ -236,11 +239,20 @@ impl AttentionKvCacheLegacy {
     fn copy_rows(&self, value: &NdArray, src_row: i64, dst_row: i64, rows: i64) -> Result<(), LegacyKvError> {
         let row = row_bytes(self.data.dtype(), self.data.shape())?;
         let n = offset(rows, row)?;
-        value.storage().copy_to(offset(src_row, row)?, self.data.storage(), offset(dst_row, row)?, n).map_err(ArrayError::from)?;
+        value
+            .storage()
+            .copy_to(offset(src_row, row)?, self.data.storage(), offset(dst_row, row)?, n)
+            .map_err(ArrayError::from)?;
         Ok(())
     }
 
-    fn check_within_reserve(&self, op: &'static str, start: i64, rows: i64, reserved: i64) -> Result<(), LegacyKvError> {
+    fn check_within_reserve(
+        &self,
+        op: &'static str,
+        start: i64,
+        rows: i64,
+        reserved: i64,
+    ) -> Result<(), LegacyKvError> {
         let end = start.saturating_add(rows);
         if start < 0 || end > reserved {
             return Err(LegacyKvError::PastReserve { op, start, end, reserved });
@@ -254,7 +266,12 @@ impl AttentionKvCacheLegacy {
     pub fn create(init_data: &NdArray, reserve_shape: &[i64], init_fill_count: i64) -> Result<Self, LegacyKvError> {
         const OP: &str = "vm.builtin.attention_kv_cache_create";
         if reserve_shape.is_empty() {
-            return Err(LegacyKvError::Rank { op: OP, what: "the reserve shape", found: 0, expected: init_data.shape().len() });
+            return Err(LegacyKvError::Rank {
+                op: OP,
+                what: "the reserve shape",
+                found: 0,
+                expected: init_data.shape().len(),
+            });
         }
         let data = NdArray::empty(reserve_shape, init_data.dtype(), init_data.device())?;
         let mut cache = AttentionKvCacheLegacy { data, fill_count: 0, window_attention_current_pos: 0 };
@@ -270,7 +287,11 @@ impl AttentionKvCacheLegacy {
         self.check_dtype(op, value)?;
         self.check_dims(op, "value->shape", value.shape())?;
         let rows = value.shape()[0];
-        let needed = self.fill_count.checked_add(rows).ok_or(LegacyKvError::Grow { op, reserved: self.reserved(), needed: i64::MAX })?;
+        let needed = self.fill_count.checked_add(rows).ok_or(LegacyKvError::Grow {
+            op,
+            reserved: self.reserved(),
+            needed: i64::MAX,
+        })?;
         let reserved = self.grown_reserve(op, needed)?;
         self.check_within_reserve(op, self.fill_count, rows, reserved)?;
         self.grow_to(reserved)?;
@@ -319,7 +340,13 @@ impl AttentionKvCacheLegacy {
         self.view(&shape)
     }
 
-    /// `PopN`: the last `n` filled rows dropped.
+    /// `PopN`: the last `n` filled rows dropped (`n` at most the fill count).
+    pub fn pop_n(&mut self, n: i64) -> Result<(), LegacyKvError> {
+        self.check_pop(n)?;
+        self.fill_count -= n;
+        Ok(())
+    }
+
     fn check_pop(&self, n: i64) -> Result<(), LegacyKvError> {
         // TVM casts `n` to `size_t` and compares it with the fill count.
         if n < 0 || n > self.fill_count {
@@ -441,7 +468,10 @@ pub fn attention_kv_cache_window_override_with_sinks(
 /// `shape` when given ([`AttentionKvCacheLegacy::view`]), else with the cache's dimensions
 /// ([`AttentionKvCacheLegacy::view_filled`]). The tensor shares the cache's memory, as TVM's
 /// `CreateView` does.
-pub fn attention_kv_cache_view(cache: &AttentionKvCacheLegacy, shape: Option<&[i64]>) -> Result<NdArray, LegacyKvError> {
+pub fn attention_kv_cache_view(
+    cache: &AttentionKvCacheLegacy,
+    shape: Option<&[i64]>,
+) -> Result<NdArray, LegacyKvError> {
     match shape {
         Some(s) => cache.view(s),
         None => cache.view_filled(),

@@ -10,8 +10,11 @@
 //! whose messages carry TVM's text. Where TVM reads or writes out of bounds on bad input (a
 //! token id past the vocabulary, a window larger than the reserve), these return an error.
 //!
-//! [`BUILTINS`] lists the global function names, for the VM's dispatch.
+//! [`BUILTINS`] lists the global function names; [`builtins`] serves them to the Relax VM
+//! (its dispatch, and [`VirtualMachine::call_function`](crate::exec::relax::VirtualMachine::call_function)
+//! for the host's calls such as `vm.builtin.tensor_cache.load`).
 
+pub mod builtins;
 pub mod legacy_kv;
 pub mod sampling;
 pub mod tensor_cache;
@@ -19,6 +22,38 @@ pub mod tensor_cache;
 pub use legacy_kv::{AttentionKvCacheLegacy, LegacyKvError};
 pub use sampling::SamplingError;
 pub use tensor_cache::{TensorCache, TensorCacheError, TensorCacheMetadata};
+
+/// An LM builtin failed: the error of its part.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LmError {
+    /// The tensor cache.
+    #[error(transparent)]
+    TensorCache(#[from] TensorCacheError),
+    /// A sampling builtin.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The legacy KV cache.
+    #[error(transparent)]
+    LegacyKv(#[from] LegacyKvError),
+}
+
+impl LmError {
+    /// The class of the error TVM raises for it (`InternalError`, `ValueError`).
+    pub fn tvm_kind(&self) -> &'static str {
+        match self {
+            LmError::TensorCache(e) => e.tvm_kind(),
+            LmError::Sampling(e) => e.tvm_kind(),
+            LmError::LegacyKv(e) => e.tvm_kind(),
+        }
+    }
+}
+
+impl From<LmError> for super::vm::VmError {
+    fn from(e: LmError) -> Self {
+        super::vm::VmError::Lm(Box::new(e))
+    }
+}
 
 /// The global functions this module implements, by TVM's name.
 pub const BUILTINS: &[&str] = &[

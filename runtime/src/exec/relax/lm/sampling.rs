@@ -46,7 +46,9 @@ pub enum SamplingError {
         found: DataType,
     },
     /// A top-p sampler given a batch: a leading dimension is not 1.
-    #[error("{builtin}: Check failed: {what}->shape[i] == 1 ({extent} vs. 1) : The leading dimensions of logits must be 1")]
+    #[error(
+        "{builtin}: Check failed: {what}->shape[i] == 1 ({extent} vs. 1) : The leading dimensions of logits must be 1"
+    )]
     LeadingDimension {
         /// The builtin.
         builtin: &'static str,
@@ -152,13 +154,23 @@ fn store_f32s(a: &NdArray, values: &[f32]) -> Result<(), SamplingError> {
     Ok(a.copy_from_bytes(&bytes)?)
 }
 
-/// The last extent of `a` (TVM's `shape[ndim - 1]`), which must exist and be positive.
+/// The last extent of `a` (TVM's `shape[ndim - 1]`), which must exist (TVM reads before the
+/// shape of a 0-d tensor).
+fn last_dim(a: &NdArray, builtin: &'static str, what: &'static str) -> Result<usize, SamplingError> {
+    a.shape().last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| SamplingError::Empty {
+        builtin,
+        what,
+        shape: a.shape().to_vec(),
+    })
+}
+
+/// [`last_dim`], which must also be positive (the builtin reads its first element).
 fn last_extent(a: &NdArray, builtin: &'static str, what: &'static str) -> Result<usize, SamplingError> {
-    a.shape()
-        .last()
-        .and_then(|&d| usize::try_from(d).ok())
-        .filter(|&d| d > 0)
-        .ok_or_else(|| SamplingError::Empty { builtin, what, shape: a.shape().to_vec() })
+    Some(last_dim(a, builtin, what)?).filter(|&d| d > 0).ok_or_else(|| SamplingError::Empty {
+        builtin,
+        what,
+        shape: a.shape().to_vec(),
+    })
 }
 
 /// Checks that every dimension but the last is 1 (a single row).
@@ -247,8 +259,15 @@ pub fn sample_top_p_from_prob(prob: &NdArray, top_p: f64, uniform_sample: f64) -
     const B: &str = "vm.builtin.sample_top_p_from_prob";
     let values = f32s(prob, B, "prob")?;
     single_row(prob, B, "prob")?;
-    let n = last_extent(prob, B, "prob")?;
-    let p = &values[..n];
+    // An empty distribution is "all NaN" to TVM (`std::all_of` of nothing).
+    let n = last_dim(prob, B, "prob")?;
+    let p = values.get(..n).ok_or_else(|| SamplingError::TooFew {
+        builtin: B,
+        what: "prob",
+        shape: prob.shape().to_vec(),
+        found: values.len(),
+        needed: n,
+    })?;
     let mut data: Vec<(f32, i32)> = Vec::new();
     let mut sample_with_cutoff = |cutoff: f32| -> i64 {
         data.clear();
@@ -309,11 +328,17 @@ pub fn multinomial_from_uniform(prob: &NdArray, uniform_sample: &NdArray) -> Res
     const B: &str = "vm.builtin.multinomial_from_uniform";
     let p = f32s(prob, B, "prob")?;
     let u = f32s(uniform_sample, B, "uniform_sample")?;
-    let vocab = last_extent(prob, B, "prob")?;
+    let vocab = last_dim(prob, B, "prob")?;
     let batch = usize::try_from(prob.shape()[0]).unwrap_or(0);
-    let needed = batch.checked_mul(vocab).unwrap_or(usize::MAX);
+    let needed = batch.saturating_mul(vocab);
     if p.len() < needed {
-        return Err(SamplingError::TooFew { builtin: B, what: "prob", shape: prob.shape().to_vec(), found: p.len(), needed });
+        return Err(SamplingError::TooFew {
+            builtin: B,
+            what: "prob",
+            shape: prob.shape().to_vec(),
+            found: p.len(),
+            needed,
+        });
     }
     if u.len() < batch {
         return Err(SamplingError::TooFew {
@@ -325,7 +350,8 @@ pub fn multinomial_from_uniform(prob: &NdArray, uniform_sample: &NdArray) -> Res
         });
     }
     let mut out = Vec::with_capacity(batch * 8);
-    for (row, &sample) in p.chunks_exact(vocab).take(batch).zip(&u) {
+    for (i, &sample) in u.iter().take(batch).enumerate() {
+        let row = &p[i * vocab..(i + 1) * vocab];
         let mut cum_sum_prob = 0.0f32;
         let mut index = 0i64;
         for (j, &x) in row.iter().enumerate() {
@@ -346,15 +372,23 @@ fn penalty_inputs(
     builtin: &'static str,
     logits: &NdArray,
     token_ids: &NdArray,
+    token_freqs: Option<&NdArray>,
 ) -> Result<(Vec<f32>, Vec<i32>), SamplingError> {
+    // TVM's order: the dtypes, then the devices.
     if logits.dtype() != DataType::F32 {
         return Err(SamplingError::NotF32 { builtin, what: "Logits", found: logits.dtype() });
     }
     if token_ids.dtype() != DataType::I32 {
         return Err(SamplingError::NotI32 { builtin, what: "token ids", found: token_ids.dtype() });
     }
+    if let Some(f) = token_freqs.filter(|f| f.dtype() != DataType::I32) {
+        return Err(SamplingError::NotI32 { builtin, what: "token freqs", found: f.dtype() });
+    }
     require_cpu(logits, builtin, "logits")?;
     require_cpu(token_ids, builtin, "token_ids")?;
+    if let Some(f) = token_freqs {
+        require_cpu(f, builtin, "token_freqs")?;
+    }
     let values = f32s(logits, builtin, "Logits")?;
     let ids = i32s(token_ids, builtin, "token ids")?;
     // TVM reads `shape[ndim - 1]` ids.
@@ -383,7 +417,7 @@ fn penalty_inputs(
 /// last dimension's extent of them are read.
 pub fn apply_repetition_penalty(logits: &NdArray, token_ids: &NdArray, penalty: f64) -> Result<(), SamplingError> {
     const B: &str = "vm.builtin.apply_repetition_penalty";
-    let (mut values, ids) = penalty_inputs(B, logits, token_ids)?;
+    let (mut values, ids) = penalty_inputs(B, logits, token_ids, None)?;
     for &id in &ids {
         let x = &mut values[id as usize];
         // `float *= double`: computed in double, rounded to float.
@@ -404,11 +438,7 @@ pub fn apply_presence_and_frequency_penalty(
     frequency_penalty: f64,
 ) -> Result<(), SamplingError> {
     const B: &str = "vm.builtin.apply_presence_and_frequency_penalty";
-    if token_freqs.dtype() != DataType::I32 {
-        return Err(SamplingError::NotI32 { builtin: B, what: "token freqs", found: token_freqs.dtype() });
-    }
-    let (mut values, ids) = penalty_inputs(B, logits, token_ids)?;
-    require_cpu(token_freqs, B, "token_freqs")?;
+    let (mut values, ids) = penalty_inputs(B, logits, token_ids, Some(token_freqs))?;
     let freqs = i32s(token_freqs, B, "token freqs")?;
     if freqs.len() < ids.len() {
         return Err(SamplingError::TooFew {
@@ -434,8 +464,16 @@ pub fn apply_softmax_with_temperature(logits: &NdArray, temperature: f64) -> Res
     const B: &str = "vm.builtin.apply_softmax_with_temperature";
     let mut values = f32s(logits, B, "Logits")?;
     require_cpu(logits, B, "logits")?;
-    let vocab = last_extent(logits, B, "logits")?;
-    let row = &mut values[..vocab];
+    // TVM reads `vocab_size` elements from the start (nothing for an empty last dimension).
+    let vocab = last_dim(logits, B, "logits")?;
+    let len = values.len();
+    let row = values.get_mut(..vocab).ok_or_else(|| SamplingError::TooFew {
+        builtin: B,
+        what: "logits",
+        shape: logits.shape().to_vec(),
+        found: len,
+        needed: vocab,
+    })?;
     let inv_temp = (1.0 / temperature) as f32;
     // TVM starts from `std::numeric_limits<float>::min()`, the smallest positive float.
     let mut m = f32::MIN_POSITIVE;

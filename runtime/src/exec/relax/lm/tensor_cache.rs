@@ -255,7 +255,8 @@ fn load_shard(dir: &Path, shard: &FileRecord, device: Device) -> Result<Vec<(Str
     let mut out = Vec::with_capacity(shard.records.len().min(1 << 16));
     for rec in &shard.records {
         let _span = tracing::trace_span!("tensor_cache_record", name = %rec.name).entered();
-        let array_err = |source: ArrayError| TensorCacheError::Array { path: path.clone(), name: rec.name.clone(), source };
+        let array_err =
+            |source: ArrayError| TensorCacheError::Array { path: path.clone(), name: rec.name.clone(), source };
         let dtype = parse_dtype(&rec.dtype).ok_or_else(|| TensorCacheError::Dtype {
             path: path.clone(),
             name: rec.name.clone(),

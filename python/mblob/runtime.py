@@ -692,9 +692,135 @@ class VirtualMachine:
 
         def call(*args: Any) -> Any:
             packed = [_vm_arg(a, kinds[i] if i < len(kinds) else "any") for i, a in enumerate(args)]
-            return _vm_result(self._vm.invoke_values(name, packed))
+            return _vm_result(self._vm.invoke_values(name, packed), self._vm)
 
         return call
+
+    def call_function(self, name: str, *args: Any) -> Any:
+        """Calls the packed function ``name`` with this VM, as TVM's
+        ``tvm.get_global_func(name)(*args)``: a VM builtin (``vm.builtin.kv_state_add_sequence``,
+        ``vm.builtin.attention_kv_cache_get_num_available_pages``, the tensor cache, sampling),
+        a VM function, a function of the library or one of mblob's global functions. Arrays are
+        passed as TVM passes its arrays, by reference: what the function writes into a numpy
+        argument (``debug_get_kv``, the in-place sampling builtins) is written back into it."""
+        return _call_function(self._vm, name, args)
+
+    def get_global_func(self, name: str) -> Callable[..., Any]:
+        """``tvm.get_global_func(name)`` for this VM: a callable of :meth:`call_function`."""
+        return lambda *args: _call_function(self._vm, name, args)
+
+
+class Object:
+    """A runtime object a VM function returned (TVM's ``tvm.runtime.Object``), such as the
+    paged KV cache of ``create_tir_paged_kv_cache``: pass it back to functions and builtins as
+    it is. ``type_key`` is TVM's."""
+
+    def __init__(self, native: Any, vm: Any) -> None:
+        self._native = native
+        self._vm = vm
+
+    @property
+    def type_key(self) -> str:
+        return self._native.type_key
+
+    def same_as(self, other: Any) -> bool:
+        """Whether both name the same object (TVM's ``same_as``)."""
+        return isinstance(other, Object) and self._native.same_as(other._native)
+
+    def __repr__(self) -> str:
+        return f"<mblob.Object {self.type_key}>"
+
+
+class PagedKVCache(Object):
+    """The paged KV cache (TVM's ``relax.vm.PagedAttentionKVCache``) a model's
+    ``create_tir_paged_kv_cache`` returned, with TVM's ``vm.builtin.kv_state_*`` and
+    ``vm.builtin.attention_kv_cache_*`` builtins as methods (each calls the builtin of that
+    name; errors are TVM's)."""
+
+    def _call(self, name: str, *args: Any) -> Any:
+        return _call_function(self._vm, name, (self,) + args)
+
+    def add_sequence(self, seq_id: int) -> None:
+        """``kv_state_add_sequence``: a new empty sequence."""
+        self._call("vm.builtin.kv_state_add_sequence", int(seq_id))
+
+    def remove_sequence(self, seq_id: int) -> None:
+        """``kv_state_remove_sequence``: frees the sequence's pages (those it shares stay)."""
+        self._call("vm.builtin.kv_state_remove_sequence", int(seq_id))
+
+    def fork_sequence(self, parent_seq_id: int, child_seq_id: int, fork_pos: int = -1) -> None:
+        """``kv_state_fork_sequence``: ``child`` starts as the first ``fork_pos`` tokens of
+        ``parent`` (``-1``: all of them), sharing its pages."""
+        self._call("vm.builtin.kv_state_fork_sequence", int(parent_seq_id), int(child_seq_id), int(fork_pos))
+
+    def popn(self, seq_id: int, n: int) -> None:
+        """``kv_state_popn``: drops the last ``n`` tokens of the sequence."""
+        self._call("vm.builtin.kv_state_popn", int(seq_id), int(n))
+
+    def clear(self) -> None:
+        """``kv_state_clear``: removes every sequence."""
+        self._call("vm.builtin.kv_state_clear")
+
+    def begin_forward(self, seq_ids: Sequence[int], append_lengths: Sequence[int]) -> None:
+        """``kv_state_begin_forward``: the next model call appends ``append_lengths[i]`` tokens
+        to sequence ``seq_ids[i]``."""
+        self._call(
+            "vm.builtin.kv_state_begin_forward", tuple(int(s) for s in seq_ids), tuple(int(n) for n in append_lengths)
+        )
+
+    def end_forward(self) -> None:
+        """``kv_state_end_forward``: ends the forward pass begun by :meth:`begin_forward`."""
+        self._call("vm.builtin.kv_state_end_forward")
+
+    def get_num_available_pages(self) -> int:
+        """``attention_kv_cache_get_num_available_pages``."""
+        return int(self._call("vm.builtin.attention_kv_cache_get_num_available_pages"))
+
+    def get_total_sequence_length(self) -> int:
+        """``attention_kv_cache_get_total_sequence_length``: the sum of the sequences' lengths."""
+        return int(self._call("vm.builtin.attention_kv_cache_get_total_sequence_length"))
+
+    def get_sequence_length(self, seq_id: int) -> int:
+        """``attention_kv_cache_get_sequence_length``."""
+        return int(self._call("vm.builtin.attention_kv_cache_get_sequence_length", int(seq_id)))
+
+    def debug_get_kv(self, seq_id: int, start: int, end: int, k: Any = None, v: Any = None) -> Tuple[np.ndarray, np.ndarray]:
+        """``attention_kv_cache_debug_get_kv``: the keys (RoPE applied) and values of
+        positions ``start..end`` of the sequence, each ``[layers, end - start, kv_heads,
+        head_dim]``, written into ``k`` and ``v`` (numpy arrays of that shape and the cache's
+        dtype), which are returned."""
+        if k is None or v is None:
+            raise _native.InputError(
+                "PagedKVCache.debug_get_kv: pass k and v, arrays of shape [layers, end - start, kv_heads, head_dim]"
+            )
+        self._call("vm.builtin.attention_kv_cache_debug_get_kv", int(seq_id), int(start), int(end), k, v)
+        return k, v
+
+
+def _wrap_object(native: Any, vm: Any) -> Object:
+    cls = PagedKVCache if native.type_key == "relax.vm.PagedAttentionKVCache" else Object
+    return cls(native, vm)
+
+
+def _call_function(vm: Any, name: str, args: Sequence[Any]) -> Any:
+    """Calls ``name`` on the native VM ``vm``; numpy arguments get what the call wrote."""
+    packed = [_vm_arg(a) for a in args]
+    result, after = vm.call_function(name, packed)
+    arrays = [a for a in _flat(args) if isinstance(a, np.ndarray)]
+    for array, triple in zip(arrays, after):
+        if array.flags.writeable:
+            np.copyto(array, _from_triple(triple).reshape(array.shape), casting="unsafe")
+    return _vm_result(result, vm)
+
+
+def _flat(args: Sequence[Any]) -> List[Any]:
+    out: List[Any] = []
+    for a in args:
+        if isinstance(a, (tuple, list)) and not all(isinstance(x, (int, np.integer)) for x in a):
+            out.extend(_flat(a))
+        else:
+            out.append(a)
+    return out
 
 
 def _vm_arg(a: Any, kind: str = "any") -> Any:
@@ -711,15 +837,20 @@ def _vm_arg(a: Any, kind: str = "any") -> Any:
         return [_vm_arg(x) for x in a]
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
+    if isinstance(a, Object):
+        return a._native
     if hasattr(a, "__dlpack__") or hasattr(a, "__array__"):
         return ("t",) + _to_triple(a)
     raise _native.InputError(f"cannot pass a {type(a).__name__} to a Relax function")
 
 
-def _vm_result(v: Any) -> Any:
-    """A native VM result as Python values: tuples, arrays, shapes as tuples of ints."""
+def _vm_result(v: Any, vm: Any = None) -> Any:
+    """A native VM result as Python values: tuples, arrays, shapes as tuples of ints, runtime
+    objects as :class:`Object` (of the VM ``vm``)."""
     if isinstance(v, list):
-        return tuple(_vm_result(x) for x in v)
+        return tuple(_vm_result(x, vm) for x in v)
+    if isinstance(v, _native.Object):
+        return _wrap_object(v, vm)
     if isinstance(v, tuple) and v and v[0] == "t":
         return _from_triple(v[1:])
     if isinstance(v, tuple) and v and v[0] == "s":

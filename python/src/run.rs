@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
-use mblob_runtime::exec::relax::{numpy_dtype, ParamKind, VirtualMachine, VmValue};
+use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
 use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
 use mblob_runtime::exec::{Device, Executor, Tensor};
 use mblob_runtime::ffi::callconv::{PackedFunction, Value};
@@ -402,6 +402,29 @@ impl RelaxVm {
         py_value(py, &result)
     }
 
+    /// Calls the packed function `name` (a VM builtin such as `vm.builtin.kv_state_popn`, a VM
+    /// function, a function of the library or one of mblob's global functions), as TVM's
+    /// `tvm.get_global_func(name)(*args)`. Tensors are passed by reference, as TVM passes its
+    /// arrays: the result comes with the contents of every tensor argument after the call, in
+    /// order, so that what a builtin wrote into one (`debug_get_kv`, the in-place sampling
+    /// builtins) reaches the caller's arrays.
+    fn call_function<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        args: &Bound<'py, PyList>,
+    ) -> PyResult<(Py<PyAny>, Vec<PyTensor<'py>>)> {
+        let mut arrays = Vec::new();
+        let values = args.iter().map(|a| vm_value_by_ref(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
+        let (result, after) = run(py, || {
+            let vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            let result = vm.call_function(&name, &values).map_err(run_error)?;
+            let after = arrays.iter().map(|a| a.to_tensor().map_err(run_error)).collect::<Result<Vec<_>, _>>()?;
+            Ok((result, after))
+        })?;
+        Ok((py_value(py, &result)?, after.iter().map(|t| to_py_tensor(py, t)).collect()))
+    }
+
     /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
     /// bool in numpy's spelling either way: the VM passes it as the executable's TVM spells
     /// it).
@@ -509,11 +532,52 @@ fn relay_vm_value(py: Python<'_>, v: &RelayVmOutput) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// A runtime object a VM function or builtin returned (TVM's `tvm.runtime.Object`), such as
+/// the paged KV cache: held by Python and passed back as it is.
+#[pyclass(frozen, module = "mblob._native", name = "Object")]
+pub struct PyObjectRef {
+    inner: ObjectRef,
+}
+
+#[pymethods]
+impl PyObjectRef {
+    /// TVM's type key of the object (e.g. `relax.vm.PagedAttentionKVCache`).
+    #[getter]
+    fn type_key(&self) -> &'static str {
+        self.inner.type_key()
+    }
+
+    /// Whether both name the same object (TVM's `same_as`).
+    fn same_as(&self, other: &PyObjectRef) -> bool {
+        self.inner.ptr_eq(&other.inner)
+    }
+}
+
+/// [`vm_value`], with tensors (also inside tuples) as host arrays passed by reference, each
+/// also pushed to `arrays`.
+fn vm_value_by_ref(a: &Bound<'_, PyAny>, arrays: &mut Vec<NdArray>) -> PyResult<VmValue> {
+    if let Ok(items) = a.cast::<PyList>() {
+        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value_by_ref(&i, arrays)).collect::<PyResult<_>>()?));
+    }
+    match vm_value(a)? {
+        VmValue::Tensor(t) => {
+            let array = NdArray::from_tensor(&t, Device::cpu(0)).map_err(|e| RunError::new_err(e.to_string()))?;
+            arrays.push(array.clone());
+            Ok(VmValue::Array(array))
+        }
+        v => Ok(v),
+    }
+}
+
 /// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
-/// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str or None.
+/// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str, None or an
+/// [`PyObjectRef`].
 fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
     if a.is_none() {
         return Ok(VmValue::Null);
+    }
+    if let Ok(o) = a.cast::<PyObjectRef>() {
+        return Ok(VmValue::Object(o.get().inner.clone()));
     }
     if let Ok(items) = a.cast::<PyList>() {
         return Ok(VmValue::Tuple(items.iter().map(|i| vm_value(&i)).collect::<PyResult<_>>()?));
@@ -562,12 +626,7 @@ fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
             let items = items.iter().map(|i| py_value(py, i)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
-        VmValue::Object(o) => {
-            return Err(RunError::new_err(format!(
-                "the function returned a runtime object ({}), which the Python package cannot hold yet",
-                o.type_key()
-            )))
-        }
+        VmValue::Object(o) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
         VmValue::Array(a) => {
             let t = a.to_tensor().map_err(|e| RunError::new_err(e.to_string()))?;
             let (data, dtype, shape) = to_py_tensor(py, &t);
@@ -582,6 +641,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Library>()?;
     m.add_class::<GraphExecutor>()?;
     m.add_class::<RelaxVm>()?;
+    m.add_class::<PyObjectRef>()?;
     m.add_class::<RelayVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
     m.add_function(wrap_pyfunction!(read_params_file, m)?)?;

@@ -4,6 +4,8 @@
 pub mod demo;
 pub mod export;
 pub mod extract;
+#[cfg(feature = "llm")]
+pub mod generate;
 pub mod inspect;
 pub mod pack;
 pub mod run;
@@ -88,6 +90,11 @@ pub enum Command {
     /// Run a TVM-compiled model (graph, AOT, Relax or Relay VM) or one host function, with no TVM runtime:
     /// inputs and outputs as .npy files, optional timing (see `run --help`).
     Run(run::RunArgs),
+    /// Generate token ids greedily with a language-model library as MLC-LLM exports them
+    /// (embed, prefill, decode, a TIR paged KV cache), weights bound or from a tensor cache
+    /// (see `generate --help`).
+    #[cfg(feature = "llm")]
+    Generate(generate::GenerateArgs),
 }
 
 /// Runs the command line; the binary's `main`.
@@ -108,6 +115,8 @@ pub fn main() -> ExitCode {
         Command::Pack(args) => pack::run(args),
         Command::Export(args) => export::run(args),
         Command::Run(args) => run::run(args),
+        #[cfg(feature = "llm")]
+        Command::Generate(args) => generate::run(args),
     };
     match result {
         Ok(code) => code,

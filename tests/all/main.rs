@@ -12,6 +12,8 @@ mod direct;
 mod export;
 mod export_faults;
 mod export_options;
+#[cfg(feature = "llm")]
+mod generate;
 mod fuzz_inspect;
 mod goldens;
 mod inspect;

@@ -35,6 +35,8 @@ pub mod calls;
 pub mod kv_cache;
 #[cfg(feature = "llm")]
 pub mod lm;
+#[cfg(feature = "llm")]
+pub mod generate;
 pub mod vm;
 
 pub use crate::payload::relax::{

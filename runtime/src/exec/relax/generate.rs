@@ -1,0 +1,486 @@
+//! Greedy text generation with a language-model library as MLC-LLM exports them, with the
+//! functions MLC-LLM's engine calls (`mlc-ai/mlc-llm`'s `cpp/serve/function_table.cc`):
+//! `embed`, `prefill`, `decode`, `create_tir_paged_kv_cache` and `_metadata`, the weights either
+//! bound into the library as constants or passed as the last parameter (`packed_params`, a
+//! tuple of tensors read from a tensor cache, `tensor-cache.json` and its shards). Feature
+//! `llm`.
+//!
+//! A [`LanguageModel`] makes the VM, reads the model's metadata, loads the weights once and
+//! creates the paged KV cache; [`LanguageModel::generate`] then runs one sequence: the prompt
+//! in chunks of at most `prefill_chunk_size` tokens through `prefill`, then one token at a time
+//! through `decode`, each step framed by `vm.builtin.kv_state_begin_forward` and
+//! `vm.builtin.kv_state_end_forward` as MLC-LLM frames it, picking the token of largest logit
+//! (greedy decoding: the first of equal largest ones, as numpy's `argmax`). No tokenizer: token
+//! ids in, token ids out.
+//!
+//! ```no_run
+//! use mblob_runtime::device::Device;
+//! use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
+//! use mblob_runtime::{load_library, LoadOptions, Registry};
+//!
+//! // SAFETY: the library is trusted to run (its initialisers run when it is opened).
+//! let tree = unsafe { load_library("model.so".as_ref(), &Registry::default(), &LoadOptions::default())? };
+//! let mut lm = LanguageModel::new(&tree, Device::cpu(0), Some("params".as_ref()), &GenerateOptions::default())?;
+//! let out = lm.generate(&[1, 2, 3], 16)?;
+//! println!("{:?}", out.tokens);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::lm::{TensorCache, TensorCacheError};
+use super::vm::{VirtualMachine, VmError, VmValue};
+use crate::array::NdArray;
+use crate::device::Device;
+use crate::format::DataType;
+use crate::module::LoadedTree;
+use crate::payload::graph::Tensor;
+
+/// The sequence id [`LanguageModel::generate`] uses in the KV cache.
+pub const SEQUENCE_ID: i64 = 0;
+
+/// What can go wrong when generating.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GenerateError {
+    /// A call of the VM (a function of the library or a builtin) failed.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The weights could not be read.
+    #[error("cannot read the weights: {0}")]
+    Weights(#[from] TensorCacheError),
+    /// The library lacks a function MLC-LLM's engine calls.
+    #[error("the library has no VM function `{name}`, which {why} (it has: {available})")]
+    MissingFunction {
+        /// The function.
+        name: &'static str,
+        /// What it is for.
+        why: &'static str,
+        /// The VM functions it has.
+        available: String,
+    },
+    /// `_metadata` did not return the JSON MLC-LLM writes.
+    #[error("the model's metadata (`_metadata`) is not what MLC-LLM writes: {detail}")]
+    Metadata {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The weights are parameters but no tensor cache was given, or the other way round.
+    #[error("{0}")]
+    WeightsMode(String),
+    /// A function returned something other than what MLC-LLM's functions return.
+    #[error("`{function}` returned {detail}")]
+    Result {
+        /// The function.
+        function: &'static str,
+        /// What it returned.
+        detail: String,
+    },
+    /// The prompt is empty, or the prompt and the new tokens do not fit the context window.
+    #[error("{0}")]
+    Request(String),
+}
+
+/// Settings of the KV cache and of the run that the model's metadata does not give.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Tokens per page of the paged KV cache (MLC-LLM's default, 16).
+    pub page_size: i64,
+    /// Tokens the cache holds in all (`max_total_seq_len`); default: the metadata's
+    /// `context_window_size`.
+    pub max_total_seq_len: Option<i64>,
+    /// The longest prefill chunk; default: the metadata's `prefill_chunk_size`.
+    pub prefill_chunk_size: Option<i64>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> GenerateOptions {
+        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None }
+    }
+}
+
+/// The fields of MLC-LLM's model metadata (`_metadata`) that generation reads.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelMetadata {
+    /// The weights, in the order of the `packed_params` tuple.
+    #[serde(default)]
+    pub params: Vec<ParamInfo>,
+    /// The longest sequence the model was built for.
+    pub context_window_size: i64,
+    /// The most tokens one prefill takes.
+    pub prefill_chunk_size: i64,
+    /// The most sequences of one batch.
+    #[serde(default = "one")]
+    pub max_batch_size: i64,
+    /// The sliding window (`-1`: none).
+    #[serde(default = "minus_one")]
+    pub sliding_window_size: i64,
+    /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
+    #[serde(default)]
+    pub kv_state_kind: Option<String>,
+    /// The model's architecture (`llama`, ...).
+    #[serde(default)]
+    pub model_type: Option<String>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+fn minus_one() -> i64 {
+    -1
+}
+
+/// A weight of the model, as the metadata lists it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ParamInfo {
+    /// Its name in the tensor cache.
+    pub name: String,
+    /// Its shape, when given.
+    #[serde(default)]
+    pub shape: Vec<i64>,
+    /// Its dtype, when given.
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// What [`LanguageModel::generate`] produced.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// The new tokens: the prefill's, then one per decode step.
+    pub tokens: Vec<i32>,
+    /// The logits each token was picked from (`vocab_size` floats each), in order.
+    pub logits: Vec<Vec<f32>>,
+    /// How long the prefill took (all its chunks, embedding and argmax included).
+    pub prefill_time: Duration,
+    /// How long each decode step took (begin and end of the forward pass, embedding, `decode`
+    /// and argmax).
+    pub decode_times: Vec<Duration>,
+}
+
+/// A language-model library ready to generate: its VM, weights and KV cache.
+#[derive(Debug)]
+pub struct LanguageModel {
+    vm: VirtualMachine,
+    metadata: ModelMetadata,
+    /// The `packed_params` tuple, when the functions take the weights as a parameter.
+    params: Option<VmValue>,
+    options: GenerateOptions,
+    cache: Option<VmValue>,
+}
+
+impl LanguageModel {
+    /// Makes the VM of `tree` on `device`, reads `_metadata` and, with `weights`, the tensor
+    /// cache in that directory (each weight made once, mapped from its shard where it can be).
+    /// A library whose functions take `packed_params` needs `weights`; one with the weights
+    /// bound as constants refuses them.
+    pub fn new(
+        tree: &LoadedTree,
+        device: Device,
+        weights: Option<&Path>,
+        options: &GenerateOptions,
+    ) -> Result<LanguageModel, GenerateError> {
+        let _span = tracing::debug_span!("lm_new", %device).entered();
+        let vm = VirtualMachine::new(tree, device)?;
+        let functions = vm.functions();
+        let available = || functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");
+        let param_count = |name: &'static str, why: &'static str| {
+            functions.iter().find(|f| f.name == name).map(|f| f.params.len()).ok_or_else(|| {
+                GenerateError::MissingFunction { name, why, available: available() }
+            })
+        };
+        let embed = param_count("embed", "turns token ids into embeddings")?;
+        param_count("prefill", "runs the prompt")?;
+        param_count("decode", "runs one new token")?;
+        param_count("create_tir_paged_kv_cache", "creates the KV cache (a TIR paged KV cache)")?;
+        param_count("_metadata", "describes the model")?;
+        let metadata = match vm.call_function("_metadata", &[])? {
+            VmValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
+                .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
+            v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", kind(&v)) }),
+        };
+        if let Some(k) = metadata.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
+            return Err(GenerateError::Metadata {
+                detail: format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"),
+            });
+        }
+        let packed = match embed {
+            1 => false,
+            2 => true,
+            n => {
+                return Err(GenerateError::Result {
+                    function: "embed",
+                    detail: format!("a signature of {n} parameters (expected input_ids[, packed_params])"),
+                })
+            }
+        };
+        let params = match (packed, weights) {
+            (true, Some(dir)) => {
+                let _span = tracing::debug_span!("lm_weights", dir = %dir.display()).entered();
+                let mut cache = TensorCache::new();
+                cache.load(dir, device)?;
+                let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
+                let arrays = cache.param_array_by_name(&names)?;
+                Some(VmValue::Tuple(arrays.into_iter().map(VmValue::Array).collect()))
+            }
+            (true, None) => {
+                return Err(GenerateError::WeightsMode(format!(
+                    "the model takes its {} weights as a parameter (packed_params): give the directory of its \
+                     tensor cache (tensor-cache.json and the shards)",
+                    metadata.params.len()
+                )))
+            }
+            (false, Some(dir)) => {
+                return Err(GenerateError::WeightsMode(format!(
+                    "the model's weights are bound into the library (its functions take no packed_params): \
+                     it needs no weights, but {} was given",
+                    dir.display()
+                )))
+            }
+            (false, None) => None,
+        };
+        Ok(LanguageModel { vm, metadata, params, options: options.clone(), cache: None })
+    }
+
+    /// The model's metadata.
+    pub fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    /// The VM, for calls of other functions and builtins.
+    pub fn vm(&self) -> &VirtualMachine {
+        &self.vm
+    }
+
+    /// The KV cache of the current generation, when one started.
+    pub fn kv_cache(&self) -> Option<&VmValue> {
+        self.cache.as_ref()
+    }
+
+    fn max_total_seq_len(&self) -> i64 {
+        self.options.max_total_seq_len.unwrap_or(self.metadata.context_window_size)
+    }
+
+    fn prefill_chunk_size(&self) -> i64 {
+        self.options.prefill_chunk_size.unwrap_or(self.metadata.prefill_chunk_size).max(1)
+    }
+
+    /// A new KV cache (`create_tir_paged_kv_cache`), with one empty sequence.
+    fn new_cache(&mut self) -> Result<VmValue, GenerateError> {
+        let _span = tracing::debug_span!("lm_create_kv_cache").entered();
+        let shape = |v: i64| VmValue::Shape(vec![v]);
+        let sliding = i64::from(self.metadata.sliding_window_size > 0);
+        let cache = self.vm.call_function(
+            "create_tir_paged_kv_cache",
+            &[
+                shape(self.metadata.max_batch_size),
+                shape(self.max_total_seq_len()),
+                shape(self.prefill_chunk_size()),
+                shape(self.options.page_size),
+                shape(sliding),
+            ],
+        )?;
+        if !matches!(cache, VmValue::Object(_)) {
+            return Err(GenerateError::Result {
+                function: "create_tir_paged_kv_cache",
+                detail: format!("{}, not a KV cache object", kind(&cache)),
+            });
+        }
+        self.vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(SEQUENCE_ID)])?;
+        Ok(cache)
+    }
+
+    /// One forward pass of `func` (`prefill` or `decode`) over `ids` of the sequence: the
+    /// logits of its last position.
+    fn forward(&self, cache: &VmValue, func: &'static str, ids: &[i32]) -> Result<Vec<f32>, GenerateError> {
+        let _span = tracing::trace_span!("lm_forward", function = func, tokens = ids.len()).entered();
+        let n = ids.len() as i64;
+        self.vm.call_function(
+            "vm.builtin.kv_state_begin_forward",
+            &[cache.clone(), VmValue::Shape(vec![SEQUENCE_ID]), VmValue::Shape(vec![n])],
+        )?;
+        let input = Tensor::new(DataType::I32, vec![n], ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>())
+            .ok_or_else(|| GenerateError::Request("the token ids do not make a tensor".into()))?;
+        let mut args = vec![VmValue::Tensor(input)];
+        args.extend(self.params.clone());
+        let embedded = match self.vm.call_function("embed", &args)? {
+            VmValue::Tensor(t) => t,
+            v => return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) }),
+        };
+        let hidden = match embedded.shape[..] {
+            [rows, h] if rows == n => h,
+            ref s => {
+                return Err(GenerateError::Result {
+                    function: "embed",
+                    detail: format!("a tensor of shape {s:?} for {n} tokens (expected [{n}, hidden])"),
+                })
+            }
+        };
+        let embedded = Tensor { shape: vec![1, n, hidden], ..embedded };
+        let mut args = vec![VmValue::Tensor(embedded), cache.clone()];
+        args.extend(self.params.clone());
+        let result = self.vm.call_function(func, &args)?;
+        self.vm.call_function("vm.builtin.kv_state_end_forward", &[cache.clone()])?;
+        let logits = match result {
+            VmValue::Tuple(items) => match items.into_iter().next() {
+                Some(VmValue::Tensor(t)) => t,
+                other => {
+                    return Err(GenerateError::Result {
+                        function: func,
+                        detail: format!("a tuple whose first item is {}, not the logits", other.as_ref().map_or("missing", kind)),
+                    })
+                }
+            },
+            VmValue::Tensor(t) => t,
+            v => return Err(GenerateError::Result { function: func, detail: format!("{}, not the logits", kind(&v)) }),
+        };
+        last_row(func, &logits)
+    }
+
+    /// Generates up to `max_new_tokens` tokens after `prompt` greedily, in a new KV cache.
+    pub fn generate(&mut self, prompt: &[i32], max_new_tokens: usize) -> Result<Generation, GenerateError> {
+        self.generate_with(prompt, max_new_tokens, |_| {})
+    }
+
+    /// [`LanguageModel::generate`], calling `on_token` with each new token as it comes.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[i32],
+        max_new_tokens: usize,
+        mut on_token: impl FnMut(i32),
+    ) -> Result<Generation, GenerateError> {
+        let _span = tracing::debug_span!("lm_generate", prompt = prompt.len(), max_new_tokens).entered();
+        if prompt.is_empty() {
+            return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
+        }
+        let total = prompt.len() as u64 + (max_new_tokens as u64).saturating_sub(1);
+        if total > self.max_total_seq_len() as u64 {
+            return Err(GenerateError::Request(format!(
+                "{} prompt tokens and {max_new_tokens} new ones need {total} positions in the KV cache, more than \
+                 its {} (the model's context window)",
+                prompt.len(),
+                self.max_total_seq_len()
+            )));
+        }
+        let mut out = Generation { tokens: Vec::new(), logits: Vec::new(), prefill_time: Duration::ZERO, decode_times: Vec::new() };
+        // Drop the previous cache first, so that its pages are free before the new one is made.
+        self.cache = None;
+        let cache = self.new_cache()?;
+        self.cache = Some(cache.clone());
+        if max_new_tokens == 0 {
+            return Ok(out);
+        }
+        let start = Instant::now();
+        let mut logits = Vec::new();
+        for chunk in prompt.chunks(self.prefill_chunk_size() as usize) {
+            logits = self.forward(&cache, "prefill", chunk)?;
+        }
+        let mut token = argmax("prefill", &logits)?;
+        out.prefill_time = start.elapsed();
+        out.tokens.push(token);
+        out.logits.push(logits);
+        on_token(token);
+        while out.tokens.len() < max_new_tokens {
+            let start = Instant::now();
+            let logits = self.forward(&cache, "decode", &[token])?;
+            token = argmax("decode", &logits)?;
+            out.decode_times.push(start.elapsed());
+            out.tokens.push(token);
+            out.logits.push(logits);
+            on_token(token);
+        }
+        Ok(out)
+    }
+
+    /// The weights passed as `packed_params`, when the functions take them.
+    pub fn params(&self) -> Option<&[VmValue]> {
+        match &self.params {
+            Some(VmValue::Tuple(items)) => Some(items),
+            _ => None,
+        }
+    }
+
+    /// The weights as arrays, when the functions take them.
+    pub fn weight_arrays(&self) -> Vec<NdArray> {
+        self.params()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| match v {
+                VmValue::Array(a) => Some(a.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The last row of a logits tensor (`[1, 1, vocab]`, or `[1, n, vocab]` from a prefill that
+/// returns every position), as floats.
+fn last_row(function: &'static str, logits: &Tensor) -> Result<Vec<f32>, GenerateError> {
+    if logits.dtype != DataType::F32 {
+        return Err(GenerateError::Result {
+            function,
+            detail: format!("logits of dtype {:?}; mblob generates from float32 logits", logits.dtype),
+        });
+    }
+    let vocab = match logits.shape.last() {
+        Some(&v) if v > 0 => v as usize,
+        _ => {
+            return Err(GenerateError::Result { function, detail: format!("logits of shape {:?}", logits.shape) })
+        }
+    };
+    let bytes: &[u8] = &logits.data;
+    let row = bytes.len().checked_sub(vocab * 4).map(|at| &bytes[at..]).ok_or_else(|| GenerateError::Result {
+        function,
+        detail: format!("logits of shape {:?} with {} bytes", logits.shape, bytes.len()),
+    })?;
+    Ok(row.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+/// The index of the largest logit (the first of equal ones, as numpy's `argmax`).
+fn argmax(function: &'static str, logits: &[f32]) -> Result<i32, GenerateError> {
+    if logits.iter().any(|x| x.is_nan()) {
+        return Err(GenerateError::Result { function, detail: "logits with NaN".into() });
+    }
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    i32::try_from(best).map_err(|_| GenerateError::Result { function, detail: "a vocabulary past i32".into() })
+}
+
+/// A value's kind, for errors.
+fn kind(v: &VmValue) -> &'static str {
+    match v {
+        VmValue::Tensor(_) | VmValue::Array(_) => "a tensor",
+        VmValue::Shape(_) => "a shape",
+        VmValue::Int(_) => "an integer",
+        VmValue::Float(_) => "a float",
+        VmValue::Str(_) => "a string",
+        VmValue::Tuple(_) => "a tuple",
+        VmValue::Null => "None",
+        VmValue::Object(o) => o.type_key(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_largest() {
+        assert_eq!(argmax("t", &[1.0, 3.0, 3.0, -1.0]).unwrap(), 1);
+        assert!(argmax("t", &[1.0, f32::NAN]).is_err());
+    }
+
+    #[test]
+    fn last_row_of_every_position_logits() {
+        let data: Vec<u8> = [0f32, 1., 2., 3., 4., 5.].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let t = Tensor::new(DataType::F32, vec![1, 2, 3], data).unwrap();
+        assert_eq!(last_row("t", &t).unwrap(), vec![3., 4., 5.]);
+    }
+}

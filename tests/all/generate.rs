@@ -1,0 +1,122 @@
+//! `mblob generate` on the LLM fixture (`tests/fixtures/llm`, a tiny LLaMA-like model TVM 0.27
+//! compiled with its TIR paged KV cache): the greedy tokens and their logits are TVM's (the
+//! `single` scenario of `scenarios.json`, recorded by TVM's own VM), for the library that takes
+//! its weights from a tensor cache and for the one with the weights bound, at 1 and 2 threads;
+//! and the errors of bad requests name the file and the problem.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn llm() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm")
+}
+
+fn generate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mblob")).arg("generate").args(args).output().expect("run mblob")
+}
+
+fn scenario(name: &str) -> Value {
+    let s: Value = serde_json::from_slice(&std::fs::read(llm().join("scenarios.json")).unwrap()).unwrap();
+    s["scenarios"][name].clone()
+}
+
+/// The forward steps of the `single` scenario: the tokens fed and the argmax TVM got.
+fn single_steps() -> Vec<Value> {
+    scenario("single")["steps"].as_array().unwrap().iter().filter(|s| s["op"] == "forward").cloned().collect()
+}
+
+fn f32s(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = f.shape().to_vec();
+    (shape, f.into_vec::<f32>().unwrap())
+}
+
+fn last_line(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn generate_gives_tvms_tokens_and_logits() {
+    let steps = single_steps();
+    let prompt: Vec<String> = steps[0]["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
+    let expected: Vec<String> = steps.iter().map(|s| s["argmax"][0].to_string()).collect();
+    let (ref_shape, reference) = f32s(&llm().join("single.logits.npy"));
+    let vocab = ref_shape[1] as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let weights = llm().join("params");
+    let n = steps.len().to_string();
+    let prompt = prompt.join(",");
+    for (lib, extra) in [("llm_params.so", vec!["--weights", weights.to_str().unwrap()]), ("llm_consts.so", vec![])] {
+        for threads in ["1", "2"] {
+            let logits = dir.path().join(format!("{lib}.{threads}.npy"));
+            let model = llm().join(lib);
+            let mut args = vec![model.to_str().unwrap(), "--prompt-ids", &prompt];
+            args.extend(["--max-new-tokens", &n, "--threads", threads, "--logits", logits.to_str().unwrap()]);
+            args.extend(&extra);
+            let out = generate(&args);
+            assert!(out.status.success(), "{lib} at {threads} threads: {}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(last_line(&out), expected.join(","), "{lib} at {threads} threads: TVM's greedy tokens");
+            let (shape, got) = f32s(&logits);
+            assert_eq!(shape, [steps.len() as u64, vocab as u64]);
+            for (i, step) in steps.iter().enumerate() {
+                let row = step["logit_rows"][0].as_u64().unwrap() as usize;
+                let want = &reference[row * vocab..(row + 1) * vocab];
+                let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+                let diff = got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(diff <= 1e-4 * scale, "{lib} at {threads} threads, step {i}: logits differ by {diff}");
+            }
+        }
+    }
+}
+
+#[test]
+fn generate_repeat_reports_per_token_time() {
+    let model = llm().join("llm_consts.so");
+    let out = generate(&[model.to_str().unwrap(), "--prompt-ids", "17,211,5", "--max-new-tokens", "4", "--repeat", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("decode, per token: 6 runs"), "{stdout}");
+    assert!(stdout.contains("prefill of 3 tokens: 2 runs"), "{stdout}");
+    assert_eq!(last_line(&out).split(',').count(), 4);
+}
+
+#[test]
+fn generate_refuses_bad_requests_with_clear_errors() {
+    let params = llm().join("llm_params.so");
+    let consts = llm().join("llm_consts.so");
+    let weights = llm().join("params");
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    let o = generate(&[params.to_str().unwrap(), "--prompt-ids", "1,2"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("llm_params.so") && stderr(&o).contains("tensor cache"), "{}", stderr(&o));
+
+    let o = generate(&[consts.to_str().unwrap(), "--weights", weights.to_str().unwrap(), "--prompt-ids", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("bound into the library"), "{}", stderr(&o));
+
+    // The context window is 128 (scenarios.json `config`).
+    let long = vec!["1"; 120].join(",");
+    let o = generate(&[consts.to_str().unwrap(), "--prompt-ids", &long, "--max-new-tokens", "10"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("129 positions") && stderr(&o).contains("128"), "{}", stderr(&o));
+
+    let o = generate(&[consts.to_str().unwrap(), "--prompt-ids", "1,x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // A shard 4 bytes shorter than tensor-cache.json says: TVM's check, naming the file.
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tensor-cache.json", "params_shard_0.bin", "params_shard_1.bin"] {
+        std::fs::copy(weights.join(f), dir.path().join(f)).unwrap();
+    }
+    let shard = dir.path().join("params_shard_1.bin");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len - 4).unwrap();
+    let o = generate(&[params.to_str().unwrap(), "--weights", dir.path().to_str().unwrap(), "--prompt-ids", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("params_shard_1.bin"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("corrupted parameter shard"), "{}", stderr(&o));
+}

@@ -111,7 +111,8 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
         for _ in 0..n {
-            let again = lm.generate(&args.prompt_ids, args.max_new_tokens).map_err(|e| invalid(mblob::with_causes(&e)))?;
+            let again =
+                lm.generate(&args.prompt_ids, args.max_new_tokens).map_err(|e| invalid(mblob::with_causes(&e)))?;
             if again.tokens != first.tokens {
                 return Err(invalid(format!(
                     "a repeated run gave other tokens ({}) than the first ({})",

@@ -65,7 +65,8 @@ fn generate_gives_tvms_tokens_and_logits() {
                 let row = step["logit_rows"][0].as_u64().unwrap() as usize;
                 let want = &reference[row * vocab..(row + 1) * vocab];
                 let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
-                let diff = got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                let diff =
+                    got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 assert!(diff <= 1e-4 * scale, "{lib} at {threads} threads, step {i}: logits differ by {diff}");
             }
         }
@@ -75,7 +76,8 @@ fn generate_gives_tvms_tokens_and_logits() {
 #[test]
 fn generate_repeat_reports_per_token_time() {
     let model = llm().join("llm_consts.so");
-    let out = generate(&[model.to_str().unwrap(), "--prompt-ids", "17,211,5", "--max-new-tokens", "4", "--repeat", "2"]);
+    let out =
+        generate(&[model.to_str().unwrap(), "--prompt-ids", "17,211,5", "--max-new-tokens", "4", "--repeat", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("decode, per token: 6 runs"), "{stdout}");

@@ -12,9 +12,9 @@ mod direct;
 mod export;
 mod export_faults;
 mod export_options;
+mod fuzz_inspect;
 #[cfg(feature = "llm")]
 mod generate;
-mod fuzz_inspect;
 mod goldens;
 mod inspect;
 mod inspect_more;

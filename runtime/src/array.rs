@@ -45,6 +45,12 @@ pub enum ArrayError {
     Device(#[from] DeviceError),
 }
 
+/// How many bytes [`NdArray::copy_from_mapped`] copies before it gives their pages back.
+const RELEASE_CHUNK: usize = 8 << 20;
+/// How far each range given back reaches into the one before it: the page that straddles
+/// two chunks is whole in neither (64 KiB covers every page size of Linux's targets).
+const RELEASE_OVERLAP: usize = 64 << 10;
+
 /// Bytes of a tensor of `dtype` and `shape` as TVM counts them (`(bits * lanes + 7) / 8` per
 /// element), or `None` on overflow or a negative extent.
 pub fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
@@ -105,6 +111,53 @@ impl NdArray {
     /// A tensor on `device` with the contents of a host tensor.
     pub fn from_tensor(t: &Tensor, device: Device) -> Result<NdArray, ArrayError> {
         NdArray::from_bytes(&t.data, &t.shape, t.dtype, device)
+    }
+
+    /// A tensor on `api`'s device with the contents of `data` (a constant or parameter as the
+    /// library or a params file stores it), held once: on the CPU, when `data` lies at the
+    /// alignment kernels assume, the tensor is a read-only view of it (no copy; see
+    /// [`Storage::borrowed`]); otherwise one aligned copy, made with
+    /// [`NdArray::copy_from_mapped`] (the pages of a mapped file given back as they are copied).
+    pub fn from_mapped(
+        data: &Bytes,
+        shape: &[i64],
+        dtype: DataType,
+        api: &Arc<dyn DeviceApi>,
+    ) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        if n != data.len() {
+            return Err(ArrayError::Size {
+                dtype,
+                shape: shape.to_vec(),
+                expected: n as u64,
+                found: data.len() as u64,
+            });
+        }
+        if let Some(storage) = Storage::borrowed(api, data) {
+            return Ok(NdArray { storage, shape: shape.into(), dtype });
+        }
+        let a = NdArray::empty_with(shape, dtype, api)?;
+        a.copy_from_mapped(data)?;
+        Ok(a)
+    }
+
+    /// [`NdArray::copy_from_bytes`] from bytes that may be a view of a mapped file: their pages
+    /// are given back as they are copied ([`Bytes::release`]), so that the copy is the only one
+    /// held in memory.
+    pub fn copy_from_mapped(&self, data: &Bytes) -> Result<(), ArrayError> {
+        if !data.is_mapped() || data.len() != self.nbytes() {
+            return self.copy_from_bytes(data);
+        }
+        let mut at = 0;
+        while at < data.len() {
+            let end = data.len().min(at + RELEASE_CHUNK);
+            self.storage.write(at, &data[at..end])?;
+            if let Some(done) = data.slice(at.saturating_sub(RELEASE_OVERLAP)..end) {
+                done.release();
+            }
+            at = end;
+        }
+        Ok(())
     }
 
     /// A view of `storage` from `offset` with `shape` and `dtype` (TVM's

@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::bytes::Bytes;
 use crate::device::{Device, DeviceError, DeviceType};
 
 /// A device pointer: an address (CPU, CUDA) or a handle (OpenCL `cl_mem`), as a `DLTensor`'s
@@ -258,6 +259,8 @@ pub struct Storage {
     ptr: DevicePtr,
     nbytes: usize,
     kind: StorageKind,
+    /// A view of read-only host bytes (or a view of one): copies into it are refused.
+    read_only: bool,
 }
 
 enum StorageKind {
@@ -267,6 +270,8 @@ enum StorageKind {
     View { _parent: Arc<Storage> },
     /// The start of `parent` (kept alive), with fewer bytes: nothing to release.
     Alias { _parent: Arc<Storage> },
+    /// Host bytes held in place (kept alive): nothing to release.
+    Borrowed { _owner: Bytes },
 }
 
 impl fmt::Debug for Storage {
@@ -285,7 +290,37 @@ impl Storage {
     /// `nbytes` bytes from `api`.
     pub fn with_api(api: Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
         let ptr = api.alloc(nbytes)?;
-        Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned }))
+        Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned, read_only: false }))
+    }
+
+    /// A CPU storage over `bytes` where they lie, without a copy: a constant of the loaded
+    /// library held in place. `None` unless `api` is the CPU's and `bytes` is non-empty and
+    /// starts at the alignment of CPU tensors ([`CPU_ALIGNMENT`], which TVM's kernels assume).
+    /// The storage is read-only: copies into it are refused with [`DeviceError::ReadOnly`]
+    /// (compiled code never writes a constant).
+    pub fn borrowed(api: &Arc<dyn DeviceApi>, bytes: &Bytes) -> Option<Arc<Storage>> {
+        let at = bytes.as_ptr() as usize;
+        (api.device().is_cpu() && !bytes.is_empty() && at % CPU_ALIGNMENT == 0).then(|| {
+            Arc::new(Storage {
+                api: api.clone(),
+                ptr: DevicePtr(at),
+                nbytes: bytes.len(),
+                kind: StorageKind::Borrowed { _owner: bytes.clone() },
+                read_only: true,
+            })
+        })
+    }
+
+    /// True for a storage over read-only bytes ([`Storage::borrowed`], or a view of one).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn check_writable(&self, what: &'static str) -> Result<(), DeviceError> {
+        match self.read_only {
+            true => Err(DeviceError::ReadOnly { device: self.device(), what }),
+            false => Ok(()),
+        }
     }
 
     /// The device.
@@ -334,17 +369,25 @@ impl Storage {
                 ptr: self.ptr,
                 nbytes,
                 kind: StorageKind::Alias { _parent: self.clone() },
+                read_only: self.read_only,
             }));
         }
         // SAFETY: `self.ptr` is live while `self` is (the view keeps it), and the range was
         // checked to lie within it.
         let ptr = unsafe { self.api.view(self.ptr, offset, nbytes) }?;
-        Ok(Arc::new(Storage { api: self.api.clone(), ptr, nbytes, kind: StorageKind::View { _parent: self.clone() } }))
+        Ok(Arc::new(Storage {
+            api: self.api.clone(),
+            ptr,
+            nbytes,
+            kind: StorageKind::View { _parent: self.clone() },
+            read_only: self.read_only,
+        }))
     }
 
     /// Copies `src` into the storage at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), DeviceError> {
         self.check("copy from host", offset, src.len())?;
+        self.check_writable("copy from host")?;
         if src.is_empty() {
             return Ok(());
         }
@@ -367,6 +410,7 @@ impl Storage {
     pub fn copy_to(&self, src_offset: usize, dst: &Storage, dst_offset: usize, n: usize) -> Result<(), DeviceError> {
         self.check("copy", src_offset, n)?;
         dst.check("copy", dst_offset, n)?;
+        dst.check_writable("copy")?;
         if n == 0 {
             return Ok(());
         }
@@ -388,7 +432,7 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
-            StorageKind::Alias { .. } => {}
+            StorageKind::Alias { .. } | StorageKind::Borrowed { .. } => {}
         }
     }
 }

@@ -1,0 +1,47 @@
+"""TVM's side of benches/constants_rss.sh (run by the script, with TVM 0.27 from PyPI):
+
+    python benches/constants_tvm.py load MODEL.so [REPEAT]     load time, as a JSON line
+    python benches/constants_tvm.py run MODEL.so INPUT.npy     load and run once (peak memory)
+
+`load` times `tvm.runtime.load_module(MODEL.so)` + `relax.VirtualMachine(lib, tvm.cpu())` (the
+constants are copied to the device when the VM is made), REPEAT rounds (default 5), each one
+dropping the last round's VM and module first; `run` loads the same way and calls `main` once,
+for the script to measure the process's peak resident memory.
+"""
+import gc
+import json
+import sys
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def load(path):
+    lib = tvm.runtime.load_module(path)
+    return lib, relax.VirtualMachine(lib, tvm.cpu())
+
+
+def main():
+    mode, path = sys.argv[1], sys.argv[2]
+    if mode == "load":
+        repeat = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+        times = []
+        for _ in range(repeat):
+            gc.collect()
+            t = time.perf_counter()
+            lib, vm = load(path)
+            times.append(time.perf_counter() - t)
+            del vm, lib
+        s = sorted(times)
+        print(json.dumps({"file": path, "tvm": tvm.__version__, "load_s": [round(t, 4) for t in times],
+                          "median_s": round(s[len(s) // 2], 4), "min_s": round(s[0], 4)}))
+    else:
+        _, vm = load(path)
+        x = tvm.runtime.tensor(np.load(sys.argv[3]))
+        vm["main"](x).numpy()
+
+
+if __name__ == "__main__":
+    main()

@@ -363,9 +363,11 @@ mod tests {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
         for line in smaps.lines() {
-            let range = line.split_whitespace().next().and_then(|r| r.split_once('-')).and_then(|(a, b)| {
-                Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
-            });
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
             if let Some((start, end)) = range {
                 inside = (start..end).contains(&addr);
             } else if inside && line.starts_with("Rss:") {

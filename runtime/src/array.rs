@@ -143,10 +143,16 @@ impl NdArray {
 
     /// [`NdArray::copy_from_bytes`] from bytes that may be a view of a mapped file: their pages
     /// are given back as they are copied ([`Bytes::release`]), so that the copy is the only one
-    /// held in memory.
+    /// held in memory. On the CPU the copy goes in chunks, each one's pages given back before
+    /// the next; to another device it is one upload (counted once), the pages given back after.
     pub fn copy_from_mapped(&self, data: &Bytes) -> Result<(), ArrayError> {
         if !data.is_mapped() || data.len() != self.nbytes() {
             return self.copy_from_bytes(data);
+        }
+        if !self.device().is_cpu() {
+            self.copy_from_bytes(data)?;
+            data.release();
+            return Ok(());
         }
         let mut at = 0;
         while at < data.len() {

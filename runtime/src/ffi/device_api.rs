@@ -506,7 +506,20 @@ impl CpuApi {
     fn layout(nbytes: usize) -> Option<Layout> {
         Layout::from_size_align(nbytes.max(1).checked_next_multiple_of(CPU_ALIGNMENT)?, CPU_ALIGNMENT).ok()
     }
+
+    /// The length of the anonymous mapping that holds an allocation of `nbytes`, for those of
+    /// [`CPU_MAP_MIN`] bytes or more (whole pages), else `None` (the heap's).
+    fn mapped_len(nbytes: usize) -> Option<usize> {
+        (nbytes >= CPU_MAP_MIN).then(|| nbytes.checked_next_multiple_of(CPU_MAP_PAGE)).flatten()
+    }
 }
+
+/// From this size on, CPU tensors are anonymous mappings of their own: zero pages the kernel
+/// fills on first touch, where the heap's aligned `alloc_zeroed` writes every byte first
+/// (`posix_memalign` + `memset`), which doubles the cost of filling a large constant.
+const CPU_MAP_MIN: usize = 1 << 20;
+/// The page size mappings are rounded to (any multiple of the system's page works for mmap).
+const CPU_MAP_PAGE: usize = 64 << 10;
 
 impl DeviceApi for CpuApi {
     fn device(&self) -> Device {
@@ -519,6 +532,27 @@ impl DeviceApi for CpuApi {
 
     fn alloc(&self, nbytes: usize) -> Result<DevicePtr, DeviceError> {
         let oom = || DeviceError::OutOfMemory { device: self.device, bytes: nbytes as u64 };
+        if let Some(len) = CpuApi::mapped_len(nbytes) {
+            // SAFETY: an anonymous private mapping at an address the kernel picks: it aliases
+            // nothing; unmapped in `free` with the same length.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(oom());
+            }
+            // Huge pages where the system allows them (`madvise` mode): fewer faults to fill it.
+            // SAFETY: advice on the mapping just made; it changes no contents.
+            unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+            return Ok(DevicePtr(p as usize));
+        }
         let layout = CpuApi::layout(nbytes).ok_or_else(oom)?;
         // SAFETY: `layout` has a non-zero size; freed in `free` with the same layout.
         let p = unsafe { alloc::alloc_zeroed(layout) };
@@ -529,7 +563,11 @@ impl DeviceApi for CpuApi {
     }
 
     unsafe fn free(&self, ptr: DevicePtr, nbytes: usize) {
-        if let Some(layout) = CpuApi::layout(nbytes) {
+        if let Some(len) = CpuApi::mapped_len(nbytes) {
+            // SAFETY: per the contract, `ptr` came from `alloc(nbytes)`, which mapped `len`
+            // bytes there for this size.
+            unsafe { libc::munmap(ptr.as_ptr(), len) };
+        } else if let Some(layout) = CpuApi::layout(nbytes) {
             // SAFETY: per the contract, `ptr` came from `alloc(nbytes)`, which used this layout.
             unsafe { alloc::dealloc(ptr.0 as *mut u8, layout) }
         }

@@ -43,7 +43,7 @@ peak() {
   /usr/bin/time -f "%M" -o "$out/rss" "$@" --output-dir "$out" >/dev/null
   local kib same
   kib=$(tail -1 "$out/rss")
-  same=$("$py" -c "import numpy as n, sys; a, b = n.load(sys.argv[1]), n.load(sys.argv[2]); print('TVM\'s' if a.shape == b.shape and (a == b).all() else 'DIFFERS')" "$out/out.0.npy" "$expected")
+  same=$("$py" -c "import numpy as n, sys; a, b = n.load(sys.argv[1]), n.load(sys.argv[2]); print('= TVM' if a.shape == b.shape and (a == b).all() else 'DIFFERS')" "$out/out.0.npy" "$expected")
   rm -rf "$out"
   python3 -c "k=$kib/1024; print(f'| $name | $label | {k:.0f} | $mib | $limit | {k/$mib:.2f} | $same |')"
 }

@@ -293,9 +293,9 @@ fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
     Some(u64::from(st_size))
 }
 
-/// Gives back the memory pages that lie wholly inside `bytes`, a range of a private read-only
-/// mapping of a file that nothing writes (`madvise(MADV_DONTNEED)`): the process stops holding
-/// them, and a later read maps them in again from the file, with the same contents.
+/// Gives back the memory pages that lie wholly inside `bytes`, a range of a read-only mapping
+/// of a file that nothing writes (`madvise(MADV_DONTNEED)`): the process stops holding them,
+/// and a later read maps them in again from the file, with the same contents.
 pub(crate) fn release_file_pages(bytes: &[u8]) {
     static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: sysconf only reads a configuration value.
@@ -306,11 +306,12 @@ pub(crate) fn release_file_pages(bytes: &[u8]) {
     if end <= start {
         return;
     }
-    // SAFETY: `start..end` is whole pages inside `bytes`, part of a private read-only file
-    // mapping (callers only hand in the views `Bytes::from_mapping` made: a `PROT_READ` file
-    // map, or a blob in a read-only segment of a loaded library, within its file-backed part)
-    // that nothing has written, so no page holds anything but the file's bytes: dropping them
-    // changes no byte that anyone reads, it only makes the next read fault them in again.
+    // SAFETY: `start..end` is whole pages inside `bytes`, part of a read-only file mapping
+    // (callers only hand in the views `Bytes::from_mapping` made: a `PROT_READ` map of a file,
+    // or a blob in a read-only segment of a loaded library, within its file-backed part, which
+    // no relocation writes into: it is data nothing points into) that nothing has written, so
+    // no page holds anything but the file's bytes: dropping them changes no byte that anyone
+    // reads, it only makes the next read fault them in again.
     let rc = unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) };
     if rc != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "madvise(MADV_DONTNEED) failed; pages kept");

@@ -61,7 +61,8 @@ kib=$( { /usr/bin/time -f "%M" "$py" benches/constants_tvm.py run "$dir/relax_co
 python3 -c "k=$kib/1024; print(f'| relax_consts | TVM 0.27 (Python) | {k:.0f} | $mib | – | {k/$mib:.2f} | – |')"
 
 echo
-echo "Load (open + executor, median of $repeat rounds, the same .so, one after the other):"
+echo "Load (open + executor, median of $repeat rounds in one process, wall clock and the process's CPU"
+echo "time, the same .so, one after the other):"
 ours=$(cargo bench -q -p mblob-runtime --no-default-features --bench load -- "$dir/relax_consts.so" "$repeat" | tail -1)
 theirs=$("$py" benches/constants_tvm.py load "$dir/relax_consts.so" "$repeat" | tail -1)
 echo "mblob: $ours"
@@ -69,6 +70,25 @@ echo "TVM:   $theirs"
 python3 - "$ours" "$theirs" <<'PY'
 import json, sys
 ours, theirs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(f"| relax_consts | mblob {ours['median_s']:.3f} s (min {ours['min_s']:.3f}) | TVM {theirs['median_s']:.3f} s "
-      f"(min {theirs['min_s']:.3f}) | TVM / mblob {theirs['median_s'] / ours['median_s']:.1f}x |")
+for k, what in (("load", "wall"), ("cpu", "CPU")):
+    o, t = ours[f"{k}_median_s"], theirs[f"{k}_median_s"]
+    print(f"| relax_consts | {what} | mblob {o:.3f} s (min {ours[f'{k}_min_s']:.3f}) | "
+          f"TVM {t:.3f} s (min {theirs[f'{k}_min_s']:.3f}) | TVM / mblob {t / o:.1f}x |")
+PY
+# The first load of a fresh process (what one `mblob run` pays): FRESH processes per side.
+fresh=${FRESH:-3}
+python3 - "$fresh" "$dir/relax_consts.so" "$py" <<'PY'
+import json, statistics, subprocess, sys
+n, so, py = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ours = ["cargo", "bench", "-q", "-p", "mblob-runtime", "--no-default-features", "--bench", "load", "--", so, "1"]
+theirs = [py, "benches/constants_tvm.py", "load", so, "1"]
+runs = {"mblob": [], "TVM": []}
+for _ in range(n):
+    for side, cmd in (("mblob", ours), ("TVM", theirs)):
+        line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        runs[side].append(json.loads(line))
+for k, what in (("load", "wall"), ("cpu", "CPU")):
+    o = statistics.median(r[f"{k}_median_s"] for r in runs["mblob"])
+    t = statistics.median(r[f"{k}_median_s"] for r in runs["TVM"])
+    print(f"| relax_consts | first load, {n} fresh processes, {what} | mblob {o:.3f} s | TVM {t:.3f} s | TVM / mblob {t / o:.1f}x |")
 PY

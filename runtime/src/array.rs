@@ -45,6 +45,12 @@ pub enum ArrayError {
     Device(#[from] DeviceError),
 }
 
+/// How many bytes [`NdArray::copy_from_mapped`] copies before it gives their pages back.
+const RELEASE_CHUNK: usize = 8 << 20;
+/// How far each range given back reaches into the one before it: the page that straddles
+/// two chunks is whole in neither (64 KiB covers every page size of Linux's targets).
+const RELEASE_OVERLAP: usize = 64 << 10;
+
 /// Bytes of a tensor of `dtype` and `shape` as TVM counts them (`(bits * lanes + 7) / 8` per
 /// element), or `None` on overflow or a negative extent.
 pub fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
@@ -105,6 +111,59 @@ impl NdArray {
     /// A tensor on `device` with the contents of a host tensor.
     pub fn from_tensor(t: &Tensor, device: Device) -> Result<NdArray, ArrayError> {
         NdArray::from_bytes(&t.data, &t.shape, t.dtype, device)
+    }
+
+    /// A tensor on `api`'s device with the contents of `data` (a constant or parameter as the
+    /// library or a params file stores it), held once: on the CPU, when `data` lies at the
+    /// alignment kernels assume, the tensor is a read-only view of it (no copy; see
+    /// [`Storage::in_bytes`]); otherwise one aligned copy, made with
+    /// [`NdArray::copy_from_mapped`] (the pages of a mapped file given back as they are copied).
+    pub fn from_mapped(
+        data: &Bytes,
+        shape: &[i64],
+        dtype: DataType,
+        api: &Arc<dyn DeviceApi>,
+    ) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        if n != data.len() {
+            return Err(ArrayError::Size {
+                dtype,
+                shape: shape.to_vec(),
+                expected: n as u64,
+                found: data.len() as u64,
+            });
+        }
+        if let Some(storage) = Storage::in_bytes(api, data) {
+            return Ok(NdArray { storage, shape: shape.into(), dtype });
+        }
+        let a = NdArray::empty_with(shape, dtype, api)?;
+        a.copy_from_mapped(data)?;
+        Ok(a)
+    }
+
+    /// [`NdArray::copy_from_bytes`] from bytes that may be a view of a mapped file: their pages
+    /// are given back as they are copied ([`Bytes::release`]), so that the copy is the only one
+    /// held in memory. On the CPU the copy goes in chunks, each one's pages given back before
+    /// the next; to another device it is one upload (counted once), the pages given back after.
+    pub fn copy_from_mapped(&self, data: &Bytes) -> Result<(), ArrayError> {
+        if !data.is_mapped() || data.len() != self.nbytes() {
+            return self.copy_from_bytes(data);
+        }
+        if !self.device().is_cpu() {
+            self.copy_from_bytes(data)?;
+            data.release();
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < data.len() {
+            let end = data.len().min(at + RELEASE_CHUNK);
+            self.storage.write(at, &data[at..end])?;
+            if let Some(done) = data.slice(at.saturating_sub(RELEASE_OVERLAP)..end) {
+                done.release();
+            }
+            at = end;
+        }
+        Ok(())
     }
 
     /// A view of `storage` from `offset` with `shape` and `dtype` (TVM's
@@ -270,5 +329,85 @@ mod tests {
         assert!(NdArray::empty(&[i64::MAX, 4], DataType::F32, Device::cpu(0)).is_err());
         let t = a.to_tensor().unwrap();
         assert_eq!(NdArray::from_tensor(&t, Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap());
+    }
+
+    #[test]
+    fn aligned_bytes_are_held_in_place_read_only_and_others_copied_once() {
+        let api = crate::ffi::device_api::device_api(Device::cpu(0)).unwrap();
+        let all = Bytes::from_vec((0..512u32).map(|i| (i * 7) as u8).collect());
+        let skip = all.as_ptr().align_offset(crate::ffi::device_api::CPU_ALIGNMENT);
+        let aligned = all.slice(skip..skip + 64).unwrap();
+        let a = NdArray::from_mapped(&aligned, &[16], DataType::F32, &api).unwrap();
+        assert_eq!(a.dl_tensor().data as usize, aligned.as_ptr() as usize, "held in place");
+        assert!(a.storage().is_read_only());
+        assert_eq!(a.to_bytes().unwrap(), &aligned[..]);
+        // Writes into it, or into a view of it, are refused, not made.
+        let err = a.copy_from_bytes(&[0u8; 64]).unwrap_err();
+        assert!(matches!(err, ArrayError::Device(DeviceError::ReadOnly { .. })), "{err}");
+        let part = NdArray::in_storage(a.storage(), 4, &[2], DataType::F32).unwrap();
+        assert!(part.copy_from_bytes(&[0u8; 8]).is_err());
+        let other = NdArray::from_f32(&[0.0; 16], &[16], Device::cpu(0)).unwrap();
+        assert!(other.copy_to(&a).is_err());
+        assert_eq!(a.to_bytes().unwrap(), &aligned[..]);
+        // Misaligned bytes: one aligned, writable copy.
+        let misaligned = all.slice(skip + 1..skip + 65).unwrap();
+        let b = NdArray::from_mapped(&misaligned, &[16], DataType::F32, &api).unwrap();
+        assert_ne!(b.dl_tensor().data as usize, misaligned.as_ptr() as usize);
+        assert_eq!(b.dl_tensor().data as usize % crate::ffi::device_api::CPU_ALIGNMENT, 0);
+        assert!(!b.storage().is_read_only());
+        assert_eq!(b.to_bytes().unwrap(), &misaligned[..]);
+        b.copy_from_bytes(&[1u8; 64]).unwrap();
+        // The size must match the shape.
+        assert!(matches!(
+            NdArray::from_mapped(&aligned, &[15], DataType::F32, &api),
+            Err(ArrayError::Size { expected: 60, found: 64, .. })
+        ));
+    }
+
+    /// Resident bytes of the mapping that holds `addr` (its `Rss` line in `/proc/self/smaps`).
+    fn resident_bytes_of_mapping(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
+            if let Some((start, end)) = range {
+                inside = (start..end).contains(&addr);
+            } else if inside && line.starts_with("Rss:") {
+                let kb: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+                return kb * 1024;
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn a_copy_of_a_mapped_file_gives_its_pages_back() {
+        let path = std::env::temp_dir().join(format!("mblob-array-release-{}.bin", std::process::id()));
+        let n = 24 << 20;
+        std::fs::write(&path, (0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>()).unwrap();
+        let file = crate::load::map_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.is_mapped());
+        // Misaligned on purpose (a mapping starts on a page): the copy path.
+        let data = file.slice(1..n - 3).unwrap();
+        let before: u64 = data.iter().map(|&b| u64::from(b)).sum();
+        assert!(resident_bytes_of_mapping(data.as_ptr() as usize) >= n - 4096, "the sum read every page");
+        let api = crate::ffi::device_api::device_api(Device::cpu(0)).unwrap();
+        let a = NdArray::from_mapped(&data, &[(n - 4) as i64], DataType { code: 1, bits: 8, lanes: 1 }, &api).unwrap();
+        let left = resident_bytes_of_mapping(data.as_ptr() as usize);
+        assert!(left <= 64 << 10, "{left} bytes of the file still resident after the copy");
+        // The copy holds the bytes, and the file's bytes read the same again.
+        let copied = a.to_bytes().unwrap();
+        assert_eq!(copied.iter().map(|&b| u64::from(b)).sum::<u64>(), before);
+        assert!(copied[..] == data[..]);
+        // Bytes that are not a mapping are copied as they are, nothing given back.
+        let owned = Bytes::from_vec(copied[..4096].to_vec());
+        assert!(!owned.is_mapped());
+        owned.release();
+        assert_eq!(&owned[..], &copied[..4096]);
     }
 }

@@ -3,36 +3,71 @@
 //! Loading a packed `.so` does not copy payloads: each one is a `Bytes` that borrows its range
 //! of the blob and keeps the mapping that holds it (the opened library, a mapped file, or an
 //! owned buffer) alive for as long as any view exists.
+//!
+//! A view of a read-only file mapping (the opened library's image, a mapped params file) can
+//! also give its pages back ([`Bytes::release`]) once their contents were copied elsewhere: the
+//! memory then holds each constant once, and a later read maps the page in again from the file.
 
 use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
+
+/// Gives the memory pages that lie wholly inside a byte range back to the system (for a
+/// read-only mapping of a file, whose pages are read again from the file when touched).
+pub(crate) type ReleasePages = fn(&[u8]);
 
 /// A shared, immutable byte range. Cloning is cheap (a reference count).
 #[derive(Clone)]
 pub struct Bytes {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     range: Range<usize>,
+    /// How to give the pages of a range back, for an owner that is a read-only file mapping.
+    release: Option<ReleasePages>,
 }
 
 impl Bytes {
     /// Takes ownership of a buffer.
     pub fn from_vec(v: Vec<u8>) -> Bytes {
         let len = v.len();
-        Bytes { owner: Arc::new(v), range: 0..len }
+        Bytes { owner: Arc::new(v), range: 0..len, release: None }
     }
 
     /// Views all of `owner`, keeping it alive.
     pub fn from_owner(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Bytes {
         let len = (*owner).as_ref().len();
-        Bytes { owner, range: 0..len }
+        Bytes { owner, range: 0..len, release: None }
+    }
+
+    /// Views all of `owner`, a read-only mapping of a file whose pages `release` may give back
+    /// (their contents never change, so reading them again reads the same bytes).
+    pub(crate) fn from_mapping(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, release: ReleasePages) -> Bytes {
+        Bytes { release: Some(release), ..Bytes::from_owner(owner) }
+    }
+
+    /// True when the bytes are a view of a read-only file mapping, whose pages
+    /// [`Bytes::release`] gives back.
+    pub fn is_mapped(&self) -> bool {
+        self.release.is_some()
+    }
+
+    /// Gives back the memory pages that lie wholly inside this view, when it is a view of a
+    /// read-only file mapping (nothing otherwise): after their bytes were copied, so that they
+    /// are held once. The view stays valid; reading it again maps the pages in again.
+    pub fn release(&self) {
+        if let Some(release) = self.release {
+            release(self);
+        }
     }
 
     /// A sub-range, or `None` when it lies outside this view.
     pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
         let start = self.range.start.checked_add(range.start)?;
         let end = self.range.start.checked_add(range.end)?;
-        (start <= end && end <= self.range.end).then(|| Bytes { owner: self.owner.clone(), range: start..end })
+        (start <= end && end <= self.range.end).then(|| Bytes {
+            owner: self.owner.clone(),
+            range: start..end,
+            release: self.release,
+        })
     }
 
     /// The sub-range that `part` occupies, when `part` is a slice of this view's bytes.

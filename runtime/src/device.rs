@@ -262,6 +262,15 @@ pub enum DeviceError {
         /// The allocation's size.
         size: u64,
     },
+    /// A write into a tensor that is a view of the library's read-only bytes (a constant held
+    /// in place instead of copied).
+    #[error("{device}: {what}: the tensor is a constant held in the library's read-only memory")]
+    ReadOnly {
+        /// The device.
+        device: Device,
+        /// What was attempted.
+        what: &'static str,
+    },
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ impl LoadOptions {
     }
 }
 
-/// Reads a file into memory-mapped bytes.
+/// Reads a file into memory-mapped bytes (a read-only map: [`Bytes::release`] gives
+/// back the pages of a part once it was copied).
 pub fn map_file(path: &Path) -> Result<Bytes> {
     let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
     let file = std::fs::File::open(path).map_err(io("cannot open"))?;
@@ -53,7 +54,8 @@ pub fn map_file(path: &Path) -> Result<Bytes> {
         return Ok(Bytes::from_vec(Vec::new()));
     }
     let map = map_readonly(&file).map_err(io("cannot map"))?;
-    Ok(Bytes::from_owner(Arc::new(map)))
+    // A read-only map of the file: its pages may be given back once copied.
+    Ok(Bytes::from_mapping(Arc::new(map), library::release_file_pages))
 }
 
 #[allow(unsafe_code)]

@@ -244,9 +244,10 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
     let json = String::from_utf8(json).map_err(|_| invalid(&graph_name, "not a graph JSON: not UTF-8 text"))?;
     let params = match params_path {
         Some(p) => {
-            let bytes =
-                std::fs::read(p).map_err(|source| Error::Io { path: p.to_owned(), action: "cannot read", source })?;
-            exec::graph::read_params(&mblob_runtime::Bytes::from_vec(bytes))
+            // Mapped, not read: the executor copies each param once and gives the file's pages
+            // back as it goes.
+            let bytes = mblob_runtime::map_file(p)?;
+            exec::graph::read_params(&bytes)
                 .map_err(|e| invalid(p.display().to_string(), format!("not a params file (save_param_dict): {e}")))?
         }
         None => Vec::new(),

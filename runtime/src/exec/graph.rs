@@ -691,7 +691,8 @@ impl GraphExecutor {
 
     fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
         let e = self.check_input(nid, tensor.dtype, &tensor.shape, tensor.data.len())?;
-        Ok(self.entries[e].copy_from_bytes(&tensor.data)?)
+        // A param in the library (or a mapped params file) is then held once, in its entry.
+        Ok(self.entries[e].copy_from_mapped(&tensor.data)?)
     }
 
     /// Copies `array` (on any device) into the input called `name`: within the device when it

@@ -302,18 +302,22 @@ impl RelayVm {
                 });
             }
         }
+        // Each constant held once: in place when aligned, else one copy (see `from_mapped`).
+        let held = |t: &Tensor| -> Result<NdArray, RelayVmError> {
+            Ok(NdArray::from_mapped(&t.data, &t.shape, t.dtype, &device_api(device)?)?)
+        };
         let mut constants = Vec::with_capacity(exec.constants.len());
         let mut used = vec![false; late_bound.len()];
         for (index, c) in exec.constants.iter().enumerate() {
             match c {
-                VmConstant::Immediate(t) => constants.push(NdArray::from_tensor(t, device)?),
+                VmConstant::Immediate(t) => constants.push(held(t)?),
                 VmConstant::LateBound(name) => {
                     let i = late_bound
                         .iter()
                         .position(|(n, _)| n == name)
                         .ok_or_else(|| RelayVmError::LateBound { index, name: name.clone() })?;
                     used[i] = true;
-                    constants.push(NdArray::from_tensor(&late_bound[i].1, device)?);
+                    constants.push(held(&late_bound[i].1)?);
                 }
             }
         }

@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::bytes::Bytes;
 use crate::device::{Device, DeviceError, DeviceType};
 
 /// A device pointer: an address (CPU, CUDA) or a handle (OpenCL `cl_mem`), as a `DLTensor`'s
@@ -258,6 +259,8 @@ pub struct Storage {
     ptr: DevicePtr,
     nbytes: usize,
     kind: StorageKind,
+    /// A view of read-only host bytes (or a view of one): copies into it are refused.
+    read_only: bool,
 }
 
 enum StorageKind {
@@ -272,6 +275,9 @@ enum StorageKind {
     /// Memory someone else allocated ([`Storage::borrowed`]): never freed here; `_owner`
     /// (dropped with the storage) gives it back.
     Borrowed { _owner: Option<Box<dyn Send + Sync>> },
+    /// Host bytes of the loaded library held in place ([`Storage::in_bytes`], kept alive):
+    /// nothing to release.
+    InBytes { _owner: Bytes },
 }
 
 /// A file mapped copy-on-write into host memory, whose byte ranges can be the storage of CPU
@@ -334,7 +340,37 @@ impl Storage {
     /// `nbytes` bytes from `api`.
     pub fn with_api(api: Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
         let ptr = api.alloc(nbytes)?;
-        Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned }))
+        Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned, read_only: false }))
+    }
+
+    /// A CPU storage over `bytes` where they lie, without a copy: a constant of the loaded
+    /// library held in place. `None` unless `api` is the CPU's and `bytes` is non-empty and
+    /// starts at the alignment of CPU tensors ([`CPU_ALIGNMENT`], which TVM's kernels assume).
+    /// The storage is read-only: copies into it are refused with [`DeviceError::ReadOnly`]
+    /// (compiled code never writes a constant).
+    pub fn in_bytes(api: &Arc<dyn DeviceApi>, bytes: &Bytes) -> Option<Arc<Storage>> {
+        let at = bytes.as_ptr() as usize;
+        (api.device().is_cpu() && !bytes.is_empty() && at % CPU_ALIGNMENT == 0).then(|| {
+            Arc::new(Storage {
+                api: api.clone(),
+                ptr: DevicePtr(at),
+                nbytes: bytes.len(),
+                kind: StorageKind::InBytes { _owner: bytes.clone() },
+                read_only: true,
+            })
+        })
+    }
+
+    /// True for a storage over read-only bytes ([`Storage::in_bytes`], or a view of one).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn check_writable(&self, what: &'static str) -> Result<(), DeviceError> {
+        match self.read_only {
+            true => Err(DeviceError::ReadOnly { device: self.device(), what }),
+            false => Ok(()),
+        }
     }
 
     /// Bytes `offset..offset + nbytes` of a host file mapping as CPU storage (`cpu(0)`), kept
@@ -362,6 +398,7 @@ impl Storage {
             ptr: DevicePtr(map.address(offset)),
             nbytes,
             kind: StorageKind::Mapped { _map: map.clone() },
+            read_only: false,
         }))
     }
 
@@ -371,7 +408,7 @@ impl Storage {
         match &self.kind {
             StorageKind::Mapped { .. } => true,
             StorageKind::View { _parent } | StorageKind::Alias { _parent } => _parent.is_file_mapped(),
-            StorageKind::Owned | StorageKind::Borrowed { .. } => false,
+            StorageKind::Owned | StorageKind::Borrowed { .. } | StorageKind::InBytes { .. } => false,
         }
     }
 
@@ -392,7 +429,7 @@ impl Storage {
         nbytes: usize,
         owner: Option<Box<dyn Send + Sync>>,
     ) -> Arc<Storage> {
-        Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Borrowed { _owner: owner } })
+        Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Borrowed { _owner: owner }, read_only: false })
     }
 
     /// The device.
@@ -441,17 +478,25 @@ impl Storage {
                 ptr: self.ptr,
                 nbytes,
                 kind: StorageKind::Alias { _parent: self.clone() },
+                read_only: self.read_only,
             }));
         }
         // SAFETY: `self.ptr` is live while `self` is (the view keeps it), and the range was
         // checked to lie within it.
         let ptr = unsafe { self.api.view(self.ptr, offset, nbytes) }?;
-        Ok(Arc::new(Storage { api: self.api.clone(), ptr, nbytes, kind: StorageKind::View { _parent: self.clone() } }))
+        Ok(Arc::new(Storage {
+            api: self.api.clone(),
+            ptr,
+            nbytes,
+            kind: StorageKind::View { _parent: self.clone() },
+            read_only: self.read_only,
+        }))
     }
 
     /// Copies `src` into the storage at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), DeviceError> {
         self.check("copy from host", offset, src.len())?;
+        self.check_writable("copy from host")?;
         if src.is_empty() {
             return Ok(());
         }
@@ -474,6 +519,7 @@ impl Storage {
     pub fn copy_to(&self, src_offset: usize, dst: &Storage, dst_offset: usize, n: usize) -> Result<(), DeviceError> {
         self.check("copy", src_offset, n)?;
         dst.check("copy", dst_offset, n)?;
+        dst.check_writable("copy")?;
         if n == 0 {
             return Ok(());
         }
@@ -495,7 +541,10 @@ impl Drop for Storage {
             StorageKind::Owned => unsafe { self.api.free(self.ptr, self.nbytes) },
             // SAFETY: made by `view` of this API, released once, here.
             StorageKind::View { .. } => unsafe { self.api.free_view(self.ptr) },
-            StorageKind::Alias { .. } | StorageKind::Mapped { .. } | StorageKind::Borrowed { .. } => {}
+            StorageKind::Alias { .. }
+            | StorageKind::Mapped { .. }
+            | StorageKind::Borrowed { .. }
+            | StorageKind::InBytes { .. } => {}
         }
     }
 }
@@ -569,7 +618,20 @@ impl CpuApi {
     fn layout(nbytes: usize) -> Option<Layout> {
         Layout::from_size_align(nbytes.max(1).checked_next_multiple_of(CPU_ALIGNMENT)?, CPU_ALIGNMENT).ok()
     }
+
+    /// The length of the anonymous mapping that holds an allocation of `nbytes`, for those of
+    /// [`CPU_MAP_MIN`] bytes or more (whole pages), else `None` (the heap's).
+    fn mapped_len(nbytes: usize) -> Option<usize> {
+        (nbytes >= CPU_MAP_MIN).then(|| nbytes.checked_next_multiple_of(CPU_MAP_PAGE)).flatten()
+    }
 }
+
+/// From this size on, CPU tensors are anonymous mappings of their own: zero pages the kernel
+/// fills on first touch, where the heap's aligned `alloc_zeroed` writes every byte first
+/// (`posix_memalign` + `memset`), which doubles the cost of filling a large constant.
+const CPU_MAP_MIN: usize = 1 << 20;
+/// The page size mappings are rounded to (any multiple of the system's page works for mmap).
+const CPU_MAP_PAGE: usize = 64 << 10;
 
 impl DeviceApi for CpuApi {
     fn device(&self) -> Device {
@@ -582,6 +644,27 @@ impl DeviceApi for CpuApi {
 
     fn alloc(&self, nbytes: usize) -> Result<DevicePtr, DeviceError> {
         let oom = || DeviceError::OutOfMemory { device: self.device, bytes: nbytes as u64 };
+        if let Some(len) = CpuApi::mapped_len(nbytes) {
+            // SAFETY: an anonymous private mapping at an address the kernel picks: it aliases
+            // nothing; unmapped in `free` with the same length.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(oom());
+            }
+            // Huge pages where the system allows them (`madvise` mode): fewer faults to fill it.
+            // SAFETY: advice on the mapping just made; it changes no contents.
+            unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+            return Ok(DevicePtr(p as usize));
+        }
         let layout = CpuApi::layout(nbytes).ok_or_else(oom)?;
         // SAFETY: `layout` has a non-zero size; freed in `free` with the same layout.
         let p = unsafe { alloc::alloc_zeroed(layout) };
@@ -592,7 +675,11 @@ impl DeviceApi for CpuApi {
     }
 
     unsafe fn free(&self, ptr: DevicePtr, nbytes: usize) {
-        if let Some(layout) = CpuApi::layout(nbytes) {
+        if let Some(len) = CpuApi::mapped_len(nbytes) {
+            // SAFETY: per the contract, `ptr` came from `alloc(nbytes)`, which mapped `len`
+            // bytes there for this size.
+            unsafe { libc::munmap(ptr.as_ptr(), len) };
+        } else if let Some(layout) = CpuApi::layout(nbytes) {
             // SAFETY: per the contract, `ptr` came from `alloc(nbytes)`, which used this layout.
             unsafe { alloc::dealloc(ptr.0 as *mut u8, layout) }
         }

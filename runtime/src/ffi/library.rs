@@ -283,17 +283,22 @@ pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> R
         let Some((layout, _)) = Layout::from_symbol(name) else { continue };
         let Some(addr) = image.address(name) else { continue };
         let Some(size) = symbol_size(addr, image.link_map) else { continue };
-        let end = segment_end(addr as usize)
+        let segment = segment_of(addr as usize)
             .ok_or_else(|| elf(format!("symbol `{name}` lies in no loaded segment of the image")))?;
-        let room = end - addr as usize;
+        let room = segment.end - addr as usize;
         let len = match size {
             0 => room,
             n => usize::try_from(n).ok().filter(|&n| n <= room).ok_or_else(|| {
                 elf(format!("symbol `{name}` claims {n} bytes but its loaded segment holds {room} after it"))
             })?,
         };
-        let bytes = MappedSymbol { _image: image.clone(), ptr: addr.cast_const().cast(), len };
-        return Ok(Some((name.clone(), layout, Bytes::from_owner(Arc::new(bytes)))));
+        let bytes = Arc::new(MappedSymbol { _image: image.clone(), ptr: addr.cast_const().cast(), len });
+        // The blob's pages may be given back once copied when they are pages of the file that
+        // nothing writes: a read-only segment, and within the part of it read from the file
+        // (not the zero-filled rest, whose first page the loader writes).
+        let from_file = !segment.writable && addr as usize + len <= segment.file_end;
+        let bytes = if from_file { Bytes::from_mapping(bytes, release_file_pages) } else { Bytes::from_owner(bytes) };
+        return Ok(Some((name.clone(), layout, bytes)));
     }
     Ok(None)
 }
@@ -329,12 +334,55 @@ fn symbol_size(addr: *mut c_void, link_map: usize) -> Option<u64> {
     Some(u64::from(st_size))
 }
 
-/// The end of the loaded segment (`PT_LOAD`, in memory) that holds `addr`.
+/// Gives back the memory pages that lie wholly inside `bytes`, a range of a read-only mapping
+/// of a file that nothing writes (`madvise(MADV_DONTNEED)`): the process stops holding them,
+/// and a later read maps them in again from the file, with the same contents.
+pub(crate) fn release_file_pages(bytes: &[u8]) {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf only reads a configuration value.
+    let page = *PAGE.get_or_init(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
+    let at = bytes.as_ptr() as usize;
+    let Some(start) = at.checked_next_multiple_of(page.max(1)) else { return };
+    let end = (at + bytes.len()) / page * page;
+    if end <= start {
+        return;
+    }
+    // SAFETY: `start..end` is whole pages inside `bytes`, part of a read-only file mapping
+    // (callers only hand in the views `Bytes::from_mapping` made: a `PROT_READ` map of a file,
+    // or a blob in a read-only segment of a loaded library, within its file-backed part, which
+    // no relocation writes into: it is data nothing points into) that nothing has written, so
+    // no page holds anything but the file's bytes: dropping them changes no byte that anyone
+    // reads, it only makes the next read fault them in again.
+    let rc = unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "madvise(MADV_DONTNEED) failed; pages kept");
+    }
+}
+
+/// The loaded segment (`PT_LOAD`) that holds an address, in memory.
+struct Segment {
+    /// Its end.
+    end: usize,
+    /// The end of the part read from the file (`p_filesz`; the rest is zero-filled).
+    file_end: usize,
+    /// Whether it is mapped writable (`PF_W`).
+    writable: bool,
+}
+
+impl Segment {
+    fn new(start: usize, memsz: u64, filesz: u64, flags: u32) -> Option<Segment> {
+        let end = start.checked_add(usize::try_from(memsz).ok()?)?;
+        let file_end = start.checked_add(usize::try_from(filesz).ok()?)?.min(end);
+        Some(Segment { end, file_end, writable: flags & object::elf::PF_W.0 != 0 })
+    }
+}
+
+/// The loaded segment that holds `addr`.
 ///
 /// `dl_iterate_phdr` reports the objects of the caller's namespace only; an image in mblob's
 /// private namespace (see [`crate::ffi::shim`]) is found through its own program headers.
-fn segment_end(addr: usize) -> Option<usize> {
-    segment_end_in_namespace(addr).or_else(|| segment_end_of_owner(addr))
+fn segment_of(addr: usize) -> Option<Segment> {
+    segment_in_namespace(addr).or_else(|| segment_of_owner(addr))
 }
 
 /// An ELF file header as mapped (`ElfW(Ehdr)`), and a program header (`ElfW(Phdr)`).
@@ -347,9 +395,9 @@ type MappedEhdr = object::elf::FileHeader32<object::NativeEndian>;
 #[cfg(target_pointer_width = "32")]
 type MappedPhdr = object::elf::ProgramHeader32<object::NativeEndian>;
 
-/// [`segment_end`] from the program headers of the object that holds `addr`, read where the
+/// [`segment_of`] from the program headers of the object that holds `addr`, read where the
 /// loader mapped its ELF header (the start of its first segment, `dli_fbase`).
-fn segment_end_of_owner(addr: usize) -> Option<usize> {
+fn segment_of_owner(addr: usize) -> Option<Segment> {
     use object::read::elf::{FileHeader, ProgramHeader};
     const PAGE: usize = 4096;
     // SAFETY: `Dl_info` is plain data that dladdr1 fills; zeroed is a valid value.
@@ -385,16 +433,17 @@ fn segment_end_of_owner(addr: usize) -> Option<usize> {
     let headers: &[MappedPhdr] = object::pod::slice_from_bytes(bytes, count).ok()?.0;
     headers.iter().filter(|h| h.p_type(e) == object::elf::PT_LOAD).find_map(|h| {
         let start = bias.wrapping_add(usize::try_from(Into::<u64>::into(h.p_vaddr(e))).ok()?);
-        let end = start.checked_add(usize::try_from(Into::<u64>::into(h.p_memsz(e))).ok()?)?;
-        (start..end).contains(&addr).then_some(end)
+        let (memsz, filesz) = (Into::<u64>::into(h.p_memsz(e)), Into::<u64>::into(h.p_filesz(e)));
+        let segment = Segment::new(start, memsz, filesz, h.p_flags(e).0)?;
+        (start..segment.end).contains(&addr).then_some(segment)
     })
 }
 
-/// [`segment_end`] among the objects `dl_iterate_phdr` reports (the main namespace).
-fn segment_end_in_namespace(addr: usize) -> Option<usize> {
+/// [`segment_of`] among the objects `dl_iterate_phdr` reports (the main namespace).
+fn segment_in_namespace(addr: usize) -> Option<Segment> {
     struct Search {
         addr: usize,
-        end: Option<usize>,
+        found: Option<Segment>,
     }
     unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> libc::c_int {
         // SAFETY: dl_iterate_phdr passes a valid `info` for the call and our `Search` as `data`.
@@ -406,19 +455,20 @@ fn segment_end_in_namespace(addr: usize) -> Option<usize> {
         let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
         for h in headers.iter().filter(|h| h.p_type == libc::PT_LOAD) {
             let start = (info.dlpi_addr as usize).wrapping_add(h.p_vaddr as usize);
-            let Some(end) = start.checked_add(h.p_memsz as usize) else { continue };
-            if (start..end).contains(&search.addr) {
-                search.end = Some(end);
+            let (memsz, filesz) = (Into::<u64>::into(h.p_memsz), Into::<u64>::into(h.p_filesz));
+            let Some(segment) = Segment::new(start, memsz, filesz, h.p_flags) else { continue };
+            if (start..segment.end).contains(&search.addr) {
+                search.found = Some(segment);
                 return 1;
             }
         }
         0
     }
-    let mut search = Search { addr, end: None };
+    let mut search = Search { addr, found: None };
     // SAFETY: `visit` only reads the headers it is given and writes `search`, which outlives the
     // call; it cannot unwind (no panicking operation).
     unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
-    search.end
+    search.found
 }
 
 #[cfg(test)]

@@ -723,6 +723,17 @@ impl VirtualMachine {
         &self.exec
     }
 
+    /// The tensor that tensor constant `index` of the executable's pool became on the VM's
+    /// device: a view of the library's bytes when they lie at the alignment kernels need (on
+    /// the CPU), else the one copy. `None` for another kind of constant or an index past the
+    /// pool.
+    pub fn constant_tensor(&self, index: usize) -> Option<&NdArray> {
+        match self.constants.get(index)? {
+            Value::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+
     /// TVM's device list: the device the VM runs on (where constants, inputs and outputs live),
     /// then the host CPU when that is another device.
     pub fn devices(&self) -> &[Device] {
@@ -1596,11 +1607,9 @@ fn device_error(e: DeviceError) -> VmError {
 /// everything else (shapes, strings, numbers) on the host.
 fn constant_value(c: &Constant, api: &Arc<dyn DeviceApi>) -> Result<Value, VmError> {
     Ok(match c {
-        Constant::Tensor(t) => {
-            let a = NdArray::empty_with(&t.shape, t.dtype, api)?;
-            a.copy_from_bytes(&t.data)?;
-            Value::Tensor(a)
-        }
+        // Held once: a view of the library's bytes when aligned, else one copy (the library's
+        // pages given back as they are copied).
+        Constant::Tensor(t) => Value::Tensor(NdArray::from_mapped(&t.data, &t.shape, t.dtype, api)?),
         Constant::DataType(t) => Value::DType(*t),
         Constant::Shape(s) => Value::Shape(s.as_slice().into()),
         Constant::Str(s) => Value::Str(s.as_slice().into()),

@@ -18,13 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mib=${MIB:-256}
 repeat=${REPEAT:-5}
-target=$(bash ci/target-dir.sh)
-dir=${1:-$target/constants-bench}
+tdir=$(bash ci/target-dir.sh)
+dir=${1:-$tdir/constants-bench}
 py=${TVM027:?set TVM027 to the python of a venv with apache-tvm==0.27.0.post1 and numpy}
 mkdir -p "$dir"
 if [ -z "${MBLOB:-}" ]; then
   cargo build -q --release --no-default-features --features cli --bin mblob
-  MBLOB=$target/release/mblob
+  MBLOB=$tdir/release/mblob
 fi
 [ -f "$dir/relax_consts.so" ] || "$py" benches/constants_model.py relax "$dir" "$mib"
 if [ -n "${TVM019:-}" ] && [ ! -f "$dir/graph_params.so" ]; then

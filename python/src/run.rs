@@ -448,6 +448,66 @@ impl RelaxVm {
     }
 }
 
+/// A language-model library as MLC-LLM exports them, ready to generate greedily
+/// ([`mblob_runtime::exec::relax::generate::LanguageModel`]).
+#[pyclass(frozen, module = "mblob._native")]
+pub struct LanguageModel {
+    inner: Mutex<mblob_runtime::exec::relax::generate::LanguageModel>,
+    metadata: String,
+}
+
+#[pymethods]
+impl LanguageModel {
+    /// The model of `library` on device `(device_type, id)`, its weights from the tensor cache
+    /// in `weights` (None for weights bound into the library), pages of `page_size` tokens.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        library: &Library,
+        dev: (i32, i32),
+        weights: Option<PathBuf>,
+        page_size: i64,
+    ) -> PyResult<LanguageModel> {
+        use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel as Lm};
+        let tree = library.tree.clone();
+        let device = Device::from_dlpack(dev.0, dev.1);
+        let lm = run(py, move || {
+            let options = GenerateOptions { page_size, ..GenerateOptions::default() };
+            Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error)
+        })?;
+        let metadata = match lm.vm().call_function("_metadata", &[]) {
+            Ok(VmValue::Str(s)) => s,
+            _ => "{}".into(),
+        };
+        Ok(LanguageModel { inner: Mutex::new(lm), metadata })
+    }
+
+    /// The model's `_metadata` JSON.
+    #[getter]
+    fn metadata(&self) -> &str {
+        &self.metadata
+    }
+
+    /// Generates up to `max_new_tokens` tokens after `prompt` greedily, in a new KV cache:
+    /// `(tokens, logits as float32 bytes, vocab, decode seconds per step)`.
+    #[allow(clippy::type_complexity)]
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: Vec<i32>,
+        max_new_tokens: usize,
+    ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        let out = run(py, || {
+            let mut lm = self.inner.lock().map_err(|_| PyErrLater::Run("the model failed earlier".into()))?;
+            lm.generate(&prompt, max_new_tokens).map_err(run_error)
+        })?;
+        let vocab = out.logits.first().map_or(0, Vec::len);
+        let bytes: Vec<u8> = out.logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        let times = out.decode_times.iter().map(|d| d.as_secs_f64()).collect();
+        Ok((out.tokens, PyBytes::new(py, &bytes), vocab, times))
+    }
+}
+
 /// The params of a params file (`save_param_dict`) as `(name, bytes, dtype, shape)`, in the
 /// file's order.
 #[pyfunction]
@@ -642,6 +702,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GraphExecutor>()?;
     m.add_class::<RelaxVm>()?;
     m.add_class::<PyObjectRef>()?;
+    m.add_class::<LanguageModel>()?;
     m.add_class::<RelayVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;
     m.add_function(wrap_pyfunction!(read_params_file, m)?)?;

@@ -122,3 +122,21 @@ def test_kv_cache_errors_are_tvms():
         r.cache.popn(0, 1)  # the sequence is empty
     with pytest.raises(mblob.InputError):
         r.cache.debug_get_kv(0, 0, 1)
+
+
+@pytest.mark.parametrize("lib", ["llm_params.so", "llm_consts.so"])
+def test_language_model_generates_tvms_tokens(lib):
+    steps = [s for s in SCEN["scenarios"]["single"]["steps"] if s["op"] == "forward"]
+    weights = os.path.join(LLM, "params") if lib == "llm_params.so" else None
+    lm = mblob.LanguageModel(os.path.join(LLM, lib), weights=weights)
+    assert lm.metadata["context_window_size"] == SCEN["config"]["context_window_size"]
+    tokens = lm.generate(steps[0]["tokens"], len(steps))
+    assert tokens == [s["argmax"][0] for s in steps]
+    ref = np.load(os.path.join(LLM, "single.logits.npy"))
+    assert close(lm.logits, ref[: len(steps)])
+    assert len(lm.decode_seconds) == len(steps) - 1
+
+
+def test_language_model_refuses_missing_weights():
+    with pytest.raises(mblob.RunError, match="tensor cache"):
+        mblob.LanguageModel(os.path.join(LLM, "llm_params.so"))

@@ -48,10 +48,13 @@ impl PagedKvCache {
         if layer_id < 0 || layer_id >= c.num_layers {
             return Err(check_cmp("local_layer_id < num_layers_", layer_id, c.num_layers, "").into());
         }
-        if !qkv.device().is_cpu() || !o.device().is_cpu() {
-            return Err(KvCacheError::Unsupported(format!(
-                "attention on tensors on {} (the cache is on the CPU)",
-                if qkv.device().is_cpu() { o.device() } else { qkv.device() }
+        if qkv.device() != c.device || o.device() != c.device {
+            return Err(KvCacheError::Check(format!(
+                "attention with tensors on {} and {}, but the cache is on {}: the kernels read and write \
+                 the cache's device",
+                qkv.device(),
+                o.device(),
+                c.device
             ))
             .into());
         }
@@ -95,7 +98,7 @@ impl PagedKvCache {
             .into());
         }
         if state.aux.is_none() {
-            state.aux = Some(AuxArrays::new(batch)?);
+            state.aux = Some(AuxArrays::new(batch, c.device)?);
         }
         let (Some(batch), Some(aux)) = (state.batch.as_ref(), state.aux.as_ref()) else {
             return Err(check_false("!dirty_aux_data_device_", "the auxiliary arrays of the round are missing").into());
@@ -243,7 +246,8 @@ impl PagedKvCache {
 
     /// TVM's `DebugGetKV`: the keys (RoPE applied) and values of positions `start..end` of
     /// sequence `seq_id`, every layer, written into `k` and `v` ([layers, end - start,
-    /// kv_heads, head_dim], the cache's dtype).
+    /// kv_heads, head_dim], the cache's dtype), on the cache's device (as TVM's kernel needs)
+    /// or on the host (copied back from the device).
     pub fn debug_get_kv(&self, seq_id: i64, start: i64, end: i64, k: &NdArray, v: &NdArray) -> Result<(), VmError> {
         let c = &self.config;
         let state = self.lock();
@@ -279,10 +283,18 @@ impl PagedKvCache {
         for a in [k, v] {
             let s = a.shape();
             let want = [c.num_layers, end - start, c.num_kv_heads, c.qk_head_dim];
-            if s != want || a.dtype() != c.dtype || !a.device().is_cpu() {
+            if s != want || a.dtype() != c.dtype {
                 return Err(KvCacheError::Check(format!(
                     "{msg} Got shape {s:?} ({}), expected {want:?}",
                     crate::payload::relax::executable::dtype_name(a.dtype())
+                ))
+                .into());
+            }
+            if a.device() != c.device && !a.device().is_cpu() {
+                return Err(KvCacheError::Check(format!(
+                    "DebugGetKV writes into tensors on the cache's device ({}) or on the host, got one on {}",
+                    c.device,
+                    a.device()
                 ))
                 .into());
             }
@@ -303,14 +315,30 @@ impl PagedKvCache {
             }
         }
         let positions = positions.get(start as usize..end as usize).ok_or_else(unfilled)?;
-        let map = int32_array(positions)?;
+        let map = int32_array(positions, c.device)?;
+        // The kernel writes on the cache's device: host tensors of a device cache get the
+        // values through device tensors, copied back after the last layer.
+        let on_device = |a: &NdArray| -> Result<NdArray, VmError> {
+            if a.device() == c.device {
+                Ok(a.clone())
+            } else {
+                Ok(NdArray::empty(a.shape(), a.dtype(), c.device)?)
+            }
+        };
+        let (kd, vd) = (on_device(k)?, on_device(v)?);
         for (layer, pages) in self.pages.iter().enumerate() {
-            run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(k), t(v), Value::Int(layer as i64)])?;
+            run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(&kd), t(&vd), Value::Int(layer as i64)])?;
+        }
+        for (dev, host) in [(&kd, k), (&vd, v)] {
+            if dev.device() != host.device() {
+                dev.copy_to(host)?;
+            }
         }
         Ok(())
     }
 
-    /// The positions of the round's queries (TVM's `GetQueryPositions`), an `int32` tensor.
+    /// The positions of the round's queries (TVM's `GetQueryPositions`), an `int32` tensor on
+    /// the cache's device.
     pub fn query_positions(&self) -> Result<NdArray, VmError> {
         let mut state = self.lock();
         let Some(batch) = state.batch.as_ref() else {
@@ -318,7 +346,7 @@ impl PagedKvCache {
                 check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into()
             );
         };
-        let aux = AuxArrays::new(batch)?;
+        let aux = AuxArrays::new(batch, self.config.device)?;
         let positions = aux.q_rope_position_map.clone();
         state.aux = Some(aux);
         Ok(positions)

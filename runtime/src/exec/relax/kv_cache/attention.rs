@@ -5,6 +5,7 @@
 use smallvec::SmallVec;
 
 use crate::array::NdArray;
+use crate::device::DeviceType;
 use crate::exec::relax::vm::{call_kernel, Value};
 use crate::exec::relax::VmError;
 use crate::format::DataType;
@@ -26,6 +27,43 @@ fn t(a: &NdArray) -> Value {
 
 fn view(a: &NdArray, shape: &[i64]) -> Result<NdArray, VmError> {
     Ok(a.view(shape, a.dtype())?)
+}
+
+/// TVM's `merge_state_inplace` on the host, for OpenCL: merges the partial attention
+/// `v_other` (log-sum-exp `s_other`, base 2) into `v` (`s`) in place, `[n, heads, dim]` and
+/// `[n, heads]`. The GPU library's merge kernel has the work-items of one head (one per
+/// 4 features) each read `S[n, h]` and write the merged value back without a barrier between
+/// them: right where a work-group's lanes run in lockstep (GPUs), wrong where work-items run one
+/// after another (pocl on a CPU), where every lane after the first reads the merged value.
+fn merge_on_host(v: &NdArray, s: &NdArray, v_other: &NdArray, s_other: &NdArray) -> Result<(), VmError> {
+    if v.dtype() != DataType::F32 || v_other.dtype() != DataType::F32 {
+        return Err(KvCacheError::Unsupported(format!(
+            "merging partial attentions of {} on OpenCL (float32 only)",
+            crate::payload::relax::executable::dtype_name(v.dtype())
+        ))
+        .into());
+    }
+    let floats = |a: &NdArray| -> Result<Vec<f32>, VmError> {
+        Ok(a.to_bytes()?.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    };
+    let (mut vv, mut ss, vo, so) = (floats(v)?, floats(s)?, floats(v_other)?, floats(s_other)?);
+    if ss.is_empty() || vv.len() != vo.len() || ss.len() != so.len() || vv.len() % ss.len() != 0 {
+        return Err(check_false("V and S of the merge", "partial attentions of different shapes").into());
+    }
+    let dim = vv.len() / ss.len();
+    for (i, (lse, lse_other)) in ss.iter_mut().zip(&so).enumerate() {
+        let max = lse.max(*lse_other);
+        let (a, b) = ((*lse - max).exp2(), (*lse_other - max).exp2());
+        let (scale, other_scale) = (a / (a + b), b / (a + b));
+        for (x, y) in vv[i * dim..(i + 1) * dim].iter_mut().zip(&vo[i * dim..(i + 1) * dim]) {
+            *x = *x * scale + *y * other_scale;
+        }
+        *lse = (a + b).log2() + max;
+    }
+    let bytes = |f: &[f32]| f.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    v.copy_from_bytes(&bytes(&vv))?;
+    s.copy_from_bytes(&bytes(&ss))?;
+    Ok(())
 }
 
 impl PagedKvCache {
@@ -229,6 +267,8 @@ impl PagedKvCache {
             }
             if is_first {
                 is_first = false;
+            } else if c.device.device_type == DeviceType::OpenCl {
+                merge_on_host(o, &merged_lse, &temp_out, &temp_lse)?;
             } else {
                 run(&kern.merge, &[t(o), t(&merged_lse), t(&temp_out), t(&temp_lse)])?;
             }

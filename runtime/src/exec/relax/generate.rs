@@ -188,11 +188,9 @@ impl LanguageModel {
         let functions = vm.functions();
         let available = || functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");
         let param_count = |name: &'static str, why: &'static str| {
-            functions
-                .iter()
-                .find(|f| f.name == name)
-                .map(|f| f.params.len())
-                .ok_or_else(|| GenerateError::MissingFunction { name, why, available: available() })
+            functions.iter().find(|f| f.name == name).map(|f| f.params.len()).ok_or_else(|| {
+                GenerateError::MissingFunction { name, why, available: available() }
+            })
         };
         let embed = param_count("embed", "turns token ids into embeddings")?;
         param_count("prefill", "runs the prompt")?;
@@ -310,9 +308,7 @@ impl LanguageModel {
         args.extend(self.params.clone());
         let embedded = match self.vm.call_function("embed", &args)? {
             VmValue::Tensor(t) => t,
-            v => {
-                return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
-            }
+            v => return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) }),
         };
         let hidden = match embedded.shape[..] {
             [rows, h] if rows == n => h,
@@ -334,10 +330,7 @@ impl LanguageModel {
                 other => {
                     return Err(GenerateError::Result {
                         function: func,
-                        detail: format!(
-                            "a tuple whose first item is {}, not the logits",
-                            other.as_ref().map_or("missing", kind)
-                        ),
+                        detail: format!("a tuple whose first item is {}, not the logits", other.as_ref().map_or("missing", kind)),
                     })
                 }
             },
@@ -372,12 +365,7 @@ impl LanguageModel {
                 self.max_total_seq_len()
             )));
         }
-        let mut out = Generation {
-            tokens: Vec::new(),
-            logits: Vec::new(),
-            prefill_time: Duration::ZERO,
-            decode_times: Vec::new(),
-        };
+        let mut out = Generation { tokens: Vec::new(), logits: Vec::new(), prefill_time: Duration::ZERO, decode_times: Vec::new() };
         // Drop the previous cache first, so that its pages are free before the new one is made.
         self.cache = None;
         let cache = self.new_cache()?;
@@ -439,7 +427,9 @@ fn last_row(function: &'static str, logits: &Tensor) -> Result<Vec<f32>, Generat
     }
     let vocab = match logits.shape.last() {
         Some(&v) if v > 0 => v as usize,
-        _ => return Err(GenerateError::Result { function, detail: format!("logits of shape {:?}", logits.shape) }),
+        _ => {
+            return Err(GenerateError::Result { function, detail: format!("logits of shape {:?}", logits.shape) })
+        }
     };
     let bytes: &[u8] = &logits.data;
     let row = bytes.len().checked_sub(vocab * 4).map(|at| &bytes[at..]).ok_or_else(|| GenerateError::Result {

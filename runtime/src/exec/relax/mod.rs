@@ -32,11 +32,11 @@
 
 pub mod calls;
 #[cfg(feature = "llm")]
-pub mod generate;
-#[cfg(feature = "llm")]
 pub mod kv_cache;
 #[cfg(feature = "llm")]
 pub mod lm;
+#[cfg(feature = "llm")]
+pub mod generate;
 pub mod vm;
 
 pub use crate::payload::relax::{

@@ -10,7 +10,11 @@
 //! aux data managers copy their host staging buffers. A GPU library's kernels
 //! (`TIRPagedKVCache` for a GPU target: `batch_prefill_paged_kv`, `batch_decode_paged_kv`,
 //! `copy_single_page`, ...) take the same parameters as the CPU ones and are called the same
-//! way; they launch on the device through the library's host code.
+//! way; they launch on the device through the library's host code. One exception: on OpenCL
+//! the partial attentions of two block depths are merged on the host (TVM's
+//! `merge_state_inplace` computed in Rust), since the GPU library's merge kernel has the
+//! work-items of a head read and rewrite its log-sum-exp without a barrier, which is right only
+//! where they run in lockstep (a GPU), not where they run one after another (pocl).
 //!
 //! A model library made as MLC-LLM makes them has a VM function `create_tir_paged_kv_cache`
 //! that calls `vm.builtin.paged_attention_kv_cache_create` with the cache's configuration and

@@ -316,6 +316,40 @@ mod opencl {
         }
     }
 
+    /// `LanguageModel` on OpenCL: the weights uploaded once (every array of `packed_params`
+    /// on the device), the `single` scenario's greedy tokens exactly and its logits within the
+    /// bound of TVM's CPU record.
+    #[test]
+    fn language_model_generates_tvms_tokens() {
+        use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
+        let Some(d) = opencl() else { return };
+        let scenarios = json("scenarios.json");
+        let forwards: Vec<Json> = scenarios["scenarios"]["single"]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["op"] == "forward")
+            .cloned()
+            .collect();
+        let prompt: Vec<i32> = ints(&forwards[0]["tokens"]).iter().map(|&t| t as i32).collect();
+        let mut lm =
+            LanguageModel::new(&load(LIB), d, Some(&dir().join("params")), &GenerateOptions::default()).unwrap();
+        let weights = lm.weight_arrays();
+        assert_eq!(weights.len(), 15);
+        assert!(weights.iter().all(|w| w.device() == d));
+        let (_, reference) = npy_f32("single.logits.npy");
+        for _ in 0..2 {
+            let out = lm.generate(&prompt, forwards.len()).unwrap();
+            let want: Vec<i32> = forwards.iter().map(|s| s["argmax"][0].as_i64().unwrap() as i32).collect();
+            assert_eq!(out.tokens, want, "TVM's greedy tokens");
+            for (i, (got, step)) in out.logits.iter().zip(&forwards).enumerate() {
+                let row = step["logit_rows"][0].as_u64().unwrap() as usize;
+                let (w, bound) = worst(got, &reference[row * 256..(row + 1) * 256]);
+                assert!(w <= bound, "step {i}: logits differ by {w}");
+            }
+        }
+    }
+
     /// The cache is made on the VM's device; called directly (not through the VM, which copies
     /// arguments to its device), attention refuses tensors off that device with an error
     /// rather than handing them to the device's kernels, and `debug_get_kv` writes into host

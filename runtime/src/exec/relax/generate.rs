@@ -323,7 +323,7 @@ impl LanguageModel {
         let mut args = vec![VmValue::Tensor(embedded), cache.clone()];
         args.extend(self.params.clone());
         let result = self.vm.call_function(func, &args)?;
-        self.vm.call_function("vm.builtin.kv_state_end_forward", &[cache.clone()])?;
+        self.vm.call_function("vm.builtin.kv_state_end_forward", std::slice::from_ref(cache))?;
         let logits = match result {
             VmValue::Tuple(items) => match items.into_iter().next() {
                 Some(VmValue::Tensor(t)) => t,

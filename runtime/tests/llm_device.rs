@@ -146,13 +146,14 @@ impl Llm {
         })
     }
 
-    /// `begin_forward`, `embed`, the model function, `end_forward`: the logits.
-    fn forward(&mut self, step: &Json) -> Tensor {
+    /// `begin_forward`, `embed`, the model function, `end_forward`: the logits, or the error of
+    /// `begin_forward` (the others fail the test).
+    fn forward(&mut self, step: &Json) -> Result<Tensor, VmError> {
         let seq_ids = ints(&step["seq_ids"]);
         let lengths = ints(&step["lengths"]);
         let tokens = ints(&step["tokens"]);
         let func = step["func"].as_str().unwrap();
-        self.call("kv_state_begin_forward", &[VmValue::Shape(seq_ids), VmValue::Shape(lengths)]).unwrap();
+        self.call("kv_state_begin_forward", &[VmValue::Shape(seq_ids), VmValue::Shape(lengths)])?;
         let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
         let ids = Tensor::new(DataType::I32, vec![tokens.len() as i64], ids).unwrap();
         let e = match self.invoke("embed", vec![VmValue::Tensor(ids)]).unwrap() {
@@ -176,7 +177,7 @@ impl Llm {
             VmValue::Tuple(items) if items.len() == 2 => {
                 assert_eq!(items[1], self.cache, "{func} returns the cache it was given");
                 match &items[0] {
-                    VmValue::Tensor(t) => t.clone(),
+                    VmValue::Tensor(t) => Ok(t.clone()),
                     v => panic!("{func} returned logits {v:?}"),
                 }
             }
@@ -235,7 +236,7 @@ fn scenario(lib: &str, device: Device, name: &str) -> (f32, f32) {
                 }
             }
             "forward" => {
-                let logits = llm.forward(step);
+                let logits = llm.forward(step).unwrap_or_else(|e| panic!("{at}: begin_forward: {e}"));
                 assert_eq!(logits.shape, ints(&step["logits_shape"]), "{at}");
                 let rows = ints(&step["logit_rows"]);
                 let (start, count) = (rows[0] as usize, rows[1] as usize);
@@ -316,6 +317,82 @@ mod opencl {
         }
     }
 
+    /// The KV cache cases of `errors.json` that do not depend on the VM's memory plan (which
+    /// differs between the CPU and GPU builds): on a cache on the device, after a prefill there,
+    /// each fails with TVM's message and leaves TVM's state.
+    #[test]
+    fn kv_cache_errors_are_tvms() {
+        let Some(d) = opencl() else { return };
+        let errors = json("errors.json");
+        let scenarios = json("scenarios.json");
+        let prompt = ints(&scenarios["scenarios"]["single"]["steps"][2]["tokens"]);
+        let mut llm = Llm::new(LIB, d, &scenarios);
+        let list = |s: &str| -> Vec<i64> {
+            let s = s.trim().trim_matches(|c| c == '[' || c == ']');
+            if let Some((a, b)) = s.split_once("..") {
+                return (a.trim().parse().unwrap()..=b.trim().parse().unwrap()).collect();
+            }
+            s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse().unwrap()).collect()
+        };
+        let mut checked = 0;
+        for (name, case) in errors["cases"].as_object().unwrap() {
+            if ["prefill_past_chunk_size", "batch_past_max_batch_size", "decode_batch_of_two"].contains(&name.as_str())
+            {
+                continue;
+            }
+            let calls: Vec<&str> = case["calls"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+            if !calls[0].starts_with("create(") {
+                continue;
+            }
+            let mut result = Ok(());
+            for (i, call) in calls.iter().enumerate() {
+                assert!(result.is_ok(), "{name}: call {i} after a failure");
+                let (op, args) = call.split_once('(').unwrap_or((call, ""));
+                let args = args.trim_end_matches(')');
+                let ints_of = |a: &str| list(a).into_iter().map(VmValue::Int).collect::<Vec<_>>();
+                result = match op {
+                    "create" => {
+                        llm.create(&list(args));
+                        Ok(())
+                    }
+                    "add_sequence" => list(args)
+                        .into_iter()
+                        .try_for_each(|s| llm.call("kv_state_add_sequence", &[VmValue::Int(s)]).map(drop)),
+                    "remove_sequence" | "fork_sequence" | "popn" => {
+                        llm.call(&format!("kv_state_{op}"), &ints_of(args)).map(drop)
+                    }
+                    "begin_forward" => {
+                        let (ids, lengths) = args.split_once("], ").unwrap();
+                        let shapes = [VmValue::Shape(list(ids)), VmValue::Shape(list(lengths))];
+                        llm.call("kv_state_begin_forward", &shapes).map(drop)
+                    }
+                    _ => {
+                        // forward prefill [0] [n] PROMPT | tokens a..b
+                        let rest = call.strip_prefix("forward prefill ").unwrap();
+                        let (ids, rest) = rest.split_once("] ").unwrap();
+                        let (lengths, tokens) = rest.split_once("] ").unwrap();
+                        let tokens = if tokens == "PROMPT" { prompt.clone() } else { list(&tokens[7..]) };
+                        let step = serde_json::json!({"func": "prefill", "seq_ids": list(ids),
+                                                      "lengths": list(lengths), "tokens": tokens});
+                        llm.forward(&step).map(drop)
+                    }
+                };
+            }
+            let err = result.expect_err(name);
+            match err.root() {
+                VmError::KvCache(mblob_runtime::exec::relax::kv_cache::KvCacheError::Check(m)) => {
+                    assert_eq!(case["error"]["kind"], "InternalError", "{name}");
+                    assert_eq!(m, case["error"]["message"].as_str().unwrap(), "{name}");
+                }
+                e => panic!("{name}: {e}"),
+            }
+            let state = &case["state_after"];
+            assert_eq!(llm.state(seqs_of(state)), *state, "{name}: state after the error");
+            checked += 1;
+        }
+        assert_eq!(checked, 12);
+    }
+
     /// `LanguageModel` on OpenCL: the weights uploaded once (every array of `packed_params`
     /// on the device), the `single` scenario's greedy tokens exactly and its logits within the
     /// bound of TVM's CPU record.
@@ -361,7 +438,7 @@ mod opencl {
         let mut llm = Llm::new(LIB, d, &scenarios);
         llm.create(&[4, 128, 64, 16, 0]);
         llm.call("kv_state_add_sequence", &[VmValue::Int(0)]).unwrap();
-        llm.forward(&scenarios["scenarios"]["single"]["steps"][2]);
+        llm.forward(&scenarios["scenarios"]["single"]["steps"][2]).unwrap();
         let VmValue::Object(o) = &llm.cache else { unreachable!() };
         let cache = o.downcast_ref::<PagedKvCache>().unwrap();
         assert_eq!(cache.config().device, d);

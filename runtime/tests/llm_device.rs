@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use mblob_runtime::exec::relax::kv_cache::PagedKvCache;
 use mblob_runtime::exec::relax::lm::TensorCache;
 use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
 use mblob_runtime::format::stream::DataType;
@@ -262,9 +261,29 @@ fn scenario(lib: &str, device: Device, name: &str) -> (f32, f32) {
     (worst_logit, worst_kv)
 }
 
+/// Every global function the device libraries' bytecode calls is served (the library's own
+/// functions, exported as `__tvm_ffi_<name>`, aside): what `mblob inspect` reports as
+/// `unsupported_calls` is empty. The VM is made on the CPU: reading the table needs no device.
+#[test]
+fn every_global_function_of_the_device_libraries_is_served() {
+    for name in ["opencl", "cuda_sm90"] {
+        let lib = format!("device/llm_params_{name}.so");
+        let bytes = std::fs::read(dir().join(&lib)).unwrap();
+        let exported = |f: &str| {
+            let symbol = format!("__tvm_ffi_{f}\0");
+            bytes.windows(symbol.len()).any(|w| w == symbol.as_bytes())
+        };
+        assert!(exported("batch_decode_paged_kv") && exported("tir_attention_merge_state"));
+        let vm = VirtualMachine::new(&load(&lib), Device::cpu(0)).unwrap();
+        let unsupported = mblob_runtime::exec::relax::unsupported_calls(vm.executable(), &exported);
+        assert!(unsupported.is_empty(), "{name}: {unsupported:?}");
+    }
+}
+
 #[cfg(feature = "opencl")]
 mod opencl {
     use super::*;
+    use mblob_runtime::exec::relax::kv_cache::PagedKvCache;
 
     const LIB: &str = "device/llm_params_opencl.so";
 

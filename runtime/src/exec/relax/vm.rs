@@ -429,7 +429,6 @@ pub(crate) fn tuple_item(t: &[Mutex<Value>], i: usize) -> Option<Value> {
     t.get(i).map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone())
 }
 
-/// The items of a tuple.
 /// Copies back into the caller's arrays what a call wrote into their copies: a
 /// [`VmValue::Array`] off the VM's device is passed as a copy on the device, so that a builtin
 /// writing into its arguments (`vm.builtin.attention_kv_cache_debug_get_kv` of a cache on a
@@ -445,6 +444,7 @@ fn write_back(args: &[VmValue], values: &[Value]) -> Result<(), VmError> {
     Ok(())
 }
 
+/// The items of a tuple.
 pub(crate) fn tuple_items(t: &[Mutex<Value>]) -> Vec<Value> {
     t.iter().map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone()).collect()
 }

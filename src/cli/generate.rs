@@ -22,6 +22,7 @@ use crate::{Error, Result};
 /// ```text
 /// mblob generate model.so --weights params/ --prompt-ids 17,211,5 --max-new-tokens 16
 /// mblob generate model_bound.so --prompt-ids 17,211,5 --max-new-tokens 16 --repeat 20 --threads 1
+/// mblob generate model_opencl.so --device opencl --weights params/ --prompt-ids 17,211,5
 /// ```
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = AFTER_HELP)]
@@ -48,7 +49,8 @@ pub struct GenerateArgs {
     /// MBLOB_NUM_THREADS, then TVM_NUM_THREADS, then the number of cores).
     #[arg(long, value_name = "N", value_parser = thread_count)]
     pub threads: Option<NonZeroUsize>,
-    /// The device to run on (the paged KV cache runs on the CPU).
+    /// The device to run on (cpu, opencl, cuda, optionally with `:N`): a library built for
+    /// that device; its weights and the paged KV cache are put there.
     #[arg(short, long, value_name = "DEVICE", default_value = "cpu")]
     pub device: Device,
     /// Tokens per page of the paged KV cache.

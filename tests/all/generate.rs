@@ -73,6 +73,50 @@ fn generate_gives_tvms_tokens_and_logits() {
     }
 }
 
+/// `mblob generate --device opencl` with the fixture's model built for OpenCL
+/// (`tests/fixtures/llm/device`), its weights uploaded to the device and the paged KV cache on
+/// it: TVM's greedy tokens exactly and its logits (TVM's CPU run of the same model and weights)
+/// within 1e-4 of max(1, max |logit|). Runs on the machine's OpenCL device (pocl in CI), as
+/// `run_device.rs` does.
+#[cfg(feature = "opencl")]
+#[test]
+fn generate_on_opencl_gives_tvms_tokens_and_logits() {
+    let steps = single_steps();
+    let prompt: Vec<String> = steps[0]["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
+    let expected: Vec<String> = steps.iter().map(|s| s["argmax"][0].to_string()).collect();
+    let (ref_shape, reference) = f32s(&llm().join("single.logits.npy"));
+    let vocab = ref_shape[1] as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let logits = dir.path().join("opencl.npy");
+    let model = llm().join("device/llm_params_opencl.so");
+    let weights = llm().join("params");
+    let (n, prompt) = (steps.len().to_string(), prompt.join(","));
+    let out = generate(&[
+        model.to_str().unwrap(),
+        "--device",
+        "opencl",
+        "--weights",
+        weights.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt,
+        "--max-new-tokens",
+        &n,
+        "--logits",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(last_line(&out), expected.join(","), "TVM's greedy tokens");
+    let (shape, got) = f32s(&logits);
+    assert_eq!(shape, [steps.len() as u64, vocab as u64]);
+    for (i, step) in steps.iter().enumerate() {
+        let row = step["logit_rows"][0].as_u64().unwrap() as usize;
+        let want = &reference[row * vocab..(row + 1) * vocab];
+        let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let diff = got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4 * scale, "step {i}: logits differ by {diff}");
+    }
+}
+
 #[test]
 fn generate_repeat_reports_per_token_time() {
     let model = llm().join("llm_consts.so");

@@ -176,7 +176,8 @@ impl LanguageModel {
     /// Makes the VM of `tree` on `device`, reads `_metadata` and, with `weights`, the tensor
     /// cache in that directory (each weight made once, mapped from its shard where it can be).
     /// A library whose functions take `packed_params` needs `weights`; one with the weights
-    /// bound as constants refuses them.
+    /// bound as constants refuses them. On a GPU (a library built for OpenCL or CUDA) the
+    /// weights are uploaded to the device once, here, and the KV cache lives there too.
     pub fn new(
         tree: &LoadedTree,
         device: Device,

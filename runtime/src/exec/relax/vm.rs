@@ -429,6 +429,21 @@ pub(crate) fn tuple_item(t: &[Mutex<Value>], i: usize) -> Option<Value> {
     t.get(i).map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone())
 }
 
+/// Copies back into the caller's arrays what a call wrote into their copies: a
+/// [`VmValue::Array`] off the VM's device is passed as a copy on the device, so that a builtin
+/// writing into its arguments (`vm.builtin.attention_kv_cache_debug_get_kv` of a cache on a
+/// GPU) writes into the caller's array as it does on the VM's device.
+fn write_back(args: &[VmValue], values: &[Value]) -> Result<(), VmError> {
+    for (arg, value) in args.iter().zip(values) {
+        match (arg, value) {
+            (VmValue::Array(a), Value::Tensor(t)) if a.device() != t.device() => t.copy_to(a)?,
+            (VmValue::Tuple(items), Value::Tuple(vals)) => write_back(items, &tuple_items(vals))?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The items of a tuple.
 pub(crate) fn tuple_items(t: &[Mutex<Value>]) -> Vec<Value> {
     t.iter().map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).clone()).collect()
@@ -1042,7 +1057,8 @@ impl VirtualMachine {
     /// of mblob's global functions. Tensors are passed as [`VirtualMachine::invoke_values`]
     /// passes them, [`VmValue::Array`]s by reference (a builtin that writes into its
     /// arguments, such as `vm.builtin.attention_kv_cache_debug_get_kv`, writes into the
-    /// caller's arrays); the result comes back as `invoke_values` gives it.
+    /// caller's arrays; an array off the VM's device is copied there for the call and copied
+    /// back after it); the result comes back as `invoke_values` gives it.
     pub fn call_function(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
         let _span = tracing::debug_span!("relax_vm_call_function", function = name, args = args.len()).entered();
         let exec = self.executable();
@@ -1050,7 +1066,8 @@ impl VirtualMachine {
         let mut next = 0;
         let values = args.iter().map(|v| self.upload_value(&mut next, v, ffi_bool)).collect::<Result<Vec<_>, _>>()?;
         if let Some(index) = exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm) {
-            let result = self.call_vm(index, values, 0)?;
+            let result = self.call_vm(index, values.clone(), 0)?;
+            write_back(args, &values)?;
             return self.download_value(&result, name);
         }
         let refs: SmallVec<[&Value; 8]> = values.iter().collect();
@@ -1063,6 +1080,7 @@ impl VirtualMachine {
             #[cfg(feature = "llm")]
             Callee::Llm(f) => f(self, name, &refs)?,
         };
+        write_back(args, &values)?;
         self.download_value(&result, name)
     }
 

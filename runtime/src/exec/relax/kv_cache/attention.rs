@@ -5,6 +5,7 @@
 use smallvec::SmallVec;
 
 use crate::array::NdArray;
+use crate::device::DeviceType;
 use crate::exec::relax::vm::{call_kernel, Value};
 use crate::exec::relax::VmError;
 use crate::format::DataType;
@@ -28,6 +29,43 @@ fn view(a: &NdArray, shape: &[i64]) -> Result<NdArray, VmError> {
     Ok(a.view(shape, a.dtype())?)
 }
 
+/// TVM's `merge_state_inplace` on the host, for OpenCL: merges the partial attention
+/// `v_other` (log-sum-exp `s_other`, base 2) into `v` (`s`) in place, `[n, heads, dim]` and
+/// `[n, heads]`. The GPU library's merge kernel has the work-items of one head (one per
+/// 4 features) each read `S[n, h]` and write the merged value back without a barrier between
+/// them: right where a work-group's lanes run in lockstep (GPUs), wrong where work-items run one
+/// after another (pocl on a CPU), where every lane after the first reads the merged value.
+fn merge_on_host(v: &NdArray, s: &NdArray, v_other: &NdArray, s_other: &NdArray) -> Result<(), VmError> {
+    if v.dtype() != DataType::F32 || v_other.dtype() != DataType::F32 {
+        return Err(KvCacheError::Unsupported(format!(
+            "merging partial attentions of {} on OpenCL (float32 only)",
+            crate::payload::relax::executable::dtype_name(v.dtype())
+        ))
+        .into());
+    }
+    let floats = |a: &NdArray| -> Result<Vec<f32>, VmError> {
+        Ok(a.to_bytes()?.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    };
+    let (mut vv, mut ss, vo, so) = (floats(v)?, floats(s)?, floats(v_other)?, floats(s_other)?);
+    if ss.is_empty() || vv.len() != vo.len() || ss.len() != so.len() || vv.len() % ss.len() != 0 {
+        return Err(check_false("V and S of the merge", "partial attentions of different shapes").into());
+    }
+    let dim = vv.len() / ss.len();
+    for (i, (lse, lse_other)) in ss.iter_mut().zip(&so).enumerate() {
+        let max = lse.max(*lse_other);
+        let (a, b) = ((*lse - max).exp2(), (*lse_other - max).exp2());
+        let (scale, other_scale) = (a / (a + b), b / (a + b));
+        for (x, y) in vv[i * dim..(i + 1) * dim].iter_mut().zip(&vo[i * dim..(i + 1) * dim]) {
+            *x = *x * scale + *y * other_scale;
+        }
+        *lse = (a + b).log2() + max;
+    }
+    let bytes = |f: &[f32]| f.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    v.copy_from_bytes(&bytes(&vv))?;
+    s.copy_from_bytes(&bytes(&ss))?;
+    Ok(())
+}
+
 impl PagedKvCache {
     /// Attention of layer `layer_id` for the round `begin_forward` started: splits the fused
     /// `qkv` ([tokens, qo_heads + 2 kv_heads, head_dim]) into queries, keys and values with
@@ -48,10 +86,13 @@ impl PagedKvCache {
         if layer_id < 0 || layer_id >= c.num_layers {
             return Err(check_cmp("local_layer_id < num_layers_", layer_id, c.num_layers, "").into());
         }
-        if !qkv.device().is_cpu() || !o.device().is_cpu() {
-            return Err(KvCacheError::Unsupported(format!(
-                "attention on tensors on {} (the cache is on the CPU)",
-                if qkv.device().is_cpu() { o.device() } else { qkv.device() }
+        if qkv.device() != c.device || o.device() != c.device {
+            return Err(KvCacheError::Check(format!(
+                "attention with tensors on {} and {}, but the cache is on {}: the kernels read and write \
+                 the cache's device",
+                qkv.device(),
+                o.device(),
+                c.device
             ))
             .into());
         }
@@ -95,7 +136,7 @@ impl PagedKvCache {
             .into());
         }
         if state.aux.is_none() {
-            state.aux = Some(AuxArrays::new(batch)?);
+            state.aux = Some(AuxArrays::new(batch, c.device)?);
         }
         let (Some(batch), Some(aux)) = (state.batch.as_ref(), state.aux.as_ref()) else {
             return Err(check_false("!dirty_aux_data_device_", "the auxiliary arrays of the round are missing").into());
@@ -226,6 +267,8 @@ impl PagedKvCache {
             }
             if is_first {
                 is_first = false;
+            } else if c.device.device_type == DeviceType::OpenCl {
+                merge_on_host(o, &merged_lse, &temp_out, &temp_lse)?;
             } else {
                 run(&kern.merge, &[t(o), t(&merged_lse), t(&temp_out), t(&temp_lse)])?;
             }
@@ -243,7 +286,8 @@ impl PagedKvCache {
 
     /// TVM's `DebugGetKV`: the keys (RoPE applied) and values of positions `start..end` of
     /// sequence `seq_id`, every layer, written into `k` and `v` ([layers, end - start,
-    /// kv_heads, head_dim], the cache's dtype).
+    /// kv_heads, head_dim], the cache's dtype), on the cache's device (as TVM's kernel needs)
+    /// or on the host (copied back from the device).
     pub fn debug_get_kv(&self, seq_id: i64, start: i64, end: i64, k: &NdArray, v: &NdArray) -> Result<(), VmError> {
         let c = &self.config;
         let state = self.lock();
@@ -279,10 +323,18 @@ impl PagedKvCache {
         for a in [k, v] {
             let s = a.shape();
             let want = [c.num_layers, end - start, c.num_kv_heads, c.qk_head_dim];
-            if s != want || a.dtype() != c.dtype || !a.device().is_cpu() {
+            if s != want || a.dtype() != c.dtype {
                 return Err(KvCacheError::Check(format!(
                     "{msg} Got shape {s:?} ({}), expected {want:?}",
                     crate::payload::relax::executable::dtype_name(a.dtype())
+                ))
+                .into());
+            }
+            if a.device() != c.device && !a.device().is_cpu() {
+                return Err(KvCacheError::Check(format!(
+                    "DebugGetKV writes into tensors on the cache's device ({}) or on the host, got one on {}",
+                    c.device,
+                    a.device()
                 ))
                 .into());
             }
@@ -303,14 +355,30 @@ impl PagedKvCache {
             }
         }
         let positions = positions.get(start as usize..end as usize).ok_or_else(unfilled)?;
-        let map = int32_array(positions)?;
+        let map = int32_array(positions, c.device)?;
+        // The kernel writes on the cache's device: host tensors of a device cache get the
+        // values through device tensors, copied back after the last layer.
+        let on_device = |a: &NdArray| -> Result<NdArray, VmError> {
+            if a.device() == c.device {
+                Ok(a.clone())
+            } else {
+                Ok(NdArray::empty(a.shape(), a.dtype(), c.device)?)
+            }
+        };
+        let (kd, vd) = (on_device(k)?, on_device(v)?);
         for (layer, pages) in self.pages.iter().enumerate() {
-            run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(k), t(v), Value::Int(layer as i64)])?;
+            run(&self.kernels.debug_get_kv, &[t(pages), t(&map), t(&kd), t(&vd), Value::Int(layer as i64)])?;
+        }
+        for (dev, host) in [(&kd, k), (&vd, v)] {
+            if dev.device() != host.device() {
+                dev.copy_to(host)?;
+            }
         }
         Ok(())
     }
 
-    /// The positions of the round's queries (TVM's `GetQueryPositions`), an `int32` tensor.
+    /// The positions of the round's queries (TVM's `GetQueryPositions`), an `int32` tensor on
+    /// the cache's device.
     pub fn query_positions(&self) -> Result<NdArray, VmError> {
         let mut state = self.lock();
         let Some(batch) = state.batch.as_ref() else {
@@ -318,7 +386,7 @@ impl PagedKvCache {
                 check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into()
             );
         };
-        let aux = AuxArrays::new(batch)?;
+        let aux = AuxArrays::new(batch, self.config.device)?;
         let positions = aux.q_rope_position_map.clone();
         state.aux = Some(aux);
         Ok(positions)

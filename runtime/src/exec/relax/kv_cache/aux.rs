@@ -258,15 +258,18 @@ pub(super) struct AuxArrays {
     pub depths: Vec<DepthArrays>,
 }
 
-/// An `int32` vector as a 1-D tensor on the host.
-pub(super) fn int32_array(v: &[i32]) -> Result<NdArray, VmError> {
+/// An `int32` vector as a 1-D tensor on `device` (copied there from the host, as TVM's aux
+/// data managers copy their host staging buffers in `CopyTo*Async`).
+pub(super) fn int32_array(v: &[i32], device: Device) -> Result<NdArray, VmError> {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    Ok(NdArray::from_bytes(&bytes, &[v.len() as i64], DataType::I32, Device::cpu(0))?)
+    Ok(NdArray::from_bytes(&bytes, &[v.len() as i64], DataType::I32, device)?)
 }
 
 impl AuxArrays {
-    /// The arrays of `batch` (TVM's `SyncAuxArrayToDevice`).
-    pub fn new(batch: &Batch) -> Result<AuxArrays, VmError> {
+    /// The arrays of `batch` on `device` (TVM's `SyncAuxArrayToDevice`: computed on the host,
+    /// then copied to the device once per round).
+    pub fn new(batch: &Batch, device: Device) -> Result<AuxArrays, VmError> {
+        let int32_array = |v: &[i32]| int32_array(v, device);
         let mut indptr = vec![0i32];
         for &l in &batch.append_lengths {
             indptr.push(indptr[indptr.len() - 1] + l as i32);

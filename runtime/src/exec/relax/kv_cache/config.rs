@@ -1,6 +1,7 @@
 //! `vm.builtin.paged_attention_kv_cache_create`: its 28 arguments, checked and turned into the
 //! cache's configuration and kernels. What mblob does not implement is refused here, naming it.
 
+use crate::device::Device;
 use crate::ffi::callconv::PackedFunction;
 use crate::format::DataType;
 
@@ -49,6 +50,9 @@ pub struct CacheConfig {
     pub rotary_theta: f64,
     /// The dtype of keys and values.
     pub dtype: DataType,
+    /// Where the pages, the scratch tensors and the auxiliary arrays live: the device of the
+    /// `init` tensor (argument 12), which the VM allocates on its device (TVM's `device_`).
+    pub device: Device,
 }
 
 /// A kernel of the library and its name (for errors).
@@ -222,11 +226,8 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     if let Value::Tensor(_) = get(args, 11)? {
         return Err(KvCacheError::Unsupported("RoPE extension factors".into()));
     }
-    let dtype = match get(args, 12)? {
-        Value::Tensor(t) if t.device().is_cpu() => t.dtype(),
-        Value::Tensor(t) => {
-            return Err(KvCacheError::Unsupported(format!("a cache on {} (only the CPU)", t.device())));
-        }
+    let (dtype, device) = match get(args, 12)? {
+        Value::Tensor(t) => (t.dtype(), t.device()),
         v => {
             return Err(arg_err(12, format!("expected a tensor (the dtype and device of the cache), got {}", v.kind())))
         }
@@ -271,6 +272,7 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             rotary_scale,
             rotary_theta,
             dtype,
+            device,
         },
         Kernels {
             transpose_append,

@@ -9,7 +9,7 @@ pub enum KvCacheError {
     #[error("InternalError: {0}")]
     Check(String),
     /// A configuration or call mblob's cache does not implement (sliding window, tree
-    /// attention, MLA, KV transfer, FlashInfer kernels, devices other than the CPU).
+    /// attention, MLA, KV transfer, FlashInfer kernels).
     #[error("not supported by mblob's paged KV cache: {0}")]
     Unsupported(String),
     /// An argument of a KV cache builtin of the wrong kind or out of range.

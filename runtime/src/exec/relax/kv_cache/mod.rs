@@ -1,6 +1,20 @@
 //! TVM's paged KV cache (`relax.vm.PagedAttentionKVCache`, TVM 0.27's
-//! `src/runtime/vm/paged_kv_cache.cc`) for LLMs compiled for the CPU with TIR attention
-//! kernels, and the `vm.builtin.kv_state_*` / `vm.builtin.attention_kv_cache_*` builtins on it.
+//! `src/runtime/vm/paged_kv_cache.cc`) for LLMs compiled with TIR attention kernels, for the
+//! CPU or a GPU (OpenCL, CUDA), and the `vm.builtin.kv_state_*` /
+//! `vm.builtin.attention_kv_cache_*` builtins on it.
+//!
+//! The cache lives on the device of the VM that creates it (the `init` tensor the library
+//! passes to `vm.builtin.paged_attention_kv_cache_create` is allocated there): the pages, the
+//! scratch tensors of the attention and the auxiliary arrays of each round, which are computed
+//! on the host in `kv_state_begin_forward` and copied to the device once per round, as TVM's
+//! aux data managers copy their host staging buffers. A GPU library's kernels
+//! (`TIRPagedKVCache` for a GPU target: `batch_prefill_paged_kv`, `batch_decode_paged_kv`,
+//! `copy_single_page`, ...) take the same parameters as the CPU ones and are called the same
+//! way; they launch on the device through the library's host code. One exception: on OpenCL
+//! the partial attentions of two block depths are merged on the host (TVM's
+//! `merge_state_inplace` computed in Rust), since the GPU library's merge kernel has the
+//! work-items of a head read and rewrite its log-sum-exp without a barrier, which is right only
+//! where they run in lockstep (a GPU), not where they run one after another (pocl).
 //!
 //! A model library made as MLC-LLM makes them has a VM function `create_tir_paged_kv_cache`
 //! that calls `vm.builtin.paged_attention_kv_cache_create` with the cache's configuration and
@@ -31,8 +45,8 @@
 //! prefixes (block depths and the merge of partial attentions), `fork_sequence` at the end or
 //! inside a page, `popn` into a shared prefix, `debug_get_kv`. Refused with
 //! [`KvCacheError::Unsupported`]: sliding windows, token-tree attention, MLA and linear
-//! attention, KV transfer, RoPE extension factors, FlashInfer kernels, devices other than the
-//! CPU. TVM's checks fail with TVM's messages ([`KvCacheError::Check`]).
+//! attention, KV transfer, RoPE extension factors, FlashInfer kernels. TVM's checks fail with
+//! TVM's messages ([`KvCacheError::Check`]).
 
 mod attention;
 mod aux;
@@ -77,13 +91,14 @@ struct State {
     aux: Option<AuxArrays>,
 }
 
-/// TVM's `PagedAttentionKVCache` on the CPU with TIR kernels. Shared between the VM's
+/// TVM's `PagedAttentionKVCache` with TIR kernels, on the CPU or a GPU. Shared between the VM's
 /// registers and the host (an [`ObjectRef`]); its methods lock it.
 #[derive(Debug)]
 pub struct PagedKvCache {
     config: CacheConfig,
     kernels: Kernels,
-    /// Per layer: `[num_pages, 2, num_kv_heads, page_size, head_dim]` (keys at 0, values at 1).
+    /// Per layer: `[num_pages, 2, num_kv_heads, page_size, head_dim]` (keys at 0, values at 1),
+    /// on the cache's device.
     pages: Vec<NdArray>,
     temp: Temp,
     state: Mutex<State>,
@@ -101,8 +116,8 @@ impl VmObject for PagedKvCache {
     }
 }
 
-fn empty(shape: &[i64], dtype: DataType) -> Result<NdArray, VmError> {
-    Ok(NdArray::empty(shape, dtype, Device::cpu(0))?)
+fn empty(shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, VmError> {
+    Ok(NdArray::empty(shape, dtype, device)?)
 }
 
 impl PagedKvCache {
@@ -116,15 +131,16 @@ impl PagedKvCache {
         if bytes > 1 << 40 {
             return Err(VmError::Alloc(bytes));
         }
-        let pages = (0..c.num_layers).map(|_| empty(&page_shape, c.dtype)).collect::<Result<Vec<_>, _>>()?;
+        let dev = c.device;
+        let pages = (0..c.num_layers).map(|_| empty(&page_shape, c.dtype, dev)).collect::<Result<Vec<_>, _>>()?;
         let chunk = c.prefill_chunk_size;
         let temp = Temp {
-            q: empty(&[chunk, c.num_qo_heads, c.qk_head_dim], c.dtype)?,
-            k: empty(&[chunk, c.num_kv_heads, c.qk_head_dim], c.dtype)?,
-            v: empty(&[chunk, c.num_kv_heads, c.v_head_dim], c.dtype)?,
-            out: empty(&[chunk, c.num_qo_heads, c.v_head_dim], c.dtype)?,
-            lse: empty(&[chunk, c.num_qo_heads], DataType::F32)?,
-            merged_lse: empty(&[chunk, c.num_qo_heads], DataType::F32)?,
+            q: empty(&[chunk, c.num_qo_heads, c.qk_head_dim], c.dtype, dev)?,
+            k: empty(&[chunk, c.num_kv_heads, c.qk_head_dim], c.dtype, dev)?,
+            v: empty(&[chunk, c.num_kv_heads, c.v_head_dim], c.dtype, dev)?,
+            out: empty(&[chunk, c.num_qo_heads, c.v_head_dim], c.dtype, dev)?,
+            lse: empty(&[chunk, c.num_qo_heads], DataType::F32, dev)?,
+            merged_lse: empty(&[chunk, c.num_qo_heads], DataType::F32, dev)?,
         };
         let state = Mutex::new(State { table: Table::new(c.page_size, c.num_total_pages), batch: None, aux: None });
         Ok(PagedKvCache { config, kernels, pages, temp, state, _tree: tree })
@@ -192,7 +208,8 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Ends a round (nothing to synchronise on the CPU).
+    /// Ends a round (nothing to synchronise: the device runs the kernels in order, and reading
+    /// a result back waits for them).
     pub fn end_forward(&self) {}
 
     /// Pages free.

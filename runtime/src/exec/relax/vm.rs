@@ -1010,9 +1010,9 @@ impl VirtualMachine {
                 Ok(Value::Null)
             }
             Builtin::MatchShape => {
-                let shape: Arc<[i64]> = match a.get(0)? {
-                    Value::Tensor(t) => t.shape().into(),
-                    Value::Shape(s) => s.clone(),
+                let shape: &[i64] = match a.get(0)? {
+                    Value::Tensor(t) => t.shape(),
+                    Value::Shape(s) => s,
                     v => return Err(a.type_err(0, "a tensor or a shape", v)),
                 };
                 let heap = a.heap(1)?;
@@ -1147,7 +1147,7 @@ impl VirtualMachine {
                         storage.nbytes()
                     )));
                 }
-                Ok(Value::Tensor(NdArray::in_storage(storage, offset as usize, &shape, dtype)?))
+                Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?))
             }
             Builtin::NullValue => {
                 if !args.is_empty() {

@@ -442,10 +442,19 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[
     if !args.iter().any(|a| matches!(a, Value::Str(_))) {
         // No strings to keep alive: the arguments are encoded on the stack (a VM's kernel
         // calls, many per inference, take this way).
-        let values: smallvec::SmallVec<[TVMFFIAny; 8]> =
-            args.iter().map(|a| encode_ffi_value(a, TVMValue { v_int64: 0 })).collect();
+        let mut stack = [TVMFFIAny::none(); 8];
+        let heap: Vec<TVMFFIAny>;
+        let values: &[TVMFFIAny] = if args.len() <= stack.len() {
+            for (slot, a) in stack.iter_mut().zip(args) {
+                *slot = encode_ffi_value(a, TVMValue { v_int64: 0 });
+            }
+            &stack[..args.len()]
+        } else {
+            heap = args.iter().map(|a| encode_ffi_value(a, TVMValue { v_int64: 0 })).collect();
+            &heap
+        };
         // SAFETY: per the contract `addr` has this signature; the arguments live until it returns.
-        let result = unsafe { invoke_ffi(addr, resource, &values) }?;
+        let result = unsafe { invoke_ffi(addr, resource, values) }?;
         // SAFETY: as in `call_classic`.
         return Ok(unsafe { decode_ffi(&result) });
     }

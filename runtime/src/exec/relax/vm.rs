@@ -849,21 +849,29 @@ impl VirtualMachine {
                     // Every argument by reference: registers, constants, and the values of
                     // immediates made when the VM was created (nothing is cloned).
                     let mut owned = self.immediates[pc as usize].iter();
-                    let values: SmallVec<[&Value; 8]> = args
-                        .iter()
-                        .map(|a| match *a {
-                            Arg::Reg(Reg::Index(i)) => &regs[i as usize],
-                            Arg::Const(c) => &self.constants[c as usize],
-                            _ => owned.next().unwrap_or(&Value::Null),
-                        })
-                        .collect();
-                    let ret = self.call(*func as usize, &values, depth).map_err(|e| VmError::At {
+                    let mut value = |a: &Arg| match *a {
+                        Arg::Reg(Reg::Index(i)) => &regs[i as usize],
+                        Arg::Const(c) => &self.constants[c as usize],
+                        _ => owned.next().unwrap_or(&Value::Null),
+                    };
+                    // Up to 8 arguments (nearly every call) on the stack, more in a vector.
+                    let mut stack: [&Value; 8] = [&Value::Null; 8];
+                    let heap: Vec<&Value>;
+                    let values: &[&Value] = if args.len() <= stack.len() {
+                        for (slot, a) in stack.iter_mut().zip(args) {
+                            *slot = value(a);
+                        }
+                        &stack[..args.len()]
+                    } else {
+                        heap = args.iter().map(value).collect();
+                        &heap
+                    };
+                    let ret = self.call(*func as usize, values, depth).map_err(|e| VmError::At {
                         function: f.name.clone(),
                         pc: pc as usize,
                         callee: exec.functions[*func as usize].name.clone(),
                         source: Box::new(e),
                     })?;
-                    drop(values);
                     if let Reg::Index(r) = dst {
                         regs[*r as usize] = ret;
                     }
@@ -892,6 +900,9 @@ impl VirtualMachine {
     fn call(&self, func: usize, args: &[&Value], depth: usize) -> Result<Value, VmError> {
         let name = &self.executable().functions[func].name;
         match &self.callees[func] {
+            // The commonest builtin (every register a function frees), without the builtin
+            // dispatch.
+            Callee::Builtin(Builtin::NullValue) if args.is_empty() => Ok(Value::Null),
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
             Callee::Builtin(b) => self.builtin(*b, name, args, depth),
             // A kernel's return value is the call's result: a destination-passing kernel
@@ -1535,32 +1546,38 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
 /// Its return value comes back as a VM value (integers and bools as `Int`, floats, null).
 fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
-    // The DLTensors first, in a vector that is not touched again until the call returns, so
-    // that the pointers to them stay valid.
-    let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();
     for (index, v) in args.iter().enumerate() {
-        match v {
-            Value::Tensor(t) => tensors.push(t.dl_tensor()),
-            Value::Int(_) | Value::Float(_) | Value::Null => {}
-            v => {
-                return Err(VmError::Type {
-                    callee: name.to_owned(),
-                    index,
-                    expected: "a tensor, an integer, a float or null",
-                    got: v.kind(),
-                })
-            }
+        if !matches!(v, Value::Tensor(_) | Value::Int(_) | Value::Float(_) | Value::Null) {
+            return Err(VmError::Type {
+                callee: name.to_owned(),
+                index,
+                expected: "a tensor, an integer, a float or null",
+                got: v.kind(),
+            });
         }
     }
-    let mut next_tensor = tensors.iter_mut();
+    // The DLTensors first, in an array that is not touched again until the call returns, so
+    // that the pointers to them stay valid: on the stack for up to 8 arguments (nearly every
+    // kernel), else in a vector.
+    let dl = |v: &&Value| match v {
+        Value::Tensor(t) => Some(t.dl_tensor()),
+        _ => None,
+    };
+    let mut stack: [Option<DLTensor>; 8] = std::array::from_fn(|i| args.get(i).and_then(dl));
+    let mut heap: Vec<Option<DLTensor>>;
+    let tensors: &mut [Option<DLTensor>] = if args.len() <= stack.len() {
+        &mut stack[..args.len()]
+    } else {
+        heap = args.iter().map(dl).collect();
+        &mut heap
+    };
     let values: SmallVec<[CallValue; 8]> = args
         .iter()
-        .map(|v| match v {
-            Value::Tensor(_) => {
-                CallValue::Tensor(next_tensor.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor))
-            }
-            Value::Int(i) => CallValue::Int(*i),
-            Value::Float(f) => CallValue::Float(*f),
+        .zip(tensors.iter_mut())
+        .map(|(v, t)| match (v, t) {
+            (Value::Tensor(_), Some(t)) => CallValue::Tensor(t as *mut DLTensor),
+            (Value::Int(i), _) => CallValue::Int(*i),
+            (Value::Float(f), _) => CallValue::Float(*f),
             _ => CallValue::None,
         })
         .collect();
@@ -1575,7 +1592,7 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
     #[allow(unsafe_code)]
     let called = unsafe { kernel.call(&values) };
     drop(values);
-    drop(tensors);
+    drop(stack);
     match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),

@@ -1560,12 +1560,17 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
     // that the pointers to them stay valid: on the stack for up to 8 arguments (nearly every
     // kernel), else in a vector.
     let dl = |v: &&Value| match v {
-        Value::Tensor(t) => Some(t.dl_tensor()),
-        _ => None,
+        Value::Tensor(t) => t.dl_tensor(),
+        _ => UNUSED_DL_TENSOR,
     };
-    let mut stack: [Option<DLTensor>; 8] = std::array::from_fn(|i| args.get(i).and_then(dl));
-    let mut heap: Vec<Option<DLTensor>>;
-    let tensors: &mut [Option<DLTensor>] = if args.len() <= stack.len() {
+    let mut stack: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
+    let mut heap: Vec<DLTensor>;
+    let tensors: &mut [DLTensor] = if args.len() <= stack.len() {
+        for (slot, v) in stack.iter_mut().zip(args) {
+            if let Value::Tensor(t) = v {
+                *slot = t.dl_tensor();
+            }
+        }
         &mut stack[..args.len()]
     } else {
         heap = args.iter().map(dl).collect();
@@ -1574,10 +1579,10 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
     let values: SmallVec<[CallValue; 8]> = args
         .iter()
         .zip(tensors.iter_mut())
-        .map(|(v, t)| match (v, t) {
-            (Value::Tensor(_), Some(t)) => CallValue::Tensor(t as *mut DLTensor),
-            (Value::Int(i), _) => CallValue::Int(*i),
-            (Value::Float(f), _) => CallValue::Float(*f),
+        .map(|(v, t)| match v {
+            Value::Tensor(_) => CallValue::Tensor(t as *mut DLTensor),
+            Value::Int(i) => CallValue::Int(*i),
+            Value::Float(f) => CallValue::Float(*f),
             _ => CallValue::None,
         })
         .collect();
@@ -1603,6 +1608,18 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
         ))),
     }
 }
+
+/// The place of an argument that is not a tensor in `call_kernel`'s array of DLTensors (never
+/// passed to the kernel).
+const UNUSED_DL_TENSOR: DLTensor = DLTensor {
+    data: std::ptr::null_mut(),
+    device: crate::ffi::packed::DLDevice { device_type: 0, device_id: 0 },
+    ndim: 0,
+    dtype: crate::ffi::packed::DLDataType { code: 0, bits: 0, lanes: 0 },
+    shape: std::ptr::null_mut(),
+    strides: std::ptr::null_mut(),
+    byte_offset: 0,
+};
 
 /// What kind of value a packed call returned, for errors.
 fn call_value_kind(v: &CallValue) -> &'static str {

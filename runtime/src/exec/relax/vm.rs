@@ -1597,7 +1597,6 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
     #[allow(unsafe_code)]
     let called = unsafe { kernel.call(&values) };
     drop(values);
-    drop(stack);
     match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),

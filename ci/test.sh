@@ -23,6 +23,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-
 cargo test --workspace
 # Without LLVM and CUDA, but with the command line that most of the integration tests run.
 cargo test --workspace --no-default-features --features cli
+# The C library without its optional features (graph, AOT and Relax models on the CPU) must
+# stay under 1 MiB stripped: one `release-small` build of it (about 2 minutes cold on 2 cores).
+bash benches/size.sh --check
 # The Python package (python/, its own crate outside the workspace): lints, then built with
 # maturin into a fresh virtualenv and tested with pytest against the goldens and the `mblob`
 # binary that `cargo test` built. Tests that need TVM are reported as skipped without it.

@@ -28,7 +28,6 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use smallvec::SmallVec;
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
 use crate::device::{Device, DeviceError};
@@ -1556,36 +1555,30 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
             });
         }
     }
-    // The DLTensors first, in an array that is not touched again until the call returns, so
-    // that the pointers to them stay valid: on the stack for up to 8 arguments (nearly every
-    // kernel), else in a vector.
-    let dl = |v: &&Value| match v {
-        Value::Tensor(t) => t.dl_tensor(),
-        _ => UNUSED_DL_TENSOR,
-    };
-    let mut stack: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
-    let mut heap: Vec<DLTensor>;
-    let tensors: &mut [DLTensor] = if args.len() <= stack.len() {
-        for (slot, v) in stack.iter_mut().zip(args) {
-            if let Value::Tensor(t) = v {
-                *slot = t.dl_tensor();
-            }
-        }
-        &mut stack[..args.len()]
+    // The DLTensors and the call's values, in arrays that are not touched again until the call
+    // returns, so that the pointers to the DLTensors stay valid: on the stack for up to 8
+    // arguments (nearly every kernel), else in vectors.
+    let mut stack_tensors: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
+    let mut stack_values: [CallValue; 8] = std::array::from_fn(|_| CallValue::None);
+    let (mut heap_tensors, mut heap_values): (Vec<DLTensor>, Vec<CallValue>);
+    let (tensors, values): (&mut [DLTensor], &mut [CallValue]) = if args.len() <= stack_tensors.len() {
+        (&mut stack_tensors[..args.len()], &mut stack_values[..args.len()])
     } else {
-        heap = args.iter().map(dl).collect();
-        &mut heap
+        heap_tensors = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
+        heap_values = args.iter().map(|_| CallValue::None).collect();
+        (&mut heap_tensors, &mut heap_values)
     };
-    let values: SmallVec<[CallValue; 8]> = args
-        .iter()
-        .zip(tensors.iter_mut())
-        .map(|(v, t)| match v {
-            Value::Tensor(_) => CallValue::Tensor(t as *mut DLTensor),
+    for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
+        *slot = match v {
+            Value::Tensor(a) => {
+                *t = a.dl_tensor();
+                CallValue::Tensor(t as *mut DLTensor)
+            }
             Value::Int(i) => CallValue::Int(*i),
             Value::Float(f) => CallValue::Float(*f),
             _ => CallValue::None,
-        })
-        .collect();
+        };
+    }
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
     // SAFETY: the function is one the library (or a module of its tree) exports under this
     // name, called in the convention its module reports; that it is a kernel of that
@@ -1595,8 +1588,7 @@ fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<V
     // a shape that lives in the `NdArray`; the `DLTensor`s live in `tensors` until the call
     // returns. Kernels do not write shapes.
     #[allow(unsafe_code)]
-    let called = unsafe { kernel.call(&values) };
-    drop(values);
+    let called = unsafe { kernel.call(values) };
     match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),

@@ -28,7 +28,6 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-
 use crate::array::{tensor_bytes, ArrayError, NdArray};
 use crate::device::{Device, DeviceError};
 use crate::ffi::callconv::{PackedFunction, Value as CallValue};

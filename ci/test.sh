@@ -14,6 +14,9 @@ cargo fmt --all -- --check
 if cargo tree -p mblob --no-default-features -e normal | grep -E " (clap|tracing-subscriber) v"; then exit 1; fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+# In the workspace the `mblob` crate turns the runtime's `relay-vm` feature on; the runtime
+# alone, without it (what the CPU-only C library builds), must be clean too.
+cargo clippy -p mblob-runtime --all-targets --no-default-features -- -D warnings
 # The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly); checking
 # them here on stable keeps them compiling as the readers' API changes.
 cargo check --manifest-path fuzz/Cargo.toml --all-targets

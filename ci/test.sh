@@ -26,6 +26,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-
 cargo test --workspace
 # Without LLVM and CUDA, but with the command line that most of the integration tests run.
 cargo test --workspace --no-default-features --features cli
+# The runtime alone without `relay-vm` (the workspace always has it on): a Relay VM model is
+# refused, naming the feature.
+cargo test -p mblob-runtime --no-default-features --test relay_vm_off
 # The C library without its optional features (graph, AOT and Relax models on the CPU) must
 # stay under 1 MiB stripped: one `release-small` build of it (about 2 minutes cold on 2 cores).
 bash benches/size.sh --check

@@ -94,16 +94,16 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// Whether `tree` holds a Relay VM executable (none can be loaded without the `relay-vm`
-/// feature: its loader is not registered).
+/// Whether `tree` holds a Relay VM executable: read by its loader, or, without the `relay-vm`
+/// feature, kept as raw bytes under its type key (`VMExecutable`).
 #[cfg(feature = "relay-vm")]
 fn holds_relay_vm(tree: &LoadedTree) -> bool {
     tree.find::<RelayVmExecutable>().is_some()
 }
 
 #[cfg(not(feature = "relay-vm"))]
-fn holds_relay_vm(_tree: &LoadedTree) -> bool {
-    false
+fn holds_relay_vm(tree: &LoadedTree) -> bool {
+    tree.modules().iter().any(|m| m.module.type_key() == "VMExecutable")
 }
 
 impl Model {
@@ -154,7 +154,7 @@ impl Model {
                 state.select(&default, false)?;
                 Inner::Relax(Box::new(state))
             }
-            // Never: without the feature, no Relay VM executable is loaded (see `holds_relay_vm`).
+            // Without the feature the executable was kept as raw bytes, and is not run.
             #[cfg(not(feature = "relay-vm"))]
             ModelKind::RelayVm => {
                 return Err(ExecError::NoFactory(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds mblob's C API in release and installs it under PREFIX (default /usr/local):
+# Builds mblob's C API and installs it under PREFIX (default /usr/local):
 #   PREFIX/include/mblob.h
 #   PREFIX/lib/libmblob.so.0 (soname libmblob.so.0), PREFIX/lib/libmblob.so -> libmblob.so.0
 #   PREFIX/lib/libmblob.a
@@ -10,23 +10,33 @@
 #
 # Environment:
 #   MBLOB_CAPI_FEATURES  the crate's features, comma-separated, instead of its defaults
-#                        (`cuda,opencl,llm` is the runtime alone, without `inspect` and `emit`:
-#                        mblob.pc's Cflags then hide their declarations in mblob.h)
+#                        (`cuda,opencl,llm,relay-vm` is the runtime alone, without `inspect` and
+#                        `emit`: mblob.pc's Cflags then hide their declarations in mblob.h;
+#                        `none` is the CPU-only library, under 1 MiB: benches/size.sh)
+#   MBLOB_CAPI_PROFILE   the cargo profile: `release-small` (default: smallest code, fat LTO,
+#                        stripped) or `release` (faster Rust code, larger)
 #   MBLOB_CAPI_LIB_DIR   install the libmblob_capi.so (and libmblob_capi.a, when there) of
 #                        this directory instead of building (a build of the same features)
+# The shared and the static library are built apart (`cargo rustc --crate-type`): built
+# together the shared one comes out about 30% larger.
 set -euo pipefail
 prefix=${1:-/usr/local}
 cd "$(dirname "$0")/.."
 features=${MBLOB_CAPI_FEATURES-}
+profile=${MBLOB_CAPI_PROFILE:-release-small}
 if [ -n "${MBLOB_CAPI_LIB_DIR-}" ]; then
   built=$MBLOB_CAPI_LIB_DIR
 else
-  if [ -n "$features" ]; then
-    cargo build --release --quiet -p mblob-capi --no-default-features --features "$features"
-  else
-    cargo build --release --quiet -p mblob-capi
-  fi
-  built=$(bash ci/target-dir.sh)/release
+  args=()
+  case "$features" in
+    "") ;;
+    none) args=(--no-default-features) ;;
+    *) args=(--no-default-features --features "$features") ;;
+  esac
+  for crate_type in cdylib staticlib; do
+    cargo rustc --quiet -p mblob-capi --profile "$profile" --lib --crate-type "$crate_type" "${args[@]}"
+  done
+  built=$(bash ci/target-dir.sh)/$profile
 fi
 cflags='-I${includedir}'
 if [ -n "$features" ]; then

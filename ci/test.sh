@@ -16,6 +16,9 @@ cargo fmt --all -- --check
 if cargo tree -p mblob --no-default-features -e normal | grep -E " (clap|tracing-subscriber) v"; then exit 1; fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+# In the workspace the `mblob` crate turns the runtime's `relay-vm` feature on; the runtime
+# alone, without it (what the CPU-only C library builds), must be clean too.
+cargo clippy -p mblob-runtime --all-targets --no-default-features -- -D warnings
 # The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly); checking
 # them here on stable keeps them compiling as the readers' API changes.
 cargo check --manifest-path fuzz/Cargo.toml --all-targets
@@ -25,6 +28,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-
 cargo test --workspace
 # Without LLVM and CUDA, but with the command line that most of the integration tests run.
 cargo test --workspace --no-default-features --features cli
+# The runtime alone without `relay-vm` (the workspace always has it on): a Relay VM model is
+# refused, naming the feature.
+cargo test -p mblob-runtime --no-default-features --test relay_vm_off
+# The C library without its optional features (graph, AOT and Relax models on the CPU) must
+# stay under 1 MiB stripped: one `release-small` build of it (about 2 minutes cold on 2 cores).
+bash benches/size.sh --check
 # The Python package (python/, its own crate outside the workspace): lints, then built with
 # maturin into a fresh virtualenv and tested with pytest against the goldens and the `mblob`
 # binary that `cargo test` built. Tests that need TVM are reported as skipped without it.

@@ -174,8 +174,19 @@ impl NdArray {
         shape: &[i64],
         dtype: DataType,
     ) -> Result<NdArray, ArrayError> {
-        let n = NdArray::checked_len(dtype, shape)?;
-        Ok(NdArray { storage: storage.view(offset, n)?, shape: shape.into(), dtype })
+        NdArray::in_storage_shared(storage, offset, shape.into(), dtype)
+    }
+
+    /// [`NdArray::in_storage`] with a shape the caller already holds shared (a VM's constant
+    /// shape), which the tensor then shares instead of copying.
+    pub fn in_storage_shared(
+        storage: &Arc<Storage>,
+        offset: usize,
+        shape: Arc<[i64]>,
+        dtype: DataType,
+    ) -> Result<NdArray, ArrayError> {
+        let n = NdArray::checked_len(dtype, &shape)?;
+        Ok(NdArray { storage: storage.view(offset, n)?, shape, dtype })
     }
 
     /// The same bytes with another shape and dtype (as many bytes or fewer).

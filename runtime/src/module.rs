@@ -39,6 +39,7 @@ crate::payload_module!(RawPayload);
 crate::payload_module!(GraphExecutorFactory);
 crate::payload_module!(DeviceModule);
 crate::payload_module!(crate::payload::relax::RelaxExecutable);
+#[cfg(feature = "relay-vm")]
 crate::payload_module!(crate::payload::relay_vm::RelayVmExecutable);
 
 /// Implements [`Module`] for a payload kind whose loaded form is the payload itself: its type

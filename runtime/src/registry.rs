@@ -13,6 +13,7 @@ use crate::module::Module;
 use crate::payload::device::{DeviceModule, DEVICE_TYPE_KEYS};
 use crate::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
 use crate::payload::relax::{RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE};
+#[cfg(feature = "relay-vm")]
 use crate::payload::relay_vm::{RelayVmExecutable, VM_EXECUTABLE};
 use crate::payload::{RawPayload, RAW_KNOWN_KEYS};
 
@@ -96,6 +97,7 @@ impl Default for Registry {
         r.register(RelaxLoader(RELAX_EXECUTABLE));
         r.register(RelaxLoader(RELAX_VM_EXECUTABLE));
         // So is the Relay VM executable (TVM 0.8 to 0.19).
+        #[cfg(feature = "relay-vm")]
         r.register(RelayVmLoader);
         r
     }
@@ -184,9 +186,11 @@ impl Loader for RelaxLoader {
 
 /// The Relay VM executable's loader (`VMExecutable`, classic layouts only: Relay left TVM
 /// before tvm-ffi); the payload is measured by its string wrapper.
+#[cfg(feature = "relay-vm")]
 #[derive(Debug, Clone, Copy)]
 pub struct RelayVmLoader;
 
+#[cfg(feature = "relay-vm")]
 impl Loader for RelayVmLoader {
     fn type_key(&self) -> &str {
         VM_EXECUTABLE

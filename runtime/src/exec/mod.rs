@@ -22,6 +22,7 @@
 pub mod aot;
 pub mod graph;
 pub mod relax;
+#[cfg(feature = "relay-vm")]
 pub mod relay_vm;
 
 pub mod model;
@@ -96,6 +97,7 @@ pub enum ExecError {
     #[error(transparent)]
     Relax(Box<relax::VmError>),
     /// The Relay VM failed.
+    #[cfg(feature = "relay-vm")]
     #[error(transparent)]
     RelayVm(Box<relay_vm::RelayVmError>),
     /// An input or output index out of range.

@@ -17,10 +17,12 @@
 //! ```
 
 use super::relax::{ParamKind, RelaxExecutable, VirtualMachine, VmValue};
+#[cfg(feature = "relay-vm")]
 use super::relay_vm::RelayVm;
 use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
+#[cfg(feature = "relay-vm")]
 use crate::payload::relay_vm::RelayVmExecutable;
 
 /// What kind of model a library holds.
@@ -58,11 +60,17 @@ pub struct Model {
 }
 
 enum Inner {
-    Executor { exec: Box<dyn Executor + Send>, kind: ModelKind, given: Vec<bool> },
+    Executor {
+        exec: Box<dyn Executor + Send>,
+        kind: ModelKind,
+        given: Vec<bool>,
+    },
     Relax(Box<RelaxState>),
+    #[cfg(feature = "relay-vm")]
     RelayVm(Box<RelayState>),
 }
 
+#[cfg(feature = "relay-vm")]
 struct RelayState {
     vm: RelayVm,
     function: String,
@@ -86,13 +94,25 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// Whether `tree` holds a Relay VM executable: read by its loader, or, without the `relay-vm`
+/// feature, kept as raw bytes under its type key (`VMExecutable`).
+#[cfg(feature = "relay-vm")]
+fn holds_relay_vm(tree: &LoadedTree) -> bool {
+    tree.find::<RelayVmExecutable>().is_some()
+}
+
+#[cfg(not(feature = "relay-vm"))]
+fn holds_relay_vm(tree: &LoadedTree) -> bool {
+    tree.modules().iter().any(|m| m.module.type_key() == "VMExecutable")
+}
+
 impl Model {
     /// The kind of model `tree` holds, if any: a Relax executable first (a Relax library
     /// can also carry other modules), then a graph factory, then an AOT factory.
     pub fn kind_of(tree: &LoadedTree) -> Option<ModelKind> {
         if tree.find::<RelaxExecutable>().is_some() {
             Some(ModelKind::Relax)
-        } else if tree.find::<RelayVmExecutable>().is_some() {
+        } else if holds_relay_vm(tree) {
             Some(ModelKind::RelayVm)
         } else if tree.find::<GraphExecutorFactory>().is_some() {
             Some(ModelKind::Graph)
@@ -134,6 +154,14 @@ impl Model {
                 state.select(&default, false)?;
                 Inner::Relax(Box::new(state))
             }
+            // Without the feature the executable was kept as raw bytes, and is not run.
+            #[cfg(not(feature = "relay-vm"))]
+            ModelKind::RelayVm => {
+                return Err(ExecError::NoFactory(
+                    "a Relay VM executable: mblob-runtime was built without its `relay-vm` feature".into(),
+                ))
+            }
+            #[cfg(feature = "relay-vm")]
             ModelKind::RelayVm => {
                 let vm = RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
                 let mut state = RelayState {
@@ -144,6 +172,7 @@ impl Model {
                     outputs: Vec::new(),
                 };
                 state.select("main", false)?;
+                #[cfg(feature = "relay-vm")]
                 Inner::RelayVm(Box::new(state))
             }
             ModelKind::Graph => {
@@ -165,6 +194,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { kind, .. } => *kind,
             Inner::Relax(_) => ModelKind::Relax,
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(_) => ModelKind::RelayVm,
         }
     }
@@ -178,7 +208,7 @@ impl Model {
     pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
         match &mut self.inner {
             Inner::Relax(r) => Some(&mut r.vm),
-            Inner::Executor { .. } | Inner::RelayVm(_) => None,
+            _ => None,
         }
     }
 
@@ -187,6 +217,7 @@ impl Model {
     pub fn function(&self) -> Option<&str> {
         match &self.inner {
             Inner::Relax(r) if !r.function.is_empty() => Some(&r.function),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) if !r.function.is_empty() => Some(&r.function),
             _ => None,
         }
@@ -196,6 +227,7 @@ impl Model {
     pub fn functions(&self) -> Vec<String> {
         match &self.inner {
             Inner::Relax(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
             Inner::Executor { .. } => Vec::new(),
         }
@@ -206,6 +238,7 @@ impl Model {
     pub fn select_function(&mut self, name: &str) -> Result<(), ExecError> {
         match &mut self.inner {
             Inner::Relax(r) => r.select(name, true),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.select(name, true),
             Inner::Executor { kind, .. } => Err(ExecError::NoFactory(format!(
                 "a {} model has no functions to choose from (only Relax models do)",
@@ -220,6 +253,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.inputs().into_iter().map(|i| (i.name.clone(), Some(i))).collect(),
             Inner::Relax(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
         }
     }
@@ -229,6 +263,7 @@ impl Model {
     pub fn input_kinds(&self) -> Vec<ParamKind> {
         match &self.inner {
             Inner::Relax(r) => r.kinds.clone(),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => vec![ParamKind::Tensor; r.params.len()],
             Inner::Executor { .. } => Vec::new(),
         }
@@ -277,6 +312,7 @@ impl Model {
             }
             // The VM passes a bool in the spelling of the executable's TVM.
             Inner::Relax(r) => r.inputs[index] = Some(VmValue::Tensor(tensor.clone())),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.inputs[index] = Some(tensor.clone()),
         }
         Ok(())
@@ -288,6 +324,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { exec, .. } => exec.input_index(name),
             Inner::Relax(r) => r.params.iter().position(|p| p == name),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.params.iter().position(|p| p == name),
         }
     }
@@ -296,6 +333,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.iter().position(|g| !g),
             Inner::Relax(r) => r.inputs.iter().position(Option::is_none),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.inputs.iter().position(Option::is_none),
         }
     }
@@ -305,6 +343,7 @@ impl Model {
         match &self.inner {
             Inner::Executor { given, .. } => given.get(index).copied().unwrap_or(false),
             Inner::Relax(r) => r.inputs.get(index).is_some_and(Option::is_some),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => r.inputs.get(index).is_some_and(Option::is_some),
         }
     }
@@ -328,6 +367,7 @@ impl Model {
                 r.result = Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
                 Ok(())
             }
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => {
                 let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
                 r.outputs = r.vm.invoke(&r.function, &inputs).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
@@ -341,7 +381,7 @@ impl Model {
     pub fn result(&self) -> Option<&VmValue> {
         match &self.inner {
             Inner::Relax(r) => r.result.as_ref(),
-            Inner::RelayVm(_) | Inner::Executor { .. } => None,
+            _ => None,
         }
     }
 
@@ -367,6 +407,7 @@ impl Model {
                     VmValue::Null | VmValue::Tuple(_) | VmValue::Object(_) | VmValue::Array(_) => None,
                 })
                 .collect()),
+            #[cfg(feature = "relay-vm")]
             Inner::RelayVm(r) => Ok(r.outputs.iter().cloned().map(Output::Tensor).collect()),
         }
     }
@@ -393,6 +434,7 @@ impl RelaxState {
     }
 }
 
+#[cfg(feature = "relay-vm")]
 impl RelayState {
     fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
         let functions = self.vm.functions();

@@ -291,36 +291,45 @@ pub(crate) fn encode_ffi(args: &[Value]) -> Result<(Vec<TVMFFIAny>, Vec<CString>
     let mut out = Vec::with_capacity(args.len());
     let mut strings = Vec::new();
     for a in args {
-        let (index, value) = match a {
-            Value::None => (F_NONE, TVMValue { v_int64: 0 }),
-            Value::Int(i) => (F_INT, TVMValue { v_int64: *i }),
-            Value::Float(f) => (F_FLOAT, TVMValue { v_float64: *f }),
-            Value::Handle(p) if p.is_null() => (F_NONE, TVMValue { v_int64: 0 }),
-            Value::Handle(p) => (F_PTR, TVMValue { v_handle: *p }),
-            Value::DataType(t) => (F_DATATYPE, TVMValue { v_type: *t }),
-            Value::Device(d) => (F_DEVICE, TVMValue { v_device: *d }),
-            Value::Tensor(t) => (F_DLTENSOR, TVMValue { v_handle: t.cast() }),
+        let value = match a {
             Value::Str(s) => {
                 let c = CString::new(s.as_str())
                     .map_err(|_| CallError { code: -1, message: format!("string argument {s:?} holds a NUL byte") })?;
                 let v = TVMValue { v_handle: c.as_ptr().cast_mut().cast() };
                 strings.push(c);
-                (F_RAWSTR, v)
+                v
             }
-            Value::Object { type_index, ptr } => (*type_index, TVMValue { v_handle: *ptr }),
+            _ => TVMValue { v_int64: 0 },
         };
-        // Only the 8 payload bytes matter; a DataType or Device fills part of them, the rest
-        // stays zero as tvm-ffi requires.
-        let mut any = TVMFFIAny::none();
-        any.type_index = index;
-        match a {
-            Value::DataType(t) => any.value.v_type = *t,
-            Value::Device(d) => any.value.v_device = *d,
-            _ => any.value = value,
-        }
-        out.push(any);
+        out.push(encode_ffi_value(a, value));
     }
     Ok((out, strings))
+}
+
+/// One tvm-ffi value; `string` is the payload of a string argument (a pointer to its C string).
+fn encode_ffi_value(a: &Value, string: TVMValue) -> TVMFFIAny {
+    let (index, value) = match a {
+        Value::None => (F_NONE, TVMValue { v_int64: 0 }),
+        Value::Int(i) => (F_INT, TVMValue { v_int64: *i }),
+        Value::Float(f) => (F_FLOAT, TVMValue { v_float64: *f }),
+        Value::Handle(p) if p.is_null() => (F_NONE, TVMValue { v_int64: 0 }),
+        Value::Handle(p) => (F_PTR, TVMValue { v_handle: *p }),
+        Value::DataType(t) => (F_DATATYPE, TVMValue { v_type: *t }),
+        Value::Device(d) => (F_DEVICE, TVMValue { v_device: *d }),
+        Value::Tensor(t) => (F_DLTENSOR, TVMValue { v_handle: t.cast() }),
+        Value::Str(_) => (F_RAWSTR, string),
+        Value::Object { type_index, ptr } => (*type_index, TVMValue { v_handle: *ptr }),
+    };
+    // Only the 8 payload bytes matter; a DataType or Device fills part of them, the rest
+    // stays zero as tvm-ffi requires.
+    let mut any = TVMFFIAny::none();
+    any.type_index = index;
+    match a {
+        Value::DataType(t) => any.value.v_type = *t,
+        Value::Device(d) => any.value.v_device = *d,
+        _ => any.value = value,
+    }
+    any
 }
 
 /// Decodes one tvm-ffi value. Strings are copied.
@@ -430,6 +439,25 @@ pub(crate) unsafe fn invoke_ffi(
 ///
 /// `addr` must be a `TVMFFISafeCallType`; see [`PackedFunction::call`].
 pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
+    if !args.iter().any(|a| matches!(a, Value::Str(_))) {
+        // No strings to keep alive: the arguments are encoded on the stack (a VM's kernel
+        // calls, many per inference, take this way).
+        let mut stack = [TVMFFIAny::none(); 8];
+        let heap: Vec<TVMFFIAny>;
+        let values: &[TVMFFIAny] = if args.len() <= stack.len() {
+            for (slot, a) in stack.iter_mut().zip(args) {
+                *slot = encode_ffi_value(a, TVMValue { v_int64: 0 });
+            }
+            &stack[..args.len()]
+        } else {
+            heap = args.iter().map(|a| encode_ffi_value(a, TVMValue { v_int64: 0 })).collect();
+            &heap
+        };
+        // SAFETY: per the contract `addr` has this signature; the arguments live until it returns.
+        let result = unsafe { invoke_ffi(addr, resource, values) }?;
+        // SAFETY: as in `call_classic`.
+        return Ok(unsafe { decode_ffi(&result) });
+    }
     let (values, _strings) = encode_ffi(args)?;
     // SAFETY: per the contract `addr` has this signature; the arguments live until it returns.
     let result = unsafe { invoke_ffi(addr, resource, &values) }?;

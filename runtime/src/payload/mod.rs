@@ -3,13 +3,15 @@
 //! A payload kind implements [`Payload`] to be written, and registers a
 //! [`Loader`](crate::registry::Loader) to be read. Built-in kinds: [`graph`]
 //! (`GraphExecutorFactory`), [`device`] (CUDA, OpenCL, Vulkan-source, Metal, WebGPU),
-//! [`relax`] (`relax.Executable`, `relax.VMExecutable`), [`relay_vm`] (`VMExecutable`), and
+//! [`relax`] (`relax.Executable`, `relax.VMExecutable`), `relay_vm` (`VMExecutable`, with the
+//! `relay-vm` feature), and
 //! [`RawPayload`] bytes for anything else (`AotExecutorFactory`, `metadata_module`, or a kind
 //! this build does not know).
 
 pub mod device;
 pub mod graph;
 pub mod relax;
+#[cfg(feature = "relay-vm")]
 pub mod relay_vm;
 
 use std::any::Any;

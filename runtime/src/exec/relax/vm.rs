@@ -35,8 +35,6 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use smallvec::SmallVec;
-
 use crate::array::{tensor_bytes, ArrayError, NdArray};
 use crate::device::{Device, DeviceError};
 use crate::ffi::callconv::{PackedFunction, Value as CallValue};
@@ -979,21 +977,29 @@ impl VirtualMachine {
                     // Every argument by reference: registers, constants, and the values of
                     // immediates made when the VM was created (nothing is cloned).
                     let mut owned = self.immediates[pc as usize].iter();
-                    let values: SmallVec<[&Value; 8]> = args
-                        .iter()
-                        .map(|a| match *a {
-                            Arg::Reg(Reg::Index(i)) => &regs[i as usize],
-                            Arg::Const(c) => &self.constants[c as usize],
-                            _ => owned.next().unwrap_or(&Value::Null),
-                        })
-                        .collect();
-                    let ret = self.call(*func as usize, &values, depth).map_err(|e| VmError::At {
+                    let mut value = |a: &Arg| match *a {
+                        Arg::Reg(Reg::Index(i)) => &regs[i as usize],
+                        Arg::Const(c) => &self.constants[c as usize],
+                        _ => owned.next().unwrap_or(&Value::Null),
+                    };
+                    // Up to 8 arguments (nearly every call) on the stack, more in a vector.
+                    let mut stack: [&Value; 8] = [&Value::Null; 8];
+                    let heap: Vec<&Value>;
+                    let values: &[&Value] = if args.len() <= stack.len() {
+                        for (slot, a) in stack.iter_mut().zip(args) {
+                            *slot = value(a);
+                        }
+                        &stack[..args.len()]
+                    } else {
+                        heap = args.iter().map(value).collect();
+                        &heap
+                    };
+                    let ret = self.call(*func as usize, values, depth).map_err(|e| VmError::At {
                         function: f.name.clone(),
                         pc: pc as usize,
                         callee: exec.functions[*func as usize].name.clone(),
                         source: Box::new(e),
                     })?;
-                    drop(values);
                     if let Reg::Index(r) = dst {
                         regs[*r as usize] = ret;
                     }
@@ -1022,6 +1028,9 @@ impl VirtualMachine {
     fn call(&self, func: usize, args: &[&Value], depth: usize) -> Result<Value, VmError> {
         let name = &self.executable().functions[func].name;
         match &self.callees[func] {
+            // The commonest builtin (every register a function frees), without the builtin
+            // dispatch.
+            Callee::Builtin(Builtin::NullValue) if args.is_empty() => Ok(Value::Null),
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
             Callee::Builtin(b) => self.builtin(*b, name, args, depth),
             // A kernel's return value is the call's result: a destination-passing kernel
@@ -1070,7 +1079,7 @@ impl VirtualMachine {
             write_back(args, &values)?;
             return self.download_value(&result, name);
         }
-        let refs: SmallVec<[&Value; 8]> = values.iter().collect();
+        let refs: Vec<&Value> = values.iter().collect();
         let result = match resolve(&self._tree, name)? {
             Callee::Vm(i) => self.call_vm(i, values.clone(), 0)?,
             Callee::Builtin(b) => self.builtin(b, name, &refs, 0)?,
@@ -1191,9 +1200,9 @@ impl VirtualMachine {
                 Ok(Value::Null)
             }
             Builtin::MatchShape => {
-                let shape: Arc<[i64]> = match a.get(0)? {
-                    Value::Tensor(t) => t.shape().into(),
-                    Value::Shape(s) => s.clone(),
+                let shape: &[i64] = match a.get(0)? {
+                    Value::Tensor(t) => t.shape(),
+                    Value::Shape(s) => s,
                     v => return Err(a.type_err(0, "a tensor or a shape", v)),
                 };
                 let heap = a.heap(1)?;
@@ -1333,7 +1342,7 @@ impl VirtualMachine {
                         storage.nbytes()
                     )));
                 }
-                Ok(Value::Tensor(NdArray::in_storage(storage, offset as usize, &shape, dtype)?))
+                Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?))
             }
             Builtin::NullValue => {
                 if !args.is_empty() {
@@ -1732,35 +1741,40 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
 /// Its return value comes back as a VM value (integers and bools as `Int`, floats, null).
 pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
-    // The DLTensors first, in a vector that is not touched again until the call returns, so
-    // that the pointers to them stay valid.
-    let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();
     for (index, v) in args.iter().enumerate() {
-        match v {
-            Value::Tensor(t) => tensors.push(t.dl_tensor()),
-            Value::Int(_) | Value::Float(_) | Value::Null => {}
-            v => {
-                return Err(VmError::Type {
-                    callee: name.to_owned(),
-                    index,
-                    expected: "a tensor, an integer, a float or null",
-                    got: v.kind(),
-                })
-            }
+        if !matches!(v, Value::Tensor(_) | Value::Int(_) | Value::Float(_) | Value::Null) {
+            return Err(VmError::Type {
+                callee: name.to_owned(),
+                index,
+                expected: "a tensor, an integer, a float or null",
+                got: v.kind(),
+            });
         }
     }
-    let mut next_tensor = tensors.iter_mut();
-    let values: SmallVec<[CallValue; 8]> = args
-        .iter()
-        .map(|v| match v {
-            Value::Tensor(_) => {
-                CallValue::Tensor(next_tensor.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor))
+    // The DLTensors and the call's values, in arrays that are not touched again until the call
+    // returns, so that the pointers to the DLTensors stay valid: on the stack for up to 8
+    // arguments (nearly every kernel), else in vectors.
+    let mut stack_tensors: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
+    let mut stack_values: [CallValue; 8] = std::array::from_fn(|_| CallValue::None);
+    let (mut heap_tensors, mut heap_values): (Vec<DLTensor>, Vec<CallValue>);
+    let (tensors, values): (&mut [DLTensor], &mut [CallValue]) = if args.len() <= stack_tensors.len() {
+        (&mut stack_tensors[..args.len()], &mut stack_values[..args.len()])
+    } else {
+        heap_tensors = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
+        heap_values = args.iter().map(|_| CallValue::None).collect();
+        (&mut heap_tensors, &mut heap_values)
+    };
+    for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
+        *slot = match v {
+            Value::Tensor(a) => {
+                *t = a.dl_tensor();
+                CallValue::Tensor(t as *mut DLTensor)
             }
             Value::Int(i) => CallValue::Int(*i),
             Value::Float(f) => CallValue::Float(*f),
             _ => CallValue::None,
-        })
-        .collect();
+        };
+    }
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
     // SAFETY: the function is one the library (or a module of its tree) exports under this
     // name, called in the convention its module reports; that it is a kernel of that
@@ -1770,9 +1784,7 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
     // a shape that lives in the `NdArray`; the `DLTensor`s live in `tensors` until the call
     // returns. Kernels do not write shapes.
     #[allow(unsafe_code)]
-    let called = unsafe { kernel.call(&values) };
-    drop(values);
-    drop(tensors);
+    let called = unsafe { kernel.call(values) };
     match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),
@@ -1783,6 +1795,18 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
         ))),
     }
 }
+
+/// The place of an argument that is not a tensor in `call_kernel`'s array of DLTensors (never
+/// passed to the kernel).
+const UNUSED_DL_TENSOR: DLTensor = DLTensor {
+    data: std::ptr::null_mut(),
+    device: crate::ffi::packed::DLDevice { device_type: 0, device_id: 0 },
+    ndim: 0,
+    dtype: crate::ffi::packed::DLDataType { code: 0, bits: 0, lanes: 0 },
+    shape: std::ptr::null_mut(),
+    strides: std::ptr::null_mut(),
+    byte_offset: 0,
+};
 
 /// What kind of value a packed call returned, for errors.
 fn call_value_kind(v: &CallValue) -> &'static str {

@@ -834,8 +834,23 @@ class LanguageModel:
         return list(tokens)
 
 
+class ParamModule(Object):
+    """The module ``vm.builtin.param_module_from_cache`` (or ``..._by_name``) returns, as TVM's
+    ``ParamModuleNode``: ``mod["get_params"]()`` gives the weights (a tuple of arrays), to pass
+    as a model function's ``packed_params``."""
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        if name != "get_params":
+            raise _native.InputError(f"the parameter module has no function {name!r} (it has: get_params)")
+        return lambda: tuple(_from_triple(t) for t in self._native.get_params())
+
+    def get_function(self, name: str) -> Callable[..., Any]:
+        """TVM's ``Module.get_function``: ``get_params``."""
+        return self[name]
+
+
 def _wrap_object(native: Any, vm: Any) -> Object:
-    cls = PagedKVCache if native.type_key == "relax.vm.PagedAttentionKVCache" else Object
+    cls = {"relax.vm.PagedAttentionKVCache": PagedKVCache, "ffi.Module": ParamModule}.get(native.type_key, Object)
     return cls(native, vm)
 
 

@@ -611,6 +611,21 @@ impl PyObjectRef {
     fn same_as(&self, other: &PyObjectRef) -> bool {
         self.inner.ptr_eq(&other.inner)
     }
+
+    /// The weights of a module that `vm.builtin.param_module_from_cache*` made (what its
+    /// function `get_params` returns), as tensors `(bytes, dtype, shape)`.
+    fn get_params<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyTensor<'py>>> {
+        use mblob_runtime::exec::relax::lm::builtins::ParamModule;
+        let module = self
+            .inner
+            .downcast_ref::<ParamModule>()
+            .ok_or_else(|| RunError::new_err(format!("a {} has no function `get_params`", self.inner.type_key())))?;
+        module
+            .get_params()
+            .iter()
+            .map(|a| a.to_tensor().map(|t| to_py_tensor(py, &t)).map_err(|e| RunError::new_err(e.to_string())))
+            .collect()
+    }
 }
 
 /// [`vm_value`], with tensors (also inside tuples) as host arrays passed by reference, each

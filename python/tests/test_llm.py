@@ -140,3 +140,29 @@ def test_language_model_generates_tvms_tokens(lib):
 def test_language_model_refuses_missing_weights():
     with pytest.raises(mblob.RunError, match="tensor cache"):
         mblob.LanguageModel(os.path.join(LLM, "llm_params.so"))
+
+
+@pytest.mark.parametrize("by_name", [True, False])
+def test_param_module_gives_the_weights(by_name):
+    """vm.builtin.param_module_from_cache(_by_name): a module whose get_params are the weights;
+    embed with them gives TVM's embedding of the prompt (embed.prompt.npy)."""
+    vm = mblob.VirtualMachine(mblob.load_module(os.path.join(LLM, "llm_params.so")), mblob.cpu())
+    gf = vm.get_global_func
+    gf("vm.builtin.tensor_cache.clear")()
+    gf("vm.builtin.tensor_cache.load")(os.path.join(LLM, "params"), 1, 0)
+    if by_name:
+        mod = gf("vm.builtin.param_module_from_cache_by_name")(SCEN["param_names"])
+    else:
+        # TVM's by-prefix names: PREFIX_0 .. PREFIX_{n-1}, here the cache's own names under a prefix.
+        for i, name in enumerate(SCEN["param_names"]):
+            gf("vm.builtin.tensor_cache.update")(f"param_{i}", gf("vm.builtin.tensor_cache.get")(name), True)
+        mod = gf("vm.builtin.param_module_from_cache")("param", len(SCEN["param_names"]))
+    gf("vm.builtin.tensor_cache.clear")()
+    assert isinstance(mod, mblob.ParamModule) and mod.type_key == "ffi.Module"
+    params = mod["get_params"]()
+    assert len(params) == len(SCEN["param_names"])
+    prompt = SCEN["scenarios"]["single"]["steps"][2]["tokens"]
+    e = vm["embed"](np.array(prompt, dtype="int32"), params)
+    assert np.array_equal(e, np.load(os.path.join(LLM, "embed.prompt.npy")))
+    with pytest.raises(mblob.InputError):
+        mod["nothing"]

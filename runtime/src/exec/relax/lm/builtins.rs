@@ -48,6 +48,40 @@ impl VmObject for LegacyKvObject {
     }
 }
 
+/// TVM's type key of the module `vm.builtin.param_module_from_cache*` returns (tvm-ffi's
+/// module object).
+pub const PARAM_MODULE_TYPE_KEY: &str = "ffi.Module";
+
+/// The module `vm.builtin.param_module_from_cache` and `..._by_name` return (TVM's
+/// `ParamModuleNode`): the weights taken from the tensor cache when it was made, served by its
+/// one function, `get_params`.
+#[derive(Debug)]
+pub struct ParamModule {
+    params: Vec<NdArray>,
+}
+
+impl ParamModule {
+    /// The module holding `params`.
+    pub fn new(params: Vec<NdArray>) -> ParamModule {
+        ParamModule { params }
+    }
+
+    /// What the module's function `get_params` returns: the weights, in order.
+    pub fn get_params(&self) -> &[NdArray] {
+        &self.params
+    }
+}
+
+impl VmObject for ParamModule {
+    fn type_key(&self) -> &'static str {
+        PARAM_MODULE_TYPE_KEY
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 fn lm<T, E: Into<LmError>>(r: Result<T, E>) -> Result<T, VmError> {
     r.map_err(|e| VmError::from(e.into()))
 }
@@ -178,6 +212,15 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
         "vm.builtin.param_array_from_cache_by_name" => |_, n, a| {
             let names = strings(tuple(n, a, 0)?.iter())?;
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name(&names))?))
+        },
+        "vm.builtin.param_module_from_cache" => |_, n, a| {
+            let params = lm(tensor_cache::param_array_from_cache(&string(n, a, 0)?, int(n, a, 1)?))?;
+            Ok(Value::Object(ObjectRef::new(ParamModule::new(params))))
+        },
+        "vm.builtin.param_module_from_cache_by_name" => |_, n, a| {
+            let names = strings(tuple(n, a, 0)?.iter())?;
+            let params = lm(tensor_cache::param_array_from_cache_by_name(&names))?;
+            Ok(Value::Object(ObjectRef::new(ParamModule::new(params))))
         },
         "vm.builtin.param_array_from_cache_by_name_unpacked" => |_, _, a| {
             let names = strings(a.iter().copied())?;

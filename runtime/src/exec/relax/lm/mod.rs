@@ -65,6 +65,8 @@ pub const BUILTINS: &[&str] = &[
     "vm.builtin.param_array_from_cache",
     "vm.builtin.param_array_from_cache_by_name",
     "vm.builtin.param_array_from_cache_by_name_unpacked",
+    "vm.builtin.param_module_from_cache",
+    "vm.builtin.param_module_from_cache_by_name",
     "vm.builtin.sample_top_p_from_logits",
     "vm.builtin.sample_top_p_from_prob",
     "vm.builtin.multinomial_from_uniform",

@@ -22,6 +22,14 @@
 //! are never freed and refer to the library's context weakly: compiled code caches them in its
 //! own static data, which can outlive one load of the library when the same file is loaded
 //! twice, so a stale handle gives an error, never a dangling pointer.
+//!
+//! One file loaded several times is one image (`dlopen` hands back the image already loaded),
+//! with one context slot and one set of cached handles in its static data, so there is one
+//! context per image, shared by its loads. A function handle names the function, not the
+//! module that serves it: the context keeps each live load's imports apart, and a call finds
+//! the function among the imports of the oldest load still alive. Each load drops out of the
+//! context when it is dropped (with the functions found among its imports), so the loads of
+//! one file are independent: any of them may be dropped, on any thread, while the others run.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -30,7 +38,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
 use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
@@ -86,14 +94,24 @@ unsafe fn c_str<'a>(p: *const c_char) -> Option<std::borrow::Cow<'a, str>> {
 #[derive(Debug)]
 pub struct LibraryContext {
     path: PathBuf,
-    /// The library's imports and their imports, depth first (set once the tree is built).
-    imports: RwLock<Vec<Weak<dyn Module>>>,
-    /// Functions already found for compiled code, by name.
-    found: Mutex<HashMap<String, PackedFunction>>,
+    /// The loads of the library alive now, oldest first (each added once its tree is built,
+    /// removed when it is dropped).
+    loads: Mutex<Vec<Load>>,
     /// Handles given out for them, by name.
     handles: Mutex<HashMap<String, &'static FunctionHandle>>,
     /// The handle written into the library's context slot.
     handle: OnceLock<&'static ContextHandle>,
+}
+
+/// One load of a library, as its context knows it.
+#[derive(Debug)]
+struct Load {
+    /// The load's number (see [`crate::ffi::library`]'s images).
+    id: u64,
+    /// The library's imports and their imports, depth first.
+    imports: Vec<Weak<dyn Module>>,
+    /// Functions already found among them for compiled code, by name.
+    found: HashMap<String, PackedFunction>,
 }
 
 /// What `__tvm_module_ctx` points to.
@@ -114,8 +132,7 @@ impl LibraryContext {
     pub(crate) fn new(path: PathBuf) -> Arc<LibraryContext> {
         Arc::new(LibraryContext {
             path,
-            imports: RwLock::new(Vec::new()),
-            found: Mutex::new(HashMap::new()),
+            loads: Mutex::new(Vec::new()),
             handles: Mutex::new(HashMap::new()),
             handle: OnceLock::new(),
         })
@@ -125,14 +142,51 @@ impl LibraryContext {
         self.handle.get_or_init(|| Box::leak(Box::new(ContextHandle { ctx: Arc::downgrade(self) })))
     }
 
-    /// Finds `name` among the imports (depth first), as compiled code asks for it.
-    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
-        if let Some(f) = self.found.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            return Some(f.clone());
+    /// Records (or replaces) the imports of load `id`, in lookup order.
+    pub(crate) fn set_imports(&self, id: u64, imports: Vec<Weak<dyn Module>>) {
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        match loads.iter_mut().find(|l| l.id == id) {
+            Some(load) => {
+                load.imports = imports;
+                load.found.clear();
+            }
+            None => loads.push(Load { id, imports, found: HashMap::new() }),
         }
-        let imports = self.imports.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
-        self.found.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
+    }
+
+    /// Forgets load `id` (dropped): its imports are no longer searched, and the functions found
+    /// among them are let go.
+    pub(crate) fn forget(&self, id: u64) {
+        let gone: Vec<Load> = {
+            let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            let (gone, kept) = std::mem::take(&mut *loads).into_iter().partition(|l| l.id == id);
+            *loads = kept;
+            gone
+        };
+        // The functions (and the modules they hold) are dropped here, outside the lock.
+        drop(gone);
+    }
+
+    /// Finds `name` among the imports (depth first) of the oldest live load that has it, as
+    /// compiled code asks for it.
+    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
+        let searched: Vec<(u64, Vec<Weak<dyn Module>>)> = {
+            let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = loads.iter().find_map(|l| l.found.get(name)) {
+                return Some(f.clone());
+            }
+            loads.iter().map(|l| (l.id, l.imports.clone())).collect()
+        };
+        // Searched without the lock: a module's lookup may take its time (and its own locks).
+        let (id, f) = searched.iter().find_map(|(id, imports)| {
+            let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
+            Some((*id, f))
+        })?;
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        // Kept only while its load is alive (it may have been dropped during the search).
+        if let Some(load) = loads.iter_mut().find(|l| l.id == id) {
+            load.found.insert(name.to_owned(), f.clone());
+        }
         Some(f)
     }
 
@@ -173,13 +227,13 @@ impl FunctionHandle {
 pub(crate) fn link_imports(tree: &LoadedTree) {
     for (i, m) in tree.modules().iter().enumerate() {
         let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
-        let Some(ctx) = lib.context() else { continue };
+        let (Some(ctx), Some(id)) = (lib.context(), lib.load_id()) else { continue };
         // The library's imports in lookup order, the library itself left out.
         let order: Vec<Weak<dyn Module>> =
             tree.depth_first(i).skip(1).map(|j| Arc::downgrade(&tree.modules()[j].module)).collect();
         // Only direct imports are searched first by TVM, each with its own imports: the depth
         // first order above is the same sequence.
-        *ctx.imports.write().unwrap_or_else(|e| e.into_inner()) = order;
+        ctx.set_imports(id, order);
     }
 }
 

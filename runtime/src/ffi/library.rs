@@ -31,17 +31,21 @@ const RTLD_DL_SYMENT: libc::c_int = 1;
 const RTLD_DL_LINKMAP: libc::c_int = 2;
 
 /// What a library's context symbols (`__tvm_module_ctx`, ...) lead to. There is one per loaded
-/// image, shared by every load of it, and it lives as long as any handle on the image does (a
-/// loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
+/// image, shared by every load of it (each load's imports kept apart in it, and forgotten when
+/// that load's image handle is dropped), and it lives as long as any handle on the image does
+/// (a loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
 /// weakly, so it never dangles (see [`crate::ffi::context`]).
 pub(crate) type ModuleContext = LibraryContext;
 
-/// A loaded shared object. Dropping the last one runs the library's finalisers (`dlclose`),
-/// then frees the context its context symbols point to.
+/// One load of a shared object. Dropping it takes the load out of the image's context; dropping
+/// the last one runs the library's finalisers (`dlclose`), then frees the context its context
+/// symbols point to.
 pub(crate) struct Image {
     // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
     lib: libloading::os::unix::Library,
     ctx: Arc<ModuleContext>,
+    /// This load's number, unique in the process: its imports' key in the context.
+    id: u64,
     link_map: usize,
     /// The memory file a library loaded from memory was opened through, kept open while the
     /// image is loaded so that no later memory file gets its number (and its path).
@@ -51,6 +55,12 @@ pub(crate) struct Image {
 impl std::fmt::Debug for Image {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Image").field("link_map", &format_args!("{:#x}", self.link_map)).finish()
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        self.ctx.forget(self.id);
     }
 }
 
@@ -98,6 +108,12 @@ impl LibraryModule {
     /// The context compiled code of this library calls back with (`None` when detached).
     pub fn context(&self) -> Option<&Arc<LibraryContext>> {
         self.image.as_ref().map(|i| i.context())
+    }
+
+    /// The number of this load of the library, its key in [`LibraryModule::context`] (`None`
+    /// when detached).
+    pub(crate) fn load_id(&self) -> Option<u64> {
+        self.image.as_ref().map(|i| i.id)
     }
 
     /// The calling convention of the library's functions (classic when detached).
@@ -163,6 +179,9 @@ fn dlopen_path(path: &Path) -> PathBuf {
     }
 }
 
+/// How many images were opened so far: each one's number.
+static LOADS: AtomicU64 = AtomicU64::new(1);
+
 /// The contexts of the images loaded now, by link map.
 static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new());
 
@@ -214,7 +233,9 @@ pub(crate) unsafe fn open(path: &Path, private: bool, memfd: Option<OwnedFd>) ->
             ctx
         }
     };
-    Ok(Arc::new(Image { lib, ctx, link_map, _memfd: memfd }))
+    drop(contexts);
+    let id = LOADS.fetch_add(1, Ordering::Relaxed);
+    Ok(Arc::new(Image { lib, ctx, id, link_map, _memfd: memfd }))
 }
 
 /// How many libraries were loaded from memory so far, to make each one's path unique.

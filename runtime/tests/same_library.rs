@@ -153,7 +153,8 @@ fn npy(path: &Path) -> Tensor {
 /// for bit, to TVM's.
 fn run_sort(name: &str, tree: &LoadedTree) {
     let dir = sort_dir();
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let m = manifest["models"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap();
     let mut model = Model::new(tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{name}: {e}"));
     for i in m["inputs"].as_array().unwrap() {
@@ -202,4 +203,62 @@ fn cpu_libraries_calling_global_functions_load_twice() {
         }
         run_sort(name, &load(&so));
     }
+}
+
+/// A load after the last one was dropped while the image stayed mapped (the program holds its
+/// own `dlopen` handle on the file, as a library marked `NODELETE` also stays): the compiled
+/// code's cached function handles, left from the dropped load, lead to the new load's kernels.
+#[test]
+fn opencl_load_after_drop_while_the_image_stays_mapped() {
+    let dev = opencl();
+    // (a graph model: its host code imports no runtime function by name, so it opens in the
+    // main namespace, where the test's own `dlopen` finds the image mblob loaded)
+    for name in ["dev_graph_cnn_opencl"] {
+        let path = opencl_library(name);
+        // SAFETY: a fixture TVM built for these tests; opened with local scope, as mblob opens it.
+        let held = unsafe {
+            use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+            Library::open(Some(&path), RTLD_NOW | RTLD_LOCAL)
+        }
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for _ in 0..2 {
+            let tree = load(&path);
+            run_tree(name, &tree, dev);
+        }
+        drop(held);
+    }
+}
+
+/// Whether the image of `path` is loaded in the main namespace now.
+fn loaded(path: &Path) -> bool {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: `RTLD_NOLOAD` opens nothing: it hands back the loaded image's handle (one more
+    // reference, given back just below) or null.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if !handle.is_null() {
+        // SAFETY: the handle `dlopen` just returned, closed once.
+        unsafe { libc::dlclose(handle) };
+    }
+    !handle.is_null()
+}
+
+/// Dropping every load of a library that ran unloads it: nothing is left holding the image
+/// (the kernels found for its compiled code hold their device module, whose code is a view of
+/// the image).
+#[test]
+fn opencl_dropped_loads_unload_the_library() {
+    let dev = opencl();
+    // (a graph model, opened in the main namespace, where `dlopen` can tell; no other test
+    // here loads it)
+    let name = "dev_graph_resblock_opencl";
+    let path = opencl_library(name);
+    let first = load(&path);
+    let second = load(&path);
+    run_tree(name, &first, dev);
+    run_tree(name, &second, dev);
+    assert!(loaded(&path));
+    drop(first);
+    run_tree(name, &second, dev);
+    drop(second);
+    assert!(!loaded(&path), "{name}: still loaded after its loads were dropped");
 }

@@ -38,7 +38,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
 use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
@@ -100,7 +100,7 @@ pub struct LibraryContext {
     /// Handles given out for them, by name.
     handles: Mutex<HashMap<String, &'static FunctionHandle>>,
     /// The handle written into the library's context slot.
-    handle: OnceLock<&'static ContextHandle>,
+    handle: &'static ContextHandle,
 }
 
 /// One load of a library, as its context knows it.
@@ -114,32 +114,51 @@ struct Load {
     found: HashMap<String, PackedFunction>,
 }
 
-/// What `__tvm_module_ctx` points to.
+/// What `__tvm_module_ctx` points to: one per loaded image, never freed, leading to the
+/// image's context while one is alive. A library that stays mapped after its last load was
+/// dropped (marked `NODELETE`, or held by another `dlopen`) keeps the handles its compiled code
+/// cached; its next load gets a new context behind the same handle, so those handles lead to
+/// the new load's functions.
 #[derive(Debug)]
 pub struct ContextHandle {
-    ctx: Weak<LibraryContext>,
+    ctx: RwLock<Weak<LibraryContext>>,
+}
+
+impl ContextHandle {
+    /// A new handle, leading to no context yet.
+    pub(crate) fn leak() -> &'static ContextHandle {
+        Box::leak(Box::new(ContextHandle { ctx: RwLock::new(Weak::new()) }))
+    }
+
+    /// The context it leads to now, if one is alive.
+    pub(crate) fn context(&self) -> Option<Arc<LibraryContext>> {
+        self.ctx.read().unwrap_or_else(|e| e.into_inner()).upgrade()
+    }
 }
 
 /// What a function handle given to compiled code points to.
 #[derive(Debug)]
 pub struct FunctionHandle {
-    ctx: Weak<LibraryContext>,
+    ctx: &'static ContextHandle,
     name: String,
     global: Option<PackedFunction>,
 }
 
 impl LibraryContext {
-    pub(crate) fn new(path: PathBuf) -> Arc<LibraryContext> {
-        Arc::new(LibraryContext {
+    /// A new context behind `handle` (which then leads to it), for the library at `path`.
+    pub(crate) fn new(path: PathBuf, handle: &'static ContextHandle) -> Arc<LibraryContext> {
+        let ctx = Arc::new(LibraryContext {
             path,
             loads: Mutex::new(Vec::new()),
             handles: Mutex::new(HashMap::new()),
-            handle: OnceLock::new(),
-        })
+            handle,
+        });
+        *handle.ctx.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&ctx);
+        ctx
     }
 
-    fn context_handle(self: &Arc<Self>) -> &'static ContextHandle {
-        self.handle.get_or_init(|| Box::leak(Box::new(ContextHandle { ctx: Arc::downgrade(self) })))
+    fn context_handle(&self) -> &'static ContextHandle {
+        self.handle
     }
 
     /// Records (or replaces) the imports of load `id`, in lookup order.
@@ -179,7 +198,8 @@ impl LibraryContext {
         };
         // Searched without the lock: a module's lookup may take its time (and its own locks).
         let (id, f) = searched.iter().find_map(|(id, imports)| {
-            let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
+            let f =
+                imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
             Some((*id, f))
         })?;
         let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,7 +226,7 @@ impl LibraryContext {
             })?)
         };
         let h: &'static FunctionHandle =
-            Box::leak(Box::new(FunctionHandle { ctx: Arc::downgrade(self), name: name.to_owned(), global }));
+            Box::leak(Box::new(FunctionHandle { ctx: self.handle, name: name.to_owned(), global }));
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), h);
         Ok(h)
     }
@@ -217,7 +237,7 @@ impl FunctionHandle {
         if let Some(g) = &self.global {
             return Ok(g.clone());
         }
-        let ctx = self.ctx.upgrade().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
+        let ctx = self.ctx.context().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
         ctx.find_in_imports(&self.name).ok_or_else(|| format!("function {} is no longer available", self.name))
     }
 }
@@ -353,7 +373,7 @@ unsafe fn context_of(ctx: *mut c_void) -> Result<Arc<LibraryContext>, String> {
     }
     // SAFETY: per the contract, a leaked `ContextHandle`.
     let h = unsafe { &*(ctx as *const ContextHandle) };
-    h.ctx.upgrade().ok_or_else(|| "the library was unloaded".into())
+    h.context().ok_or_else(|| "the library was unloaded".into())
 }
 
 fn lookup_into(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
@@ -625,7 +645,7 @@ mod tests {
         let name = CString::new("f").unwrap();
         assert_eq!(backend_get_func_from_env(std::ptr::null_mut(), name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("null"));
-        let ctx = LibraryContext::new("x.so".into());
+        let ctx = LibraryContext::new("x.so".into(), ContextHandle::leak());
         let h = ctx.context_handle() as *const ContextHandle as *mut c_void;
         assert_eq!(backend_get_func_from_env(h, name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("Cannot find function f"), "{}", last_error());

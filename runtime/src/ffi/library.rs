@@ -13,12 +13,12 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use crate::bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::ffi::callconv::Abi;
-use crate::ffi::context::LibraryContext;
+use crate::ffi::context::{ContextHandle, LibraryContext};
 use crate::format::Layout;
 use crate::module::{Module, Symbol};
 
@@ -32,14 +32,13 @@ const RTLD_DL_LINKMAP: libc::c_int = 2;
 
 /// What a library's context symbols (`__tvm_module_ctx`, ...) lead to. There is one per loaded
 /// image, shared by every load of it (each load's imports kept apart in it, and forgotten when
-/// that load's image handle is dropped), and it lives as long as any handle on the image does
+/// that load's [`LibraryModule`] is dropped), and it lives as long as any handle on the image does
 /// (a loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
 /// weakly, so it never dangles (see [`crate::ffi::context`]).
 pub(crate) type ModuleContext = LibraryContext;
 
-/// One load of a shared object. Dropping it takes the load out of the image's context; dropping
-/// the last one runs the library's finalisers (`dlclose`), then frees the context its context
-/// symbols point to.
+/// One load of a shared object. Dropping the last one runs the library's finalisers
+/// (`dlclose`), then frees the context its context symbols point to.
 pub(crate) struct Image {
     // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
     lib: libloading::os::unix::Library,
@@ -55,12 +54,6 @@ pub(crate) struct Image {
 impl std::fmt::Debug for Image {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Image").field("link_map", &format_args!("{:#x}", self.link_map)).finish()
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        self.ctx.forget(self.id);
     }
 }
 
@@ -141,6 +134,17 @@ impl LibraryModule {
     }
 }
 
+impl Drop for LibraryModule {
+    /// Takes this load out of the image's context: the functions found among its imports are
+    /// let go here, not with the image, as they may hold the image themselves (a device
+    /// module's code is a view of the blob in the image).
+    fn drop(&mut self) {
+        if let Some(image) = &self.image {
+            image.ctx.forget(image.id);
+        }
+    }
+}
+
 impl Module for LibraryModule {
     fn type_key(&self) -> &str {
         LIBRARY_TYPE_KEY
@@ -182,8 +186,9 @@ fn dlopen_path(path: &Path) -> PathBuf {
 /// How many images were opened so far: each one's number.
 static LOADS: AtomicU64 = AtomicU64::new(1);
 
-/// The contexts of the images loaded now, by link map.
-static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new());
+/// The context handle of each image loaded so far, by link map (see [`ContextHandle`]: an
+/// image that stays mapped keeps its handle, and its next load's context goes behind it).
+static CONTEXTS: Mutex<Vec<(usize, &'static ContextHandle)>> = Mutex::new(Vec::new());
 
 /// Opens a shared library (a bare file name means the current directory's file).
 ///
@@ -224,15 +229,18 @@ pub(crate) unsafe fn open(path: &Path, private: bool, memfd: Option<OwnedFd>) ->
     }
     let link_map = link_map as usize;
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    contexts.retain(|(_, w)| w.strong_count() > 0);
-    let ctx = match contexts.iter().find(|(lm, _)| *lm == link_map).and_then(|(_, w)| w.upgrade()) {
-        Some(ctx) => ctx,
+    // A link map is the loader's record of one image while it is loaded; one of an image that
+    // was unloaded may be reused for another image, which then takes over its handle (whatever
+    // the unloaded image's code cached went with its memory).
+    let handle = match contexts.iter().find(|(lm, _)| *lm == link_map) {
+        Some((_, handle)) => *handle,
         None => {
-            let ctx = LibraryContext::new(path.to_owned());
-            contexts.push((link_map, Arc::downgrade(&ctx)));
-            ctx
+            let handle = ContextHandle::leak();
+            contexts.push((link_map, handle));
+            handle
         }
     };
+    let ctx = handle.context().unwrap_or_else(|| LibraryContext::new(path.to_owned(), handle));
     drop(contexts);
     let id = LOADS.fetch_add(1, Ordering::Relaxed);
     Ok(Arc::new(Image { lib, ctx, id, link_map, _memfd: memfd }))

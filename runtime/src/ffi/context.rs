@@ -19,9 +19,10 @@
 //! Every function here catches panics: no Rust panic crosses the `extern "C"` edge.
 //!
 //! Handles given to compiled code (the context and function handles) are small records that
-//! are never freed and refer to the library's context weakly: compiled code caches them in its
-//! own static data, which can outlive one load of the library when the same file is loaded
-//! twice, so a stale handle gives an error, never a dangling pointer.
+//! are never freed (one context handle per image, one function handle per name it asks for,
+//! both reachable from a table of images) and refer to the library's context weakly: compiled
+//! code caches them in its own static data, which can outlive a load of the library, so a
+//! stale handle gives an error, never a dangling pointer.
 //!
 //! One file loaded several times is one image (`dlopen` hands back the image already loaded),
 //! with one context slot and one set of cached handles in its static data, so there is one
@@ -30,6 +31,8 @@
 //! the function among the imports of the oldest load still alive. Each load drops out of the
 //! context when it is dropped (with the functions found among its imports), so the loads of
 //! one file are independent: any of them may be dropped, on any thread, while the others run.
+//! An image that stays mapped after its last load is dropped keeps its context handle, and its
+//! next load's context goes behind it (see [`ContextHandle`]).
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -97,8 +100,9 @@ pub struct LibraryContext {
     /// The loads of the library alive now, oldest first (each added once its tree is built,
     /// removed when it is dropped).
     loads: Mutex<Vec<Load>>,
-    /// Handles given out for them, by name.
-    handles: Mutex<HashMap<String, &'static FunctionHandle>>,
+    /// Functions found among the global functions for compiled code (none of the library's
+    /// imports has them), by name.
+    globals: Mutex<HashMap<String, PackedFunction>>,
     /// The handle written into the library's context slot.
     handle: &'static ContextHandle,
 }
@@ -119,15 +123,32 @@ struct Load {
 /// dropped (marked `NODELETE`, or held by another `dlopen`) keeps the handles its compiled code
 /// cached; its next load gets a new context behind the same handle, so those handles lead to
 /// the new load's functions.
+///
+/// The function handles given to the image's code are kept here too, one per name, reused by
+/// every load (they name the function; each call finds it in the context of the time), so
+/// they are made once per image and stay reachable.
 #[derive(Debug)]
 pub struct ContextHandle {
     ctx: RwLock<Weak<LibraryContext>>,
+    /// Handles given out, by name.
+    handles: Mutex<HashMap<String, &'static FunctionHandle>>,
 }
 
 impl ContextHandle {
     /// A new handle, leading to no context yet.
     pub(crate) fn leak() -> &'static ContextHandle {
-        Box::leak(Box::new(ContextHandle { ctx: RwLock::new(Weak::new()) }))
+        Box::leak(Box::new(ContextHandle { ctx: RwLock::new(Weak::new()), handles: Mutex::new(HashMap::new()) }))
+    }
+
+    /// The handle of function `name` (made on first use).
+    fn function_handle(&'static self, name: &str) -> &'static FunctionHandle {
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = handles.get(name) {
+            return h;
+        }
+        let h: &'static FunctionHandle = Box::leak(Box::new(FunctionHandle { ctx: self, name: name.to_owned() }));
+        handles.insert(name.to_owned(), h);
+        h
     }
 
     /// The context it leads to now, if one is alive.
@@ -141,7 +162,6 @@ impl ContextHandle {
 pub struct FunctionHandle {
     ctx: &'static ContextHandle,
     name: String,
-    global: Option<PackedFunction>,
 }
 
 impl LibraryContext {
@@ -150,7 +170,7 @@ impl LibraryContext {
         let ctx = Arc::new(LibraryContext {
             path,
             loads: Mutex::new(Vec::new()),
-            handles: Mutex::new(HashMap::new()),
+            globals: Mutex::new(HashMap::new()),
             handle,
         });
         *handle.ctx.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&ctx);
@@ -210,35 +230,36 @@ impl LibraryContext {
         Some(f)
     }
 
-    /// The handle for `name`: an import's function, else a global one.
-    fn lookup(self: &Arc<Self>, name: &str) -> Result<&'static FunctionHandle, String> {
-        if let Some(h) = self.handles.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            return Ok(h);
+    /// Function `name` as compiled code asks for it: an import's function (of the oldest live
+    /// load that has it), else a global one.
+    fn resolve(&self, name: &str) -> Result<PackedFunction, String> {
+        if let Some(g) = self.globals.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(g.clone());
         }
-        let global = if self.find_in_imports(name).is_some() {
-            None
-        } else {
-            Some(global_function(name).ok_or_else(|| {
-                format!(
-                    "Cannot find function {name} in the imported modules or global registry (library {})",
-                    self.path.display()
-                )
-            })?)
-        };
-        let h: &'static FunctionHandle =
-            Box::leak(Box::new(FunctionHandle { ctx: self.handle, name: name.to_owned(), global }));
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), h);
-        Ok(h)
+        if let Some(f) = self.find_in_imports(name) {
+            return Ok(f);
+        }
+        let g = global_function(name).ok_or_else(|| {
+            format!(
+                "Cannot find function {name} in the imported modules or global registry (library {})",
+                self.path.display()
+            )
+        })?;
+        self.globals.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), g.clone());
+        Ok(g)
+    }
+
+    /// The handle for `name`, once it resolves (see [`LibraryContext::resolve`]).
+    fn lookup(&self, name: &str) -> Result<&'static FunctionHandle, String> {
+        self.resolve(name)?;
+        Ok(self.handle.function_handle(name))
     }
 }
 
 impl FunctionHandle {
     fn function(&self) -> Result<PackedFunction, String> {
-        if let Some(g) = &self.global {
-            return Ok(g.clone());
-        }
         let ctx = self.ctx.context().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
-        ctx.find_in_imports(&self.name).ok_or_else(|| format!("function {} is no longer available", self.name))
+        ctx.resolve(&self.name)
     }
 }
 

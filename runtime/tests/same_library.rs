@@ -9,117 +9,15 @@
 //! looks up its kernels among the library's imports; pocl runs them here) and CPU models of
 //! `tests/fixtures/sort` (host code that looks up `tvm.contrib.sort.*` among the global
 //! functions), against the outputs TVM gave for them.
-#![cfg(feature = "opencl")]
 
 #[path = "support/device_run.rs"]
 mod device_run;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier};
 
-use device_run::{fixtures, json, load, opencl, run_tree};
+use device_run::load;
 use mblob_runtime::exec::{Device, Model, Output, Tensor};
 use mblob_runtime::LoadedTree;
-
-/// The OpenCL fixtures these tests load: a Relax model (TVM 0.27, tvm-ffi lookups) and a graph
-/// model.
-const OPENCL: [&str; 2] = ["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"];
-
-fn opencl_library(name: &str) -> PathBuf {
-    fixtures().join(json(name)["so"].as_str().unwrap())
-}
-
-/// A second load dropped before the first one ever ran: the first still finds its kernels.
-#[test]
-fn opencl_first_load_runs_after_the_second_is_dropped() {
-    let dev = opencl();
-    for name in OPENCL {
-        let first = load(&opencl_library(name));
-        let second = load(&opencl_library(name));
-        drop(second);
-        run_tree(name, &first, dev);
-    }
-}
-
-/// The first load dropped before the second one ran, and after it ran.
-#[test]
-fn opencl_second_load_runs_after_the_first_is_dropped() {
-    let dev = opencl();
-    for name in OPENCL {
-        let first = load(&opencl_library(name));
-        let second = load(&opencl_library(name));
-        drop(first);
-        run_tree(name, &second, dev);
-
-        let first = load(&opencl_library(name));
-        run_tree(name, &first, dev);
-        let second = load(&opencl_library(name));
-        drop(first);
-        run_tree(name, &second, dev);
-    }
-}
-
-/// Both loads run, one after the other, in both orders, while both are alive.
-#[test]
-fn opencl_two_live_loads_both_run() {
-    let dev = opencl();
-    for name in OPENCL {
-        let first = load(&opencl_library(name));
-        let second = load(&opencl_library(name));
-        run_tree(name, &second, dev);
-        run_tree(name, &first, dev);
-        run_tree(name, &second, dev);
-    }
-}
-
-/// A load after every earlier load of the file was dropped.
-#[test]
-fn opencl_load_after_drop_runs() {
-    let dev = opencl();
-    for name in OPENCL {
-        for _ in 0..3 {
-            let tree = load(&opencl_library(name));
-            run_tree(name, &tree, dev);
-        }
-    }
-}
-
-/// Two threads, each with its own load of the same file: the second thread loads after the
-/// first and drops its load before the first runs; once the first ran, it keeps running while
-/// the second loads again and runs too.
-#[test]
-fn opencl_loads_on_two_threads() {
-    let dev = opencl();
-    for name in OPENCL {
-        let step = Arc::new(Barrier::new(2));
-        let first = {
-            let step = step.clone();
-            std::thread::spawn(move || {
-                let tree = load(&opencl_library(name));
-                step.wait();
-                step.wait();
-                run_tree(name, &tree, dev);
-                step.wait();
-                for _ in 0..4 {
-                    run_tree(name, &tree, dev);
-                }
-            })
-        };
-        let second = std::thread::spawn(move || {
-            step.wait();
-            drop(load(&opencl_library(name)));
-            step.wait();
-            step.wait();
-            let tree = load(&opencl_library(name));
-            for _ in 0..4 {
-                run_tree(name, &tree, dev);
-            }
-        });
-        for t in [first, second] {
-            t.join().unwrap_or_else(|_| panic!("{name}: a thread failed"));
-        }
-    }
-}
 
 // ---- CPU libraries that look functions up by name (tvm.contrib.sort.*) ---------------------
 
@@ -205,60 +103,169 @@ fn cpu_libraries_calling_global_functions_load_twice() {
     }
 }
 
-/// A load after the last one was dropped while the image stayed mapped (the program holds its
-/// own `dlopen` handle on the file, as a library marked `NODELETE` also stays): the compiled
-/// code's cached function handles, left from the dropped load, lead to the new load's kernels.
-#[test]
-fn opencl_load_after_drop_while_the_image_stays_mapped() {
-    let dev = opencl();
-    // (a graph model: its host code imports no runtime function by name, so it opens in the
-    // main namespace, where the test's own `dlopen` finds the image mblob loaded)
-    for name in ["dev_graph_cnn_opencl"] {
-        let path = opencl_library(name);
-        // SAFETY: a fixture TVM built for these tests; opened with local scope, as mblob opens it.
-        let held = unsafe {
-            use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-            Library::open(Some(&path), RTLD_NOW | RTLD_LOCAL)
-        }
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for _ in 0..2 {
-            let tree = load(&path);
-            run_tree(name, &tree, dev);
-        }
-        drop(held);
-    }
-}
+/// Models built for OpenCL, run on the machine's OpenCL device (pocl here and in CI).
+#[cfg(feature = "opencl")]
+mod opencl {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Barrier};
 
-/// Whether the image of `path` is loaded in the main namespace now.
-fn loaded(path: &Path) -> bool {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: `RTLD_NOLOAD` opens nothing: it hands back the loaded image's handle (one more
-    // reference, given back just below) or null.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if !handle.is_null() {
-        // SAFETY: the handle `dlopen` just returned, closed once.
-        unsafe { libc::dlclose(handle) };
-    }
-    !handle.is_null()
-}
+    use super::device_run::{fixtures, json, load, opencl, run_tree};
 
-/// Dropping every load of a library that ran unloads it: nothing is left holding the image
-/// (the kernels found for its compiled code hold their device module, whose code is a view of
-/// the image).
-#[test]
-fn opencl_dropped_loads_unload_the_library() {
-    let dev = opencl();
-    // (a graph model, opened in the main namespace, where `dlopen` can tell; no other test
-    // here loads it)
-    let name = "dev_graph_resblock_opencl";
-    let path = opencl_library(name);
-    let first = load(&path);
-    let second = load(&path);
-    run_tree(name, &first, dev);
-    run_tree(name, &second, dev);
-    assert!(loaded(&path));
-    drop(first);
-    run_tree(name, &second, dev);
-    drop(second);
-    assert!(!loaded(&path), "{name}: still loaded after its loads were dropped");
+    /// The OpenCL fixtures these tests load: a Relax model (TVM 0.27, tvm-ffi lookups) and a graph
+    /// model.
+    const OPENCL: [&str; 2] = ["dev_relax_mlp_opencl", "dev_graph_cnn_opencl"];
+
+    fn library(name: &str) -> PathBuf {
+        fixtures().join(json(name)["so"].as_str().unwrap())
+    }
+
+    /// A second load dropped before the first one ever ran: the first still finds its kernels.
+    #[test]
+    fn first_load_runs_after_the_second_is_dropped() {
+        let dev = opencl();
+        for name in OPENCL {
+            let first = load(&library(name));
+            let second = load(&library(name));
+            drop(second);
+            run_tree(name, &first, dev);
+        }
+    }
+
+    /// The first load dropped before the second one ran, and after it ran.
+    #[test]
+    fn second_load_runs_after_the_first_is_dropped() {
+        let dev = opencl();
+        for name in OPENCL {
+            let first = load(&library(name));
+            let second = load(&library(name));
+            drop(first);
+            run_tree(name, &second, dev);
+
+            let first = load(&library(name));
+            run_tree(name, &first, dev);
+            let second = load(&library(name));
+            drop(first);
+            run_tree(name, &second, dev);
+        }
+    }
+
+    /// Both loads run, one after the other, in both orders, while both are alive.
+    #[test]
+    fn two_live_loads_both_run() {
+        let dev = opencl();
+        for name in OPENCL {
+            let first = load(&library(name));
+            let second = load(&library(name));
+            run_tree(name, &second, dev);
+            run_tree(name, &first, dev);
+            run_tree(name, &second, dev);
+        }
+    }
+
+    /// A load after every earlier load of the file was dropped.
+    #[test]
+    fn load_after_drop_runs() {
+        let dev = opencl();
+        for name in OPENCL {
+            for _ in 0..3 {
+                let tree = load(&library(name));
+                run_tree(name, &tree, dev);
+            }
+        }
+    }
+
+    /// Two threads, each with its own load of the same file: the second thread loads after the
+    /// first and drops its load before the first runs; once the first ran, it keeps running while
+    /// the second loads again and runs too.
+    #[test]
+    fn loads_on_two_threads() {
+        let dev = opencl();
+        for name in OPENCL {
+            let step = Arc::new(Barrier::new(2));
+            let first = {
+                let step = step.clone();
+                std::thread::spawn(move || {
+                    let tree = load(&library(name));
+                    step.wait();
+                    step.wait();
+                    run_tree(name, &tree, dev);
+                    step.wait();
+                    for _ in 0..4 {
+                        run_tree(name, &tree, dev);
+                    }
+                })
+            };
+            let second = std::thread::spawn(move || {
+                step.wait();
+                drop(load(&library(name)));
+                step.wait();
+                step.wait();
+                let tree = load(&library(name));
+                for _ in 0..4 {
+                    run_tree(name, &tree, dev);
+                }
+            });
+            for t in [first, second] {
+                t.join().unwrap_or_else(|_| panic!("{name}: a thread failed"));
+            }
+        }
+    }
+
+    /// A load after the last one was dropped while the image stayed mapped (the program holds its
+    /// own `dlopen` handle on the file, as a library marked `NODELETE` also stays): the compiled
+    /// code's cached function handles, left from the dropped load, lead to the new load's kernels.
+    #[test]
+    fn load_after_drop_while_the_image_stays_mapped() {
+        let dev = opencl();
+        // (a graph model: its host code imports no runtime function by name, so it opens in the
+        // main namespace, where the test's own `dlopen` finds the image mblob loaded)
+        for name in ["dev_graph_cnn_opencl"] {
+            let path = library(name);
+            // SAFETY: a fixture TVM built for these tests; opened with local scope, as mblob opens it.
+            let held = unsafe {
+                use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+                Library::open(Some(&path), RTLD_NOW | RTLD_LOCAL)
+            }
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for _ in 0..2 {
+                let tree = load(&path);
+                run_tree(name, &tree, dev);
+            }
+            drop(held);
+        }
+    }
+
+    /// Whether the image of `path` is loaded in the main namespace now.
+    fn loaded(path: &Path) -> bool {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: `RTLD_NOLOAD` opens nothing: it hands back the loaded image's handle (one more
+        // reference, given back just below) or null.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if !handle.is_null() {
+            // SAFETY: the handle `dlopen` just returned, closed once.
+            unsafe { libc::dlclose(handle) };
+        }
+        !handle.is_null()
+    }
+
+    /// Dropping every load of a library that ran unloads it: nothing is left holding the image
+    /// (the kernels found for its compiled code hold their device module, whose code is a view of
+    /// the image).
+    #[test]
+    fn dropped_loads_unload_the_library() {
+        let dev = opencl();
+        // (a graph model, opened in the main namespace, where `dlopen` can tell; no other test
+        // here loads it)
+        let name = "dev_graph_resblock_opencl";
+        let path = library(name);
+        let first = load(&path);
+        let second = load(&path);
+        run_tree(name, &first, dev);
+        run_tree(name, &second, dev);
+        assert!(loaded(&path));
+        drop(first);
+        run_tree(name, &second, dev);
+        drop(second);
+        assert!(!loaded(&path), "{name}: still loaded after its loads were dropped");
+    }
 }

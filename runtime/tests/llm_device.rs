@@ -16,9 +16,7 @@
 #![cfg(feature = "llm")]
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use mblob_runtime::exec::relax::lm::TensorCache;
 use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
@@ -39,22 +37,13 @@ fn json(file: &str) -> Json {
     serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
-/// The library, loaded once per test process and shared by the tests' VMs: the compiled code
-/// caches the device functions it looks up in its own static data, which a second load of the
-/// same file (the same `dlopen` handle) would leave pointing at the first load's context once
-/// that one is dropped (an error, "Cannot find function ...", in the tests running alongside).
+/// Loads the library `name` of the fixture (each test its own load, alongside the others' loads
+/// of the same file).
 fn load(name: &str) -> LoadedTree {
-    static TREES: Mutex<BTreeMap<String, LoadedTree>> = Mutex::new(BTreeMap::new());
-    let mut trees = TREES.lock().unwrap_or_else(|e| e.into_inner());
-    trees
-        .entry(name.to_owned())
-        .or_insert_with(|| {
-            let path = dir().join(name);
-            // SAFETY: the fixtures are libraries TVM built for these tests.
-            unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        })
-        .clone()
+    let path = dir().join(name);
+    // SAFETY: the fixtures are libraries TVM built for these tests.
+    unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A float32 `.npy` file: its shape and values.

@@ -19,9 +19,20 @@
 //! Every function here catches panics: no Rust panic crosses the `extern "C"` edge.
 //!
 //! Handles given to compiled code (the context and function handles) are small records that
-//! are never freed and refer to the library's context weakly: compiled code caches them in its
-//! own static data, which can outlive one load of the library when the same file is loaded
-//! twice, so a stale handle gives an error, never a dangling pointer.
+//! are never freed (one context handle per image, one function handle per name it asks for,
+//! both reachable from a table of images) and refer to the library's context weakly: compiled
+//! code caches them in its own static data, which can outlive a load of the library, so a
+//! stale handle gives an error, never a dangling pointer.
+//!
+//! One file loaded several times is one image (`dlopen` hands back the image already loaded),
+//! with one context slot and one set of cached handles in its static data, so there is one
+//! context per image, shared by its loads. A function handle names the function, not the
+//! module that serves it: the context keeps each live load's imports apart, and a call finds
+//! the function among the imports of the oldest load still alive. Each load drops out of the
+//! context when it is dropped (with the functions found among its imports), so the loads of
+//! one file are independent: any of them may be dropped, on any thread, while the others run.
+//! An image that stays mapped after its last load is dropped keeps its context handle, and its
+//! next load's context goes behind it (see [`ContextHandle`]).
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -30,7 +41,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
 use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
@@ -86,85 +97,169 @@ unsafe fn c_str<'a>(p: *const c_char) -> Option<std::borrow::Cow<'a, str>> {
 #[derive(Debug)]
 pub struct LibraryContext {
     path: PathBuf,
-    /// The library's imports and their imports, depth first (set once the tree is built).
-    imports: RwLock<Vec<Weak<dyn Module>>>,
-    /// Functions already found for compiled code, by name.
-    found: Mutex<HashMap<String, PackedFunction>>,
-    /// Handles given out for them, by name.
-    handles: Mutex<HashMap<String, &'static FunctionHandle>>,
+    /// The loads of the library alive now, oldest first (each added once its tree is built,
+    /// removed when it is dropped).
+    loads: Mutex<Vec<Load>>,
+    /// Functions found among the global functions for compiled code (none of the library's
+    /// imports has them), by name.
+    globals: Mutex<HashMap<String, PackedFunction>>,
     /// The handle written into the library's context slot.
-    handle: OnceLock<&'static ContextHandle>,
+    handle: &'static ContextHandle,
 }
 
-/// What `__tvm_module_ctx` points to.
+/// One load of a library, as its context knows it.
+#[derive(Debug)]
+struct Load {
+    /// The load's number (see [`crate::ffi::library`]'s images).
+    id: u64,
+    /// The library's imports and their imports, depth first.
+    imports: Vec<Weak<dyn Module>>,
+    /// Functions already found among them for compiled code, by name.
+    found: HashMap<String, PackedFunction>,
+}
+
+/// What `__tvm_module_ctx` points to: one per loaded image, never freed, leading to the
+/// image's context while one is alive. A library that stays mapped after its last load was
+/// dropped (marked `NODELETE`, or held by another `dlopen`) keeps the handles its compiled code
+/// cached; its next load gets a new context behind the same handle, so those handles lead to
+/// the new load's functions.
+///
+/// The function handles given to the image's code are kept here too, one per name, reused by
+/// every load (they name the function; each call finds it in the context of the time), so
+/// they are made once per image and stay reachable.
 #[derive(Debug)]
 pub struct ContextHandle {
-    ctx: Weak<LibraryContext>,
+    ctx: RwLock<Weak<LibraryContext>>,
+    /// Handles given out, by name.
+    handles: Mutex<HashMap<String, &'static FunctionHandle>>,
+}
+
+impl ContextHandle {
+    /// A new handle, leading to no context yet.
+    pub(crate) fn leak() -> &'static ContextHandle {
+        Box::leak(Box::new(ContextHandle { ctx: RwLock::new(Weak::new()), handles: Mutex::new(HashMap::new()) }))
+    }
+
+    /// The handle of function `name` (made on first use).
+    fn function_handle(&'static self, name: &str) -> &'static FunctionHandle {
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = handles.get(name) {
+            return h;
+        }
+        let h: &'static FunctionHandle = Box::leak(Box::new(FunctionHandle { ctx: self, name: name.to_owned() }));
+        handles.insert(name.to_owned(), h);
+        h
+    }
+
+    /// The context it leads to now, if one is alive.
+    pub(crate) fn context(&self) -> Option<Arc<LibraryContext>> {
+        self.ctx.read().unwrap_or_else(|e| e.into_inner()).upgrade()
+    }
 }
 
 /// What a function handle given to compiled code points to.
 #[derive(Debug)]
 pub struct FunctionHandle {
-    ctx: Weak<LibraryContext>,
+    ctx: &'static ContextHandle,
     name: String,
-    global: Option<PackedFunction>,
 }
 
 impl LibraryContext {
-    pub(crate) fn new(path: PathBuf) -> Arc<LibraryContext> {
-        Arc::new(LibraryContext {
+    /// A new context behind `handle` (which then leads to it), for the library at `path`.
+    pub(crate) fn new(path: PathBuf, handle: &'static ContextHandle) -> Arc<LibraryContext> {
+        let ctx = Arc::new(LibraryContext {
             path,
-            imports: RwLock::new(Vec::new()),
-            found: Mutex::new(HashMap::new()),
-            handles: Mutex::new(HashMap::new()),
-            handle: OnceLock::new(),
-        })
+            loads: Mutex::new(Vec::new()),
+            globals: Mutex::new(HashMap::new()),
+            handle,
+        });
+        *handle.ctx.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&ctx);
+        ctx
     }
 
-    fn context_handle(self: &Arc<Self>) -> &'static ContextHandle {
-        self.handle.get_or_init(|| Box::leak(Box::new(ContextHandle { ctx: Arc::downgrade(self) })))
+    fn context_handle(&self) -> &'static ContextHandle {
+        self.handle
     }
 
-    /// Finds `name` among the imports (depth first), as compiled code asks for it.
-    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
-        if let Some(f) = self.found.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            return Some(f.clone());
+    /// Records (or replaces) the imports of load `id`, in lookup order.
+    pub(crate) fn set_imports(&self, id: u64, imports: Vec<Weak<dyn Module>>) {
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        match loads.iter_mut().find(|l| l.id == id) {
+            Some(load) => {
+                load.imports = imports;
+                load.found.clear();
+            }
+            None => loads.push(Load { id, imports, found: HashMap::new() }),
         }
-        let imports = self.imports.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
-        self.found.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
+    }
+
+    /// Forgets load `id` (dropped): its imports are no longer searched, and the functions found
+    /// among them are let go.
+    pub(crate) fn forget(&self, id: u64) {
+        let gone: Vec<Load> = {
+            let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            let (gone, kept) = std::mem::take(&mut *loads).into_iter().partition(|l| l.id == id);
+            *loads = kept;
+            gone
+        };
+        // The functions (and the modules they hold) are dropped here, outside the lock.
+        drop(gone);
+    }
+
+    /// Finds `name` among the imports (depth first) of the oldest live load that has it, as
+    /// compiled code asks for it.
+    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
+        let searched: Vec<(u64, Vec<Weak<dyn Module>>)> = {
+            let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = loads.iter().find_map(|l| l.found.get(name)) {
+                return Some(f.clone());
+            }
+            loads.iter().map(|l| (l.id, l.imports.clone())).collect()
+        };
+        // Searched without the lock: a module's lookup may take its time (and its own locks).
+        let (id, f) = searched.iter().find_map(|(id, imports)| {
+            let f =
+                imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
+            Some((*id, f))
+        })?;
+        let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+        // Kept only while its load is alive (it may have been dropped during the search).
+        if let Some(load) = loads.iter_mut().find(|l| l.id == id) {
+            load.found.insert(name.to_owned(), f.clone());
+        }
         Some(f)
     }
 
-    /// The handle for `name`: an import's function, else a global one.
-    fn lookup(self: &Arc<Self>, name: &str) -> Result<&'static FunctionHandle, String> {
-        if let Some(h) = self.handles.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            return Ok(h);
+    /// Function `name` as compiled code asks for it: an import's function (of the oldest live
+    /// load that has it), else a global one.
+    fn resolve(&self, name: &str) -> Result<PackedFunction, String> {
+        if let Some(g) = self.globals.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(g.clone());
         }
-        let global = if self.find_in_imports(name).is_some() {
-            None
-        } else {
-            Some(global_function(name).ok_or_else(|| {
-                format!(
-                    "Cannot find function {name} in the imported modules or global registry (library {})",
-                    self.path.display()
-                )
-            })?)
-        };
-        let h: &'static FunctionHandle =
-            Box::leak(Box::new(FunctionHandle { ctx: Arc::downgrade(self), name: name.to_owned(), global }));
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), h);
-        Ok(h)
+        if let Some(f) = self.find_in_imports(name) {
+            return Ok(f);
+        }
+        let g = global_function(name).ok_or_else(|| {
+            format!(
+                "Cannot find function {name} in the imported modules or global registry (library {})",
+                self.path.display()
+            )
+        })?;
+        self.globals.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), g.clone());
+        Ok(g)
+    }
+
+    /// The handle for `name`, once it resolves (see [`LibraryContext::resolve`]).
+    fn lookup(&self, name: &str) -> Result<&'static FunctionHandle, String> {
+        self.resolve(name)?;
+        Ok(self.handle.function_handle(name))
     }
 }
 
 impl FunctionHandle {
     fn function(&self) -> Result<PackedFunction, String> {
-        if let Some(g) = &self.global {
-            return Ok(g.clone());
-        }
-        let ctx = self.ctx.upgrade().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
-        ctx.find_in_imports(&self.name).ok_or_else(|| format!("function {} is no longer available", self.name))
+        let ctx = self.ctx.context().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
+        ctx.resolve(&self.name)
     }
 }
 
@@ -173,13 +268,13 @@ impl FunctionHandle {
 pub(crate) fn link_imports(tree: &LoadedTree) {
     for (i, m) in tree.modules().iter().enumerate() {
         let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
-        let Some(ctx) = lib.context() else { continue };
+        let (Some(ctx), Some(id)) = (lib.context(), lib.load_id()) else { continue };
         // The library's imports in lookup order, the library itself left out.
         let order: Vec<Weak<dyn Module>> =
             tree.depth_first(i).skip(1).map(|j| Arc::downgrade(&tree.modules()[j].module)).collect();
         // Only direct imports are searched first by TVM, each with its own imports: the depth
         // first order above is the same sequence.
-        *ctx.imports.write().unwrap_or_else(|e| e.into_inner()) = order;
+        ctx.set_imports(id, order);
     }
 }
 
@@ -299,7 +394,7 @@ unsafe fn context_of(ctx: *mut c_void) -> Result<Arc<LibraryContext>, String> {
     }
     // SAFETY: per the contract, a leaked `ContextHandle`.
     let h = unsafe { &*(ctx as *const ContextHandle) };
-    h.ctx.upgrade().ok_or_else(|| "the library was unloaded".into())
+    h.context().ok_or_else(|| "the library was unloaded".into())
 }
 
 fn lookup_into(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
@@ -571,7 +666,7 @@ mod tests {
         let name = CString::new("f").unwrap();
         assert_eq!(backend_get_func_from_env(std::ptr::null_mut(), name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("null"));
-        let ctx = LibraryContext::new("x.so".into());
+        let ctx = LibraryContext::new("x.so".into(), ContextHandle::leak());
         let h = ctx.context_handle() as *const ContextHandle as *mut c_void;
         assert_eq!(backend_get_func_from_env(h, name.as_ptr(), &mut out), -1);
         assert!(last_error().contains("Cannot find function f"), "{}", last_error());

@@ -13,12 +13,12 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use crate::bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::ffi::callconv::Abi;
-use crate::ffi::context::LibraryContext;
+use crate::ffi::context::{ContextHandle, LibraryContext};
 use crate::format::Layout;
 use crate::module::{Module, Symbol};
 
@@ -31,17 +31,20 @@ const RTLD_DL_SYMENT: libc::c_int = 1;
 const RTLD_DL_LINKMAP: libc::c_int = 2;
 
 /// What a library's context symbols (`__tvm_module_ctx`, ...) lead to. There is one per loaded
-/// image, shared by every load of it, and it lives as long as any handle on the image does (a
-/// loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
+/// image, shared by every load of it (each load's imports kept apart in it, and forgotten when
+/// that load's [`LibraryModule`] is dropped), and it lives as long as any handle on the image does
+/// (a loaded tree, or a [`Symbol`] taken from it); the handle compiled code holds refers to it
 /// weakly, so it never dangles (see [`crate::ffi::context`]).
 pub(crate) type ModuleContext = LibraryContext;
 
-/// A loaded shared object. Dropping the last one runs the library's finalisers (`dlclose`),
-/// then frees the context its context symbols point to.
+/// One load of a shared object. Dropping the last one runs the library's finalisers
+/// (`dlclose`), then frees the context its context symbols point to.
 pub(crate) struct Image {
     // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
     lib: libloading::os::unix::Library,
     ctx: Arc<ModuleContext>,
+    /// This load's number, unique in the process: its imports' key in the context.
+    id: u64,
     link_map: usize,
     /// The memory file a library loaded from memory was opened through, kept open while the
     /// image is loaded so that no later memory file gets its number (and its path).
@@ -100,6 +103,12 @@ impl LibraryModule {
         self.image.as_ref().map(|i| i.context())
     }
 
+    /// The number of this load of the library, its key in [`LibraryModule::context`] (`None`
+    /// when detached).
+    pub(crate) fn load_id(&self) -> Option<u64> {
+        self.image.as_ref().map(|i| i.id)
+    }
+
     /// The calling convention of the library's functions (classic when detached).
     pub fn abi(&self) -> Abi {
         self.abi
@@ -122,6 +131,17 @@ impl LibraryModule {
     /// Looks up `name`, with an error naming the library when it is missing.
     pub fn symbol(&self, name: &str) -> Result<Symbol> {
         self.get_function(name).ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
+    }
+}
+
+impl Drop for LibraryModule {
+    /// Takes this load out of the image's context: the functions found among its imports are
+    /// let go here, not with the image, as they may hold the image themselves (a device
+    /// module's code is a view of the blob in the image).
+    fn drop(&mut self) {
+        if let Some(image) = &self.image {
+            image.ctx.forget(image.id);
+        }
     }
 }
 
@@ -163,8 +183,12 @@ fn dlopen_path(path: &Path) -> PathBuf {
     }
 }
 
-/// The contexts of the images loaded now, by link map.
-static CONTEXTS: Mutex<Vec<(usize, Weak<ModuleContext>)>> = Mutex::new(Vec::new());
+/// How many images were opened so far: each one's number.
+static LOADS: AtomicU64 = AtomicU64::new(1);
+
+/// The context handle of each image loaded so far, by link map (see [`ContextHandle`]: an
+/// image that stays mapped keeps its handle, and its next load's context goes behind it).
+static CONTEXTS: Mutex<Vec<(usize, &'static ContextHandle)>> = Mutex::new(Vec::new());
 
 /// Opens a shared library (a bare file name means the current directory's file).
 ///
@@ -205,16 +229,21 @@ pub(crate) unsafe fn open(path: &Path, private: bool, memfd: Option<OwnedFd>) ->
     }
     let link_map = link_map as usize;
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    contexts.retain(|(_, w)| w.strong_count() > 0);
-    let ctx = match contexts.iter().find(|(lm, _)| *lm == link_map).and_then(|(_, w)| w.upgrade()) {
-        Some(ctx) => ctx,
+    // A link map is the loader's record of one image while it is loaded; one of an image that
+    // was unloaded may be reused for another image, which then takes over its handle (whatever
+    // the unloaded image's code cached went with its memory).
+    let handle = match contexts.iter().find(|(lm, _)| *lm == link_map) {
+        Some((_, handle)) => *handle,
         None => {
-            let ctx = LibraryContext::new(path.to_owned());
-            contexts.push((link_map, Arc::downgrade(&ctx)));
-            ctx
+            let handle = ContextHandle::leak();
+            contexts.push((link_map, handle));
+            handle
         }
     };
-    Ok(Arc::new(Image { lib, ctx, link_map, _memfd: memfd }))
+    let ctx = handle.context().unwrap_or_else(|| LibraryContext::new(path.to_owned(), handle));
+    drop(contexts);
+    let id = LOADS.fetch_add(1, Ordering::Relaxed);
+    Ok(Arc::new(Image { lib, ctx, id, link_map, _memfd: memfd }))
 }
 
 /// How many libraries were loaded from memory so far, to make each one's path unique.

@@ -80,7 +80,13 @@ pub fn assert_close(name: &str, got: &[Output], want: &[PathBuf], rtol: f64) {
 pub fn run_fixture(name: &str, device: Device) {
     let meta = json(name);
     let tree = load(&fixtures().join(meta["so"].as_str().unwrap()));
-    let mut m = Model::new(&tree, device).unwrap_or_else(|e| panic!("{name} on {device}: {e}"));
+    run_tree(name, &tree, device);
+}
+
+/// Runs fixture `name`, loaded as `tree`, on `device` as [`run_fixture`] does.
+pub fn run_tree(name: &str, tree: &LoadedTree, device: Device) {
+    let meta = json(name);
+    let mut m = Model::new(tree, device).unwrap_or_else(|e| panic!("{name} on {device}: {e}"));
     let entry = meta["entry"].as_str().unwrap();
     if meta["executor"] == "relax" {
         m.select_function(entry).unwrap();

@@ -297,6 +297,35 @@ unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> Result<&'a str> {
     s.to_str().map_err(|_| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
 }
 
+/// Reads a path argument: any bytes but NUL.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that lives for `'a`.
+unsafe fn c_path<'a>(ptr: *const c_char, what: &str) -> Result<&'a Path> {
+    not_null(ptr, what)?;
+    // SAFETY: not NULL, and the caller guarantees a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(ptr) }.to_bytes();
+    Ok(Path::new(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+/// Reads the arguments that hand a file over in memory: `nbytes` bytes at `data` (checked not
+/// NULL already) and the name standing for its path (`"memory"` for NULL).
+///
+/// # Safety
+/// `data` is not NULL and points to `nbytes` readable bytes, and `name` is NULL or points to
+/// a NUL-terminated string, both living for `'a`.
+unsafe fn memory_file<'a>(data: *const c_void, nbytes: usize, name: *const c_char) -> Result<(&'a [u8], &'a str)> {
+    let name = if name.is_null() {
+        "memory"
+    } else {
+        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+        unsafe { c_str(name, "name") }?
+    };
+    // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) };
+    Ok((bytes, name))
+}
+
 /// Runs `body` as one API call: catches panics, records the message of an error.
 fn call(body: impl FnOnce() -> Result<()>) -> mblob_status {
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
@@ -343,9 +372,8 @@ pub unsafe extern "C" fn mblob_library_load(path: *const c_char, out: *mut *mut 
     call(|| {
         not_null(path, "path")?;
         not_null(out, "out")?;
-        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
-        let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
+        // SAFETY: the caller passes a NUL-terminated string.
+        let path = unsafe { c_path(path, "path") }?;
         // SAFETY: loading runs the library's code; the header says to load only libraries
         // the caller trusts to run, and the caller asked for this one.
         let tree = unsafe { load_library(path, &Registry::default(), &LoadOptions::keep_unknown()) }
@@ -378,14 +406,9 @@ pub unsafe extern "C" fn mblob_library_load_memory(
     call(|| {
         not_null(data, "data")?;
         not_null(out, "out")?;
-        let name = if name.is_null() {
-            "memory"
-        } else {
-            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-            unsafe { c_str(name, "name") }?
-        };
-        // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) };
+        // SAFETY: `data` is not NULL; the caller passes `nbytes` readable bytes there, and
+        // NULL or a NUL-terminated string as `name`.
+        let (bytes, name) = unsafe { memory_file(data, nbytes, name) }?;
         // SAFETY: loading runs the library's code; the header says to load only libraries
         // the caller trusts to run, and the caller asked for this one.
         let tree = unsafe { load_library_bytes(bytes, name, &Registry::default(), &LoadOptions::keep_unknown()) }

@@ -20,8 +20,8 @@ use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{Bytes, Device, NdArray};
 
 use crate::{
-    c_str, call, check, device_failure, input_name, mblob_dtype, mblob_model, mblob_status, mblob_tensor, model_mut,
-    not_null, Failure, Kind, Result, RunOutput,
+    c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_model, mblob_status, mblob_tensor,
+    model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutput,
 };
 
 /// DLPack's `DLDevice`: a device type (`kDLCPU` 1, `kDLCUDA` 2, `kDLCUDAHost` 3,
@@ -435,10 +435,8 @@ pub unsafe extern "C" fn mblob_tensor_to_dlpack(
     out: *mut *mut mblob_dl_managed_tensor,
 ) -> mblob_status {
     call(|| {
-        check(Kind::Tensor, tensor, "tensor")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let t = unsafe { &*tensor };
+        // SAFETY: one call on the tensor at a time per the API, as `checked` needs.
+        let t = unsafe { checked(Kind::Tensor, tensor, "tensor", out) }?;
         let array = t.array.clone();
         let mut exported = Box::new(Exported {
             managed: mblob_dl_managed_tensor {
@@ -483,13 +481,6 @@ fn view(array: &NdArray) -> mblob_dl_tensor {
 /// `tensor` is NULL or a handle; `out` is NULL or points to a writable `mblob_dl_tensor`.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_tensor_dltensor(tensor: *const mblob_tensor, out: *mut mblob_dl_tensor) -> mblob_status {
-    call(|| {
-        check(Kind::Tensor, tensor, "tensor")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let t = unsafe { &*tensor };
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(view(&t.array)) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `tensor_get`'s.
+    unsafe { tensor_get(tensor, out, |t| Ok(view(&t.array))) }
 }

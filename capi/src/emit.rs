@@ -4,13 +4,12 @@
 //! route the blob takes into the library, and an atomic write.
 
 use std::ffi::{c_char, c_void};
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use mblob::export::{Backend, Export};
 use mblob_runtime::{map_file, Bytes, Layout, ModuleId, RawPayload};
 
-use crate::{c_str, call, check, mblob_status, not_null, publish, release, Failure, Kind, Result};
+use crate::{c_path, c_str, call, check, mblob_status, not_null, publish, release, Failure, Kind, Result};
 
 /// An export being built (`mblob_export_new`): a module tree whose root is the host library
 /// (type key `llvm`, module id 0) until `mblob_export_set_root` picks another. Used by one
@@ -23,18 +22,17 @@ fn invalid(message: String) -> Failure {
     Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, message)
 }
 
-/// Reads a path argument (any bytes but NUL).
+/// Reads a path argument that must not be empty (any bytes but NUL).
 ///
 /// # Safety
 /// `ptr` is NULL or a NUL-terminated string.
-unsafe fn c_path(ptr: *const c_char, what: &str) -> Result<PathBuf> {
-    not_null(ptr, what)?;
-    // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-    let bytes = unsafe { std::ffi::CStr::from_ptr(ptr) }.to_bytes();
-    if bytes.is_empty() {
+unsafe fn non_empty_path(ptr: *const c_char, what: &str) -> Result<PathBuf> {
+    // SAFETY: the caller passes NULL or a NUL-terminated string.
+    let path = unsafe { c_path(ptr, what) }?;
+    if path.as_os_str().is_empty() {
         return Err(invalid(format!("{what} is empty")));
     }
-    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+    Ok(path.to_path_buf())
 }
 
 /// Runs `f` on the export behind a checked handle, as one API call. Every entry point's
@@ -104,7 +102,7 @@ pub unsafe extern "C" fn mblob_export_host(export: *mut mblob_export, out: *mut 
 pub unsafe extern "C" fn mblob_export_add_object(export: *mut mblob_export, path: *const c_char) -> mblob_status {
     with_export(export, |e| {
         // SAFETY: NULL or a NUL-terminated string, per the API.
-        let path = unsafe { c_path(path, "path") }?;
+        let path = unsafe { non_empty_path(path, "path") }?;
         e.object(path);
         Ok(())
     })
@@ -169,7 +167,7 @@ pub unsafe extern "C" fn mblob_export_add_payload_file(
         // SAFETY: NULL or NUL-terminated strings, per the API.
         let type_key = unsafe { c_str(type_key, "type_key") }?;
         // SAFETY: as above.
-        let path = unsafe { c_path(path, "path") }?;
+        let path = unsafe { non_empty_path(path, "path") }?;
         not_null(out, "out")?;
         let bytes = map_file(&path).map_err(|err| Failure::new(mblob_status::MBLOB_ERR_LOAD, err.to_string()))?;
         add_payload(e, type_key, bytes, out)
@@ -254,7 +252,7 @@ pub unsafe extern "C" fn mblob_export_set_backend(export: *mut mblob_export, nam
 pub unsafe extern "C" fn mblob_export_write(export: *mut mblob_export, path: *const c_char) -> mblob_status {
     with_export(export, |e| {
         // SAFETY: NULL or a NUL-terminated string, per the API.
-        let path = unsafe { c_path(path, "path") }?;
+        let path = unsafe { non_empty_path(path, "path") }?;
         e.write(&path).map_err(|err| {
             Failure::new(mblob_status::MBLOB_ERR_EMIT, format!("{}: {}", path.display(), mblob::with_causes(&err)))
         })?;

@@ -4,14 +4,13 @@
 //! The report is built by the `mblob` crate's [`mblob::inspect`] (the one shared by the CLI
 //! and Python), so this feature links it: the runtime-only library leaves it out.
 
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{c_char, c_void, CString};
 use std::path::Path;
 
 use mblob::inspect::{inspect_bytes, inspect_path, Options};
 use mblob_runtime::Bytes;
 
-use crate::{call, live, mblob_status, not_null, Failure, Kind, Result};
+use crate::{c_path, call, live, mblob_status, memory_file, not_null, Failure, Kind, Result};
 
 /// `mblob_inspect` flag: also load the file (this runs its code: only for files you trust)
 /// and report the module tree after loading (the JSON's `loaded`), as `mblob inspect --load`.
@@ -61,9 +60,8 @@ pub unsafe extern "C" fn mblob_inspect(path: *const c_char, flags: u32, out: *mu
                 format!("flags {flags:#x}: unknown bits {unknown:#x}"),
             ));
         }
-        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
-        let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
+        // SAFETY: the caller passes a NUL-terminated string.
+        let path = unsafe { c_path(path, "path") }?;
         let options = Options {
             load: flags & MBLOB_INSPECT_LOAD != 0,
             keep_unknown: flags & MBLOB_INSPECT_KEEP_UNKNOWN != 0,
@@ -91,14 +89,10 @@ pub unsafe extern "C" fn mblob_inspect_memory(
     call(|| {
         not_null(data, "data")?;
         not_null(out, "out")?;
-        let name = if name.is_null() {
-            "memory"
-        } else {
-            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-            unsafe { crate::c_str(name, "name") }?
-        };
-        // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
-        let bytes = Bytes::from_vec(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }.to_vec());
+        // SAFETY: `data` is not NULL; the caller passes `nbytes` readable bytes there, and
+        // NULL or a NUL-terminated string as `name`.
+        let (bytes, name) = unsafe { memory_file(data, nbytes, name) }?;
+        let bytes = Bytes::from_vec(bytes.to_vec());
         let report = inspect_bytes(&bytes, Path::new(name), None, None).map_err(inspect_failure)?;
         publish_string(report_json(&report)?, out)
     })

@@ -297,6 +297,35 @@ unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> Result<&'a str> {
     s.to_str().map_err(|_| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
 }
 
+/// Reads a path argument: any bytes but NUL.
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that lives for `'a`.
+unsafe fn c_path<'a>(ptr: *const c_char, what: &str) -> Result<&'a Path> {
+    not_null(ptr, what)?;
+    // SAFETY: not NULL, and the caller guarantees a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(ptr) }.to_bytes();
+    Ok(Path::new(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+/// Reads the arguments that hand a file over in memory: `nbytes` bytes at `data` (checked not
+/// NULL already) and the name standing for its path (`"memory"` for NULL).
+///
+/// # Safety
+/// `data` is not NULL and points to `nbytes` readable bytes, and `name` is NULL or points to
+/// a NUL-terminated string, both living for `'a`.
+unsafe fn memory_file<'a>(data: *const c_void, nbytes: usize, name: *const c_char) -> Result<(&'a [u8], &'a str)> {
+    let name = if name.is_null() {
+        "memory"
+    } else {
+        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+        unsafe { c_str(name, "name") }?
+    };
+    // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) };
+    Ok((bytes, name))
+}
+
 /// Runs `body` as one API call: catches panics, records the message of an error.
 fn call(body: impl FnOnce() -> Result<()>) -> mblob_status {
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
@@ -343,9 +372,8 @@ pub unsafe extern "C" fn mblob_library_load(path: *const c_char, out: *mut *mut 
     call(|| {
         not_null(path, "path")?;
         not_null(out, "out")?;
-        // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-        let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
-        let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
+        // SAFETY: the caller passes a NUL-terminated string.
+        let path = unsafe { c_path(path, "path") }?;
         // SAFETY: loading runs the library's code; the header says to load only libraries
         // the caller trusts to run, and the caller asked for this one.
         let tree = unsafe { load_library(path, &Registry::default(), &LoadOptions::keep_unknown()) }
@@ -378,14 +406,9 @@ pub unsafe extern "C" fn mblob_library_load_memory(
     call(|| {
         not_null(data, "data")?;
         not_null(out, "out")?;
-        let name = if name.is_null() {
-            "memory"
-        } else {
-            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
-            unsafe { c_str(name, "name") }?
-        };
-        // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) };
+        // SAFETY: `data` is not NULL; the caller passes `nbytes` readable bytes there, and
+        // NULL or a NUL-terminated string as `name`.
+        let (bytes, name) = unsafe { memory_file(data, nbytes, name) }?;
         // SAFETY: loading runs the library's code; the header says to load only libraries
         // the caller trusts to run, and the caller asked for this one.
         let tree = unsafe { load_library_bytes(bytes, name, &Registry::default(), &LoadOptions::keep_unknown()) }
@@ -420,11 +443,9 @@ pub unsafe extern "C" fn mblob_model_new(
     out: *mut *mut mblob_model,
 ) -> mblob_status {
     call(|| {
-        check(Kind::Library, lib, "lib")?;
-        not_null(out, "out")?;
-        // SAFETY: `lib` is a live library handle (checked above), and the API forbids freeing
-        // it while a call on it is in progress.
-        let lib = unsafe { &*lib };
+        // SAFETY: the API forbids freeing `lib` while a call on it is in progress, as `checked`
+        // needs (a library is never changed).
+        let lib = unsafe { checked(Kind::Library, lib, "lib", out) }?;
         let model = Model::new(&lib.tree, Device::from_dlpack(device_type, device_id))?;
         let functions = model.functions().iter().map(|f| c_string(f)).collect();
         let mut handle = mblob_model { model, names: Vec::new(), functions, outputs: None };
@@ -451,21 +472,17 @@ fn c_string(s: &str) -> CString {
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_model_kind(model: *const mblob_model, out: *mut mblob_kind) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let kind = match m.model.kind() {
-            ModelKind::Graph => mblob_kind::MBLOB_MODEL_GRAPH,
-            ModelKind::Aot => mblob_kind::MBLOB_MODEL_AOT,
-            ModelKind::Relax => mblob_kind::MBLOB_MODEL_RELAX,
-            ModelKind::RelayVm => mblob_kind::MBLOB_MODEL_RELAY_VM,
-        };
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(kind) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe {
+        model_get(model, out, |m| {
+            Ok(match m.model.kind() {
+                ModelKind::Graph => mblob_kind::MBLOB_MODEL_GRAPH,
+                ModelKind::Aot => mblob_kind::MBLOB_MODEL_AOT,
+                ModelKind::Relax => mblob_kind::MBLOB_MODEL_RELAX,
+                ModelKind::RelayVm => mblob_kind::MBLOB_MODEL_RELAY_VM,
+            })
+        })
+    }
 }
 
 /// Writes the number of functions a Relax or Relay VM model can call (by
@@ -476,15 +493,8 @@ pub unsafe extern "C" fn mblob_model_kind(model: *const mblob_model, out: *mut m
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_model_num_functions(model: *const mblob_model, out: *mut usize) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(m.functions.len()) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe { model_get(model, out, |m| Ok(m.functions.len())) }
 }
 
 /// Writes a pointer to the name of function `index` to `*out`: a NUL-terminated string owned
@@ -498,16 +508,61 @@ pub unsafe extern "C" fn mblob_model_function_name(
     index: usize,
     out: *mut *const c_char,
 ) -> mblob_status {
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe {
+        model_get(model, out, |m| {
+            let name = m.functions.get(index).ok_or_else(|| out_of_range("function", index, m.functions.len()))?;
+            Ok(name.as_ptr())
+        })
+    }
+}
+
+/// Checks that `handle` is a live handle of `kind` (named `what` in messages) and then that
+/// `out` is not NULL, and borrows the handle.
+///
+/// # Safety
+/// The API gives the calling thread sole use of a model or tensor handle, and forbids freeing
+/// any handle, for the duration of the call; the borrow does not outlive the call.
+unsafe fn checked<'a, H, O>(kind: Kind, handle: *const H, what: &str, out: *const O) -> Result<&'a H> {
+    check(kind, handle, what)?;
+    not_null(out, "out")?;
+    // SAFETY: a live handle of `kind` (checked above) points to the `H` that `publish` boxed;
+    // the caller's contract keeps it alive and unchanged for the borrow.
+    Ok(unsafe { &*handle })
+}
+
+/// Runs `f` on a checked handle of `kind` and writes what it gives to `*out`.
+///
+/// # Safety
+/// `handle` is NULL or a handle; `out` is NULL or points to writable storage for one `R`.
+unsafe fn handle_get<H, R>(
+    kind: Kind,
+    handle: *const H,
+    what: &str,
+    out: *mut R,
+    f: impl FnOnce(&H) -> Result<R>,
+) -> mblob_status {
     call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let name = m.functions.get(index).ok_or_else(|| out_of_range("function", index, m.functions.len()))?;
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(name.as_ptr()) };
+        // SAFETY: one call on the handle at a time per the API, as `checked` needs.
+        let h = unsafe { checked(kind, handle, what, out) }?;
+        let value = f(h)?;
+        // SAFETY: not NULL (checked), writable per the API.
+        unsafe { out.write(value) };
         Ok(())
     })
+}
+
+/// Runs `f` on a checked model handle and writes what it gives to `*out`.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one `R`.
+unsafe fn model_get<R>(
+    model: *const mblob_model,
+    out: *mut R,
+    f: impl FnOnce(&mblob_model) -> Result<R>,
+) -> mblob_status {
+    // SAFETY: the caller's contract is `handle_get`'s.
+    unsafe { handle_get(Kind::Model, model, "model", out, f) }
 }
 
 /// Borrows the model behind a checked handle.
@@ -555,15 +610,8 @@ pub unsafe extern "C" fn mblob_model_select_function(model: *mut mblob_model, na
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_model_num_inputs(model: *const mblob_model, out: *mut usize) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(m.names.len()) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe { model_get(model, out, |m| Ok(m.names.len())) }
 }
 
 /// Writes a pointer to the name of input `index` to `*out`: a NUL-terminated string owned by
@@ -577,16 +625,13 @@ pub unsafe extern "C" fn mblob_model_input_name(
     index: usize,
     out: *mut *const c_char,
 ) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let name = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(name.as_ptr()) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe {
+        model_get(model, out, |m| {
+            let name = m.names.get(index).ok_or_else(|| out_of_range("input", index, m.names.len()))?;
+            Ok(name.as_ptr())
+        })
+    }
 }
 
 /// The input a `(name, index)` pair names: `name` when it is not NULL, else input `index`.
@@ -717,16 +762,8 @@ fn outputs(m: &mblob_model) -> Result<&[RunOutput]> {
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage.
 #[no_mangle]
 pub unsafe extern "C" fn mblob_model_num_outputs(model: *const mblob_model, out: *mut usize) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let n = outputs(m)?.len();
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(n) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `model_get`'s.
+    unsafe { model_get(model, out, |m| Ok(outputs(m)?.len())) }
 }
 
 fn device_failure(e: impl std::fmt::Display) -> Failure {
@@ -760,6 +797,26 @@ fn output_array(m: &mblob_model, index: usize, to_host: bool) -> Result<NdArray>
     }
 }
 
+/// Writes to `*out` a new tensor handle on output `index` of the last run, on the host
+/// (`to_host`) or where it lies.
+///
+/// # Safety
+/// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
+unsafe fn publish_output(
+    model: *const mblob_model,
+    index: usize,
+    to_host: bool,
+    out: *mut *mut mblob_tensor,
+) -> mblob_status {
+    call(|| {
+        // SAFETY: one call on the model at a time per the API, as `checked` needs.
+        let m = unsafe { checked(Kind::Model, model, "model", out) }?;
+        let array = output_array(m, index, to_host)?;
+        publish(Kind::Tensor, mblob_tensor { array }, out);
+        Ok(())
+    })
+}
+
 /// Copies output `index` of the last run into a new host tensor that the caller owns and
 /// frees with `mblob_tensor_free`, and writes its handle to `*out`. A shape a Relax function
 /// returns comes as a 1-D `int64` tensor, an integer as a 0-D `int64` one, a float as a 0-D
@@ -774,15 +831,8 @@ pub unsafe extern "C" fn mblob_model_output(
     index: usize,
     out: *mut *mut mblob_tensor,
 ) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let array = output_array(m, index, true)?;
-        publish(Kind::Tensor, mblob_tensor { array }, out);
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `publish_output`'s.
+    unsafe { publish_output(model, index, true, out) }
 }
 
 /// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
@@ -799,15 +849,8 @@ pub unsafe extern "C" fn mblob_model_output_device(
     index: usize,
     out: *mut *mut mblob_tensor,
 ) -> mblob_status {
-    call(|| {
-        check(Kind::Model, model, "model")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let m = unsafe { &*model };
-        let array = output_array(m, index, false)?;
-        publish(Kind::Tensor, mblob_tensor { array }, out);
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `publish_output`'s.
+    unsafe { publish_output(model, index, false, out) }
 }
 
 /// Frees a tensor; NULL does nothing. Memory it shares with other tensors or with DLPack
@@ -829,16 +872,8 @@ unsafe fn tensor_get<R>(
     out: *mut R,
     f: impl FnOnce(&mblob_tensor) -> Result<R>,
 ) -> mblob_status {
-    call(|| {
-        check(Kind::Tensor, tensor, "tensor")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let t = unsafe { &*tensor };
-        let value = f(t)?;
-        // SAFETY: not NULL, writable per the API.
-        unsafe { out.write(value) };
-        Ok(())
-    })
+    // SAFETY: the caller's contract is `handle_get`'s.
+    unsafe { handle_get(Kind::Tensor, tensor, "tensor", out, f) }
 }
 
 /// Writes the tensor's rank to `*out`.
@@ -940,10 +975,8 @@ pub unsafe extern "C" fn mblob_tensor_to_host(
     out: *mut *mut mblob_tensor,
 ) -> mblob_status {
     call(|| {
-        check(Kind::Tensor, tensor, "tensor")?;
-        not_null(out, "out")?;
-        // SAFETY: checked above; one thread at a time per the API.
-        let t = unsafe { &*tensor };
+        // SAFETY: one call on the tensor at a time per the API, as `checked` needs.
+        let t = unsafe { checked(Kind::Tensor, tensor, "tensor", out) }?;
         let array = t.array.copy(Device::cpu(0)).map_err(device_failure)?;
         publish(Kind::Tensor, mblob_tensor { array }, out);
         Ok(())

@@ -11,6 +11,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use mblob_capi::mblob_status::*;
 use mblob_capi::*;
 
+#[path = "support/common.rs"]
+mod common;
+use common::last_error;
+
 /// The tests run one at a time: a test that uses a handle after freeing it must not see its
 /// address reused by a handle another test thread made meanwhile.
 fn serial() -> MutexGuard<'static, ()> {
@@ -21,11 +25,6 @@ fn serial() -> MutexGuard<'static, ()> {
 fn golden(name: &str) -> CString {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run").join(name);
     CString::new(p.to_str().unwrap()).unwrap()
-}
-
-fn last_error() -> String {
-    // SAFETY: mblob_last_error never returns NULL; the string lives until the next call.
-    unsafe { CStr::from_ptr(mblob_last_error()) }.to_str().unwrap().to_owned()
 }
 
 /// Asserts `status` is `want` and the message contains `needle`.
@@ -337,15 +336,7 @@ fn devices_the_model_cannot_run_on() {
 
 /// A host DLTensor of float32 over `data` with `shape`.
 fn dl(data: &mut [u8], shape: &mut [i64]) -> mblob_dl_tensor {
-    mblob_dl_tensor {
-        data: data.as_mut_ptr().cast(),
-        device: mblob_dl_device { device_type: 1, device_id: 0 },
-        ndim: shape.len() as i32,
-        dtype: mblob_dtype { code: 2, bits: 32, lanes: 1 },
-        shape: shape.as_mut_ptr(),
-        strides: null_mut(),
-        byte_offset: 0,
-    }
+    common::host_dl(data, shape, common::F32)
 }
 
 #[test]

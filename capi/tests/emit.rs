@@ -6,38 +6,22 @@
 //! TVM's output.
 #![cfg(feature = "emit")]
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::ptr::{null, null_mut};
 
-use mblob_capi::mblob_status::*;
 use mblob_capi::*;
+
+#[path = "support/common.rs"]
+mod common;
+use common::{dl, npy, ok};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/other_versions/tvm-0.27.0.post1")
 }
 
-fn last_error() -> String {
-    // SAFETY: never NULL; valid until the next call on this thread.
-    unsafe { CStr::from_ptr(mblob_last_error()) }.to_string_lossy().into_owned()
-}
-
-fn ok(status: mblob_status, what: &str) {
-    assert_eq!(status, MBLOB_OK, "{what}: {}", last_error());
-}
-
 fn c(p: &Path) -> CString {
     CString::new(p.to_str().unwrap()).unwrap()
-}
-
-/// The float32 data of a `.npy` file written by numpy (little-endian).
-fn npy_f32(path: &Path) -> (Vec<i64>, Vec<u8>) {
-    let bytes = std::fs::read(path).unwrap();
-    let file = npyz::NpyFile::new(&bytes[..]).unwrap();
-    assert_eq!(file.dtype().descr().trim_matches('\''), "<f4");
-    let shape: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
-    let n = shape.iter().product::<i64>() as usize * 4;
-    (shape, bytes[bytes.len() - n..].to_vec())
 }
 
 #[test]
@@ -86,19 +70,10 @@ fn export_writes_tvm_blob_and_runs_like_tvm() {
         assert!(blob == std::fs::read(dir().join("relax_add_mul.blob")).unwrap(), "{backend}: blob differs from TVM's");
 
         // It runs TVM's inputs to TVM's output.
-        let (mut xs, mut x) = npy_f32(&dir().join("relax_add_mul.in.x.npy"));
-        let (mut ys, mut y) = npy_f32(&dir().join("relax_add_mul.in.y.npy"));
-        let (want_shape, want) = npy_f32(&dir().join("relax_add_mul.out.0.npy"));
-        let tensor = |data: &mut Vec<u8>, shape: &mut Vec<i64>| mblob_dl_tensor {
-            data: data.as_mut_ptr().cast(),
-            device: mblob_dl_device { device_type: 1, device_id: 0 },
-            ndim: shape.len() as i32,
-            dtype: mblob_dtype { code: 2, bits: 32, lanes: 1 },
-            shape: shape.as_mut_ptr(),
-            strides: null_mut(),
-            byte_offset: 0,
-        };
-        let (tx, ty) = (tensor(&mut x, &mut xs), tensor(&mut y, &mut ys));
+        let (mut x, mut y) = (npy(&dir().join("relax_add_mul.in.x.npy")), npy(&dir().join("relax_add_mul.in.y.npy")));
+        let want = npy(&dir().join("relax_add_mul.out.0.npy"));
+        assert!([x.bits, y.bits, want.bits] == [32; 3], "float32 inputs and output");
+        let (tx, ty) = (dl(&mut x), dl(&mut y));
         let inputs = [&tx as *const mblob_dl_tensor, &ty];
         // SAFETY: live handles, valid pointers, each handle freed once.
         unsafe {
@@ -112,9 +87,9 @@ fn export_writes_tvm_blob_and_runs_like_tvm() {
             ok(mblob_tensor_nbytes(t, &mut n), "nbytes");
             ok(mblob_tensor_shape(t, &mut shape), "shape");
             ok(mblob_tensor_ndim(t, &mut ndim), "ndim");
-            assert_eq!(std::slice::from_raw_parts(shape, ndim as usize), &want_shape[..]);
+            assert_eq!(std::slice::from_raw_parts(shape, ndim as usize), &want.shape[..]);
             assert!(
-                std::slice::from_raw_parts(data.cast::<u8>(), n) == &want[..],
+                std::slice::from_raw_parts(data.cast::<u8>(), n) == &want.data[..],
                 "{backend}: output differs from TVM's"
             );
             ok(mblob_tensor_free(t), "free");

@@ -11,8 +11,15 @@ use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 use mblob_capi::mblob_status::*;
 use mblob_capi::*;
+
+#[path = "support/common.rs"]
+mod common;
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+use common::last_error;
+use common::{dl, npy, ok, Npy};
 
 /// One test at a time: the deleter counters below are shared.
 fn serial() -> MutexGuard<'static, ()> {
@@ -28,57 +35,9 @@ fn run_dir() -> PathBuf {
     repo().join("tests/fixtures/tvm-goldens/run")
 }
 
-fn last_error() -> String {
-    // SAFETY: never NULL; valid until the next call on this thread.
-    unsafe { CStr::from_ptr(mblob_last_error()) }.to_string_lossy().into_owned()
-}
-
-fn ok(status: mblob_status, what: &str) {
-    assert_eq!(status, MBLOB_OK, "{what}: {}", last_error());
-}
-
-/// A `.npy` file: dtype as DLPack's (code, bits), shape, little-endian bytes.
-struct Npy {
-    code: u8,
-    bits: u8,
-    shape: Vec<i64>,
-    data: Vec<u8>,
-}
-
-fn npy(path: &Path) -> Npy {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let file = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let descr = file.dtype().descr();
-    let (code, bits) = match descr.trim_matches('\'') {
-        "<f4" => (2, 32),
-        "<f8" => (2, 64),
-        "<i4" => (0, 32),
-        "<i8" => (0, 64),
-        "|i1" => (0, 8),
-        "|u1" => (1, 8),
-        d => panic!("{}: dtype {d}", path.display()),
-    };
-    let shape: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
-    let n = shape.iter().product::<i64>() as usize * (bits as usize / 8);
-    Npy { code, bits, shape, data: bytes[bytes.len() - n..].to_vec() }
-}
-
 #[cfg(any(feature = "opencl", feature = "cuda"))]
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-/// A borrowed DLTensor on the host over `n`'s bytes (the shape is `n`'s).
-fn dl(n: &mut Npy) -> mblob_dl_tensor {
-    mblob_dl_tensor {
-        data: n.data.as_mut_ptr().cast(),
-        device: mblob_dl_device { device_type: 1, device_id: 0 },
-        ndim: n.shape.len() as i32,
-        dtype: mblob_dtype { code: n.code, bits: n.bits, lanes: 1 },
-        shape: n.shape.as_mut_ptr(),
-        strides: null_mut(),
-        byte_offset: 0,
-    }
 }
 
 /// Dtype, shape and host bytes of a tensor handle.

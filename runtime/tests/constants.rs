@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mblob_runtime::exec::relax::{Constant, RelaxExecutable, VirtualMachine};
-use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Bytes, Device, DeviceType, LoadOptions, LoadedTree, NdArray, Registry};
+
+#[path = "support/npyfile.rs"]
+mod npyfile;
+use npyfile::tensor as npy;
 
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 const ALIGN: usize = 64;
@@ -23,20 +25,6 @@ fn load(path: &Path) -> LoadedTree {
     // SAFETY: the fixtures are libraries TVM built for these tests.
     unsafe { load_library(path, &Registry::default(), &LoadOptions::default()) }
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// A `.npy` file of float32 or int32 elements as a tensor.
-fn npy(path: &Path) -> Tensor {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        d => panic!("{}: dtype {d}", path.display()),
-    };
-    Tensor::new(dtype, shape, data).unwrap()
 }
 
 fn executable(tree: &LoadedTree) -> &RelaxExecutable {

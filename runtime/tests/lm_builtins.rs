@@ -16,6 +16,9 @@ use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
+#[path = "support/npyfile.rs"]
+mod npyfile;
+
 /// Held by the tests of the process-wide tensor cache (tests run in parallel).
 static GLOBAL_CACHE: Mutex<()> = Mutex::new(());
 
@@ -30,18 +33,8 @@ fn json(name: &str) -> serde_json::Value {
 
 /// A `.npy` file of the fixture as a CPU tensor.
 fn npy(file: &str) -> NdArray {
-    let path = dir().join(file);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i8" => (DataType::I64, arr.into_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        d => panic!("{file}: dtype {d}"),
-    };
-    NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).unwrap()
+    let t = npyfile::tensor(&dir().join(file));
+    NdArray::from_bytes(&t.data, &t.shape, t.dtype, Device::cpu(0)).unwrap()
 }
 
 fn f64s_of(a: &NdArray) -> Vec<f64> {

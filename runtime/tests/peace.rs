@@ -15,10 +15,13 @@ use std::process::Command;
 
 use mblob_runtime::exec::relax::VirtualMachine;
 use mblob_runtime::ffi::callconv::module_function;
-use mblob_runtime::format::stream::DataType;
 use mblob_runtime::packed::DLTensor;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, DeviceType, LibraryModule, LoadOptions, LoadedTree, Module, Registry};
+
+#[path = "support/npyfile.rs"]
+mod npyfile;
+use npyfile::tensor as npy;
 
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
@@ -236,23 +239,6 @@ fn load(path: &Path) -> LoadedTree {
     // SAFETY: the goldens are libraries TVM built for these tests.
     unsafe { load_library(path, &Registry::default(), &LoadOptions::default()) }
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Reads a `.npy` file of float32 or bool as a tensor.
-fn npy(path: &Path) -> Tensor {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "|b1" => (
-            DataType { code: 6, bits: 8, lanes: 1 },
-            arr.into_vec::<bool>().unwrap().into_iter().map(u8::from).collect::<Vec<u8>>(),
-        ),
-        d => panic!("{}: dtype {d} not handled by this test", path.display()),
-    };
-    Tensor::new(dtype, shape, data).unwrap()
 }
 
 /// Loads TVM 0.27 model `name` (it imports `TVMFFIErrorSetRaisedFromCStrParts`), runs each of

@@ -15,6 +15,10 @@ use mblob_runtime::{
     load_blob, load_library, Bytes, Device, DeviceType, Layout, LoadOptions, LoadedTree, NdArray, Payload, Registry,
 };
 
+#[path = "support/npyfile.rs"]
+mod npyfile;
+use npyfile::tensor as npy;
+
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
 fn goldens() -> PathBuf {
@@ -34,39 +38,6 @@ fn load(path: &Path) -> LoadedTree {
     // what TVM's own loader does.
     unsafe { load_library(path, &Registry::default(), &LoadOptions::default()) }
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Reads a `.npy` file as a tensor (dtype from its header: f32, i8, i32, i64).
-fn npy(path: &Path) -> Tensor {
-    let bytes = read(path);
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    assert_eq!(arr.order(), npyz::Order::C, "{}", path.display());
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i8" => (
-            DataType { code: 0, bits: 64, lanes: 1 },
-            arr.into_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-        ),
-        // float16 as raw bytes (npyz reads it only with its `half` feature): after the
-        // version-1 header (magic 6 + version 2 + u16 header length).
-        "<f2" => {
-            let start = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-            (DataType { code: 2, bits: 16, lanes: 1 }, bytes[start..].to_vec())
-        }
-        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "|i1" => {
-            (DataType { code: 0, bits: 8, lanes: 1 }, arr.into_vec::<i8>().unwrap().iter().map(|v| *v as u8).collect())
-        }
-        // tvm-ffi's kDLBool (TVM 0.22+); TVM 0.19 calls bool `uint1`.
-        "|b1" => (
-            DataType { code: 6, bits: 8, lanes: 1 },
-            arr.into_vec::<bool>().unwrap().into_iter().map(u8::from).collect(),
-        ),
-        d => panic!("{}: dtype {d} not handled by this test", path.display()),
-    };
-    Tensor::new(dtype, shape, data).unwrap()
 }
 
 fn executable(tree: &LoadedTree) -> &RelaxExecutable {

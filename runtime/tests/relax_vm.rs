@@ -12,6 +12,9 @@ use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, Registry};
 
+#[path = "support/npyfile.rs"]
+mod npyfile;
+
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/relax-vm")
 }
@@ -28,24 +31,9 @@ fn load(name: &str) -> LoadedTree {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A `.npy` file as a tensor (the dtypes the fixtures use).
+/// A `.npy` file of the fixture as a tensor.
 fn npy(file: &str) -> Tensor {
-    let path = dir().join(file);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<f8" => (
-            DataType { code: 2, bits: 64, lanes: 1 },
-            arr.into_vec::<f64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-        ),
-        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i8" => (DataType::I64, arr.into_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        d => panic!("{file}: dtype {d}"),
-    };
-    Tensor::new(dtype, shape, data).unwrap()
+    npyfile::tensor(&dir().join(file))
 }
 
 fn ints(t: &Tensor) -> Vec<i64> {

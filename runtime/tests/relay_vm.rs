@@ -11,6 +11,10 @@ use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::payload::relay_vm::{FormatVersion, Instruction, RelayVmExecutable, VmConstant, VM_EXECUTABLE};
 use mblob_runtime::{load_library, Bytes, Device, DeviceType, Layout, LoadOptions, LoadedTree, Payload, Registry};
 
+#[path = "support/npyfile.rs"]
+mod npyfile;
+use npyfile::tensor as npy;
+
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
 fn dir() -> PathBuf {
@@ -27,20 +31,6 @@ fn load(name: &str) -> LoadedTree {
     // what TVM's own loader does.
     unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn npy(path: &Path) -> Tensor {
-    let bytes = read(path);
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let descr = arr.dtype().descr().trim_matches(|c| c == '\'' || c == '"').to_owned();
-    let (dtype, data): (DataType, Vec<u8>) = match descr.as_str() {
-        "<f4" => (DataType::F32, arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i4" => (DataType::I32, arr.into_vec::<i32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        "<i8" => (DataType::I64, arr.into_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        d => panic!("{}: dtype {d} not handled by this test", path.display()),
-    };
-    Tensor::new(dtype, shape, data).unwrap()
 }
 
 fn manifest() -> Vec<serde_json::Value> {

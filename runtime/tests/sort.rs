@@ -8,8 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::{Device, Model, Output, Tensor};
-use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, Registry};
+
+#[path = "support/npyfile.rs"]
+mod npyfile;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sort")
@@ -19,31 +21,9 @@ fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A little-endian (or byte-order-free) `.npy` file as a tensor: the header through npyz, the
-/// data as the raw bytes after it.
+/// A `.npy` file as a tensor, bool as TVM 0.19's `uint1`.
 fn npy(path: &Path) -> Tensor {
-    let bytes = read(path);
-    let f = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(f.order(), npyz::Order::C, "{}", path.display());
-    let shape: Vec<i64> = f.shape().iter().map(|&d| d as i64).collect();
-    let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
-    let ts = ts.to_string();
-    assert!(ts.starts_with('<') || ts.starts_with('|'), "{}: byte order of {ts}", path.display());
-    let (code, bits) = match &ts[1..] {
-        "b1" => (1, 1),
-        t => {
-            let code = match &t[..1] {
-                "i" => 0,
-                "u" => 1,
-                "f" => 2,
-                _ => panic!("{}: dtype {ts}", path.display()),
-            };
-            (code, t[1..].parse::<u8>().unwrap() * 8)
-        }
-    };
-    let mut data = Vec::new();
-    std::io::Read::read_to_end(&mut f.into_inner(), &mut data).unwrap();
-    Tensor::new(DataType { code, bits, lanes: 1 }, shape, data).unwrap_or_else(|| panic!("{}", path.display()))
+    npyfile::tensor_bool_as(path, npyfile::UINT1)
 }
 
 struct Fixture {

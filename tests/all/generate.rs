@@ -38,37 +38,65 @@ fn last_line(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
 }
 
+/// What TVM recorded for the `single` scenario: its prompt, greedy tokens and logits.
+struct Single {
+    steps: Vec<Value>,
+    /// The prompt's token ids, comma-separated (`--prompt-ids`).
+    prompt: String,
+    /// TVM's greedy tokens, as `mblob generate` prints them.
+    tokens: String,
+    /// TVM's logits, one row of `vocab` per row its VM produced.
+    reference: Vec<f32>,
+    vocab: usize,
+}
+
+impl Single {
+    fn load() -> Single {
+        let steps = single_steps();
+        let prompt: Vec<String> = steps[0]["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
+        let tokens: Vec<String> = steps.iter().map(|s| s["argmax"][0].to_string()).collect();
+        let (ref_shape, reference) = f32s(&llm().join("single.logits.npy"));
+        Single { prompt: prompt.join(","), tokens: tokens.join(","), reference, vocab: ref_shape[1] as usize, steps }
+    }
+
+    /// `--max-new-tokens`: one token per forward step.
+    fn new_tokens(&self) -> String {
+        self.steps.len().to_string()
+    }
+
+    /// `out` (of a run that wrote its logits to `logits`) gave TVM's greedy tokens, and logits
+    /// within 1e-4 of max(1, max |logit|) of TVM's.
+    fn check(&self, what: &str, out: &Output, logits: &Path) {
+        assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(last_line(out), self.tokens, "{what}: TVM's greedy tokens");
+        let (shape, got) = f32s(logits);
+        let vocab = self.vocab;
+        assert_eq!(shape, [self.steps.len() as u64, vocab as u64]);
+        for (i, step) in self.steps.iter().enumerate() {
+            let row = step["logit_rows"][0].as_u64().unwrap() as usize;
+            let want = &self.reference[row * vocab..(row + 1) * vocab];
+            let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+            let diff =
+                got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(diff <= 1e-4 * scale, "{what}, step {i}: logits differ by {diff}");
+        }
+    }
+}
+
 #[test]
 fn generate_gives_tvms_tokens_and_logits() {
-    let steps = single_steps();
-    let prompt: Vec<String> = steps[0]["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
-    let expected: Vec<String> = steps.iter().map(|s| s["argmax"][0].to_string()).collect();
-    let (ref_shape, reference) = f32s(&llm().join("single.logits.npy"));
-    let vocab = ref_shape[1] as usize;
+    let single = Single::load();
     let dir = tempfile::tempdir().unwrap();
     let weights = llm().join("params");
-    let n = steps.len().to_string();
-    let prompt = prompt.join(",");
+    let n = single.new_tokens();
     for (lib, extra) in [("llm_params.so", vec!["--weights", weights.to_str().unwrap()]), ("llm_consts.so", vec![])] {
         for threads in ["1", "2"] {
             let logits = dir.path().join(format!("{lib}.{threads}.npy"));
             let model = llm().join(lib);
-            let mut args = vec![model.to_str().unwrap(), "--prompt-ids", &prompt];
+            let mut args = vec![model.to_str().unwrap(), "--prompt-ids", &single.prompt];
             args.extend(["--max-new-tokens", &n, "--threads", threads, "--logits", logits.to_str().unwrap()]);
             args.extend(&extra);
-            let out = generate(&args);
-            assert!(out.status.success(), "{lib} at {threads} threads: {}", String::from_utf8_lossy(&out.stderr));
-            assert_eq!(last_line(&out), expected.join(","), "{lib} at {threads} threads: TVM's greedy tokens");
-            let (shape, got) = f32s(&logits);
-            assert_eq!(shape, [steps.len() as u64, vocab as u64]);
-            for (i, step) in steps.iter().enumerate() {
-                let row = step["logit_rows"][0].as_u64().unwrap() as usize;
-                let want = &reference[row * vocab..(row + 1) * vocab];
-                let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
-                let diff =
-                    got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(diff <= 1e-4 * scale, "{lib} at {threads} threads, step {i}: logits differ by {diff}");
-            }
+            single.check(&format!("{lib} at {threads} threads"), &generate(&args), &logits);
         }
     }
 }
@@ -81,16 +109,11 @@ fn generate_gives_tvms_tokens_and_logits() {
 #[cfg(feature = "opencl")]
 #[test]
 fn generate_on_opencl_gives_tvms_tokens_and_logits() {
-    let steps = single_steps();
-    let prompt: Vec<String> = steps[0]["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
-    let expected: Vec<String> = steps.iter().map(|s| s["argmax"][0].to_string()).collect();
-    let (ref_shape, reference) = f32s(&llm().join("single.logits.npy"));
-    let vocab = ref_shape[1] as usize;
+    let single = Single::load();
     let dir = tempfile::tempdir().unwrap();
     let logits = dir.path().join("opencl.npy");
     let model = llm().join("device/llm_params_opencl.so");
     let weights = llm().join("params");
-    let (n, prompt) = (steps.len().to_string(), prompt.join(","));
     let out = generate(&[
         model.to_str().unwrap(),
         "--device",
@@ -98,23 +121,13 @@ fn generate_on_opencl_gives_tvms_tokens_and_logits() {
         "--weights",
         weights.to_str().unwrap(),
         "--prompt-ids",
-        &prompt,
+        &single.prompt,
         "--max-new-tokens",
-        &n,
+        &single.new_tokens(),
         "--logits",
         logits.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(last_line(&out), expected.join(","), "TVM's greedy tokens");
-    let (shape, got) = f32s(&logits);
-    assert_eq!(shape, [steps.len() as u64, vocab as u64]);
-    for (i, step) in steps.iter().enumerate() {
-        let row = step["logit_rows"][0].as_u64().unwrap() as usize;
-        let want = &reference[row * vocab..(row + 1) * vocab];
-        let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
-        let diff = got[i * vocab..(i + 1) * vocab].iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(diff <= 1e-4 * scale, "step {i}: logits differ by {diff}");
-    }
+    single.check("OpenCL", &out, &logits);
 }
 
 #[test]

@@ -1833,23 +1833,26 @@ impl std::fmt::Display for Ctx<'_> {
 }
 
 /// Argument access for builtins, with typed errors.
-struct Args<'a> {
+pub(crate) struct Args<'a> {
     callee: &'a str,
     args: &'a [&'a Value],
 }
 
-impl Args<'_> {
-    fn get(&self, i: usize) -> Result<&Value, VmError> {
+impl<'a> Args<'a> {
+    /// Argument `i`, else an error naming the callee and the count given.
+    pub(crate) fn get(&self, i: usize) -> Result<&'a Value, VmError> {
         self.args.get(i).copied().ok_or_else(|| {
             VmError::Program(format!("`{}` needs argument {i}, but was given {}", self.callee, self.args.len()))
         })
     }
 
-    fn type_err(&self, index: usize, expected: &'static str, got: &Value) -> VmError {
+    /// The error for argument `index` being `got` where `expected` was wanted.
+    pub(crate) fn type_err(&self, index: usize, expected: &'static str, got: &Value) -> VmError {
         VmError::Type { callee: self.callee.to_owned(), index, expected, got: got.kind() }
     }
 
-    fn int(&self, i: usize) -> Result<i64, VmError> {
+    /// Argument `i` as an integer.
+    pub(crate) fn int(&self, i: usize) -> Result<i64, VmError> {
         match self.get(i)? {
             Value::Int(v) => Ok(*v),
             v => Err(self.type_err(i, "an integer", v)),
@@ -1878,7 +1881,8 @@ impl Args<'_> {
         }
     }
 
-    fn tensor(&self, i: usize) -> Result<&NdArray, VmError> {
+    /// Argument `i` as a tensor.
+    pub(crate) fn tensor(&self, i: usize) -> Result<&'a NdArray, VmError> {
         match self.get(i)? {
             Value::Tensor(t) => Ok(t),
             v => Err(self.type_err(i, "a tensor", v)),
@@ -1900,6 +1904,50 @@ impl Args<'_> {
             Value::Null => Ok(None),
             Value::Tensor(t) if t.dtype() == DataType::I64 => Ok(Some(t.clone())),
             v => Err(self.type_err(i, "the shape heap (an int64 tensor) or null", v)),
+        }
+    }
+}
+
+/// The accessors the LLM builtins (`kv_cache`, `lm`) use besides the ones above.
+#[cfg(feature = "llm")]
+impl<'a> Args<'a> {
+    /// The arguments `args` of the builtin `callee`.
+    pub(crate) fn new(callee: &'a str, args: &'a [&'a Value]) -> Args<'a> {
+        Args { callee, args }
+    }
+
+    /// Argument `i` as a number: a float, or an integer where TVM takes a `double`.
+    pub(crate) fn float(&self, i: usize) -> Result<f64, VmError> {
+        match self.get(i)? {
+            Value::Float(v) => Ok(*v),
+            Value::Int(v) => Ok(*v as f64),
+            v => Err(self.type_err(i, "a number", v)),
+        }
+    }
+
+    /// Argument `i` as a UTF-8 string.
+    pub(crate) fn string(&self, i: usize) -> Result<String, VmError> {
+        match self.get(i)? {
+            Value::Str(s) => {
+                std::str::from_utf8(s).map(str::to_owned).map_err(|_| self.type_err(i, "a UTF-8 string", &Value::Null))
+            }
+            v => Err(self.type_err(i, "a string", v)),
+        }
+    }
+
+    /// Argument `i` as the extents of a shape value, of any sign (unlike [`Args::shape`]).
+    pub(crate) fn extents(&self, i: usize) -> Result<&'a [i64], VmError> {
+        match self.get(i)? {
+            Value::Shape(s) => Ok(s),
+            v => Err(self.type_err(i, "a shape", v)),
+        }
+    }
+
+    /// Argument `i` as the items of an `Array` (a tuple).
+    pub(crate) fn tuple(&self, i: usize) -> Result<Vec<Value>, VmError> {
+        match self.get(i)? {
+            Value::Tuple(items) => Ok(tuple_items(items)),
+            v => Err(self.type_err(i, "an array", v)),
         }
     }
 }

@@ -224,47 +224,29 @@ impl PagedKvCache {
         for (d, arrays) in aux.depths.iter().enumerate() {
             let Some(page_indices) = &arrays.page_indices else { continue };
             let (out, lse) = if is_first { (o, &merged_lse) } else { (&temp_out, &temp_lse) };
-            if batch.use_decode_kernel[d] {
-                run(
-                    &kern.decode,
-                    &[
-                        t(q),
-                        t(pages),
-                        t(&arrays.page_indptr),
-                        t(page_indices),
-                        t(&arrays.length_info),
-                        t(&arrays.k_rope_pos_offset),
-                        t(&aux.q_rope_position_map),
-                        t(out),
-                        t(lse),
-                        inline.clone(),
-                        scale.clone(),
-                        theta.clone(),
-                        sm.clone(),
-                    ],
-                )?;
-            } else {
-                run(
-                    &kern.prefill,
-                    &[
-                        t(q),
-                        t(&arrays.qo_indptr),
-                        t(pages),
-                        t(&arrays.page_indptr),
-                        t(page_indices),
-                        t(&arrays.length_info),
-                        t(&arrays.k_rope_pos_offset),
-                        t(&aux.q_rope_position_map),
-                        t(out),
-                        t(lse),
-                        Value::Int(0),
-                        inline.clone(),
-                        scale.clone(),
-                        theta.clone(),
-                        sm.clone(),
-                    ],
-                )?;
+            // TVM's decode and prefill kernels take the same paged arguments; the prefill kernel
+            // also takes `qo_indptr` after `q`, and `causal` (0) after the log-sum-exp.
+            let decode = batch.use_decode_kernel[d];
+            let mut args: SmallVec<[Value; 16]> = SmallVec::new();
+            args.push(t(q));
+            if !decode {
+                args.push(t(&arrays.qo_indptr));
             }
+            args.extend([
+                t(pages),
+                t(&arrays.page_indptr),
+                t(page_indices),
+                t(&arrays.length_info),
+                t(&arrays.k_rope_pos_offset),
+                t(&aux.q_rope_position_map),
+                t(out),
+                t(lse),
+            ]);
+            if !decode {
+                args.push(Value::Int(0));
+            }
+            args.extend([inline.clone(), scale.clone(), theta.clone(), sm.clone()]);
+            run(if decode { &kern.decode } else { &kern.prefill }, &args)?;
             if is_first {
                 is_first = false;
             } else if c.device.device_type == DeviceType::OpenCl {

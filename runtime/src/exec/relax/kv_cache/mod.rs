@@ -64,7 +64,7 @@ use crate::device::Device;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 
-use super::vm::{ObjectRef, Value, VirtualMachine, VmError, VmObject};
+use super::vm::{Args, ObjectRef, Value, VirtualMachine, VmError, VmObject};
 use aux::{AuxArrays, Batch};
 use blocks::Table;
 use config::Kernels;
@@ -247,15 +247,21 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
             cache(n, a)?.clear();
             Ok(Value::Null)
         },
-        "vm.builtin.kv_state_add_sequence" => |_, n, a| cache(n, a)?.add_sequence(int(n, a, 1)?).map(|_| Value::Null),
+        "vm.builtin.kv_state_add_sequence" => {
+            |_, n, a| cache(n, a)?.add_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
+        }
         "vm.builtin.kv_state_remove_sequence" => {
-            |_, n, a| cache(n, a)?.remove_sequence(int(n, a, 1)?).map(|_| Value::Null)
+            |_, n, a| cache(n, a)?.remove_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
         }
         "vm.builtin.kv_state_fork_sequence" => |_, n, a| {
-            let fork_pos = if a.len() > 3 { int(n, a, 3)? } else { -1 };
-            cache(n, a)?.fork_sequence(int(n, a, 1)?, int(n, a, 2)?, fork_pos).map(|_| Value::Null)
+            let args = Args::new(n, a);
+            let fork_pos = if a.len() > 3 { args.int(3)? } else { -1 };
+            cache(n, a)?.fork_sequence(args.int(1)?, args.int(2)?, fork_pos).map(|_| Value::Null)
         },
-        "vm.builtin.kv_state_popn" => |_, n, a| cache(n, a)?.popn(int(n, a, 1)?, int(n, a, 2)?).map(|_| Value::Null),
+        "vm.builtin.kv_state_popn" => |_, n, a| {
+            let args = Args::new(n, a);
+            cache(n, a)?.popn(args.int(1)?, args.int(2)?).map(|_| Value::Null)
+        },
         "vm.builtin.kv_state_begin_forward" => begin_forward,
         "vm.builtin.kv_state_end_forward" => |_, n, a| {
             cache(n, a)?.end_forward();
@@ -268,68 +274,40 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
             |_, n, a| Ok(Value::Int(cache(n, a)?.total_sequence_length()))
         }
         "vm.builtin.attention_kv_cache_get_sequence_length" => {
-            |_, n, a| cache(n, a)?.sequence_length(int(n, a, 1)?).map(Value::Int)
+            |_, n, a| cache(n, a)?.sequence_length(Args::new(n, a).int(1)?).map(Value::Int)
         }
         "vm.builtin.attention_kv_cache_empty" => |_, n, a| Ok(Value::Int(i64::from(cache(n, a)?.is_empty()))),
         "vm.builtin.attention_kv_cache_get_query_positions" => {
             |_, n, a| cache(n, a)?.query_positions().map(Value::Tensor)
         }
         "vm.builtin.attention_kv_cache_debug_get_kv" => |_, n, a| {
+            let args = Args::new(n, a);
             let c = cache(n, a)?;
-            c.debug_get_kv(int(n, a, 1)?, int(n, a, 2)?, int(n, a, 3)?, tensor(n, a, 4)?, tensor(n, a, 5)?)?;
+            c.debug_get_kv(args.int(1)?, args.int(2)?, args.int(3)?, args.tensor(4)?, args.tensor(5)?)?;
             Ok(Value::Null)
         },
         "vm.builtin.attention_kv_cache_attention_with_fused_qkv" => |_, n, a| {
-            let sm_scale = match arg(n, a, 2)? {
+            let args = Args::new(n, a);
+            let sm_scale = match args.get(2)? {
                 Value::Float(f) => *f,
                 Value::Int(i) => *i as f64,
-                v => return Err(type_err(n, 2, "a number (sm_scale)", v)),
+                v => return Err(args.type_err(2, "a number (sm_scale)", v)),
             };
-            cache(n, a)?.attention_with_fused_qkv(int(n, a, 1)?, sm_scale, tensor(n, a, 3)?, tensor(n, a, 4)?)?;
+            cache(n, a)?.attention_with_fused_qkv(args.int(1)?, sm_scale, args.tensor(3)?, args.tensor(4)?)?;
             Ok(Value::Null)
         },
         _ => return None,
     })
 }
 
-fn arg<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a Value, VmError> {
-    args.get(i)
-        .copied()
-        .ok_or_else(|| VmError::Program(format!("`{name}` needs argument {i}, but was given {}", args.len())))
-}
-
-fn type_err(name: &str, index: usize, expected: &'static str, got: &Value) -> VmError {
-    VmError::Type { callee: name.to_owned(), index, expected, got: got.kind() }
-}
-
-fn int(name: &str, args: &[&Value], i: usize) -> Result<i64, VmError> {
-    match arg(name, args, i)? {
-        Value::Int(v) => Ok(*v),
-        v => Err(type_err(name, i, "an integer", v)),
-    }
-}
-
-fn tensor<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a NdArray, VmError> {
-    match arg(name, args, i)? {
-        Value::Tensor(t) => Ok(t),
-        v => Err(type_err(name, i, "a tensor", v)),
-    }
-}
-
-fn shape<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a [i64], VmError> {
-    match arg(name, args, i)? {
-        Value::Shape(s) => Ok(s),
-        v => Err(type_err(name, i, "a shape", v)),
-    }
-}
-
 /// Argument 0: the cache.
-fn cache<'a>(name: &str, args: &[&'a Value]) -> Result<&'a PagedKvCache, VmError> {
-    match arg(name, args, 0)? {
-        Value::Object(o) => o
-            .downcast_ref::<PagedKvCache>()
-            .ok_or_else(|| type_err(name, 0, "a relax.vm.PagedAttentionKVCache", args[0])),
-        v => Err(type_err(name, 0, "a relax.vm.PagedAttentionKVCache", v)),
+fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, VmError> {
+    let a = Args::new(name, args);
+    match a.get(0)? {
+        Value::Object(o) => {
+            o.downcast_ref::<PagedKvCache>().ok_or_else(|| a.type_err(0, "a relax.vm.PagedAttentionKVCache", args[0]))
+        }
+        v => Err(a.type_err(0, "a relax.vm.PagedAttentionKVCache", v)),
     }
 }
 
@@ -355,6 +333,7 @@ fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value]) -> Result<Va
         .into());
     }
     let c = cache(name, args)?;
-    c.begin_forward(shape(name, args, 1)?, shape(name, args, 2)?)?;
+    let a = Args::new(name, args);
+    c.begin_forward(a.extents(1)?, a.extents(2)?)?;
     Ok(Value::Null)
 }

@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::array::NdArray;
 
-use super::super::vm::{tuple_items, ObjectRef, Value, VirtualMachine, VmError, VmObject};
+use super::super::vm::{Args, ObjectRef, Value, VirtualMachine, VmError, VmObject};
 use super::legacy_kv::{self, AttentionKvCacheLegacy};
 use super::{sampling, tensor_cache, LmError, TensorCacheError};
 
@@ -86,67 +86,13 @@ fn lm<T, E: Into<LmError>>(r: Result<T, E>) -> Result<T, VmError> {
     r.map_err(|e| VmError::from(e.into()))
 }
 
-fn arg<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a Value, VmError> {
-    args.get(i)
-        .copied()
-        .ok_or_else(|| VmError::Program(format!("`{name}` needs argument {i}, but was given {}", args.len())))
-}
-
-fn type_err(name: &str, index: usize, expected: &'static str, got: &Value) -> VmError {
-    VmError::Type { callee: name.to_owned(), index, expected, got: got.kind() }
-}
-
-fn int(name: &str, args: &[&Value], i: usize) -> Result<i64, VmError> {
-    match arg(name, args, i)? {
-        Value::Int(v) => Ok(*v),
-        v => Err(type_err(name, i, "an integer", v)),
-    }
-}
-
-fn float(name: &str, args: &[&Value], i: usize) -> Result<f64, VmError> {
-    match arg(name, args, i)? {
-        Value::Float(v) => Ok(*v),
-        Value::Int(v) => Ok(*v as f64),
-        v => Err(type_err(name, i, "a number", v)),
-    }
-}
-
-fn string(name: &str, args: &[&Value], i: usize) -> Result<String, VmError> {
-    match arg(name, args, i)? {
-        Value::Str(s) => {
-            std::str::from_utf8(s).map(str::to_owned).map_err(|_| type_err(name, i, "a UTF-8 string", &Value::Null))
-        }
-        v => Err(type_err(name, i, "a string", v)),
-    }
-}
-
-fn tensor<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a NdArray, VmError> {
-    match arg(name, args, i)? {
-        Value::Tensor(t) => Ok(t),
-        v => Err(type_err(name, i, "a tensor", v)),
-    }
-}
-
-fn shape<'a>(name: &str, args: &[&'a Value], i: usize) -> Result<&'a [i64], VmError> {
-    match arg(name, args, i)? {
-        Value::Shape(s) => Ok(s),
-        v => Err(type_err(name, i, "a shape", v)),
-    }
-}
-
-fn tuple(name: &str, args: &[&Value], i: usize) -> Result<Vec<Value>, VmError> {
-    match arg(name, args, i)? {
-        Value::Tuple(items) => Ok(tuple_items(items)),
-        v => Err(type_err(name, i, "an array", v)),
-    }
-}
-
 fn legacy<'a>(name: &str, value: &'a Value, index: usize) -> Result<&'a LegacyKvObject, VmError> {
+    let a = Args::new(name, &[]);
     match value {
         Value::Object(o) => o
             .downcast_ref::<LegacyKvObject>()
-            .ok_or_else(|| type_err(name, index, "a relax.vm.AttentionKVCacheLegacy", value)),
-        v => Err(type_err(name, index, "a relax.vm.AttentionKVCacheLegacy", v)),
+            .ok_or_else(|| a.type_err(index, "a relax.vm.AttentionKVCacheLegacy", value)),
+        v => Err(a.type_err(index, "a relax.vm.AttentionKVCacheLegacy", v)),
     }
 }
 
@@ -156,7 +102,7 @@ fn with_cache(
     args: &[&Value],
     f: impl FnOnce(&mut AttentionKvCacheLegacy) -> Result<(), legacy_kv::LegacyKvError>,
 ) -> Result<Value, VmError> {
-    let cache = legacy(name, arg(name, args, 0)?, 0)?;
+    let cache = legacy(name, Args::new(name, args).get(0)?, 0)?;
     lm(f(&mut cache.lock()))?;
     Ok(args[0].clone())
 }
@@ -180,37 +126,40 @@ fn tensors(list: Vec<NdArray>) -> Value {
 pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
     Some(match name {
         "vm.builtin.tensor_cache.load" => |_, n, a| {
-            let path = string(n, a, 0)?;
-            lm(tensor_cache::tensor_cache_load(Path::new(&path), int(n, a, 1)? as i32, int(n, a, 2)? as i32))?;
+            let args = Args::new(n, a);
+            let path = args.string(0)?;
+            lm(tensor_cache::tensor_cache_load(Path::new(&path), args.int(1)? as i32, args.int(2)? as i32))?;
             Ok(Value::Null)
         },
         "vm.builtin.tensor_cache.get" => {
-            |_, n, a| Ok(tensor_cache::tensor_cache_get(&string(n, a, 0)?).map_or(Value::Null, Value::Tensor))
+            |_, n, a| Ok(tensor_cache::tensor_cache_get(&Args::new(n, a).string(0)?).map_or(Value::Null, Value::Tensor))
         }
         "vm.builtin.tensor_cache.update" => |_, n, a| {
+            let args = Args::new(n, a);
             if a.len() != 2 && a.len() != 3 {
                 return Err(VmError::Check {
                     kind: "InternalError",
                     message: "Check failed: (args.size() == 2 || args.size() == 3) is false: ".into(),
                 });
             }
-            let override_ = if a.len() == 3 { Some(int(n, a, 2)? != 0) } else { None };
-            lm(tensor_cache::tensor_cache_update(&string(n, a, 0)?, tensor(n, a, 1)?.clone(), override_))?;
+            let override_ = if a.len() == 3 { Some(args.int(2)? != 0) } else { None };
+            lm(tensor_cache::tensor_cache_update(&args.string(0)?, args.tensor(1)?.clone(), override_))?;
             Ok(Value::Null)
         },
         "vm.builtin.tensor_cache.remove" => |_, n, a| {
-            tensor_cache::tensor_cache_remove(&string(n, a, 0)?);
+            tensor_cache::tensor_cache_remove(&Args::new(n, a).string(0)?);
             Ok(Value::Null)
         },
         "vm.builtin.tensor_cache.clear" => |_, _, _| {
             tensor_cache::tensor_cache_clear();
             Ok(Value::Null)
         },
-        "vm.builtin.param_array_from_cache" => {
-            |_, n, a| Ok(tensors(lm(tensor_cache::param_array_from_cache(&string(n, a, 0)?, int(n, a, 1)?))?))
-        }
+        "vm.builtin.param_array_from_cache" => |_, n, a| {
+            let args = Args::new(n, a);
+            Ok(tensors(lm(tensor_cache::param_array_from_cache(&args.string(0)?, args.int(1)?))?))
+        },
         "vm.builtin.param_array_from_cache_by_name" => |_, n, a| {
-            let names = strings(tuple(n, a, 0)?.iter())?;
+            let names = strings(Args::new(n, a).tuple(0)?.iter())?;
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name(&names))?))
         },
         "vm.builtin.param_module_from_cache" => |_, n, a| {
@@ -227,52 +176,61 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name_unpacked(&names))?))
         },
         "vm.builtin.sample_top_p_from_logits" => |_, n, a| {
+            let args = Args::new(n, a);
             let token =
-                sampling::sample_top_p_from_logits(tensor(n, a, 0)?, float(n, a, 1)?, float(n, a, 2)?, float(n, a, 3)?);
+                sampling::sample_top_p_from_logits(args.tensor(0)?, args.float(1)?, args.float(2)?, args.float(3)?);
             Ok(Value::Int(i64::from(lm(token)?)))
         },
         "vm.builtin.sample_top_p_from_prob" => |_, n, a| {
-            Ok(Value::Int(lm(sampling::sample_top_p_from_prob(tensor(n, a, 0)?, float(n, a, 1)?, float(n, a, 2)?))?))
+            let args = Args::new(n, a);
+            Ok(Value::Int(lm(sampling::sample_top_p_from_prob(args.tensor(0)?, args.float(1)?, args.float(2)?))?))
         },
-        "vm.builtin.multinomial_from_uniform" => {
-            |_, n, a| Ok(Value::Tensor(lm(sampling::multinomial_from_uniform(tensor(n, a, 0)?, tensor(n, a, 1)?))?))
-        }
+        "vm.builtin.multinomial_from_uniform" => |_, n, a| {
+            let args = Args::new(n, a);
+            Ok(Value::Tensor(lm(sampling::multinomial_from_uniform(args.tensor(0)?, args.tensor(1)?))?))
+        },
         "vm.builtin.apply_repetition_penalty" => |_, n, a| {
-            lm(sampling::apply_repetition_penalty(tensor(n, a, 0)?, tensor(n, a, 1)?, float(n, a, 2)?))?;
+            let args = Args::new(n, a);
+            lm(sampling::apply_repetition_penalty(args.tensor(0)?, args.tensor(1)?, args.float(2)?))?;
             Ok(Value::Null)
         },
         "vm.builtin.apply_presence_and_frequency_penalty" => |_, n, a| {
+            let args = Args::new(n, a);
             lm(sampling::apply_presence_and_frequency_penalty(
-                tensor(n, a, 0)?,
-                tensor(n, a, 1)?,
-                tensor(n, a, 2)?,
-                float(n, a, 3)?,
-                float(n, a, 4)?,
+                args.tensor(0)?,
+                args.tensor(1)?,
+                args.tensor(2)?,
+                args.float(3)?,
+                args.float(4)?,
             ))?;
             Ok(Value::Null)
         },
         "vm.builtin.apply_softmax_with_temperature" => |_, n, a| {
-            lm(sampling::apply_softmax_with_temperature(tensor(n, a, 0)?, float(n, a, 1)?))?;
+            let args = Args::new(n, a);
+            lm(sampling::apply_softmax_with_temperature(args.tensor(0)?, args.float(1)?))?;
             Ok(Value::Null)
         },
         "vm.builtin.attention_kv_cache_create" => |_, n, a| {
-            let cache = lm(legacy_kv::attention_kv_cache_create(tensor(n, a, 0)?, shape(n, a, 1)?, int(n, a, 2)?))?;
+            let args = Args::new(n, a);
+            let cache = lm(legacy_kv::attention_kv_cache_create(args.tensor(0)?, args.extents(1)?, args.int(2)?))?;
             Ok(Value::Object(ObjectRef::new(LegacyKvObject::new(cache))))
         },
         "vm.builtin.attention_kv_cache_update" => |_, n, a| {
-            let value = tensor(n, a, 1)?;
+            let value = Args::new(n, a).tensor(1)?;
             with_cache(n, a, |c| c.update(value))
         },
         "vm.builtin.attention_kv_cache_append" => |_, n, a| {
-            let value = tensor(n, a, 1)?;
+            let value = Args::new(n, a).tensor(1)?;
             with_cache(n, a, |c| c.append(value))
         },
         "vm.builtin.attention_kv_cache_window_override" => |_, n, a| {
-            let (value, max) = (tensor(n, a, 1)?, int(n, a, 2)?);
+            let args = Args::new(n, a);
+            let (value, max) = (args.tensor(1)?, args.int(2)?);
             with_cache(n, a, |c| c.window_override(value, max, 0))
         },
         "vm.builtin.attention_kv_cache_window_override_with_sinks" => |_, n, a| {
-            let (value, max, sinks) = (tensor(n, a, 1)?, int(n, a, 2)?, int(n, a, 3)?);
+            let args = Args::new(n, a);
+            let (value, max, sinks) = (args.tensor(1)?, args.int(2)?, args.int(3)?);
             with_cache(n, a, |c| c.window_override(value, max, sinks))
         },
         "vm.builtin.attention_kv_cache_view" => |_, n, a| {
@@ -286,20 +244,21 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
                 });
             }
             let cache = legacy(n, a[0], 0)?;
-            let s = if a.len() == 2 { Some(shape(n, a, 1)?) } else { None };
+            let s = if a.len() == 2 { Some(Args::new(n, a).extents(1)?) } else { None };
             Ok(Value::Tensor(lm(legacy_kv::attention_kv_cache_view(&cache.lock(), s))?))
         },
         // TVM pops and clears the caches one after the other (a failed pop leaves the caches
         // before it popped); each is locked in turn, so an array may name a cache twice.
         "vm.builtin.attention_kv_cache_array_popn" => |_, n, a| {
-            let count = int(n, a, 1)?;
-            for (i, c) in tuple(n, a, 0)?.iter().enumerate() {
+            let args = Args::new(n, a);
+            let count = args.int(1)?;
+            for (i, c) in args.tuple(0)?.iter().enumerate() {
                 lm(legacy(n, c, i)?.lock().pop_n(count))?;
             }
             Ok(Value::Null)
         },
         "vm.builtin.attention_kv_cache_array_clear" => |_, n, a| {
-            for (i, c) in tuple(n, a, 0)?.iter().enumerate() {
+            for (i, c) in Args::new(n, a).tuple(0)?.iter().enumerate() {
                 legacy(n, c, i)?.lock().clear();
             }
             Ok(Value::Null)

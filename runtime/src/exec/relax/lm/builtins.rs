@@ -163,11 +163,12 @@ pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
             Ok(tensors(lm(tensor_cache::param_array_from_cache_by_name(&names))?))
         },
         "vm.builtin.param_module_from_cache" => |_, n, a| {
-            let params = lm(tensor_cache::param_array_from_cache(&string(n, a, 0)?, int(n, a, 1)?))?;
+            let args = Args::new(n, a);
+            let params = lm(tensor_cache::param_array_from_cache(&args.string(0)?, args.int(1)?))?;
             Ok(Value::Object(ObjectRef::new(ParamModule::new(params))))
         },
         "vm.builtin.param_module_from_cache_by_name" => |_, n, a| {
-            let names = strings(tuple(n, a, 0)?.iter())?;
+            let names = strings(Args::new(n, a).tuple(0)?.iter())?;
             let params = lm(tensor_cache::param_array_from_cache_by_name(&names))?;
             Ok(Value::Object(ObjectRef::new(ParamModule::new(params))))
         },

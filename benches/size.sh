@@ -2,7 +2,7 @@
 # The C library's size per feature set: builds libmblob (crate mblob-capi, cdylib alone) with
 # the `release-small` profile once per set and prints a table of the stripped sizes.
 #
-#   bash benches/size.sh            every set: CPU only, +relay-vm, +opencl, +cuda, +llm, all
+#   bash benches/size.sh            every set: CPU only, +relay-vm, +ops, +opencl, +cuda, +llm, all
 #   bash benches/size.sh --check    the CPU-only set alone; exits 1 when it is over 1 MiB
 #
 # "CPU only" is `--no-default-features`: graph, AOT and Relax models on the CPU. "all" is
@@ -46,6 +46,7 @@ while IFS='|' read -r name flags; do
 done <<'SETS'
 CPU only|--no-default-features
 + relay-vm|--no-default-features --features relay-vm
++ ops|--no-default-features --features ops
 + opencl|--no-default-features --features opencl
 + cuda|--no-default-features --features cuda
 + llm|--no-default-features --features llm

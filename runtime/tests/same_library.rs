@@ -13,93 +13,95 @@
 #[path = "support/device_run.rs"]
 mod device_run;
 
-use std::path::{Path, PathBuf};
+// ---- CPU libraries that look functions up by name (tvm.contrib.sort.*, feature `ops`) ------
+#[cfg(feature = "ops")]
+mod cpu {
+    use std::path::{Path, PathBuf};
 
-use device_run::load;
-use mblob_runtime::exec::{Device, Model, Output, Tensor};
-use mblob_runtime::LoadedTree;
+    use super::device_run::load;
+    use mblob_runtime::exec::{Device, Model, Output, Tensor};
+    use mblob_runtime::LoadedTree;
 
-// ---- CPU libraries that look functions up by name (tvm.contrib.sort.*) ---------------------
-
-fn sort_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sort")
-}
-
-/// A `.npy` file of the sort fixtures (these use float32 inputs and int32/float32 outputs) as
-/// a tensor: the header through npyz, the data as the raw bytes after it.
-fn npy(path: &Path) -> Tensor {
-    use mblob_runtime::format::stream::DataType;
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let f = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let shape: Vec<i64> = f.shape().iter().map(|&d| d as i64).collect();
-    let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
-    let ts = ts.to_string();
-    assert!(ts.starts_with('<') || ts.starts_with('|'), "{}: byte order of {ts}", path.display());
-    let code = match &ts[1..2] {
-        "i" => 0,
-        "u" => 1,
-        "f" => 2,
-        _ => panic!("{}: dtype {ts}", path.display()),
-    };
-    let bits = ts[2..].parse::<u8>().unwrap() * 8;
-    let mut data = Vec::new();
-    std::io::Read::read_to_end(&mut f.into_inner(), &mut data).unwrap();
-    Tensor::new(DataType { code, bits, lanes: 1 }, shape, data).unwrap_or_else(|| panic!("{}", path.display()))
-}
-
-/// Runs sort fixture `name` (the manifest's entry) loaded as `tree`: every output equal, bit
-/// for bit, to TVM's.
-fn run_sort(name: &str, tree: &LoadedTree) {
-    let dir = sort_dir();
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    let m = manifest["models"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap();
-    let mut model = Model::new(tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{name}: {e}"));
-    for i in m["inputs"].as_array().unwrap() {
-        let input = npy(&dir.join(i["file"].as_str().unwrap()));
-        model.set_input(Some(i["name"].as_str().unwrap()), &input).unwrap_or_else(|e| panic!("{name}: {e}"));
+    fn sort_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sort")
     }
-    model.run().unwrap_or_else(|e| panic!("{name}: {e}"));
-    let got = model.outputs().unwrap();
-    let want = m["outputs"].as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "{name}: number of outputs");
-    for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        let Output::Tensor(g) = g else { panic!("{name}: output {k} is not a tensor") };
-        let w = npy(&dir.join(w["file"].as_str().unwrap()));
-        assert_eq!((g.dtype, &g.shape), (w.dtype, &w.shape), "{name}: output {k}");
-        assert!(g.data[..] == w.data[..], "{name}: output {k} differs from TVM's");
-    }
-}
 
-/// The sort fixtures (TVM 0.27 Relax and TVM 0.19 Relay) loaded twice, one load dropped before
-/// the other runs, each way round, on two threads, and again after both were dropped.
-#[test]
-fn cpu_libraries_calling_global_functions_load_twice() {
-    for name in ["relax_float32", "relay_float32"] {
-        let so = sort_dir().join(format!("{name}.so"));
-        let first = load(&so);
-        let second = load(&so);
-        drop(second);
-        run_sort(name, &first);
-        let second = load(&so);
-        drop(first);
-        run_sort(name, &second);
-        drop(second);
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let so = so.clone();
-                std::thread::spawn(move || {
-                    let tree = load(&so);
-                    for _ in 0..3 {
-                        run_sort(name, &tree);
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap_or_else(|_| panic!("{name}: a thread failed"));
+    /// A `.npy` file of the sort fixtures (these use float32 inputs and int32/float32 outputs) as
+    /// a tensor: the header through npyz, the data as the raw bytes after it.
+    fn npy(path: &Path) -> Tensor {
+        use mblob_runtime::format::stream::DataType;
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let f = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let shape: Vec<i64> = f.shape().iter().map(|&d| d as i64).collect();
+        let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
+        let ts = ts.to_string();
+        assert!(ts.starts_with('<') || ts.starts_with('|'), "{}: byte order of {ts}", path.display());
+        let code = match &ts[1..2] {
+            "i" => 0,
+            "u" => 1,
+            "f" => 2,
+            _ => panic!("{}: dtype {ts}", path.display()),
+        };
+        let bits = ts[2..].parse::<u8>().unwrap() * 8;
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut f.into_inner(), &mut data).unwrap();
+        Tensor::new(DataType { code, bits, lanes: 1 }, shape, data).unwrap_or_else(|| panic!("{}", path.display()))
+    }
+
+    /// Runs sort fixture `name` (the manifest's entry) loaded as `tree`: every output equal, bit
+    /// for bit, to TVM's.
+    fn run_sort(name: &str, tree: &LoadedTree) {
+        let dir = sort_dir();
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        let m = manifest["models"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap();
+        let mut model = Model::new(tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for i in m["inputs"].as_array().unwrap() {
+            let input = npy(&dir.join(i["file"].as_str().unwrap()));
+            model.set_input(Some(i["name"].as_str().unwrap()), &input).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        run_sort(name, &load(&so));
+        model.run().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = model.outputs().unwrap();
+        let want = m["outputs"].as_array().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}: number of outputs");
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            let Output::Tensor(g) = g else { panic!("{name}: output {k} is not a tensor") };
+            let w = npy(&dir.join(w["file"].as_str().unwrap()));
+            assert_eq!((g.dtype, &g.shape), (w.dtype, &w.shape), "{name}: output {k}");
+            assert!(g.data[..] == w.data[..], "{name}: output {k} differs from TVM's");
+        }
+    }
+
+    /// The sort fixtures (TVM 0.27 Relax and TVM 0.19 Relay) loaded twice, one load dropped before
+    /// the other runs, each way round, on two threads, and again after both were dropped.
+    #[test]
+    fn cpu_libraries_calling_global_functions_load_twice() {
+        for name in ["relax_float32", "relay_float32"] {
+            let so = sort_dir().join(format!("{name}.so"));
+            let first = load(&so);
+            let second = load(&so);
+            drop(second);
+            run_sort(name, &first);
+            let second = load(&so);
+            drop(first);
+            run_sort(name, &second);
+            drop(second);
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let so = so.clone();
+                    std::thread::spawn(move || {
+                        let tree = load(&so);
+                        for _ in 0..3 {
+                            run_sort(name, &tree);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap_or_else(|_| panic!("{name}: a thread failed"));
+            }
+            run_sort(name, &load(&so));
+        }
     }
 }
 

@@ -13,8 +13,13 @@
 //! - [`set`]: numpy's `unique` (sorted or in first-occurrence order, with indices, inverse and
 //!   counts, flattened or along an axis) and `nonzero`, as TVM's Python functions compute
 //!   them.
+//!
+//! Both are the runtime's feature `ops` (on in the `mblob` crate, the C API's defaults and the
+//! Python package); without it a library that calls them does not find them.
 
+#[cfg(feature = "ops")]
 pub mod set;
+#[cfg(feature = "ops")]
 pub mod sort;
 
 use crate::format::DataType;
@@ -131,6 +136,7 @@ pub fn dtype_name(dtype: DataType) -> String {
 
 impl View<'_> {
     /// Checks that the data holds exactly the elements of the shape.
+    #[cfg(feature = "ops")]
     pub(crate) fn check(&self, function: &'static str, what: &str) -> Result<usize, OpError> {
         let n = numel(self.shape).ok_or_else(|| OpError::Arguments {
             function,

@@ -8,7 +8,9 @@
 use super::{Value, VmError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::ops::{self, set::UniqueFlags, Owned, View};
+use crate::ops::{self, Owned};
+#[cfg(feature = "ops")]
+use crate::ops::{set::UniqueFlags, View};
 
 /// A VM-level function: its name (for errors) and its arguments.
 pub(super) type RunFn = fn(&str, &[&Value]) -> Result<Value, VmError>;
@@ -16,7 +18,9 @@ pub(super) type RunFn = fn(&str, &[&Value]) -> Result<Value, VmError>;
 /// The `relax.run.*` function `name`, if mblob provides it.
 pub(super) fn lookup(name: &str) -> Option<RunFn> {
     match name {
+        #[cfg(feature = "ops")]
         "relax.run.unique" => Some(unique),
+        #[cfg(feature = "ops")]
         "relax.run.nonzero" => Some(nonzero),
         "relax.run.assert_op" => Some(assert_op),
         "relax.run.print" => Some(print),
@@ -25,10 +29,12 @@ pub(super) fn lookup(name: &str) -> Option<RunFn> {
     }
 }
 
+#[cfg(feature = "ops")]
 fn op_error(name: &str, e: ops::OpError) -> VmError {
     VmError::Kernel { name: name.to_owned(), code: -1, message: e.to_string() }
 }
 
+#[cfg(feature = "ops")]
 fn host_tensor(name: &str, args: &[&Value], i: usize) -> Result<crate::payload::graph::Tensor, VmError> {
     match args.get(i) {
         Some(Value::Tensor(t)) => Ok(t.to_tensor()?),
@@ -37,6 +43,7 @@ fn host_tensor(name: &str, args: &[&Value], i: usize) -> Result<crate::payload::
     }
 }
 
+#[cfg(feature = "ops")]
 fn flag(name: &str, args: &[&Value], i: usize) -> Result<bool, VmError> {
     match args.get(i) {
         Some(Value::Int(v)) => Ok(*v != 0),
@@ -51,6 +58,7 @@ fn to_value(t: Owned) -> Result<Value, VmError> {
     Ok(Value::Tensor(NdArray::from_bytes(&t.data, &t.shape, t.dtype, Device::cpu(0))?))
 }
 
+#[cfg(feature = "ops")]
 /// `relax.run.unique(x, sorted, return_index, return_inverse, return_counts[, axis])`: the
 /// unique values alone, or a tuple with what the flags ask for.
 fn unique(name: &str, args: &[&Value]) -> Result<Value, VmError> {
@@ -77,6 +85,7 @@ fn unique(name: &str, args: &[&Value]) -> Result<Value, VmError> {
     Ok(Value::tuple(items))
 }
 
+#[cfg(feature = "ops")]
 /// `relax.run.nonzero(x)`.
 fn nonzero(name: &str, args: &[&Value]) -> Result<Value, VmError> {
     let x = host_tensor(name, args, 0)?;

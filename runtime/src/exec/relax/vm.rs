@@ -1085,6 +1085,10 @@ impl VirtualMachine {
         let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
             inputs.iter().map(|a| vm.upload_array(a, ffi_bool)).collect()
         })?;
+        if let Value::Tensor(t) = result {
+            // The commonest result, handed over without the walk.
+            return Ok(vec![t]);
+        }
         tensor_leaves(&result, name)
     }
 
@@ -1151,10 +1155,9 @@ impl VirtualMachine {
         }
         // The reader checked that every register index is below the file size and that the
         // file size is bounded by the executable's length.
-        let mut regs = vec![Value::Null; f.register_file_size as usize];
-        for (slot, a) in regs.iter_mut().zip(args) {
-            *slot = a;
-        }
+        // The arguments' vector becomes the register file (no second one to allocate).
+        let mut regs = args;
+        regs.resize(f.register_file_size as usize, Value::Null);
         let (start, end) = (f.start, f.end);
         let mut pc = start;
         loop {
@@ -2000,21 +2003,51 @@ fn heap_set(heap: &Option<NdArray>, reg: i64, v: i64, name: &str) -> Result<(), 
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
 /// Its return value comes back as a VM value (integers and bools as `Int`, floats, null).
 pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
-    // The DLTensors and the call's values, in arrays that are not touched again until the call
-    // returns, so that the pointers to the DLTensors stay valid: on the stack for up to 8
-    // arguments (nearly every kernel), else in vectors.
-    let mut stack_tensors: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
-    let mut stack_values: [CallValue; 8] = std::array::from_fn(|_| CallValue::None);
-    let (mut heap_tensors, mut heap_values): (Vec<DLTensor>, Vec<CallValue>);
-    let (tensors, values): (&mut [DLTensor], &mut [CallValue]) = if args.len() <= stack_tensors.len() {
-        (&mut stack_tensors[..args.len()], &mut stack_values[..args.len()])
-    } else {
-        heap_tensors = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
-        heap_values = args.iter().map(|_| CallValue::None).collect();
-        (&mut heap_tensors, &mut heap_values)
-    };
-    // One pass: the first argument of another kind is the error, before anything is called.
-    for (index, ((t, slot), v)) in tensors.iter_mut().zip(values.iter_mut()).zip(args).enumerate() {
+    for (index, v) in args.iter().enumerate() {
+        if !matches!(v, Value::Tensor(_) | Value::Int(_) | Value::Float(_) | Value::Null) {
+            return Err(VmError::Type {
+                callee: name.to_owned(),
+                index,
+                expected: "a tensor, an integer, a float or null",
+                got: v.kind(),
+            });
+        }
+    }
+    // The DLTensors and the call's values in arrays on the stack, sized to the call (most
+    // kernels take two to four arguments: nothing more to fill and drop), else in vectors.
+    match args.len() {
+        0..=2 => call_kernel_in::<2>(name, kernel, args),
+        3..=4 => call_kernel_in::<4>(name, kernel, args),
+        5..=8 => call_kernel_in::<8>(name, kernel, args),
+        _ => {
+            let mut tensors: Vec<DLTensor> = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
+            let mut values: Vec<CallValue> = args.iter().map(|_| CallValue::None).collect();
+            call_kernel_with(name, kernel, args, &mut tensors, &mut values)
+        }
+    }
+}
+
+/// [`call_kernel`] with arrays of `N` places (at least as many as the arguments).
+#[inline]
+fn call_kernel_in<const N: usize>(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
+    let mut tensors: [DLTensor; N] = [UNUSED_DL_TENSOR; N];
+    let mut values: [CallValue; N] = std::array::from_fn(|_| CallValue::None);
+    let n = args.len();
+    call_kernel_with(name, kernel, args, &mut tensors[..n], &mut values[..n])
+}
+
+/// [`call_kernel`] of checked arguments, with `tensors` and `values` (one place per argument)
+/// to encode them in: the arrays are not touched again until the call returns, so that the
+/// pointers to the DLTensors stay valid.
+#[inline]
+fn call_kernel_with(
+    name: &str,
+    kernel: &PackedFunction,
+    args: &[&Value],
+    tensors: &mut [DLTensor],
+    values: &mut [CallValue],
+) -> Result<Value, VmError> {
+    for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
         *slot = match v {
             Value::Tensor(a) => {
                 *t = a.dl_tensor();
@@ -2022,15 +2055,7 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
             }
             Value::Int(i) => CallValue::Int(*i),
             Value::Float(f) => CallValue::Float(*f),
-            Value::Null => CallValue::None,
-            v => {
-                return Err(VmError::Type {
-                    callee: name.to_owned(),
-                    index,
-                    expected: "a tensor, an integer, a float or null",
-                    got: v.kind(),
-                })
-            }
+            _ => CallValue::None,
         };
     }
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();

@@ -369,6 +369,15 @@ mod tests {
         assert!(NdArray::empty(&[i64::MAX, 4], DataType::F32, Device::cpu(0)).is_err());
         let t = a.to_tensor().unwrap();
         assert_eq!(NdArray::from_tensor(&t, Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap());
+        // A tensor at the start of a larger storage shares it, with its own size: its bytes,
+        // copies and views stay within that size.
+        let head = NdArray::in_storage(a.storage(), 0, &[2], DataType::F32).unwrap();
+        assert!(Arc::ptr_eq(head.storage(), a.storage()));
+        assert_eq!((head.nbytes(), head.to_f32().unwrap().unwrap()), (8, vec![1.0, 2.0]));
+        assert!(head.view(&[3], DataType::F32).is_err());
+        assert!(matches!(head.copy_from_bytes(&[0u8; 16]), Err(ArrayError::Size { expected: 8, found: 16, .. })));
+        assert!(NdArray::in_storage(a.storage(), 0, &[5], DataType::F32).is_err());
+        assert_eq!(head.copy(Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap()[..8]);
     }
 
     #[test]

@@ -2186,3 +2186,38 @@ impl Args<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allocation site's bucket hint finds its bucket, a storage comes back only when no
+    /// one else holds it, and a hint left stale by `clear` (its bucket gone, another in its
+    /// place) is not trusted.
+    #[test]
+    fn pool_sites_find_their_buckets_and_survive_clear() {
+        let api = device_api(Device::cpu(0)).unwrap();
+        let pool = StoragePool::default();
+        let (a, b) = (AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX));
+        let s1 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        let t1 = pool.alloc_at(Some(&b), 0, &api, 8192).unwrap();
+        assert_eq!((a.load(Ordering::Relaxed), b.load(Ordering::Relaxed)), (0, 1));
+        // Held: a second storage of the bucket; freed: the first one again.
+        let s2 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        assert!(!Arc::ptr_eq(&s1, &s2));
+        let p1 = s1.ptr();
+        drop(s1);
+        assert_eq!(pool.alloc_at(Some(&a), 0, &api, 4096).unwrap().ptr(), p1);
+        // `clear` drops the 4096-byte bucket once nothing holds its storages: the 8192-byte
+        // one moves to index 0, where site `a`'s hint points.
+        drop(s2);
+        pool.clear();
+        let t2 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        assert_eq!(t2.nbytes(), 4096);
+        assert!(!Arc::ptr_eq(&t1, &t2));
+        let t3 = pool.alloc_at(Some(&b), 0, &api, 8192).unwrap();
+        assert_eq!(t3.nbytes(), 8192);
+        assert_eq!(b.load(Ordering::Relaxed), 0);
+        assert_eq!(a.load(Ordering::Relaxed), 1);
+    }
+}

@@ -59,12 +59,16 @@ pub fn tensor_bytes(dtype: DataType, shape: &[i64]) -> Option<u64> {
 }
 
 /// A tensor on a device: shared storage, a shape and a dtype. Cloning shares the storage (as
-/// TVM's `NDArray` reference does); [`NdArray::copy`] makes a new one.
+/// TVM's `NDArray` reference does); [`NdArray::copy`] makes a new one. A tensor starts at the
+/// start of its storage, which may hold more bytes than the tensor (a tensor at offset 0 of a
+/// larger storage shares it, as the Relax VM's `alloc_tensor` places them).
 #[derive(Debug, Clone)]
 pub struct NdArray {
     storage: Arc<Storage>,
     shape: Arc<[i64]>,
     dtype: DataType,
+    /// The tensor's size in bytes (at most the storage's).
+    nbytes: usize,
 }
 
 impl NdArray {
@@ -77,13 +81,13 @@ impl NdArray {
     /// An empty (zeroed on the CPU) tensor on `device`.
     pub fn empty(shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
-        Ok(NdArray { storage: Storage::new(device, n)?, shape: shape.into(), dtype })
+        Ok(NdArray { storage: Storage::new(device, n)?, shape: shape.into(), dtype, nbytes: n })
     }
 
     /// An empty tensor from `api`'s device.
     pub fn empty_with(shape: &[i64], dtype: DataType, api: &Arc<dyn DeviceApi>) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
-        Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype })
+        Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype, nbytes: n })
     }
 
     /// A tensor on `device` holding `data` (little-endian elements, row-major).
@@ -134,7 +138,7 @@ impl NdArray {
             });
         }
         if let Some(storage) = Storage::in_bytes(api, data) {
-            return Ok(NdArray { storage, shape: shape.into(), dtype });
+            return Ok(NdArray { storage, shape: shape.into(), dtype, nbytes: n });
         }
         let a = NdArray::empty_with(shape, dtype, api)?;
         a.copy_from_mapped(data)?;
@@ -186,12 +190,38 @@ impl NdArray {
         dtype: DataType,
     ) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, &shape)?;
-        Ok(NdArray { storage: storage.view(offset, n)?, shape, dtype })
+        if offset == 0 {
+            // The start of the storage: shared as it is (no view storage to make and free),
+            // the tensor's own size kept here.
+            if n > storage.nbytes() {
+                return Err(DeviceError::OutOfBounds {
+                    device: storage.device(),
+                    what: "view",
+                    offset: 0,
+                    end: n as u64,
+                    size: storage.nbytes() as u64,
+                }
+                .into());
+            }
+            return Ok(NdArray { storage: storage.clone(), shape, dtype, nbytes: n });
+        }
+        Ok(NdArray { storage: storage.view(offset, n)?, shape, dtype, nbytes: n })
     }
 
     /// The same bytes with another shape and dtype (as many bytes or fewer).
     pub fn view(&self, shape: &[i64], dtype: DataType) -> Result<NdArray, ArrayError> {
-        NdArray::in_storage(&self.storage, 0, shape, dtype)
+        let n = NdArray::checked_len(dtype, shape)?;
+        if n > self.nbytes {
+            return Err(DeviceError::OutOfBounds {
+                device: self.device(),
+                what: "view",
+                offset: 0,
+                end: n as u64,
+                size: self.nbytes as u64,
+            }
+            .into());
+        }
+        Ok(NdArray { storage: self.storage.clone(), shape: shape.into(), dtype, nbytes: n })
     }
 
     /// The device.
@@ -209,15 +239,14 @@ impl NdArray {
         self.dtype
     }
 
-    /// The storage.
+    /// The storage the tensor starts at (it may hold more bytes than [`NdArray::nbytes`]).
     pub fn storage(&self) -> &Arc<Storage> {
         &self.storage
     }
 
     /// Size in bytes.
     pub fn nbytes(&self) -> usize {
-        // The storage was made exactly this size (or a view of it).
-        self.storage.nbytes()
+        self.nbytes
     }
 
     /// Number of elements.
@@ -340,6 +369,15 @@ mod tests {
         assert!(NdArray::empty(&[i64::MAX, 4], DataType::F32, Device::cpu(0)).is_err());
         let t = a.to_tensor().unwrap();
         assert_eq!(NdArray::from_tensor(&t, Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap());
+        // A tensor at the start of a larger storage shares it, with its own size: its bytes,
+        // copies and views stay within that size.
+        let head = NdArray::in_storage(a.storage(), 0, &[2], DataType::F32).unwrap();
+        assert!(Arc::ptr_eq(head.storage(), a.storage()));
+        assert_eq!((head.nbytes(), head.to_f32().unwrap().unwrap()), (8, vec![1.0, 2.0]));
+        assert!(head.view(&[3], DataType::F32).is_err());
+        assert!(matches!(head.copy_from_bytes(&[0u8; 16]), Err(ArrayError::Size { expected: 8, found: 16, .. })));
+        assert!(NdArray::in_storage(a.storage(), 0, &[5], DataType::F32).is_err());
+        assert_eq!(head.copy(Device::cpu(0)).unwrap().to_bytes().unwrap(), a.to_bytes().unwrap()[..8]);
     }
 
     #[test]

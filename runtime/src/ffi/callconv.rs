@@ -455,6 +455,10 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[
         };
         // SAFETY: per the contract `addr` has this signature; the arguments live until it returns.
         let result = unsafe { invoke_ffi(addr, resource, values) }?;
+        if result.type_index == F_NONE {
+            // What a destination-passing kernel returns, without the general decoding.
+            return Ok(Value::None);
+        }
         // SAFETY: as in `call_classic`.
         return Ok(unsafe { decode_ffi(&result) });
     }

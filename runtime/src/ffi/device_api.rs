@@ -255,6 +255,8 @@ pub fn current_device(device_type: DeviceType) -> Device {
 
 /// An owned allocation on a device (or a view of one), freed when the last holder drops it.
 pub struct Storage {
+    /// The API's device (asked once: tensors ask it on every kernel call).
+    device: Device,
     api: Arc<dyn DeviceApi>,
     ptr: DevicePtr,
     nbytes: usize,
@@ -340,7 +342,7 @@ impl Storage {
     /// `nbytes` bytes from `api`.
     pub fn with_api(api: Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
         let ptr = api.alloc(nbytes)?;
-        Ok(Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Owned, read_only: false }))
+        Ok(Arc::new(Storage { device: api.device(), api, ptr, nbytes, kind: StorageKind::Owned, read_only: false }))
     }
 
     /// A CPU storage over `bytes` where they lie, without a copy: a constant of the loaded
@@ -352,6 +354,7 @@ impl Storage {
         let at = bytes.as_ptr() as usize;
         (api.device().is_cpu() && !bytes.is_empty() && at % CPU_ALIGNMENT == 0).then(|| {
             Arc::new(Storage {
+                device: api.device(),
                 api: api.clone(),
                 ptr: DevicePtr(at),
                 nbytes: bytes.len(),
@@ -394,6 +397,7 @@ impl Storage {
             }
         }
         Ok(Arc::new(Storage {
+            device,
             api: device_api(device)?,
             ptr: DevicePtr(map.address(offset)),
             nbytes,
@@ -429,12 +433,19 @@ impl Storage {
         nbytes: usize,
         owner: Option<Box<dyn Send + Sync>>,
     ) -> Arc<Storage> {
-        Arc::new(Storage { api, ptr, nbytes, kind: StorageKind::Borrowed { _owner: owner }, read_only: false })
+        Arc::new(Storage {
+            device: api.device(),
+            api,
+            ptr,
+            nbytes,
+            kind: StorageKind::Borrowed { _owner: owner },
+            read_only: false,
+        })
     }
 
     /// The device.
     pub fn device(&self) -> Device {
-        self.api.device()
+        self.device
     }
 
     /// The device API.
@@ -474,6 +485,7 @@ impl Storage {
         if offset == 0 {
             // The same pointer, fewer bytes: no device object needed.
             return Ok(Arc::new(Storage {
+                device: self.device,
                 api: self.api.clone(),
                 ptr: self.ptr,
                 nbytes,
@@ -485,6 +497,7 @@ impl Storage {
         // checked to lie within it.
         let ptr = unsafe { self.api.view(self.ptr, offset, nbytes) }?;
         Ok(Arc::new(Storage {
+            device: self.device,
             api: self.api.clone(),
             ptr,
             nbytes,

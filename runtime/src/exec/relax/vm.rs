@@ -33,6 +33,7 @@
 //! builtins resolve to the library's kernels. [`VirtualMachine::call_function`] calls a builtin
 //! or global function by name, as `tvm.get_global_func(name)(...)` does.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
@@ -551,6 +552,14 @@ pub fn supported_builtins() -> impl Iterator<Item = &'static str> {
     BUILTINS.iter().map(|(n, _)| *n)
 }
 
+/// What [`VirtualMachine::quick`] did.
+enum Quick {
+    /// The call's result, for its destination register.
+    Value(Value),
+    /// The quick conditions do not hold: run the general call.
+    General,
+}
+
 /// What an entry of the function table resolves to.
 #[derive(Debug, Clone)]
 enum Callee {
@@ -564,6 +573,162 @@ enum Callee {
     /// An LLM builtin on runtime objects (the paged KV cache, [`super::kv_cache`]).
     #[cfg(feature = "llm")]
     Llm(super::kv_cache::BuiltinFn),
+}
+
+/// A call instruction decoded once, when the VM is made: the commonest calls as specialised
+/// operations, their constant arguments read beforehand. Each one that finds its quick
+/// conditions unmet at run time (a register of another kind, a tensor that fails a check, a
+/// tensor that does not fit) runs the general call instead, which gives the same result or
+/// the same error, so decoding changes no behaviour.
+#[derive(Debug)]
+enum Op {
+    /// Any instruction, run as it is.
+    General,
+    /// `vm.builtin.null_value()`: the register becomes null.
+    Null,
+    /// A kernel called with registers only.
+    Kernel {
+        /// The kernel.
+        kernel: PackedFunction,
+        /// Its arguments' registers.
+        regs: Box<[u32]>,
+    },
+    /// `vm.builtin.alloc_storage` of a constant size on a constant device, in global memory.
+    AllocStorage {
+        /// Index into the VM's devices.
+        device: usize,
+        /// Bytes (rounded up to the pool's page).
+        len: usize,
+        /// The pool's bucket this site allocated from last.
+        hint: AtomicUsize,
+    },
+    /// `vm.builtin.alloc_tensor` at a constant offset with a constant shape and dtype, in
+    /// global memory.
+    AllocTensor {
+        /// The register of the storage.
+        storage: u32,
+        /// Byte offset.
+        offset: usize,
+        /// The offset plus the tensor's size: at most the storage's size.
+        end: u64,
+        /// The shape (the constant's, shared).
+        shape: Arc<[i64]>,
+        /// The dtype.
+        dtype: DataType,
+    },
+    /// `vm.builtin.check_tensor_info` of a register with a constant ndim and dtype.
+    CheckTensor {
+        /// The register checked.
+        reg: u32,
+        /// The number of dimensions, `-1` for any.
+        ndim: i64,
+        /// The dtype, `None` for any.
+        dtype: Option<DataType>,
+    },
+    /// `vm.builtin.match_shape` of a register without the shape heap: each dimension is a
+    /// constant to compare with (`Some`) or left alone (`None`, code 2).
+    MatchShape {
+        /// The register of the tensor or shape.
+        reg: u32,
+        /// Per dimension, the constant it must equal.
+        dims: Box<[Option<i64>]>,
+    },
+}
+
+impl Op {
+    /// The operation instruction `ins` of `exec` becomes, with `callees` its resolved function
+    /// table and `constants` its constants as values; [`Op::General`] for all that is not one
+    /// of the quick cases.
+    fn decode(ins: &Instruction, callees: &[Callee], constants: &[Value], devices: usize) -> Op {
+        let Instruction::Call { func, args, .. } = ins else { return Op::General };
+        let value = |a: &Arg| match *a {
+            Arg::Const(c) => constants.get(c as usize).cloned(),
+            Arg::Imm(v) => Some(Value::Int(v)),
+            Arg::Reg(Reg::Void) => Some(Value::Null),
+            _ => None,
+        };
+        let int = |a: &Arg| match *a {
+            Arg::Imm(v) => Some(v),
+            _ => None,
+        };
+        let reg = |a: &Arg| match *a {
+            Arg::Reg(Reg::Index(r)) => Some(r),
+            _ => None,
+        };
+        let global = |a: Option<&Arg>| match a {
+            None => true,
+            Some(a) => matches!(value(a), Some(Value::Str(s)) if &*s == b"global"),
+        };
+        let decoded = match callees.get(*func as usize) {
+            Some(Callee::Builtin(Builtin::NullValue)) if args.is_empty() => Some(Op::Null),
+            Some(Callee::Kernel(kernel)) => args
+                .iter()
+                .map(reg)
+                .collect::<Option<Box<[u32]>>>()
+                .map(|regs| Op::Kernel { kernel: kernel.clone(), regs }),
+            Some(Callee::Builtin(Builtin::AllocStorage)) if (4..=5).contains(&args.len()) => (|| {
+                let Some(Value::Shape(shape)) = value(&args[1]) else { return None };
+                let device = match int(&args[2])? {
+                    -1 => devices - 1,
+                    i => usize::try_from(i).ok().filter(|&i| i < devices)?,
+                };
+                let Some(Value::DType(dtype)) = value(&args[3]) else { return None };
+                if !global(args.get(4)) || shape.iter().any(|&d| d < 0) {
+                    return None;
+                }
+                let size = tensor_bytes(dtype, &shape)?.checked_next_multiple_of(POOL_PAGE)?;
+                Some(Op::AllocStorage { device, len: usize::try_from(size).ok()?, hint: AtomicUsize::new(usize::MAX) })
+            })(),
+            Some(Callee::Builtin(Builtin::AllocTensor)) if (4..=5).contains(&args.len()) => (|| {
+                let storage = reg(&args[0])?;
+                let offset = int(&args[1])?;
+                let Some(Value::Shape(shape)) = value(&args[2]) else { return None };
+                let Some(Value::DType(dtype)) = value(&args[3]) else { return None };
+                if !global(args.get(4)) || shape.iter().any(|&d| d < 0) {
+                    return None;
+                }
+                let offset_bytes = u64::try_from(offset).ok()?;
+                let end = offset_bytes.checked_add(tensor_bytes(dtype, &shape)?)?;
+                Some(Op::AllocTensor { storage, offset: usize::try_from(offset_bytes).ok()?, end, shape, dtype })
+            })(),
+            Some(Callee::Builtin(Builtin::CheckTensorInfo)) if (3..=4).contains(&args.len()) => (|| {
+                let r = reg(&args[0])?;
+                let ndim = int(&args[1])?;
+                let dtype = match args.len() {
+                    3 => None,
+                    _ => match value(&args[2])? {
+                        Value::DType(t) => Some(t),
+                        Value::Null => None,
+                        _ => return None,
+                    },
+                };
+                if !matches!(value(&args[args.len() - 1])?, Value::Str(_) | Value::Null) {
+                    return None;
+                }
+                Some(Op::CheckTensor { reg: r, ndim, dtype })
+            })(),
+            Some(Callee::Builtin(Builtin::MatchShape)) if args.len() >= 4 => (|| {
+                let r = reg(&args[0])?;
+                if !matches!(args[1], Arg::Reg(Reg::Void)) {
+                    return None;
+                }
+                let n = usize::try_from(int(&args[2])?).ok()?;
+                if args.len() != 4 + 2 * n || !matches!(value(&args[3 + 2 * n])?, Value::Str(_) | Value::Null) {
+                    return None;
+                }
+                let dims = (0..n)
+                    .map(|i| match (int(&args[3 + 2 * i])?, int(&args[4 + 2 * i])?) {
+                        (0, v) => Some(Some(v)),
+                        (2, _) => Some(None),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?;
+                Some(Op::MatchShape { reg: r, dims })
+            })(),
+            _ => None,
+        };
+        decoded.unwrap_or(Op::General)
+    }
 }
 
 /// A function of the executable that a caller can invoke.
@@ -607,14 +772,33 @@ impl StoragePool {
     /// `nbytes` bytes on device `device` (`api`): a free storage of that size (holding what its
     /// last user wrote), or a new one.
     fn alloc(&self, device: usize, api: &Arc<dyn DeviceApi>, nbytes: usize) -> Result<Arc<Storage>, DeviceError> {
+        self.alloc_at(None, device, api, nbytes)
+    }
+
+    /// [`StoragePool::alloc`] from an allocation site that remembers its bucket in `hint` (the
+    /// bucket's index, checked before use: [`StoragePool::clear`] may have moved it), so that
+    /// the site finds its bucket without a search.
+    fn alloc_at(
+        &self,
+        hint: Option<&AtomicUsize>,
+        device: usize,
+        api: &Arc<dyn DeviceApi>,
+        nbytes: usize,
+    ) -> Result<Arc<Storage>, DeviceError> {
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = match buckets.iter().position(|b| b.device == device && b.nbytes == nbytes) {
+        let hinted = hint
+            .map(|h| h.load(Ordering::Relaxed))
+            .filter(|&i| buckets.get(i).is_some_and(|b| b.device == device && b.nbytes == nbytes));
+        let i = match hinted.or_else(|| buckets.iter().position(|b| b.device == device && b.nbytes == nbytes)) {
             Some(i) => i,
             None => {
                 buckets.push(Bucket { device, nbytes, storages: Vec::new() });
                 buckets.len() - 1
             }
         };
+        if let Some(h) = hint {
+            h.store(i, Ordering::Relaxed);
+        }
         let bucket = &mut buckets[i];
         // `get_mut` succeeds only for the sole reference, and synchronises with the drop of the
         // last other one (which may have been on another thread).
@@ -637,6 +821,8 @@ pub struct VirtualMachine {
     constants: Vec<Value>,
     /// Per instruction, the values of its immediate, special-register and function arguments.
     immediates: Vec<Box<[Value]>>,
+    /// Per instruction, what it was decoded to.
+    ops: Vec<Op>,
     /// TVM's device list: the device the VM runs on, then the host CPU when that is another
     /// device. The last one is the host.
     devices: Vec<Device>,
@@ -701,7 +887,8 @@ impl VirtualMachine {
         }
         let devices = if device.is_cpu() { vec![device] } else { vec![device, Device::cpu(0)] };
         let apis = devices.iter().map(|&d| device_api(d).map_err(device_error)).collect::<Result<Vec<_>, _>>()?;
-        let constants = exec.constants.iter().map(|c| constant_value(c, &apis[0])).collect::<Result<_, _>>()?;
+        let constants =
+            exec.constants.iter().map(|c| constant_value(c, &apis[0])).collect::<Result<Vec<Value>, _>>()?;
         let immediates = exec
             .instructions
             .iter()
@@ -719,12 +906,14 @@ impl VirtualMachine {
                 _ => Box::default(),
             })
             .collect();
+        let ops = exec.instructions.iter().map(|ins| Op::decode(ins, &callees, &constants, devices.len())).collect();
         Ok(VirtualMachine {
             _tree: tree.clone(),
             exec,
             callees,
             constants,
             immediates,
+            ops,
             devices,
             apis,
             pool: StoragePool::default(),
@@ -896,6 +1085,10 @@ impl VirtualMachine {
         let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
             inputs.iter().map(|a| vm.upload_array(a, ffi_bool)).collect()
         })?;
+        if let Value::Tensor(t) = result {
+            // The commonest result, handed over without the walk.
+            return Ok(vec![t]);
+        }
         tensor_leaves(&result, name)
     }
 
@@ -962,10 +1155,9 @@ impl VirtualMachine {
         }
         // The reader checked that every register index is below the file size and that the
         // file size is bounded by the executable's length.
-        let mut regs = vec![Value::Null; f.register_file_size as usize];
-        for (slot, a) in regs.iter_mut().zip(args) {
-            *slot = a;
-        }
+        // The arguments' vector becomes the register file (no second one to allocate).
+        let mut regs = args;
+        regs.resize(f.register_file_size as usize, Value::Null);
         let (start, end) = (f.start, f.end);
         let mut pc = start;
         loop {
@@ -974,6 +1166,22 @@ impl VirtualMachine {
             }
             match &exec.instructions[pc as usize] {
                 Instruction::Call { dst, func, args } => {
+                    let at = move |e: VmError| VmError::At {
+                        function: f.name.clone(),
+                        pc: pc as usize,
+                        callee: exec.functions[*func as usize].name.clone(),
+                        source: Box::new(e),
+                    };
+                    match self.quick(&self.ops[pc as usize], &regs, *func).map_err(at)? {
+                        Quick::Value(v) => {
+                            if let Reg::Index(r) = dst {
+                                regs[*r as usize] = v;
+                            }
+                            pc += 1;
+                            continue;
+                        }
+                        Quick::General => {}
+                    }
                     // Every argument by reference: registers, constants, and the values of
                     // immediates made when the VM was created (nothing is cloned).
                     let mut owned = self.immediates[pc as usize].iter();
@@ -994,18 +1202,19 @@ impl VirtualMachine {
                         heap = args.iter().map(value).collect();
                         &heap
                     };
-                    let ret = self.call(*func as usize, values, depth).map_err(|e| VmError::At {
-                        function: f.name.clone(),
-                        pc: pc as usize,
-                        callee: exec.functions[*func as usize].name.clone(),
-                        source: Box::new(e),
-                    })?;
+                    let ret = self.call(*func as usize, values, depth).map_err(at)?;
                     if let Reg::Index(r) = dst {
                         regs[*r as usize] = ret;
                     }
                     pc += 1;
                 }
-                Instruction::Ret { result } => return Ok(read(&regs, *result)),
+                Instruction::Ret { result } => {
+                    // The frame ends here: its register is taken, not shared.
+                    return Ok(match *result {
+                        Reg::Index(i) => std::mem::replace(&mut regs[i as usize], Value::Null),
+                        r => read(&regs, r),
+                    });
+                }
                 Instruction::Goto { offset } => pc += offset,
                 Instruction::If { cond, false_offset } => {
                     let c = match read(&regs, *cond) {
@@ -1023,6 +1232,59 @@ impl VirtualMachine {
                 }
             }
         }
+    }
+
+    /// Runs the decoded operation `op` of a call of `func` on `regs` when its quick conditions
+    /// hold, else says to run the general call.
+    #[inline]
+    fn quick(&self, op: &Op, regs: &[Value], func: u32) -> Result<Quick, VmError> {
+        Ok(match op {
+            Op::General => Quick::General,
+            Op::Null => Quick::Value(Value::Null),
+            Op::Kernel { kernel, regs: args } => {
+                let mut stack: [&Value; 8] = [&Value::Null; 8];
+                if args.len() > stack.len() {
+                    return Ok(Quick::General);
+                }
+                for (slot, &r) in stack.iter_mut().zip(args.iter()) {
+                    *slot = &regs[r as usize];
+                }
+                let name = &self.executable().functions[func as usize].name;
+                Quick::Value(call_kernel(name, kernel, &stack[..args.len()])?)
+            }
+            Op::AllocStorage { device, len, hint } => {
+                let storage = self.pool.alloc_at(Some(hint), *device, &self.apis[*device], *len)?;
+                Quick::Value(Value::Storage(storage))
+            }
+            Op::AllocTensor { storage, offset, end, shape, dtype } => match &regs[*storage as usize] {
+                Value::Storage(s) if *end <= s.nbytes() as u64 => {
+                    Quick::Value(Value::Tensor(NdArray::in_storage_shared(s, *offset, shape.clone(), *dtype)?))
+                }
+                _ => Quick::General,
+            },
+            Op::CheckTensor { reg, ndim, dtype } => match &regs[*reg as usize] {
+                Value::Tensor(t)
+                    if (*ndim == -1 || t.shape().len() as i64 == *ndim) && dtype.is_none_or(|d| d == t.dtype()) =>
+                {
+                    Quick::Value(Value::Null)
+                }
+                _ => Quick::General,
+            },
+            Op::MatchShape { reg, dims } => {
+                let shape: &[i64] = match &regs[*reg as usize] {
+                    Value::Tensor(t) => t.shape(),
+                    Value::Shape(s) => s,
+                    _ => return Ok(Quick::General),
+                };
+                let matches = shape.len() == dims.len()
+                    && shape.iter().zip(dims.iter()).all(|(&d, want)| want.is_none_or(|w| w == d));
+                if matches {
+                    Quick::Value(Value::Null)
+                } else {
+                    Quick::General
+                }
+            }
+        })
     }
 
     fn call(&self, func: usize, args: &[&Value], depth: usize) -> Result<Value, VmError> {
@@ -1751,19 +2013,40 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
             });
         }
     }
-    // The DLTensors and the call's values, in arrays that are not touched again until the call
-    // returns, so that the pointers to the DLTensors stay valid: on the stack for up to 8
-    // arguments (nearly every kernel), else in vectors.
-    let mut stack_tensors: [DLTensor; 8] = [UNUSED_DL_TENSOR; 8];
-    let mut stack_values: [CallValue; 8] = std::array::from_fn(|_| CallValue::None);
-    let (mut heap_tensors, mut heap_values): (Vec<DLTensor>, Vec<CallValue>);
-    let (tensors, values): (&mut [DLTensor], &mut [CallValue]) = if args.len() <= stack_tensors.len() {
-        (&mut stack_tensors[..args.len()], &mut stack_values[..args.len()])
-    } else {
-        heap_tensors = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
-        heap_values = args.iter().map(|_| CallValue::None).collect();
-        (&mut heap_tensors, &mut heap_values)
-    };
+    // The DLTensors and the call's values in arrays on the stack, sized to the call (most
+    // kernels take two to four arguments: nothing more to fill and drop), else in vectors.
+    match args.len() {
+        0..=2 => call_kernel_in::<2>(name, kernel, args),
+        3..=4 => call_kernel_in::<4>(name, kernel, args),
+        5..=8 => call_kernel_in::<8>(name, kernel, args),
+        _ => {
+            let mut tensors: Vec<DLTensor> = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
+            let mut values: Vec<CallValue> = args.iter().map(|_| CallValue::None).collect();
+            call_kernel_with(name, kernel, args, &mut tensors, &mut values)
+        }
+    }
+}
+
+/// [`call_kernel`] with arrays of `N` places (at least as many as the arguments).
+#[inline]
+fn call_kernel_in<const N: usize>(name: &str, kernel: &PackedFunction, args: &[&Value]) -> Result<Value, VmError> {
+    let mut tensors: [DLTensor; N] = [UNUSED_DL_TENSOR; N];
+    let mut values: [CallValue; N] = std::array::from_fn(|_| CallValue::None);
+    let n = args.len();
+    call_kernel_with(name, kernel, args, &mut tensors[..n], &mut values[..n])
+}
+
+/// [`call_kernel`] of checked arguments, with `tensors` and `values` (one place per argument)
+/// to encode them in: the arrays are not touched again until the call returns, so that the
+/// pointers to the DLTensors stay valid.
+#[inline]
+fn call_kernel_with(
+    name: &str,
+    kernel: &PackedFunction,
+    args: &[&Value],
+    tensors: &mut [DLTensor],
+    values: &mut [CallValue],
+) -> Result<Value, VmError> {
     for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
         *slot = match v {
             Value::Tensor(a) => {
@@ -1949,5 +2232,40 @@ impl<'a> Args<'a> {
             Value::Tuple(items) => Ok(tuple_items(items)),
             v => Err(self.type_err(i, "an array", v)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allocation site's bucket hint finds its bucket, a storage comes back only when no
+    /// one else holds it, and a hint left stale by `clear` (its bucket gone, another in its
+    /// place) is not trusted.
+    #[test]
+    fn pool_sites_find_their_buckets_and_survive_clear() {
+        let api = device_api(Device::cpu(0)).unwrap();
+        let pool = StoragePool::default();
+        let (a, b) = (AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX));
+        let s1 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        let t1 = pool.alloc_at(Some(&b), 0, &api, 8192).unwrap();
+        assert_eq!((a.load(Ordering::Relaxed), b.load(Ordering::Relaxed)), (0, 1));
+        // Held: a second storage of the bucket; freed: the first one again.
+        let s2 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        assert!(!Arc::ptr_eq(&s1, &s2));
+        let p1 = s1.ptr();
+        drop(s1);
+        assert_eq!(pool.alloc_at(Some(&a), 0, &api, 4096).unwrap().ptr(), p1);
+        // `clear` drops the 4096-byte bucket once nothing holds its storages: the 8192-byte
+        // one moves to index 0, where site `a`'s hint points.
+        drop(s2);
+        pool.clear();
+        let t2 = pool.alloc_at(Some(&a), 0, &api, 4096).unwrap();
+        assert_eq!(t2.nbytes(), 4096);
+        assert!(!Arc::ptr_eq(&t1, &t2));
+        let t3 = pool.alloc_at(Some(&b), 0, &api, 8192).unwrap();
+        assert_eq!(t3.nbytes(), 8192);
+        assert_eq!(b.load(Ordering::Relaxed), 0);
+        assert_eq!(a.load(Ordering::Relaxed), 1);
     }
 }

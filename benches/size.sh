@@ -5,8 +5,8 @@
 #   bash benches/size.sh            every set: CPU only, +relay-vm, +ops, +opencl, +cuda, +llm, all
 #   bash benches/size.sh --check    the CPU-only set alone; exits 1 when it is over 1 MiB
 #
-# "CPU only" is `--no-default-features`: graph, AOT and Relax models on the CPU. "all" is
-# `--all-features`. The cdylib is built on its own (`cargo rustc --crate-type cdylib`): built
+# "CPU only" is `--no-default-features`: graph, AOT and Relax models on the CPU. "defaults" adds
+# `inspect` and `emit`, which link the `mblob` crate (the emit side, with its C packer). The cdylib is built on its own (`cargo rustc --crate-type cdylib`): built
 # beside the staticlib and rlib of the same crate it comes out about 30% larger.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +50,6 @@ CPU only|--no-default-features
 + opencl|--no-default-features --features opencl
 + cuda|--no-default-features --features cuda
 + llm|--no-default-features --features llm
-all|--all-features
+runtime, every feature|--no-default-features --features relay-vm,ops,opencl,cuda,llm
+defaults (+ inspect, emit)|
 SETS

@@ -10,7 +10,7 @@
 #
 # Environment:
 #   MBLOB_CAPI_FEATURES  the crate's features, comma-separated, instead of its defaults
-#                        (`cuda,opencl,llm,relay-vm` is the runtime alone, without `inspect` and
+#                        (`cuda,opencl,llm,relay-vm,ops` is the runtime alone, without `inspect` and
 #                        `emit`: mblob.pc's Cflags then hide their declarations in mblob.h;
 #                        `none` is the CPU-only library, under 1 MiB: benches/size.sh)
 #   MBLOB_CAPI_PROFILE   the cargo profile: `release-small` (default: smallest code, fat LTO,

@@ -16,52 +16,19 @@
 #![cfg(feature = "llm")]
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-
 use mblob_runtime::exec::relax::lm::TensorCache;
 use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::{Device, NdArray};
 use serde_json::Value as Json;
+
+#[path = "support/llm_fixture.rs"]
+mod llm_fixture;
+use llm_fixture::{dir, f32s, ints, json, load, npy_f32};
 
 /// Logits and keys/values within this much of TVM's CPU records, relative to max(1, max |ref|).
 const RTOL: f32 = 1e-4;
-
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llm")
-}
-
-fn json(file: &str) -> Json {
-    let path = dir().join(file);
-    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
-}
-
-/// Loads the library `name` of the fixture (each test its own load, alongside the others' loads
-/// of the same file).
-fn load(name: &str) -> LoadedTree {
-    let path = dir().join(name);
-    // SAFETY: the fixtures are libraries TVM built for these tests.
-    unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// A float32 `.npy` file: its shape and values.
-fn npy_f32(file: &str) -> (Vec<usize>, Vec<f32>) {
-    let path = dir().join(file);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape = arr.shape().iter().map(|&d| d as usize).collect();
-    (shape, arr.into_vec::<f32>().unwrap())
-}
-
-fn f32s(data: &[u8]) -> Vec<f32> {
-    data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-fn ints(v: &Json) -> Vec<i64> {
-    v.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect()
-}
 
 /// The largest difference from `want`, and the bound it must stay under.
 fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {

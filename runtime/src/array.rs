@@ -78,6 +78,16 @@ impl NdArray {
             .ok_or_else(|| ArrayError::BadShape { shape: shape.to_vec(), dtype })
     }
 
+    /// The byte size of a `dtype` tensor of `shape`, checked to be `found` (the bytes given
+    /// for it).
+    fn checked_data_len(dtype: DataType, shape: &[i64], found: usize) -> Result<usize, ArrayError> {
+        let n = NdArray::checked_len(dtype, shape)?;
+        if n != found {
+            return Err(ArrayError::Size { dtype, shape: shape.to_vec(), expected: n as u64, found: found as u64 });
+        }
+        Ok(n)
+    }
+
     /// An empty (zeroed on the CPU) tensor on `device`.
     pub fn empty(shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
@@ -92,15 +102,7 @@ impl NdArray {
 
     /// A tensor on `device` holding `data` (little-endian elements, row-major).
     pub fn from_bytes(data: &[u8], shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
-        let n = NdArray::checked_len(dtype, shape)?;
-        if n != data.len() {
-            return Err(ArrayError::Size {
-                dtype,
-                shape: shape.to_vec(),
-                expected: n as u64,
-                found: data.len() as u64,
-            });
-        }
+        NdArray::checked_data_len(dtype, shape, data.len())?;
         let a = NdArray::empty(shape, dtype, device)?;
         a.storage.write(0, data)?;
         Ok(a)
@@ -128,15 +130,7 @@ impl NdArray {
         dtype: DataType,
         api: &Arc<dyn DeviceApi>,
     ) -> Result<NdArray, ArrayError> {
-        let n = NdArray::checked_len(dtype, shape)?;
-        if n != data.len() {
-            return Err(ArrayError::Size {
-                dtype,
-                shape: shape.to_vec(),
-                expected: n as u64,
-                found: data.len() as u64,
-            });
-        }
+        let n = NdArray::checked_data_len(dtype, shape, data.len())?;
         if let Some(storage) = Storage::in_bytes(api, data) {
             return Ok(NdArray { storage, shape: shape.into(), dtype, nbytes: n });
         }

@@ -15,22 +15,15 @@
 //! `make.py --time RUNS` with it, which times TVM's VM on the same `.so` (`time_evaluator` and
 //! a Python loop), and prints mblob's median over TVM's `time_evaluator` median.
 
+#[path = "../tests/support/npyfile.rs"]
+mod npyfile;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
-
-fn npy_f32(path: &Path) -> Tensor {
-    let bytes = std::fs::read(path).unwrap();
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let data: Vec<u8> = arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(DataType::F32, shape, data).unwrap()
-}
 
 /// Mean, median and min in microseconds of `runs` timed calls of `f`.
 fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
@@ -54,8 +47,8 @@ fn main() {
     let tree =
         unsafe { load_library(&dir.join("relax_dispatch.so"), &Registry::default(), &LoadOptions::default()) }.unwrap();
     let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
-    let x = npy_f32(&dir.join("relax_dispatch.in.x.npy"));
-    let expected = npy_f32(&dir.join("relax_dispatch.out.0.npy"));
+    let x = npyfile::tensor(&dir.join("relax_dispatch.in.x.npy"));
+    let expected = npyfile::tensor(&dir.join("relax_dispatch.out.0.npy"));
     let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!((out[0].dtype, &out[0].shape, &out[0].data[..]), (expected.dtype, &expected.shape, &expected.data[..]));

@@ -3,21 +3,14 @@
 //! (inputs copied in, outputs copied out, as `mblob run` does). `relax_vm_tvm.py` measures
 //! TVM's own VM on the same files for comparison.
 
+#[path = "../tests/support/npyfile.rs"]
+mod npyfile;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, Registry};
-
-fn npy_f32(path: &Path) -> Tensor {
-    let bytes = std::fs::read(path).unwrap();
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let data: Vec<u8> = arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(DataType::F32, shape, data).unwrap()
-}
 
 fn main() {
     let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run");
@@ -32,7 +25,7 @@ fn main() {
             unsafe { load_library(&dir.join(format!("{name}.so")), &Registry::default(), &LoadOptions::default()) }
                 .unwrap();
         let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
-        let x = npy_f32(&dir.join(format!("{name}.in.x.npy")));
+        let x = npyfile::tensor(&dir.join(format!("{name}.in.x.npy")));
         let inputs = [x];
         for _ in 0..200 {
             vm.invoke("main", &inputs).unwrap();

@@ -4,23 +4,16 @@
 //! bit for bit, and a kept output is not overwritten by the calls after it (the storage pool
 //! hands out only storages no one holds).
 
+#[path = "support/npyfile.rs"]
+mod npyfile;
+
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/fixtures/relax-dispatch")
-}
-
-fn npy_f32(path: &Path) -> Tensor {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
-    let shape: Vec<i64> = arr.shape().iter().map(|&d| d as i64).collect();
-    let data: Vec<u8> = arr.into_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(DataType::F32, shape, data).unwrap()
 }
 
 #[test]
@@ -29,8 +22,8 @@ fn repeated_calls_give_tvms_output() {
     let tree = unsafe { load_library(&dir().join("relax_dispatch.so"), &Registry::default(), &LoadOptions::default()) }
         .unwrap();
     let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
-    let x = npy_f32(&dir().join("relax_dispatch.in.x.npy"));
-    let expected = npy_f32(&dir().join("relax_dispatch.out.0.npy"));
+    let x = npyfile::tensor(&dir().join("relax_dispatch.in.x.npy"));
+    let expected = npyfile::tensor(&dir().join("relax_dispatch.out.0.npy"));
     let xa = NdArray::from_bytes(&x.data, &x.shape, x.dtype, Device::cpu(0)).unwrap();
     let mut kept = Vec::new();
     for i in 0..50 {

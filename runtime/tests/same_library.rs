@@ -12,6 +12,9 @@
 
 #[path = "support/device_run.rs"]
 mod device_run;
+#[cfg(feature = "ops")]
+#[path = "support/npyfile.rs"]
+mod npyfile;
 
 // ---- CPU libraries that look functions up by name (tvm.contrib.sort.*, feature `ops`) ------
 #[cfg(feature = "ops")]
@@ -19,33 +22,13 @@ mod cpu {
     use std::path::{Path, PathBuf};
 
     use super::device_run::load;
-    use mblob_runtime::exec::{Device, Model, Output, Tensor};
+    use mblob_runtime::exec::{Device, Model, Output};
     use mblob_runtime::LoadedTree;
+
+    use super::npyfile::tensor as npy;
 
     fn sort_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sort")
-    }
-
-    /// A `.npy` file of the sort fixtures (these use float32 inputs and int32/float32 outputs) as
-    /// a tensor: the header through npyz, the data as the raw bytes after it.
-    fn npy(path: &Path) -> Tensor {
-        use mblob_runtime::format::stream::DataType;
-        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let f = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let shape: Vec<i64> = f.shape().iter().map(|&d| d as i64).collect();
-        let npyz::DType::Plain(ts) = f.dtype() else { panic!("{}: structured", path.display()) };
-        let ts = ts.to_string();
-        assert!(ts.starts_with('<') || ts.starts_with('|'), "{}: byte order of {ts}", path.display());
-        let code = match &ts[1..2] {
-            "i" => 0,
-            "u" => 1,
-            "f" => 2,
-            _ => panic!("{}: dtype {ts}", path.display()),
-        };
-        let bits = ts[2..].parse::<u8>().unwrap() * 8;
-        let mut data = Vec::new();
-        std::io::Read::read_to_end(&mut f.into_inner(), &mut data).unwrap();
-        Tensor::new(DataType { code, bits, lanes: 1 }, shape, data).unwrap_or_else(|| panic!("{}", path.display()))
     }
 
     /// Runs sort fixture `name` (the manifest's entry) loaded as `tree`: every output equal, bit

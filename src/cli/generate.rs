@@ -8,11 +8,10 @@ use std::process::ExitCode;
 
 use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
 use mblob_runtime::exec::{Device, Tensor};
-use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, Registry};
 
-use super::run::{print_times, write_npy};
+use super::run::{print_times, set_threads, thread_count, write_npy};
 use crate::{Error, Result};
 
 /// Arguments of `mblob generate`.
@@ -79,19 +78,10 @@ Environment:
                      TVM_NUM_THREADS, the same; else one per core
   MBLOB_LOG          log filter for stderr (e.g. `debug`); RUST_LOG when unset";
 
-fn thread_count(s: &str) -> std::result::Result<NonZeroUsize, String> {
-    s.trim().parse().map_err(|_| "expected a number of threads, at least 1".to_owned())
-}
-
 /// Runs `mblob generate`.
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
-    match args.threads {
-        Some(n) => threadpool::set_num_threads(n.get()),
-        None => {
-            if let Err(e) = threadpool::env_num_threads() {
-                return Ok(super::usage_error("generate", e.to_string()));
-            }
-        }
+    if let Err(message) = set_threads(args.threads) {
+        return Ok(super::usage_error("generate", message));
     }
     let model = args.model.display().to_string();
     let invalid = |detail: String| Error::Invalid { what: model.clone(), detail };

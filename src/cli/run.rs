@@ -99,8 +99,18 @@ Environment:
   OCL_ICD_VENDORS, OPENCL_DYLIB_PATH, CUDA_PATH  the OpenCL and CUDA set-up (see mblob --help)";
 
 /// Parses `--threads`: a number of at least 1.
-fn thread_count(s: &str) -> std::result::Result<NonZeroUsize, String> {
+pub(crate) fn thread_count(s: &str) -> std::result::Result<NonZeroUsize, String> {
     s.trim().parse().map_err(|_| "expected a number of threads, at least 1".to_owned())
+}
+
+/// Sizes the thread pool: `--threads` when given, else MBLOB_NUM_THREADS / TVM_NUM_THREADS
+/// (checked here). `Err` is a usage error's message.
+pub(crate) fn set_threads(threads: Option<NonZeroUsize>) -> std::result::Result<(), String> {
+    match threads {
+        Some(n) => threadpool::set_num_threads(n.get()),
+        None => threadpool::env_num_threads().map(|_| ()).map_err(|e| e.to_string())?,
+    }
+    Ok(())
 }
 
 /// Checks the form of an `--output` value at parse time (a malformed one is a usage error).
@@ -168,13 +178,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         Ok(specs) => specs,
         Err(message) => return usage(message),
     };
-    match args.threads {
-        Some(n) => threadpool::set_num_threads(n.get()),
-        None => {
-            if let Err(e) = threadpool::env_num_threads() {
-                return usage(e.to_string());
-            }
-        }
+    if let Err(message) = set_threads(args.threads) {
+        return usage(message);
     }
     // SAFETY: running a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]

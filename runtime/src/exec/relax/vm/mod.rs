@@ -28,7 +28,7 @@
 //! TVM's pooled allocator allocates them.
 //!
 //! Besides tensors, shapes, numbers, strings and tuples, registers hold runtime objects
-//! ([`ObjectRef`]: TVM's paged KV cache, `exec::relax::kv_cache` with the `llm` feature) that a
+//! ([`ObjectRef`]: TVM's paged KV cache, `exec::llm::kv_cache` with the `llm` feature) that a
 //! caller gets back as [`VmValue::Object`] and passes in again, and function values that
 //! builtins resolve to the library's kernels. [`VirtualMachine::call_function`] calls a builtin
 //! or global function by name, as `tvm.get_global_func(name)(...)` does.

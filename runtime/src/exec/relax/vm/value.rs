@@ -1,5 +1,5 @@
 //! The VM's values and errors, the leaf the rest of the VM (and the LLM builtins of
-//! [`crate::exec::llm`]) build on: [`VmError`], the caller's values ([`VmValue`], [`VmOutput`]),
+//! `exec::llm`) build on: [`VmError`], the caller's values ([`VmValue`], [`VmOutput`]),
 //! runtime objects ([`ObjectRef`], [`VmObject`]), the register values (`Value`) and the
 //! argument access of builtins (`Args`).
 
@@ -126,15 +126,12 @@ pub enum VmError {
         /// What it returned.
         got: &'static str,
     },
-    /// A paged KV cache call failed (TVM's checks, with TVM's messages).
-    #[cfg(feature = "llm")]
+    /// An LLM builtin failed (the paged KV cache, the tensor cache, sampling, the legacy KV
+    /// cache: `exec::llm`, feature `llm`), with TVM's checks and messages. The LLM's own error
+    /// (its `KvCacheError` or `LmError`) is the source, boxed: the VM does not name the types of
+    /// the floor above it. [`VmError::lm_error`] gives it back typed.
     #[error(transparent)]
-    KvCache(#[from] crate::exec::relax::kv_cache::KvCacheError),
-    /// A tensor cache, sampling or legacy KV cache builtin failed (TVM's checks, with TVM's
-    /// messages). Boxed: its errors carry paths and shapes, and `VmError` stays small.
-    #[cfg(feature = "llm")]
-    #[error(transparent)]
-    Lm(Box<crate::exec::relax::lm::LmError>),
+    Lm(Box<dyn std::error::Error + Send + Sync>),
     /// Where an error happened: the VM function, its instruction and the function it called.
     #[error("in `{function}` at instruction {pc} (call of `{callee}`): {source}")]
     At {
@@ -156,6 +153,15 @@ impl VmError {
         match self {
             VmError::At { source, .. } => source.root(),
             e => e,
+        }
+    }
+
+    /// The LLM builtin's error of type `E` that the innermost error holds
+    /// ([`VmError::Lm`]), if it is one.
+    pub fn lm_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self.root() {
+            VmError::Lm(e) => e.downcast_ref::<E>(),
+            _ => None,
         }
     }
 }

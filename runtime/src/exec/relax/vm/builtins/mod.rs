@@ -2,8 +2,8 @@
 //! ([`check`]), shapes and the shape heap ([`shape`]), storage and tensors ([`memory`]), tuples
 //! ([`tuple`]), closures and calls ([`closure`]). Each group lists its builtins once, in its
 //! `TABLE` of names and functions; a [`Builtins`] set is the tables a VM resolves names with:
-//! [`Builtins::core`], plus the LLM tables of [`crate::exec::llm`] in [`Builtins::default`]
-//! when the `llm` feature is on.
+//! [`Builtins::core`], plus the LLM tables of `exec::llm` in [`Builtins::default`] when the
+//! `llm` feature is on (`exec::llm` adds them: the VM does not name the floor above it).
 
 use super::value::{Value, VmError};
 use super::VirtualMachine;
@@ -66,19 +66,12 @@ impl Builtins {
     }
 }
 
-/// Without the `llm` feature the default set is the core one.
+/// Without the `llm` feature the default set is the core one. With it, `exec::llm` gives the
+/// default set (the core one, then its tables): the VM does not name the floor above it.
 #[cfg(not(feature = "llm"))]
 impl Default for Builtins {
     fn default() -> Builtins {
         Builtins::core()
-    }
-}
-
-/// The default set: the core builtins, then the LLM ones.
-#[cfg(feature = "llm")]
-impl Default for Builtins {
-    fn default() -> Builtins {
-        Builtins::core().with(crate::exec::relax::kv_cache::TABLE).with(crate::exec::relax::lm::builtins::TABLE)
     }
 }
 

@@ -12,9 +12,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::array::NdArray;
 
-use super::super::vm::{value::Args, BuiltinFn, ObjectRef, Value, VmError, VmObject};
 use super::legacy_kv::{self, AttentionKvCacheLegacy};
 use super::{sampling, tensor_cache, LmError, TensorCacheError};
+use crate::exec::relax::vm::value::{Args, ObjectRef, Value, VmError, VmObject};
+use crate::exec::relax::vm::BuiltinFn;
 
 /// TVM's type key of the legacy cache.
 pub const LEGACY_KV_TYPE_KEY: &str = "relax.vm.AttentionKVCacheLegacy";

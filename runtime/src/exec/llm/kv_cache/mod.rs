@@ -64,7 +64,8 @@ use crate::device::Device;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 
-use super::vm::{value::Args, BuiltinFn, ObjectRef, Value, VirtualMachine, VmError, VmObject};
+use crate::exec::relax::vm::value::{Args, ObjectRef, Value, VmError, VmObject};
+use crate::exec::relax::vm::{call_kernel, BuiltinFn, VirtualMachine};
 use aux::{AuxArrays, Batch};
 use blocks::Table;
 use config::Kernels;
@@ -192,7 +193,7 @@ impl PagedKvCache {
             let args =
                 [Value::Tensor(pages.clone()), Value::Int(i64::from(src)), Value::Int(i64::from(dst)), Value::Int(len)];
             let refs: Vec<&Value> = args.iter().collect();
-            super::vm::call_kernel(&k.name, &k.f, &refs)?;
+            call_kernel(&k.name, &k.f, &refs)?;
         }
         Ok(())
     }

@@ -34,11 +34,10 @@ use serde::Deserialize;
 use super::lm::{TensorCache, TensorCacheError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::vm::value::{VmError, VmValue};
+use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError, VmValue};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
 use crate::module::LoadedTree;
-use crate::payload::graph::Tensor;
 
 /// The sequence id [`LanguageModel::generate`] uses in the KV cache.
 pub const SEQUENCE_ID: i64 = 0;
@@ -169,6 +168,8 @@ pub struct LanguageModel {
     metadata: ModelMetadata,
     /// The `packed_params` tuple, when the functions take the weights as a parameter.
     params: Option<VmValue>,
+    /// The same tuple as the VM's value, made once and passed to every call as it is.
+    packed: Option<Value>,
     options: GenerateOptions,
     cache: Option<VmValue>,
 }
@@ -204,7 +205,7 @@ impl LanguageModel {
         let metadata = match vm.call_function("_metadata", &[])? {
             VmValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
                 .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
-            v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", kind(&v)) }),
+            v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
         };
         if let Some(k) = metadata.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
             return Err(GenerateError::Metadata {
@@ -221,14 +222,13 @@ impl LanguageModel {
                 })
             }
         };
-        let params = match (packed, weights) {
+        let arrays = match (packed, weights) {
             (true, Some(dir)) => {
                 let _span = tracing::debug_span!("lm_weights", dir = %dir.display()).entered();
                 let mut cache = TensorCache::new();
                 cache.load(dir, device)?;
                 let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
-                let arrays = cache.param_array_by_name(&names)?;
-                Some(VmValue::Tuple(arrays.into_iter().map(VmValue::Array).collect()))
+                Some(cache.param_array_by_name(&names)?)
             }
             (true, None) => {
                 return Err(GenerateError::WeightsMode(format!(
@@ -246,7 +246,9 @@ impl LanguageModel {
             }
             (false, None) => None,
         };
-        Ok(LanguageModel { vm, metadata, params, options: options.clone(), cache: None })
+        let params = arrays.as_ref().map(|a| VmValue::Tuple(a.iter().cloned().map(VmValue::Array).collect()));
+        let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
+        Ok(LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None })
     }
 
     /// The model's metadata.
@@ -273,7 +275,7 @@ impl LanguageModel {
     }
 
     /// A new KV cache (`create_tir_paged_kv_cache`), with one empty sequence.
-    fn new_cache(&mut self) -> Result<VmValue, GenerateError> {
+    fn new_cache(&mut self) -> Result<ObjectRef, GenerateError> {
         let _span = tracing::debug_span!("lm_create_kv_cache").entered();
         let shape = |v: i64| VmValue::Shape(vec![v]);
         let sliding = i64::from(self.metadata.sliding_window_size > 0);
@@ -287,36 +289,42 @@ impl LanguageModel {
                 shape(sliding),
             ],
         )?;
-        if !matches!(cache, VmValue::Object(_)) {
+        let VmValue::Object(cache) = cache else {
             return Err(GenerateError::Result {
                 function: "create_tir_paged_kv_cache",
-                detail: format!("{}, not a KV cache object", kind(&cache)),
+                detail: format!("{}, not a KV cache object", vm_kind(&cache)),
             });
-        }
-        self.vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(SEQUENCE_ID)])?;
+        };
+        self.vm.call_function(
+            "vm.builtin.kv_state_add_sequence",
+            &[VmValue::Object(cache.clone()), VmValue::Int(SEQUENCE_ID)],
+        )?;
         Ok(cache)
     }
 
     /// One forward pass of `func` (`prefill` or `decode`) over `ids` of the sequence: the
-    /// logits of its last position.
-    fn forward(&self, cache: &VmValue, func: &'static str, ids: &[i32]) -> Result<Vec<f32>, GenerateError> {
+    /// logits of its last position. Only the token ids go to the device and only that last
+    /// row of logits comes back (besides the cache's own per-round arrays): the embeddings stay
+    /// on the device between `embed` and `func`, reshaped by a view, and the weights tuple is
+    /// the one made with the model.
+    fn forward(&self, cache: &ObjectRef, func: &'static str, ids: &[i32]) -> Result<Vec<f32>, GenerateError> {
         let _span = tracing::trace_span!("lm_forward", function = func, tokens = ids.len()).entered();
         let n = ids.len() as i64;
-        self.vm.call_function(
-            "vm.builtin.kv_state_begin_forward",
-            &[cache.clone(), VmValue::Shape(vec![SEQUENCE_ID]), VmValue::Shape(vec![n])],
-        )?;
-        let input = Tensor::new(DataType::I32, vec![n], ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>())
-            .ok_or_else(|| GenerateError::Request("the token ids do not make a tensor".into()))?;
-        let mut args = vec![VmValue::Tensor(input)];
-        args.extend(self.params.clone());
-        let embedded = match self.vm.call_function("embed", &args)? {
-            VmValue::Tensor(t) => t,
+        let cache = Value::Object(cache.clone());
+        let shape = |v: i64| Value::Shape([v].into());
+        self.vm.call_values("vm.builtin.kv_state_begin_forward", &[&cache, &shape(SEQUENCE_ID), &shape(n)])?;
+        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let input = NdArray::from_bytes(&bytes, &[n], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
+        let input = Value::Tensor(input);
+        let mut args = vec![&input];
+        args.extend(self.packed.as_ref());
+        let embedded = match self.vm.call_values("embed", &args)? {
+            Value::Tensor(t) => t,
             v => {
                 return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
             }
         };
-        let hidden = match embedded.shape[..] {
+        let hidden = match embedded.shape()[..] {
             [rows, h] if rows == n => h,
             ref s => {
                 return Err(GenerateError::Result {
@@ -325,14 +333,14 @@ impl LanguageModel {
                 })
             }
         };
-        let embedded = Tensor { shape: vec![1, n, hidden], ..embedded };
-        let mut args = vec![VmValue::Tensor(embedded), cache.clone()];
-        args.extend(self.params.clone());
-        let result = self.vm.call_function(func, &args)?;
-        self.vm.call_function("vm.builtin.kv_state_end_forward", std::slice::from_ref(cache))?;
+        let embedded = Value::Tensor(embedded.view(&[1, n, hidden], embedded.dtype()).map_err(VmError::from)?);
+        let mut args = vec![&embedded, &cache];
+        args.extend(self.packed.as_ref());
+        let result = self.vm.call_values(func, &args)?;
+        self.vm.call_values("vm.builtin.kv_state_end_forward", &[&cache])?;
         let logits = match result {
-            VmValue::Tuple(items) => match items.into_iter().next() {
-                Some(VmValue::Tensor(t)) => t,
+            Value::Tuple(items) => match tuple_item(&items, 0) {
+                Some(Value::Tensor(t)) => t,
                 other => {
                     return Err(GenerateError::Result {
                         function: func,
@@ -343,7 +351,7 @@ impl LanguageModel {
                     })
                 }
             },
-            VmValue::Tensor(t) => t,
+            Value::Tensor(t) => t,
             v => return Err(GenerateError::Result { function: func, detail: format!("{}, not the logits", kind(&v)) }),
         };
         last_row(func, &logits)
@@ -383,7 +391,7 @@ impl LanguageModel {
         // Drop the previous cache first, so that its pages are free before the new one is made.
         self.cache = None;
         let cache = self.new_cache()?;
-        self.cache = Some(cache.clone());
+        self.cache = Some(VmValue::Object(cache.clone()));
         if max_new_tokens == 0 {
             return Ok(out);
         }
@@ -431,23 +439,26 @@ impl LanguageModel {
 }
 
 /// The last row of a logits tensor (`[1, 1, vocab]`, or `[1, n, vocab]` from a prefill that
-/// returns every position), as floats.
-fn last_row(function: &'static str, logits: &Tensor) -> Result<Vec<f32>, GenerateError> {
-    if logits.dtype != DataType::F32 {
+/// returns every position), as floats: only its `vocab * 4` bytes are read, from wherever the
+/// tensor is.
+fn last_row(function: &'static str, logits: &NdArray) -> Result<Vec<f32>, GenerateError> {
+    if logits.dtype() != DataType::F32 {
         return Err(GenerateError::Result {
             function,
-            detail: format!("logits of dtype {:?}; mblob generates from float32 logits", logits.dtype),
+            detail: format!("logits of dtype {:?}; mblob generates from float32 logits", logits.dtype()),
         });
     }
-    let vocab = match logits.shape.last() {
+    let vocab = match logits.shape().last() {
         Some(&v) if v > 0 => v as usize,
-        _ => return Err(GenerateError::Result { function, detail: format!("logits of shape {:?}", logits.shape) }),
+        _ => return Err(GenerateError::Result { function, detail: format!("logits of shape {:?}", logits.shape()) }),
     };
-    let bytes: &[u8] = &logits.data;
-    let row = bytes.len().checked_sub(vocab * 4).map(|at| &bytes[at..]).ok_or_else(|| GenerateError::Result {
-        function,
-        detail: format!("logits of shape {:?} with {} bytes", logits.shape, bytes.len()),
-    })?;
+    let at =
+        vocab.checked_mul(4).and_then(|row| logits.nbytes().checked_sub(row)).ok_or_else(|| GenerateError::Result {
+            function,
+            detail: format!("logits of shape {:?} with {} bytes", logits.shape(), logits.nbytes()),
+        })?;
+    let mut row = vec![0u8; vocab * 4];
+    logits.storage().read(at, &mut row).map_err(VmError::from)?;
     Ok(row.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
 }
 
@@ -465,8 +476,8 @@ fn argmax(function: &'static str, logits: &[f32]) -> Result<i32, GenerateError> 
     i32::try_from(best).map_err(|_| GenerateError::Result { function, detail: "a vocabulary past i32".into() })
 }
 
-/// A value's kind, for errors.
-fn kind(v: &VmValue) -> &'static str {
+/// A caller's value's kind, for errors.
+fn vm_kind(v: &VmValue) -> &'static str {
     match v {
         VmValue::Tensor(_) | VmValue::Array(_) => "a tensor",
         VmValue::Shape(_) => "a shape",
@@ -476,6 +487,21 @@ fn kind(v: &VmValue) -> &'static str {
         VmValue::Tuple(_) => "a tuple",
         VmValue::Null => "None",
         VmValue::Object(o) => o.type_key(),
+    }
+}
+
+/// A VM value's kind, for errors (in the words of [`vm_kind`]).
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Tensor(_) => "a tensor",
+        Value::Shape(_) => "a shape",
+        Value::Int(_) => "an integer",
+        Value::Float(_) => "a float",
+        Value::Str(_) => "a string",
+        Value::Tuple(_) => "a tuple",
+        Value::Null => "None",
+        Value::Object(o) => o.type_key(),
+        v => v.kind(),
     }
 }
 
@@ -491,8 +517,9 @@ mod tests {
 
     #[test]
     fn last_row_of_every_position_logits() {
-        let data: Vec<u8> = [0f32, 1., 2., 3., 4., 5.].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let t = Tensor::new(DataType::F32, vec![1, 2, 3], data).unwrap();
+        let t = NdArray::from_f32(&[0., 1., 2., 3., 4., 5.], &[1, 2, 3], Device::cpu(0)).unwrap();
         assert_eq!(last_row("t", &t).unwrap(), vec![3., 4., 5.]);
+        // A view of fewer bytes than its storage: the row is the view's last.
+        assert_eq!(last_row("t", &t.view(&[1, 1, 3], DataType::F32).unwrap()).unwrap(), vec![0., 1., 2.]);
     }
 }

@@ -434,14 +434,31 @@ impl VirtualMachine {
         let ffi_bool = exec.dialect == Dialect::Tvm022;
         let mut next = 0;
         let values = args.iter().map(|v| self.upload_value(&mut next, v, ffi_bool)).collect::<Result<Vec<_>, _>>()?;
-        let callee = match exec.functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm) {
-            Some(index) => Callee::Vm(index),
-            None => resolve(&self._tree, &self.builtins, name)?,
-        };
+        let callee = self.callee(name)?;
         let refs: Vec<&Value> = values.iter().collect();
         let result = self.dispatch(&callee, name, &refs, 0)?;
         write_back(args, &values)?;
         self.download_value(&result, name)
+    }
+
+    /// Calls a function by name as [`VirtualMachine::call_function`] does, with register values
+    /// as they are: tensors are passed wherever they are (the caller puts them on the VM's
+    /// device) and the result comes back as the program left it, tensors uncopied on the
+    /// device. For callers inside the crate that keep values on the device between calls (the
+    /// LLM floor's generation).
+    #[cfg(feature = "llm")]
+    pub(crate) fn call_values(&self, name: &str, args: &[&Value]) -> Result<Value, VmError> {
+        let _span = tracing::trace_span!("relax_vm_call_values", function = name, args = args.len()).entered();
+        self.dispatch(&self.callee(name)?, name, args, 0)
+    }
+
+    /// What a call of `name` by name reaches: a VM function of that name, else what the name
+    /// resolves to (a builtin, a function of the tree, one mblob provides).
+    fn callee(&self, name: &str) -> Result<Callee, VmError> {
+        match self.executable().functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm) {
+            Some(index) => Ok(Callee::Vm(index)),
+            None => resolve(&self._tree, &self.builtins, name),
+        }
     }
 
     /// Calls a function value (a function of the table or a closure) with `args`, then the

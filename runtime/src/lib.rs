@@ -69,10 +69,10 @@ pub mod tree;
 
 pub use array::NdArray;
 pub use bytes::Bytes;
+#[cfg(feature = "cuda")]
+pub use device::cuda;
 pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
-#[cfg(feature = "cuda")]
-pub use ffi::cuda;
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
 pub use ffi::packed;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};

@@ -512,7 +512,7 @@ fn run_function(
             .map(|_| ())
             .map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))?;
         if device.device_type != DeviceType::Cpu {
-            let api = mblob_runtime::ffi::device_api::device_api(device).map_err(|e| invalid(model, e.to_string()))?;
+            let api = mblob_runtime::device::device_api(device).map_err(|e| invalid(model, e.to_string()))?;
             api.synchronize().map_err(|e| invalid(model, e.to_string()))?;
         }
         Ok(())

@@ -20,8 +20,9 @@ use std::ffi::{c_char, c_void, CStr};
 
 use super::{check_devices, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
-use crate::ffi::callconv::{PreparedCall, Value};
-use crate::ffi::packed::{DLDataType, DLTensor};
+use crate::ffi::call::PreparedCall;
+use crate::ffi::dlpack::{DLDataType, DLTensor};
+use crate::ffi::value::Value;
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;

@@ -20,6 +20,7 @@
 //! calling thread ([`crate::ffi::threadpool::set_num_threads`]).
 
 pub mod aot;
+pub mod call;
 pub mod graph;
 pub mod relax;
 #[cfg(feature = "relay-vm")]

@@ -37,10 +37,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
+use crate::device::api::DeviceApi;
+use crate::device::backends::device_api;
+use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
-use crate::ffi::callconv::{PackedFunction, Value as CallValue};
-use crate::ffi::device_api::{device_api, DeviceApi, Storage};
-use crate::ffi::packed::DLTensor;
+use crate::ffi::call::PackedFunction;
+use crate::ffi::dlpack::DLTensor;
+use crate::ffi::value::Value as CallValue;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::Tensor;
@@ -2083,9 +2086,9 @@ fn call_kernel_with(
 /// passed to the kernel).
 const UNUSED_DL_TENSOR: DLTensor = DLTensor {
     data: std::ptr::null_mut(),
-    device: crate::ffi::packed::DLDevice { device_type: 0, device_id: 0 },
+    device: crate::ffi::dlpack::DLDevice { device_type: 0, device_id: 0 },
     ndim: 0,
-    dtype: crate::ffi::packed::DLDataType { code: 0, bits: 0, lanes: 0 },
+    dtype: crate::ffi::dlpack::DLDataType { code: 0, bits: 0, lanes: 0 },
     shape: std::ptr::null_mut(),
     strides: std::ptr::null_mut(),
     byte_offset: 0,

@@ -49,6 +49,7 @@
 //! - [`exec`]: the graph and AOT executors, TVM's Relax VM ([`exec::relax`]), and
 //!   [`exec::Model`], one handle on whichever a library holds, on a device.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod array;

@@ -11,6 +11,7 @@
 //!   library module that looks up its functions (each ABI's naming).
 //! - [`context`]: the context functions compiled code calls back (errors, workspace, parallel
 //!   loops, function lookup in the imports, calls).
+//! - [`metadata`]: an AOT model's `TVMMetadata`, copied out of the library.
 //! - [`globals`]: the global functions mblob provides (TVM's `tvm.contrib.sort.*`, ...),
 //!   found by name when no module has it.
 //! - [`threadpool`]: parallel loops.
@@ -23,6 +24,7 @@ pub mod dlpack;
 pub mod globals;
 pub mod last_error;
 pub mod library;
+pub mod metadata;
 pub(crate) mod shim;
 pub mod threadpool;
 pub mod value;

@@ -145,7 +145,7 @@ pub(super) fn open_device(device: Device) -> Result<Arc<CudaContext>, DeviceErro
 
 /// The device API of a CUDA device (`cuda:N`): `cuMemAlloc`'d memory (device pointers are
 /// `CUdeviceptr`s), copies and synchronisation on the device's default stream in its primary
-/// context, which the device's [`CudaModule`] kernels share.
+/// context, which the device's [`super::CudaModule`] kernels share.
 pub struct CudaApi {
     device: Device,
     ctx: Arc<CudaContext>,

@@ -1,4 +1,4 @@
-//! OpenCL device memory ([`OpenClApi`]) and OpenCL device modules ([`OpenClModule`]) through
+//! OpenCL device memory ([`OpenClApi`], the device API of `opencl:N`) through
 //! opencl3, which opens the OpenCL ICD loader (`libOpenCL.so.1`) at run time (feature `opencl`):
 //! a build with the feature runs on machines without OpenCL, where opening a device is a
 //! [`DeviceError::NoDriver`].
@@ -200,7 +200,7 @@ impl fmt::Debug for OpenClApi {
 
 impl OpenClApi {
     /// Opens `device` (an OpenCL device): the same instance on every call, shared with
-    /// [`super::device_api::device_api`].
+    /// [`crate::device::device_api`].
     pub fn open(device: Device) -> Result<Arc<dyn DeviceApi>, DeviceError> {
         Ok(OpenClApi::shared(device)?)
     }

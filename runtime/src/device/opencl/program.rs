@@ -1,5 +1,5 @@
 //! OpenCL programs and kernels: TVM's `// Function: NAME` sections of the source
-//! ([`split_kernels`]), a program built per device ([`Program`]), and its kernels.
+//! (`split_kernels`), a program built per device (`Program`), and its kernels.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;

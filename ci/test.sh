@@ -12,6 +12,7 @@ export MBLOB_REQUIRE_OPENCL=1
 # g++, cmake and pkg-config are installed above: the C++ example of the C API is built and run.
 export MBLOB_REQUIRE_CMAKE=1
 cargo fmt --all -- --check
+bash ci/checks.sh
 # The library without its default features must not pull in the command line's crates.
 if cargo tree -p mblob --no-default-features -e normal | grep -E " (clap|tracing-subscriber) v"; then exit 1; fi
 cargo clippy --workspace --all-targets -- -D warnings

@@ -10,6 +10,7 @@
 //! on by default); it is not part of the library, so a crate that depends on `mblob` with
 //! `default-features = false` compiles neither clap nor tracing-subscriber.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 mod error;

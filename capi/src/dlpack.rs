@@ -12,9 +12,9 @@ use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 use mblob_runtime::array::tensor_bytes;
+use mblob_runtime::device::{device_api, DevicePtr, Storage};
 use mblob_runtime::exec::relax::VmError;
 use mblob_runtime::exec::ModelKind;
-use mblob_runtime::ffi::device_api::{device_api, DevicePtr, Storage};
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{Bytes, Device, NdArray};

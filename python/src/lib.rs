@@ -8,6 +8,7 @@
 //! The Python-facing API (docstrings, argument defaults, dicts) lives in `mblob/__init__.py`;
 //! these functions take plain arguments.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

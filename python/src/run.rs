@@ -12,8 +12,7 @@ use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
 use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
 use mblob_runtime::exec::{Device, Executor, Tensor};
-use mblob_runtime::ffi::callconv::{PackedFunction, Value};
-use mblob_runtime::ffi::packed::DLTensor;
+use mblob_runtime::exec::call::{call, CallArg};
 use mblob_runtime::format::DataType;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
@@ -109,15 +108,15 @@ impl Library {
     /// functions write their outputs into their arguments). Returns the function's return
     /// value (int, float, str or None).
     fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
-        let function = self
-            .tree
-            .packed_function(name)
-            .ok_or_else(|| crate::InputError::new_err(format!("no function `{name}` in the module or its imports")))?;
+        if self.tree.packed_function(name).is_none() {
+            return Err(crate::InputError::new_err(format!("no function `{name}` in the module or its imports")));
+        }
         let mut plain: Vec<Arg> = Vec::with_capacity(args.len());
         for a in args.iter() {
             plain.push(Arg::from_py(&a)?);
         }
-        let (ret, outs) = run(py, move || call_host(&function, plain))?;
+        let tree = &self.tree;
+        let (ret, outs) = run(py, move || call_host(tree, name, plain))?;
         // Copy the tensors back into the caller's bytearrays.
         let mut outs = outs.into_iter();
         for a in args.iter() {
@@ -176,38 +175,34 @@ impl Arg {
 
 /// Makes the call with each tensor copied into a CPU `NdArray`; returns the value and each
 /// tensor's bytes after the call.
-#[allow(unsafe_code)]
-fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
-    let mut arrays: Vec<NdArray> = Vec::new();
-    for a in &args {
-        if let Arg::Tensor { data, dtype, shape } = a {
-            arrays.push(NdArray::from_bytes(data, shape, *dtype, Device::cpu(0)).map_err(run_error)?);
-        }
-    }
-    let mut tensors: Vec<DLTensor> = arrays.iter().map(NdArray::dl_tensor).collect();
-    let mut next = tensors.iter_mut();
+fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
     let mut values = Vec::with_capacity(args.len());
-    for a in &args {
+    for a in args {
         values.push(match a {
-            Arg::Int(v) => Value::Int(*v),
-            Arg::Float(v) => Value::Float(*v),
-            Arg::Str(s) => Value::Str(s.clone()),
-            Arg::None => Value::None,
-            Arg::Tensor { .. } => Value::Tensor(next.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor)),
+            Arg::Int(v) => CallArg::Int(v),
+            Arg::Float(v) => CallArg::Float(v),
+            Arg::Str(s) => CallArg::Str(s),
+            Arg::None => CallArg::None,
+            Arg::Tensor { data, dtype, shape } => {
+                CallArg::Tensor(NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(run_error)?)
+            }
         });
     }
-    // SAFETY: the function comes from a library loaded by `load_library` (which installed its
-    // context); every tensor describes a live, 64-byte-aligned CPU array of the size its dtype
-    // and shape give, which outlives the call. A compiled function checks the dtype and shape
-    // it expects and reports a mismatch as an error rather than reading past the arrays.
-    let ret = match unsafe { function.call(&values) }.map_err(run_error)? {
-        Value::Int(v) => Arg::Int(v),
-        Value::Float(v) => Arg::Float(v),
-        Value::Str(s) => Arg::Str(s),
+    let ret = match call(tree, name, &mut values).map_err(run_error)? {
+        CallArg::Int(v) => Arg::Int(v),
+        CallArg::Float(v) => Arg::Float(v),
+        CallArg::Str(s) => Arg::Str(s),
         // Handles and objects mean nothing to Python here.
         _ => Arg::None,
     };
-    let outs = arrays.iter().map(NdArray::to_bytes).collect::<Result<_, _>>().map_err(run_error)?;
+    let outs = values
+        .iter()
+        .filter_map(|v| match v {
+            CallArg::Tensor(t) => Some(t.to_bytes()),
+            _ => None,
+        })
+        .collect::<Result<_, _>>()
+        .map_err(run_error)?;
     Ok((ret, outs))
 }
 

@@ -10,9 +10,10 @@
 use std::sync::Arc;
 
 use crate::bytes::Bytes;
+use crate::device::api::DeviceApi;
+use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
-use crate::ffi::device_api::{DeviceApi, Storage};
-use crate::ffi::packed::{DLDataType, DLDevice, DLTensor};
+use crate::ffi::dlpack::{DLDataType, DLDevice, DLTensor};
 use crate::format::DataType;
 use crate::payload::graph::Tensor;
 
@@ -376,9 +377,9 @@ mod tests {
 
     #[test]
     fn aligned_bytes_are_held_in_place_read_only_and_others_copied_once() {
-        let api = crate::ffi::device_api::device_api(Device::cpu(0)).unwrap();
+        let api = crate::device::backends::device_api(Device::cpu(0)).unwrap();
         let all = Bytes::from_vec((0..512u32).map(|i| (i * 7) as u8).collect());
-        let skip = all.as_ptr().align_offset(crate::ffi::device_api::CPU_ALIGNMENT);
+        let skip = all.as_ptr().align_offset(crate::device::cpu::CPU_ALIGNMENT);
         let aligned = all.slice(skip..skip + 64).unwrap();
         let a = NdArray::from_mapped(&aligned, &[16], DataType::F32, &api).unwrap();
         assert_eq!(a.dl_tensor().data as usize, aligned.as_ptr() as usize, "held in place");
@@ -396,7 +397,7 @@ mod tests {
         let misaligned = all.slice(skip + 1..skip + 65).unwrap();
         let b = NdArray::from_mapped(&misaligned, &[16], DataType::F32, &api).unwrap();
         assert_ne!(b.dl_tensor().data as usize, misaligned.as_ptr() as usize);
-        assert_eq!(b.dl_tensor().data as usize % crate::ffi::device_api::CPU_ALIGNMENT, 0);
+        assert_eq!(b.dl_tensor().data as usize % crate::device::cpu::CPU_ALIGNMENT, 0);
         assert!(!b.storage().is_read_only());
         assert_eq!(b.to_bytes().unwrap(), &misaligned[..]);
         b.copy_from_bytes(&[1u8; 64]).unwrap();
@@ -439,7 +440,7 @@ mod tests {
         let data = file.slice(1..n - 3).unwrap();
         let before: u64 = data.iter().map(|&b| u64::from(b)).sum();
         assert!(resident_bytes_of_mapping(data.as_ptr() as usize) >= n - 4096, "the sum read every page");
-        let api = crate::ffi::device_api::device_api(Device::cpu(0)).unwrap();
+        let api = crate::device::backends::device_api(Device::cpu(0)).unwrap();
         let a = NdArray::from_mapped(&data, &[(n - 4) as i64], DataType { code: 1, bits: 8, lanes: 1 }, &api).unwrap();
         let left = resident_bytes_of_mapping(data.as_ptr() as usize);
         assert!(left <= 64 << 10, "{left} bytes of the file still resident after the copy");

@@ -33,12 +33,16 @@
 //! - `Bytes` (shared views of a mapping) and [`format`](mod@format), the floor: the byte
 //!   layouts ([`format::stream`], [`format::dtype`], [`format::classic`], [`format::ffi`],
 //!   [`format::detect`]) and nothing above them.
-//! - [`device`]: [`Device`] (`tvm.cpu(0)`, `tvm.opencl(1)`, ...) and [`DeviceError`].
+//! - [`device`]: [`Device`] (`tvm.cpu(0)`, `tvm.opencl(1)`, ...) and [`DeviceError`], the
+//!   [`device::DeviceApi`] trait with its backend table, [`device::Storage`] and the CPU's
+//!   memory; above the FFI edge, the GPU backends (`device::opencl`, `device::cuda`) and the
+//!   kernel-argument plan they share.
 //! - [`payload`]: payload kinds and their codecs ([`payload::graph`], [`payload::device`],
 //!   [`payload::RawPayload`]); [`module`]: loaded modules and the [`LoadedTree`], with the one
 //!   lookup through the imports ([`LoadedTree::depth_first`], `LoadedTree::lookup`).
-//! - [`ffi`]: the FFI edge (opening libraries, TVM's calling conventions and context
-//!   functions, the device API with the CPU's, OpenCL's and CUDA's memory and modules).
+//! - [`ffi`]: the FFI edge: DLPack's structs, values in TVM's two calling conventions,
+//!   [`ffi::PackedFunction`] (which knows its convention: [`Module::get_function`] returns
+//!   one), opening libraries, the context functions compiled code calls back, the thread pool.
 //! - [`array`](mod@array): [`NdArray`], the one tensor of the run side (storage on a device, shape,
 //!   dtype).
 //! - [`tree`] and [`serialize`](mod@serialize): the module tree before export, and TVM's
@@ -49,6 +53,7 @@
 //! - [`exec`]: the graph and AOT executors, TVM's Relax VM ([`exec::relax`]), and
 //!   [`exec::Model`], one handle on whichever a library holds, on a device.
 #![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod array;
@@ -69,10 +74,10 @@ pub mod tree;
 
 pub use array::NdArray;
 pub use bytes::Bytes;
+#[cfg(feature = "cuda")]
+pub use device::cuda;
 pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
-#[cfg(feature = "cuda")]
-pub use ffi::cuda;
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
 pub use ffi::packed;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};

@@ -165,7 +165,7 @@ unsafe fn load_opened(
     };
     tracing::debug!(%symbol, layout = layout.name(), size = blob.len(), "blob found in the loaded image");
     let tree = load_with_library(&blob, layout, registry, options, library_module, path, Some(symbol))?;
-    crate::ffi::context::link_imports(&tree);
+    crate::ffi::library::link_imports(&tree);
     Ok(tree)
 }
 

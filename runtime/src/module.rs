@@ -1,10 +1,11 @@
 //! Loaded modules: the [`Module`] trait and the [`LoadedTree`] that a load returns.
 
 use std::any::Any;
-use std::ffi::c_void;
-use std::fmt::{self, Debug, Write as _};
+use std::fmt::{Debug, Write as _};
 use std::sync::Arc;
 
+use crate::ffi::call::PackedFunction;
+pub use crate::ffi::call::Symbol;
 use crate::format::Layout;
 use crate::payload::device::DeviceModule;
 use crate::payload::graph::GraphExecutorFactory;
@@ -15,12 +16,10 @@ pub trait Module: Debug + Send + Sync + Any {
     /// The type key after loading (`library` for the library module).
     fn type_key(&self) -> &str;
 
-    /// The address of an exported function of this module, for modules backed by native
-    /// code, or a Rust function made callable by `ffi::callconv::function_symbol` (what
-    /// compiled code finds through `TVMBackendGetFuncFromEnv`, e.g. a device kernel launcher).
-    /// Functions of modules other than the library are called in TVM's classic packed
-    /// convention. The default has none.
-    fn get_function(&self, _name: &str) -> Option<Symbol> {
+    /// Function `name` of this module, knowing how it is called: native code of a library in
+    /// the library's convention, or a Rust function (what compiled code finds through
+    /// `TVMBackendGetFuncFromEnv`, e.g. a device kernel launcher). The default has none.
+    fn get_function(&self, _name: &str) -> Option<PackedFunction> {
         None
     }
 
@@ -60,53 +59,6 @@ macro_rules! payload_module {
             }
         }
     };
-}
-
-/// The address of a symbol, with a handle that keeps its library loaded.
-#[derive(Clone)]
-pub struct Symbol {
-    addr: *mut c_void,
-    _owner: Arc<dyn Any + Send + Sync>,
-    // (run) passed to the function as its `resource_handle` (classic) or `self` (tvm-ffi).
-    resource: *mut c_void,
-}
-
-// SAFETY: a `Symbol` is an address plus a reference count on the library that maps it; the
-// address is never dereferenced by this type, and the owner is itself `Send + Sync`.
-#[allow(unsafe_code)]
-unsafe impl Send for Symbol {}
-// SAFETY: as above; sharing the address between threads does not touch what it points to.
-#[allow(unsafe_code)]
-unsafe impl Sync for Symbol {}
-
-impl Symbol {
-    pub(crate) fn new(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>) -> Symbol {
-        Symbol { addr, _owner: owner, resource: std::ptr::null_mut() }
-    }
-
-    /// A function at `addr` that is called with `resource` as its resource handle (the last
-    /// argument of TVM's packed signature), kept valid by `owner`: what a module kind whose
-    /// functions are Rust code hands out (see `ffi::callconv::function_symbol`).
-    pub fn with_resource(addr: *mut c_void, owner: Arc<dyn Any + Send + Sync>, resource: *mut c_void) -> Symbol {
-        Symbol { addr, _owner: owner, resource }
-    }
-
-    /// The resource handle the function is called with (null for library functions).
-    pub fn resource(&self) -> *mut c_void {
-        self.resource
-    }
-
-    /// The address. It stays valid while this `Symbol` (or its library) is alive. Calling it
-    /// needs `unsafe` and the right function type, as with `dlsym`.
-    pub fn addr(&self) -> *mut c_void {
-        self.addr
-    }
-}
-
-impl Debug for Symbol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Symbol({:p})", self.addr)
-    }
 }
 
 /// One module of a loaded tree and the indices of its imports.
@@ -153,10 +105,25 @@ impl LoadedTree {
     }
 
     /// Looks up a function from the root: the root first, then its imports depth first, as
-    /// TVM's `GetFunction(name, query_imports=true)` does. The library module is where native
-    /// functions live.
-    pub fn get_function(&self, name: &str) -> Option<Symbol> {
-        self.depth_first(0).find_map(|i| self.modules[i].module.get_function(name))
+    /// TVM's `GetFunction(name, query_imports=true)` does ([`LoadedTree::lookup`] from module
+    /// 0). The library module is where native functions live.
+    pub fn get_function(&self, name: &str) -> Option<PackedFunction> {
+        self.lookup(0, name)
+    }
+
+    /// [`LoadedTree::get_function`] (TVM's name for it in the packed-function API).
+    pub fn packed_function(&self, name: &str) -> Option<PackedFunction> {
+        self.lookup(0, name)
+    }
+
+    /// Finds `name` in module `from` and its imports, depth first
+    /// ([`LoadedTree::depth_first`]), each module answering with a function that knows its
+    /// calling convention: native functions of a library with the library's convention (on a
+    /// tvm-ffi library `add` finds `__tvm_ffi_add`), and the functions other module kinds offer
+    /// (a device module's kernels). This is the one lookup: the executors, the Relax VM and
+    /// `GetFuncFromEnv` all go through it.
+    pub fn lookup(&self, from: usize, name: &str) -> Option<PackedFunction> {
+        self.depth_first(from).find_map(|i| self.modules[i].module.get_function(name))
     }
 
     /// Module `from` and everything it imports, depth first, each module once: the order in

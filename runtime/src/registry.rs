@@ -77,7 +77,7 @@ impl std::fmt::Debug for Registry {
 impl Default for Registry {
     /// The built-in kinds: `GraphExecutorFactory` (and `GraphRuntimeFactory`), the device
     /// kinds (with the `cuda` feature, `cuda` payloads load as
-    /// `ffi::cuda::CudaModule`s), and TVM's executables kept as raw bytes
+    /// `device::cuda::CudaModule`s), and TVM's executables kept as raw bytes
     /// ([`RAW_KNOWN_KEYS`]).
     fn default() -> Registry {
         let mut r = Registry::empty();
@@ -251,8 +251,8 @@ impl Loader for DeviceLoader {
 
 /// Loader of a device kind that mblob runs: decodes the payload as [`DeviceLoader`] does and
 /// wraps it in the kind's runnable module (registered by [`Registry::default`] for `cuda`
-/// with the `cuda` feature, making `ffi::cuda::CudaModule`s, and for `opencl` with the
-/// `opencl` feature, making `ffi::opencl::OpenClModule`s).
+/// with the `cuda` feature, making `device::cuda::CudaModule`s, and for `opencl` with the
+/// `opencl` feature, making `device::opencl::OpenClModule`s).
 #[derive(Debug, Clone, Copy)]
 pub struct RunnableDeviceLoader {
     key: &'static str,
@@ -265,7 +265,7 @@ impl RunnableDeviceLoader {
     pub fn cuda() -> RunnableDeviceLoader {
         RunnableDeviceLoader {
             key: crate::payload::device::CUDA,
-            make: |m| Arc::new(crate::ffi::cuda::CudaModule::new(m)),
+            make: |m| Arc::new(crate::device::cuda::module::CudaModule::new(m)),
         }
     }
 
@@ -274,7 +274,7 @@ impl RunnableDeviceLoader {
     pub fn opencl() -> RunnableDeviceLoader {
         RunnableDeviceLoader {
             key: crate::payload::device::OPENCL,
-            make: |m| Arc::new(crate::ffi::opencl::OpenClModule::new(m)),
+            make: |m| Arc::new(crate::device::opencl::module::OpenClModule::new(m)),
         }
     }
 }

@@ -7,8 +7,8 @@
 mod device_run;
 
 use device_run::{assert_close, cases, fixtures, json, load, npy, opencl};
+use mblob_runtime::device::{device_api, TransferStats};
 use mblob_runtime::exec::Model;
-use mblob_runtime::ffi::device_api::{device_api, TransferStats};
 
 /// One graph run and one Relax run move, between host and device, the inputs in and the
 /// outputs out and nothing else; the parameters and constants go up once, when the model is

@@ -12,8 +12,8 @@
 mod device_run;
 
 use device_run::{fixture_names, fixtures, load, opencl, run_fixture};
+use mblob_runtime::device::device_api;
 use mblob_runtime::exec::{Device, ExecError, Model};
-use mblob_runtime::ffi::device_api::device_api;
 use mblob_runtime::DeviceError;
 
 #[test]

@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Top-level modules, lowest first. Files of one entry may not use each other's modules unless
-/// they are the same module.
+/// Layers, lowest first: top-level modules, and the parts of `ffi` and `device` that sit at
+/// their own height (`ffi::call` below `module`, whose functions are `PackedFunction`s; the GPU
+/// backends above `ffi`, whose calls they offer). Files of one entry may not use each other's
+/// modules unless they are the same module.
 const RANKS: &[&str] = &[
     "bytes",
     "format",
@@ -15,8 +17,17 @@ const RANKS: &[&str] = &[
     "error",
     "elf",
     "payload",
+    "ffi::dlpack",
+    "ffi::last_error",
+    "ffi::value",
+    "ffi::call",
     "module",
     "ffi",
+    "device::kernel",
+    "device::opencl",
+    "device::cuda",
+    "device::backends",
+    "device::storage",
     "array",
     "tree",
     "serialize",
@@ -36,12 +47,26 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a source file belongs to (`None` for `lib.rs`, which re-exports).
+/// The layer of the module path `first::second` (a part with a rank of its own, else the
+/// top-level module).
+fn layer(first: &str, second: &str) -> String {
+    let part = format!("{first}::{second}");
+    if RANKS.contains(&part.as_str()) {
+        part
+    } else {
+        first.to_owned()
+    }
+}
+
+/// The layer a source file belongs to (`None` for `lib.rs`, which re-exports).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next()?.as_os_str().to_string_lossy().into_owned();
-    let name = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
-    (name != "lib").then_some(name)
+    let mut parts = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let first = parts.next()?;
+    let first = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
+    let second = parts.next().unwrap_or_default();
+    let second = second.strip_suffix(".rs").unwrap_or(&second).to_owned();
+    (first != "lib").then(|| layer(&first, &second))
 }
 
 /// The top-level modules named by `crate::` paths in the code of `text` (not in comments).
@@ -55,8 +80,11 @@ fn uses(text: &str) -> Vec<String> {
         let mut rest = code;
         while let Some(at) = rest.find("crate::") {
             let after = &rest[at + "crate::".len()..];
-            let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            out.push(name);
+            let word =
+                |s: &str| -> String { s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+            let name = word(after);
+            let second = after[name.len()..].strip_prefix("::").map(word).unwrap_or_default();
+            out.push(layer(&name, &second));
             rest = after;
         }
     }

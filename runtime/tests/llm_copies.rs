@@ -9,7 +9,7 @@
 
 use mblob_runtime::device::Device;
 use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
-use mblob_runtime::ffi::device_api::{device_api, TransferStats};
+use mblob_runtime::device::{device_api, TransferStats};
 
 #[path = "support/llm_fixture.rs"]
 mod llm_fixture;

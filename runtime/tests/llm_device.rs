@@ -245,7 +245,7 @@ mod opencl {
 
     /// OpenCL device 0, or `None` (after saying so) when there is none.
     fn opencl() -> Option<Device> {
-        match mblob_runtime::ffi::device_api::device_api(Device::opencl(0)) {
+        match mblob_runtime::device::device_api(Device::opencl(0)) {
             Ok(_) => Some(Device::opencl(0)),
             Err(e) => {
                 if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() {

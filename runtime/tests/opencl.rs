@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
-use mblob_runtime::ffi::device_api::{device_api, DeviceApi, Storage};
-use mblob_runtime::ffi::opencl::{OpenClApi, OpenClModule};
-use mblob_runtime::ffi::{Abi, PackedFunction, Value};
+use mblob_runtime::device::opencl::{OpenClApi, OpenClModule};
+use mblob_runtime::device::{device_api, DeviceApi, Storage};
+use mblob_runtime::ffi::Value;
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::device::{DeviceModule, FunctionInfo, DYN_SHARED_MEMORY_TAG};
 use mblob_runtime::{Device, DeviceError, Module, NdArray};
@@ -54,8 +54,9 @@ fn module(source: &str, kernels: &[(&str, &[&str], &[&str])]) -> OpenClModule {
 
 /// Calls kernel `name` of `m` as host code does.
 fn launch(m: &OpenClModule, name: &str, args: &[Value]) -> Result<(), String> {
-    let f = PackedFunction::native(m.get_function(name).expect("kernel in the function table"), Abi::Packed);
-    // SAFETY: a Rust function made by `function_symbol`; the handles passed are `cl_mem`s of
+    let f = m.get_function(name).expect("kernel in the function table");
+    assert_eq!(f.abi(), None, "a Rust function");
+    // SAFETY: a Rust function (the module's launcher); the handles passed are `cl_mem`s of
     // live tensors (or deliberately wrong ones, which the module refuses before the driver).
     unsafe { f.call(args) }.map(|_| ()).map_err(|e| e.message)
 }
@@ -111,7 +112,7 @@ fn memory_round_trips_views_and_bounds() {
     let err = unsafe { api.copy_from_host(s.ptr(), 16383, &[1, 2]) }.unwrap_err();
     assert!(matches!(err, DeviceError::OutOfBounds { size: 16384, .. }), "{err}");
     // SAFETY: not a buffer of the device: the API refuses it.
-    let err = unsafe { api.copy_to_host(mblob_runtime::ffi::device_api::DevicePtr(0x10), 0, &mut [0; 4]) };
+    let err = unsafe { api.copy_to_host(mblob_runtime::device::DevicePtr(0x10), 0, &mut [0; 4]) };
     assert!(matches!(err, Err(DeviceError::Driver { .. })), "{err:?}");
 
     // Copies within the device, overlapping ones included.

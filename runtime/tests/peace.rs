@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::ffi::callconv::module_function;
 use mblob_runtime::packed::DLTensor;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, DeviceType, LibraryModule, LoadOptions, LoadedTree, Module, Registry};
@@ -270,7 +269,7 @@ fn run_model(name: &str) -> LoadedTree {
 /// come back through mblob.
 fn kernel_shape_error(tree: &LoadedTree) -> String {
     let lib = tree.find::<LibraryModule>().expect("a library module");
-    let sum = module_function(lib, "sum").expect("relax_fused has the kernel `sum`");
+    let sum = lib.get_function("sum").expect("relax_fused has the kernel `sum`");
     let mut x = vec![0f32; 30];
     let mut x_shape = [2i64, 3, 5];
     let mut out = vec![0f32; 6];

@@ -782,8 +782,8 @@ fn device_or_skip(
     device: Device,
     feature_built: bool,
     require: &str,
-) -> Option<std::sync::Arc<dyn mblob_runtime::ffi::device_api::DeviceApi>> {
-    match mblob_runtime::ffi::device_api::device_api(device) {
+) -> Option<std::sync::Arc<dyn mblob_runtime::device::DeviceApi>> {
+    match mblob_runtime::device::device_api(device) {
         Ok(api) => Some(api),
         Err(e) => {
             if feature_built && std::env::var_os(require).is_some() {

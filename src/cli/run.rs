@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use mblob_runtime::exec::call::CallArg;
 use mblob_runtime::exec::relax::{ParamKind, VmValue};
-use mblob_runtime::exec::{self, Device, DeviceType, Model, ModelKind, Output, Tensor};
+use mblob_runtime::exec::{self, Device, Model, ModelKind, Output, Tensor};
 use mblob_runtime::ffi::threadpool;
-use mblob_runtime::ffi::Value;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
 
@@ -488,34 +488,25 @@ fn run_function(
     outputs: &[String],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
-    let f = tree.packed_function(name).ok_or_else(|| invalid(model, format!("no function `{name}`")))?;
+    if tree.packed_function(name).is_none() {
+        return Err(invalid(model, format!("no function `{name}`")));
+    }
     let fail = |e: mblob_runtime::array::ArrayError| invalid(model, e.to_string());
-    let mut args: Vec<NdArray> = Vec::new();
+    let mut args: Vec<CallArg> = Vec::new();
     for (_, t) in inputs {
-        args.push(NdArray::from_tensor(t, device).map_err(fail)?);
+        args.push(CallArg::Tensor(NdArray::from_tensor(t, device).map_err(fail)?));
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;
-        args.push(
+        args.push(CallArg::Tensor(
             NdArray::empty(&shape, dtype, device).map_err(|e| invalid(format!("--output {spec}"), e.to_string()))?,
-        );
+        ));
     }
-    let mut tensors: Vec<_> = args.iter().map(NdArray::dl_tensor).collect();
-    let values: Vec<Value> = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
-    let call = || -> Result<()> {
-        // SAFETY: the tensors describe live allocations of exactly their shapes and dtypes on
-        // `device` (64-byte aligned on the CPU), alive for the call; a compiled function checks
-        // the ndim, dtype, shape and device of each before it touches the data (what the user
-        // gave is not trusted beyond that).
-        #[allow(unsafe_code)]
-        unsafe { f.call(&values) }
-            .map(|_| ())
-            .map_err(|e| invalid(model, format!("`{name}` failed: {}", e.message)))?;
-        if device.device_type != DeviceType::Cpu {
-            let api = mblob_runtime::ffi::device_api::device_api(device).map_err(|e| invalid(model, e.to_string()))?;
-            api.synchronize().map_err(|e| invalid(model, e.to_string()))?;
-        }
-        Ok(())
+    let mut call = || -> Result<()> {
+        // The tensors are NdArrays (live, aligned allocations of exactly their shapes and dtypes
+        // on `device`); a compiled function checks each before it touches the data. `call`
+        // waits for the device.
+        exec::call::call(tree, name, &mut args).map(|_| ()).map_err(|e| invalid(model, e.to_string()))
     };
     call()?;
     let mut times = Vec::new();
@@ -524,8 +515,14 @@ fn run_function(
         call()?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let outs: Vec<Tensor> =
-        args[inputs.len()..].iter().map(NdArray::to_tensor).collect::<std::result::Result<_, _>>().map_err(fail)?;
+    let outs: Vec<Tensor> = args[inputs.len()..]
+        .iter()
+        .filter_map(|a| match a {
+            CallArg::Tensor(t) => Some(t.to_tensor()),
+            _ => None,
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map_err(fail)?;
     for (i, t) in outs.iter().enumerate() {
         println!("out.{i}: {} {:?}", t.dtype, t.shape);
     }

@@ -379,10 +379,13 @@ fn corrupt_payload_errors_name_the_field_and_offset() {
 /// The CUDA path (feature `cuda`): `cuda` payloads load as `CudaModule`s.
 #[cfg(feature = "cuda")]
 mod cuda {
-    use mblob_runtime::cuda::{CudaModule, KernelArg};
+    use mblob_runtime::cuda::CudaModule;
+    use mblob_runtime::exec::call::{call, CallArg};
     use mblob_runtime::format::DataType;
     use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
-    use mblob_runtime::{load_blob, serialize, Bytes, Layout, LoadOptions, LoadedTree, Module, ModuleTree, Registry};
+    use mblob_runtime::{
+        load_blob, serialize, Bytes, Device, Layout, LoadOptions, LoadedTree, Module, ModuleTree, NdArray, Registry,
+    };
 
     use super::{goldens, read};
 
@@ -425,9 +428,7 @@ mod cuda {
         }
         let errors = [
             m.ensure_loaded().unwrap_err(),
-            m.upload_f32(&[1.0, 2.0]).unwrap_err(),
-            m.zeros(16).unwrap_err(),
-            m.launch(KERNEL, &[], &[16, 64]).unwrap_err(),
+            m.ensure_loaded_on(Device::cuda(0)).unwrap_err(),
             m.device_name().unwrap_err(),
         ];
         for e in errors {
@@ -444,15 +445,33 @@ mod cuda {
         (a, b)
     }
 
-    /// Runs `kernel(a, b, c, extra...)` and returns `c`.
-    fn run_add(m: &CudaModule, kernel: &str, n: usize, extra: &[KernelArg<'_>], extents: &[u64]) -> Vec<f32> {
+    /// Runs `kernel(a, b, c, extra..., extents...)` of `tree` on `cuda:0` as host code calls it,
+    /// and returns `c`.
+    fn run_add(tree: &LoadedTree, kernel: &str, n: usize, extra: &[CallArg], extents: &[u64]) -> Vec<f32> {
         let (a, b) = inputs(n);
-        let (da, db) = (m.upload_f32(&a).unwrap(), m.upload_f32(&b).unwrap());
-        let dc = m.zeros(4 * n).unwrap();
-        let mut args = vec![KernelArg::Buffer(&da), KernelArg::Buffer(&db), KernelArg::Buffer(&dc)];
+        let gpu = Device::cuda(0);
+        let shape = [n as i64];
+        let dc = NdArray::empty(&shape, DataType::F32, gpu).unwrap();
+        let mut args = vec![
+            CallArg::Data(NdArray::from_f32(&a, &shape, gpu).unwrap()),
+            CallArg::Data(NdArray::from_f32(&b, &shape, gpu).unwrap()),
+            CallArg::Data(dc.clone()),
+        ];
         args.extend_from_slice(extra);
-        m.launch(kernel, &args, extents).unwrap_or_else(|e| panic!("{kernel}: {e}"));
-        dc.to_f32().unwrap()
+        args.extend(extents.iter().map(|&e| CallArg::Int(e as i64)));
+        mblob_runtime::device::api::set_current_device(gpu);
+        call(tree, kernel, &mut args).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+        dc.to_f32().unwrap().unwrap()
+    }
+
+    /// A tree of one CUDA module.
+    fn tree_of(device: DeviceModule) -> LoadedTree {
+        let mut tree = ModuleTree::new();
+        let host = tree.add_dso("llvm");
+        let cuda = tree.add_payload(device);
+        tree.import(host, cuda);
+        let blob = serialize(&tree).unwrap().to_blob(&tree, Layout::Classic).unwrap();
+        load_blob(&Bytes::from_vec(blob), Layout::Classic, &Registry::default(), &LoadOptions::default()).unwrap()
     }
 
     fn check_sum(c: &[f32], n: usize) {
@@ -479,15 +498,16 @@ mod cuda {
         let ptx = String::from_utf8(golden.device_module().data.to_vec()).unwrap();
         let declared_func = ptx.contains(&format!(".func {KERNEL}("));
         let n = 1024;
-        let (a, b) = inputs(n);
-        let (da, db, dc) =
-            (golden.upload_f32(&a).unwrap(), golden.upload_f32(&b).unwrap(), golden.zeros(4 * n).unwrap());
-        let args = [KernelArg::Buffer(&da), KernelArg::Buffer(&db), KernelArg::Buffer(&dc)];
         // Wrong calls are refused before the driver sees them.
-        assert!(golden.launch(KERNEL, &args, &[16]).unwrap_err().to_string().contains("need 2 extents"));
-        assert!(golden.launch(KERNEL, &args[..2], &[16, 64]).unwrap_err().to_string().contains("takes 3 arguments"));
-        assert!(golden.launch("nope", &args, &[16, 64]).unwrap_err().to_string().contains("function table"));
-        let result = golden.launch(KERNEL, &args, &[16, 64]);
+        let gpu = Device::cuda(0);
+        let buf = || CallArg::Data(NdArray::empty(&[n as i64], DataType::F32, gpu).unwrap());
+        let mut short = [buf(), buf(), buf(), CallArg::Int(16)];
+        let e = call(&tree, KERNEL, &mut short).unwrap_err().to_string();
+        assert!(e.contains("takes 3 arguments"), "{e}");
+        assert!(call(&tree, "nope", &mut []).unwrap_err().to_string().contains("no function"));
+        let mut args = [buf(), buf(), buf(), CallArg::Int(16), CallArg::Int(64)];
+        mblob_runtime::device::api::set_current_device(gpu);
+        let result = call(&tree, KERNEL, &mut args);
         if declared_func {
             // The golden's PTX (LLVM NVPTX as TVM 0.27 drove it) declares the kernel `.func`,
             // which the driver cannot launch: the error says so.
@@ -495,13 +515,12 @@ mod cuda {
             assert!(e.contains("`.func`"), "{e}");
         } else {
             result.unwrap();
-            check_sum(&dc.to_f32().unwrap(), n);
+            check_sum(&run_add(&tree, KERNEL, n, &[], &[16, 64]), n);
         }
 
         // The same PTX with the kernel declared `.entry`: TVM's code, launched as TVM would.
         let entry = ptx.replace(&format!(".visible .func {KERNEL}("), &format!(".visible .entry {KERNEL}("));
-        let fixed =
-            CudaModule::new(DeviceModule::cuda_from_ptx(entry.into_bytes(), golden.device_module().functions.clone()));
+        let fixed = tree_of(DeviceModule::cuda_from_ptx(entry.into_bytes(), golden.device_module().functions.clone()));
         check_sum(&run_add(&fixed, KERNEL, n, &[], &[16, 64]), n);
     }
 
@@ -544,11 +563,11 @@ mod cuda {
         require_driver();
         for layout in Layout::ALL {
             let loaded = demo_round_trip(layout);
-            let m = loaded.find::<CudaModule>().unwrap();
             let n = 1000;
-            let c = run_add(m, "mblob_vector_add", n, &[KernelArg::U32(n as u32)], &[4, 256]);
+            let c = run_add(&loaded, "mblob_vector_add", n, &[CallArg::Int(n as i64)], &[4, 256]);
             check_sum(&c, n);
-            let e = m.launch("mblob_vector_add", &[], &[4, 256]).unwrap_err().to_string();
+            let mut none = [CallArg::Int(4), CallArg::Int(256)];
+            let e = call(&loaded, "mblob_vector_add", &mut none).unwrap_err().to_string();
             assert!(e.contains("takes 4 arguments"), "{e}");
         }
     }

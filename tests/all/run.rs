@@ -4,10 +4,9 @@
 
 use std::path::Path;
 
-use mblob_runtime::ffi::workspace::AlignedBuffer;
 use mblob_runtime::ffi::{Abi, Value};
 use mblob_runtime::packed::{DLDataType, DLDevice, DLTensor};
-use mblob_runtime::{load_library, LoadOptions, LoadedTree, Registry};
+use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
 
 use crate::goldens::{f32_file, goldens};
 
@@ -17,33 +16,23 @@ fn load(path: &Path) -> LoadedTree {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A 64-byte aligned f32 tensor for kernels.
+/// A 64-byte aligned f32 tensor for kernels: an `NdArray` on the CPU.
 struct Buf {
-    data: AlignedBuffer,
-    shape: Vec<i64>,
+    data: NdArray,
 }
 
 impl Buf {
     fn f32(values: &[f32], shape: &[i64]) -> Buf {
-        let mut data = AlignedBuffer::zeroed(values.len() * 4).unwrap();
-        for (c, v) in data.as_mut_slice().chunks_exact_mut(4).zip(values) {
-            c.copy_from_slice(&v.to_le_bytes());
-        }
-        Buf { data, shape: shape.to_vec() }
+        Buf { data: NdArray::from_f32(values, shape, Device::cpu(0)).unwrap() }
     }
+    /// Its `DLTensor`, with the dtype code `code` (the shape stays the array's own).
     fn dl(&mut self, code: u8) -> DLTensor {
-        DLTensor {
-            data: self.data.as_ptr().cast(),
-            device: DLDevice { device_type: 1, device_id: 0 },
-            ndim: self.shape.len() as i32,
-            dtype: DLDataType { code, bits: 32, lanes: 1 },
-            shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        }
+        let mut t = self.data.dl_tensor();
+        t.dtype = DLDataType { code, bits: 32, lanes: 1 };
+        t
     }
     fn to_f32(&self) -> Vec<f32> {
-        self.data.as_slice().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        self.data.to_f32().unwrap().unwrap()
     }
 }
 
@@ -248,11 +237,10 @@ fn a_failing_kernel_names_its_node_function_and_assert_text() {
 mod fake_opencl {
     use std::sync::{Arc, Mutex};
 
-    use mblob_runtime::ffi::callconv::function_symbol;
-    use mblob_runtime::ffi::Value;
+    use mblob_runtime::ffi::{PackedFunction, Value};
     use mblob_runtime::format::Layout;
     use mblob_runtime::registry::{Loader, LoaderError, Measure};
-    use mblob_runtime::{Bytes, FormatError, Module, Registry, Symbol};
+    use mblob_runtime::{Bytes, FormatError, Module, Registry};
 
     /// (kernel, buffers, extents) of one launch.
     pub type Launch = (String, usize, Vec<i64>);
@@ -268,12 +256,12 @@ mod fake_opencl {
         fn type_key(&self) -> &str {
             "opencl"
         }
-        fn get_function(&self, name: &str) -> Option<Symbol> {
+        fn get_function(&self, name: &str) -> Option<PackedFunction> {
             if name != "vector_add_kernel" {
                 return None;
             }
             let launches = self.launches.clone();
-            Some(function_symbol(move |args| {
+            Some(PackedFunction::from_fn(move |args| {
                 let ptrs: Vec<*mut f32> = args
                     .iter()
                     .filter_map(|a| match a {

@@ -16,12 +16,12 @@
 //! merged into one byte tensor, then one byte tensor per workspace pool, which the executor
 //! allocates (zeroed, 64-byte aligned) and fills as TVM's does.
 
-use std::ffi::{c_char, c_void, CStr};
-
 use super::{check_devices, Device, ExecError, Executor, Tensor, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
-use crate::ffi::callconv::{PreparedCall, Value};
-use crate::ffi::packed::{DLDataType, DLTensor};
+use crate::ffi::call::PreparedCall;
+use crate::ffi::dlpack::DLTensor;
+use crate::ffi::metadata::{read_c_metadata, MetadataError, RawConstant, RawMetadata, RawTensorInfo};
+use crate::ffi::value::Value;
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -32,7 +32,7 @@ use crate::payload::Opaque;
 pub const AOT_EXECUTOR_FACTORY: &str = "AotExecutorFactory";
 
 /// The `TVMMetadata` version this reader knows.
-pub const METADATA_VERSION: i64 = 1;
+pub use crate::ffi::metadata::METADATA_VERSION;
 
 /// The decoded `AotExecutorFactory` payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,124 +120,41 @@ pub struct Metadata {
     pub mod_name: String,
 }
 
-#[repr(C)]
-struct CTensorInfo {
-    name: *const c_char,
-    shape: *const i64,
-    num_shape: i64,
-    dtype: DLDataType,
-}
-
-#[repr(C)]
-struct CMetadata {
-    version: i64,
-    inputs: *const CTensorInfo,
-    num_inputs: i64,
-    outputs: *const CTensorInfo,
-    num_outputs: i64,
-    workspace_pools: *const CTensorInfo,
-    num_workspace_pools: i64,
-    constant_pools: *const CConstantInfo,
-    num_constant_pools: i64,
-    mod_name: *const c_char,
-}
-
-#[repr(C)]
-struct CConstantInfo {
-    name_hint: *const c_char,
-    byte_offset: i64,
-    data_len: i64,
-    /// A tensor in TVM's `NDArray::Save` format (the params format), `data_len` bytes.
-    data_bytes: *const c_void,
-}
-
 /// The largest merged constant pool (TVM checks the same bound).
 const MAX_CONSTANT_POOL: i64 = i32::MAX as i64;
 
-/// Limits on what the metadata may claim (beyond them it is not a real model's).
-const MAX_TENSORS: i64 = 1 << 16;
-const MAX_NDIM: i64 = 64;
-
-/// Reads the `TVMMetadata` struct at `p`.
-///
-/// # Safety
-///
-/// `p` is what the library's `get_c_metadata` returned: a `TVMMetadata` in the library's
-/// read-only data, valid while the library is loaded.
-#[allow(unsafe_code)]
-unsafe fn read_metadata(p: *const c_void) -> Result<Metadata, ExecError> {
+/// The model's signature from the library's `TVMMetadata` (read by
+/// [`crate::ffi::metadata::read_c_metadata`]): every shape checked, the constant pools merged.
+fn metadata_of(raw: RawMetadata) -> Result<Metadata, ExecError> {
     let bad = |m: String| ExecError::Metadata(m);
-    if p.is_null() {
-        return Err(bad("get_c_metadata returned null".into()));
-    }
-    // SAFETY: per the contract, `p` points to a `TVMMetadata`.
-    let m = unsafe { &*(p as *const CMetadata) };
-    if m.version != METADATA_VERSION {
-        return Err(bad(format!("version {} (this reader knows {METADATA_VERSION})", m.version)));
-    }
-    // SAFETY: strings of the metadata are NUL-terminated constants of the library.
-    let string = |s: *const c_char| unsafe { (!s.is_null()).then(|| CStr::from_ptr(s).to_string_lossy().into_owned()) };
-    let infos = |arr: *const CTensorInfo, n: i64, what: &str| -> Result<Vec<TensorInfo>, ExecError> {
-        if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && arr.is_null()) {
-            return Err(bad(format!("{what}: count {n}")));
-        }
-        (0..n as usize)
-            .map(|i| {
-                // SAFETY: the metadata holds `n` entries at `arr`.
-                let t = unsafe { &*arr.add(i) };
-                if !(0..=MAX_NDIM).contains(&t.num_shape) || (t.num_shape > 0 && t.shape.is_null()) {
-                    return Err(bad(format!("{what}[{i}]: ndim {}", t.num_shape)));
-                }
-                // SAFETY: the entry's shape has `num_shape` extents.
-                let shape = unsafe { std::slice::from_raw_parts(t.shape, t.num_shape as usize) }.to_vec();
+    let infos = |list: Vec<RawTensorInfo>, what: &str| -> Result<Vec<TensorInfo>, ExecError> {
+        list.into_iter()
+            .enumerate()
+            .map(|(i, t)| {
                 let dtype = DataType { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes };
-                if tensor_bytes(dtype, &shape).is_none() {
-                    return Err(bad(format!("{what}[{i}]: shape {shape:?}")));
+                if tensor_bytes(dtype, &t.shape).is_none() {
+                    return Err(bad(format!("{what}[{i}]: shape {:?}", t.shape)));
                 }
-                Ok(TensorInfo { name: string(t.name).unwrap_or_default(), shape, dtype })
+                Ok(TensorInfo { name: t.name, shape: t.shape, dtype })
             })
             .collect()
     };
-    // SAFETY: per the contract, the constant pool entries are the metadata's own.
-    let constant_pool = unsafe { merge_constants(m.constant_pools, m.num_constant_pools) }?;
     Ok(Metadata {
-        constant_pool,
-        inputs: infos(m.inputs, m.num_inputs, "inputs")?,
-        outputs: infos(m.outputs, m.num_outputs, "outputs")?,
-        workspace_pools: infos(m.workspace_pools, m.num_workspace_pools, "workspace_pools")?,
-        mod_name: string(m.mod_name).ok_or_else(|| bad("no mod_name".into()))?,
+        constant_pool: merge_constants(&raw.constants)?,
+        inputs: infos(raw.inputs, "inputs")?,
+        outputs: infos(raw.outputs, "outputs")?,
+        workspace_pools: infos(raw.workspace_pools, "workspace_pools")?,
+        mod_name: raw.mod_name.ok_or_else(|| bad("no mod_name".into()))?,
     })
 }
 
 /// Merges a USMP model's constant pools into one blob, each tensor's data at its byte offset,
 /// as TVM's `AotExecutor` does.
-///
-/// # Safety
-///
-/// `arr` holds `n` `TVMConstantInfo` entries of a loaded library's metadata, each `data_bytes`
-/// pointing to `data_len` readable bytes.
-#[allow(unsafe_code)]
-unsafe fn merge_constants(arr: *const CConstantInfo, n: i64) -> Result<Vec<u8>, ExecError> {
+fn merge_constants(constants: &[RawConstant]) -> Result<Vec<u8>, ExecError> {
     let bad = |m: String| ExecError::Metadata(m);
-    if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && arr.is_null()) {
-        return Err(bad(format!("constant_pools: count {n}")));
-    }
     let mut pieces = Vec::new();
-    for i in 0..n as usize {
-        // SAFETY: the metadata holds `n` entries at `arr`.
-        let c = unsafe { &*arr.add(i) };
-        if c.data_len == 0 {
-            continue;
-        }
-        if !(0..=MAX_CONSTANT_POOL).contains(&c.data_len)
-            || !(0..=MAX_CONSTANT_POOL).contains(&c.byte_offset)
-            || c.data_bytes.is_null()
-        {
-            return Err(bad(format!("constant_pools[{i}]: {} bytes at offset {}", c.data_len, c.byte_offset)));
-        }
-        // SAFETY: `data_bytes` holds `data_len` bytes (the contract).
-        let raw = unsafe { std::slice::from_raw_parts(c.data_bytes.cast::<u8>(), c.data_len as usize) };
-        let src = crate::bytes::Bytes::from(raw.to_vec());
+    for (i, c) in constants.iter().enumerate() {
+        let src = crate::bytes::Bytes::from(c.data.clone());
         let t = PayloadTensor::read(&mut Reader::new(&src, 0), &src)
             .map_err(|e| bad(format!("constant_pools[{i}]: {e}")))?;
         pieces.push((c.byte_offset as usize, t.data));
@@ -284,20 +201,13 @@ impl AotExecutor {
             node: "metadata_module".into(),
             function: "get_c_metadata".into(),
         })?;
-        // SAFETY: `get_c_metadata` is the packed function TVM's AOT codegen emits: no
-        // arguments, returns a handle.
-        #[allow(unsafe_code)]
-        let ret = unsafe { get_md.call(&[]) }.map_err(|e| ExecError::Kernel {
-            node: "metadata_module".into(),
-            function: "get_c_metadata".into(),
-            message: e.message,
+        let raw = read_c_metadata(&get_md).map_err(|e| match e {
+            MetadataError::Call(message) => {
+                ExecError::Kernel { node: "metadata_module".into(), function: "get_c_metadata".into(), message }
+            }
+            other => ExecError::Metadata(other.to_string()),
         })?;
-        let Value::Handle(p) = ret else {
-            return Err(ExecError::Metadata(format!("get_c_metadata returned {ret:?}, expected a handle")));
-        };
-        // SAFETY: `p` is what `get_c_metadata` returned.
-        #[allow(unsafe_code)]
-        let metadata = unsafe { read_metadata(p) }?;
+        let metadata = metadata_of(raw)?;
         let entry = format!("{}___tvm_main__", metadata.mod_name);
         let main = tree
             .lookup(factory.index, &entry)

@@ -20,6 +20,7 @@
 //! calling thread ([`crate::ffi::threadpool::set_num_threads`]).
 
 pub mod aot;
+pub mod call;
 pub mod graph;
 #[cfg(feature = "llm")]
 pub mod llm;

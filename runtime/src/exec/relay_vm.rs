@@ -25,10 +25,12 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
+use crate::device::api::DeviceApi;
+use crate::device::backends::device_api;
+use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
-use crate::ffi::callconv::PackedFunction;
-use crate::ffi::device_api::{device_api, DeviceApi, Storage};
-use crate::ffi::packed::DLTensor;
+use crate::ffi::call::PackedFunction;
+use crate::ffi::dlpack::DLTensor;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::Tensor;

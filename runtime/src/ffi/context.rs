@@ -9,8 +9,8 @@
 //! |---|---|---|
 //! | `__TVMAPISetLastError` | 0.8-0.20 | the calling thread's last error |
 //! | `__TVMFFIErrorSetRaisedFromCStr` | 0.21+ | the same, as `kind: message` |
-//! | `__TVMBackendAllocWorkspace`, `...FreeWorkspace` | all | [`super::workspace`] |
-//! | `__TVMBackendParallelLaunch`, `...Barrier` | all | [`super::threadpool`] |
+//! | `__TVMBackendAllocWorkspace`, `...FreeWorkspace` | all | [`crate::device::cpu`], a device's API |
+//! | `__TVMBackendParallelLaunch`, `...Barrier` | all | [`crate::ffi::threadpool`] |
 //! | `__TVMBackendGetFuncFromEnv` | 0.8-0.20 | the library's imports, then global functions |
 //! | `__TVMFFIEnvModLookupFromImports` | 0.22+ | the same |
 //! | `__TVMFuncCall`, `__TVMFFIFunctionCall` | all | calls a handle the two above gave out |
@@ -22,7 +22,11 @@
 //! are never freed (one context handle per image, one function handle per name it asks for,
 //! both reachable from a table of images) and refer to the library's context weakly: compiled
 //! code caches them in its own static data, which can outlive a load of the library, so a
-//! stale handle gives an error, never a dangling pointer.
+//! stale handle gives an error, never a dangling pointer. A function handle keeps the function
+//! it resolved to (weakly: the load that found it owns it), so a call (a kernel launch from
+//! host code, many per inference) neither looks the name up again nor takes the context's
+//! locks; a Rust function (a device module's kernel launcher) is called directly on the
+//! decoded arguments.
 //!
 //! One file loaded several times is one image (`dlopen` hands back the image already loaded),
 //! with one context slot and one set of cached handles in its static data, so there is one
@@ -43,33 +47,18 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use super::callconv::{self, PackedFunction, TVMFFIAny, TVMValue, Value};
-use super::threadpool::{self, ParallelGroupEnv, ParallelLambda};
-use super::workspace;
-use crate::module::{LoadedTree, Module};
+use smallvec::SmallVec;
+
+use crate::device::{api as device_api, cpu, Device, DeviceError};
+use crate::ffi::call::PackedFunction;
+use crate::ffi::last_error::set_last_error;
+use crate::ffi::threadpool::{self, ParallelGroupEnv, ParallelLambda};
+use crate::ffi::value::{self, TVMFFIAny, TVMValue, Value};
+use crate::module::Module;
 
 thread_local! {
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
     /// Keeps a string returned to compiled code alive until the next one.
     static RETURNED_STRING: RefCell<Option<CString>> = const { RefCell::new(None) };
-}
-
-/// The last error compiled code (or a context function) reported on this thread.
-pub fn last_error() -> String {
-    LAST_ERROR.try_with(|e| e.borrow().clone()).unwrap_or_default()
-}
-
-/// Sets this thread's last error.
-pub(crate) fn set_last_error(msg: &str) {
-    let _ = LAST_ERROR.try_with(|e| {
-        let mut e = e.borrow_mut();
-        e.clear();
-        e.push_str(msg);
-    });
-}
-
-pub(crate) fn clear_last_error() {
-    let _ = LAST_ERROR.try_with(|e| e.borrow_mut().clear());
 }
 
 /// Runs `f`, turning a panic into `on_panic` and an error message.
@@ -102,7 +91,7 @@ pub struct LibraryContext {
     loads: Mutex<Vec<Load>>,
     /// Functions found among the global functions for compiled code (none of the library's
     /// imports has them), by name.
-    globals: Mutex<HashMap<String, PackedFunction>>,
+    globals: Mutex<HashMap<String, Arc<PackedFunction>>>,
     /// The handle written into the library's context slot.
     handle: &'static ContextHandle,
 }
@@ -114,8 +103,9 @@ struct Load {
     id: u64,
     /// The library's imports and their imports, depth first.
     imports: Vec<Weak<dyn Module>>,
-    /// Functions already found among them for compiled code, by name.
-    found: HashMap<String, PackedFunction>,
+    /// Functions already found among them for compiled code, by name (the handles given out
+    /// for them refer to these weakly).
+    found: HashMap<String, Arc<PackedFunction>>,
 }
 
 /// What `__tvm_module_ctx` points to: one per loaded image, never freed, leading to the
@@ -146,7 +136,11 @@ impl ContextHandle {
         if let Some(h) = handles.get(name) {
             return h;
         }
-        let h: &'static FunctionHandle = Box::leak(Box::new(FunctionHandle { ctx: self, name: name.to_owned() }));
+        let h: &'static FunctionHandle = Box::leak(Box::new(FunctionHandle {
+            ctx: self,
+            name: name.to_owned(),
+            resolved: RwLock::new(Weak::new()),
+        }));
         handles.insert(name.to_owned(), h);
         h
     }
@@ -162,6 +156,10 @@ impl ContextHandle {
 pub struct FunctionHandle {
     ctx: &'static ContextHandle,
     name: String,
+    /// The function it resolved to last, owned by the context (by the load whose imports had
+    /// it, or the context's globals): it lets go when that load is dropped or its imports
+    /// change, and the next call resolves the name again.
+    resolved: RwLock<Weak<PackedFunction>>,
 }
 
 impl LibraryContext {
@@ -208,7 +206,7 @@ impl LibraryContext {
 
     /// Finds `name` among the imports (depth first) of the oldest live load that has it, as
     /// compiled code asks for it.
-    fn find_in_imports(&self, name: &str) -> Option<PackedFunction> {
+    fn find_in_imports(&self, name: &str) -> Option<Arc<PackedFunction>> {
         let searched: Vec<(u64, Vec<Weak<dyn Module>>)> = {
             let loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(f) = loads.iter().find_map(|l| l.found.get(name)) {
@@ -218,9 +216,8 @@ impl LibraryContext {
         };
         // Searched without the lock: a module's lookup may take its time (and its own locks).
         let (id, f) = searched.iter().find_map(|(id, imports)| {
-            let f =
-                imports.iter().filter_map(Weak::upgrade).find_map(|m| callconv::module_function(m.as_ref(), name))?;
-            Some((*id, f))
+            let f = imports.iter().filter_map(Weak::upgrade).find_map(|m| m.get_function(name))?;
+            Some((*id, Arc::new(f)))
         })?;
         let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
         // Kept only while its load is alive (it may have been dropped during the search).
@@ -232,19 +229,19 @@ impl LibraryContext {
 
     /// Function `name` as compiled code asks for it: an import's function (of the oldest live
     /// load that has it), else a global one.
-    fn resolve(&self, name: &str) -> Result<PackedFunction, String> {
+    fn resolve(&self, name: &str) -> Result<Arc<PackedFunction>, String> {
         if let Some(g) = self.globals.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
             return Ok(g.clone());
         }
         if let Some(f) = self.find_in_imports(name) {
             return Ok(f);
         }
-        let g = global_function(name).ok_or_else(|| {
+        let g = Arc::new(global_function(name).ok_or_else(|| {
             format!(
                 "Cannot find function {name} in the imported modules or global registry (library {})",
                 self.path.display()
             )
-        })?;
+        })?);
         self.globals.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), g.clone());
         Ok(g)
     }
@@ -257,34 +254,25 @@ impl LibraryContext {
 }
 
 impl FunctionHandle {
-    fn function(&self) -> Result<PackedFunction, String> {
+    /// The function: the one resolved before while its owner keeps it, else resolved now.
+    fn function(&self) -> Result<Arc<PackedFunction>, String> {
+        if let Some(f) = self.resolved.read().unwrap_or_else(|e| e.into_inner()).upgrade() {
+            return Ok(f);
+        }
         let ctx = self.ctx.context().ok_or_else(|| format!("function {}: its module was unloaded", self.name))?;
-        ctx.resolve(&self.name)
+        let f = ctx.resolve(&self.name)?;
+        *self.resolved.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&f);
+        Ok(f)
     }
 }
 
-/// Records, for every library module of `tree`, the modules it imports (depth first), which
-/// `GetFuncFromEnv` searches.
-pub(crate) fn link_imports(tree: &LoadedTree) {
-    for (i, m) in tree.modules().iter().enumerate() {
-        let Some(lib) = m.module.as_any().downcast_ref::<crate::ffi::library::LibraryModule>() else { continue };
-        let (Some(ctx), Some(id)) = (lib.context(), lib.load_id()) else { continue };
-        // The library's imports in lookup order, the library itself left out.
-        let order: Vec<Weak<dyn Module>> =
-            tree.depth_first(i).skip(1).map(|j| Arc::downgrade(&tree.modules()[j].module)).collect();
-        // Only direct imports are searched first by TVM, each with its own imports: the depth
-        // first order above is the same sequence.
-        ctx.set_imports(id, order);
-    }
-}
-
-/// Registers a global function (see [`super::globals::register_global`]).
+/// Registers a global function (see [`crate::ffi::globals::register_global`]).
 pub fn register_global(name: impl Into<String>, f: PackedFunction) {
-    super::globals::register_global(name, f)
+    crate::ffi::globals::register_global(name, f)
 }
 
 fn global_function(name: &str) -> Option<PackedFunction> {
-    super::globals::global_function(name)
+    crate::ffi::globals::global_function(name)
 }
 
 // ---- the context functions -------------------------------------------------------------
@@ -334,17 +322,18 @@ extern "C" fn backend_alloc_workspace(
 ) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         if dev_type == 1 {
-            let p = workspace::alloc(nbytes);
+            let p = cpu::alloc_workspace(nbytes);
             if p.is_null() {
                 set_last_error(&format!("TVMBackendAllocWorkspace: cannot allocate {nbytes} bytes"));
             }
             return p;
         }
         // Workspace on a device: its device API's pool.
-        let device = crate::device::Device::from_dlpack(dev_type, dev_id);
+        // (Opened already: the kernel's tensors live there.)
+        let device = Device::from_dlpack(dev_type, dev_id);
         let got = usize::try_from(nbytes)
-            .map_err(|_| crate::device::DeviceError::OutOfMemory { device, bytes: nbytes })
-            .and_then(|n| super::device_api::device_api(device)?.alloc_workspace(n));
+            .map_err(|_| DeviceError::OutOfMemory { device, bytes: nbytes })
+            .and_then(|n| device_api::opened(device)?.alloc_workspace(n));
         match got {
             Ok(p) => p.as_ptr(),
             Err(e) => {
@@ -358,11 +347,11 @@ extern "C" fn backend_alloc_workspace(
 extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, ptr: *mut c_void) -> c_int {
     guard(-1, || {
         let freed = if dev_type == 1 {
-            workspace::free(ptr)
+            cpu::free_workspace(ptr)
         } else {
-            let device = crate::device::Device::from_dlpack(dev_type, dev_id);
-            super::device_api::device_api(device)
-                .and_then(|api| api.free_workspace(super::device_api::DevicePtr::from_ptr(ptr)))
+            let device = Device::from_dlpack(dev_type, dev_id);
+            device_api::opened(device)
+                .and_then(|api| api.free_workspace(device_api::DevicePtr::from_ptr(ptr)))
                 .map_err(|e| e.to_string())
         };
         match freed {
@@ -434,7 +423,7 @@ extern "C" fn env_mod_lookup_from_imports(ctx: *mut c_void, name: *const c_char,
 /// # Safety
 ///
 /// `h` is null or a handle `lookup_into` gave out.
-unsafe fn function_of(h: *mut c_void) -> Result<PackedFunction, String> {
+unsafe fn function_of(h: *mut c_void) -> Result<Arc<PackedFunction>, String> {
     if h.is_null() {
         return Err("the function handle is null".into());
     }
@@ -463,11 +452,11 @@ extern "C" fn func_call(
             // looked up).
             let f = unsafe { function_of(handle) }?;
             let n = n.max(0) as usize;
-            let args: Vec<Value> = if n == 0 || values.is_null() || codes.is_null() {
-                Vec::new()
+            let args: SmallVec<[Value; 8]> = if n == 0 || values.is_null() || codes.is_null() {
+                SmallVec::new()
             } else {
                 // SAFETY: compiled code passes `n` values and `n` codes.
-                (0..n).map(|i| unsafe { callconv::decode_classic(*values.add(i), *codes.add(i)) }).collect()
+                (0..n).map(|i| unsafe { value::decode_classic(*values.add(i), *codes.add(i)) }).collect()
             };
             // SAFETY: the function is an import of the library that calls it, called with
             // the arguments its own compiled caller built for it.
@@ -480,7 +469,7 @@ extern "C" fn func_call(
                         Value::Str(s) => Value::Handle(keep_string(s)),
                         v => v,
                     };
-                    if let Ok((vals, codes, _)) = callconv::encode_classic(std::slice::from_ref(&v)) {
+                    if let Ok((vals, codes, _)) = value::encode_classic(std::slice::from_ref(&v)) {
                         // SAFETY: the caller's return slots are valid for writes.
                         unsafe {
                             *ret = vals[0];
@@ -504,11 +493,11 @@ extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: 
             // SAFETY: as in `func_call`.
             let f = unsafe { function_of(handle) }?;
             let n = n.max(0) as usize;
-            let args: Vec<Value> = if n == 0 || args.is_null() {
-                Vec::new()
+            let args: SmallVec<[Value; 8]> = if n == 0 || args.is_null() {
+                SmallVec::new()
             } else {
                 // SAFETY: compiled code passes `n` values.
-                (0..n).map(|i| unsafe { callconv::decode_ffi(&*args.add(i)) }).collect()
+                (0..n).map(|i| unsafe { value::decode_ffi(&*args.add(i)) }).collect()
             };
             // SAFETY: as in `func_call`.
             unsafe { f.call(&args) }.map_err(|e| e.message)
@@ -520,7 +509,7 @@ extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: 
                         Value::Str(s) => Value::Handle(keep_string(s)),
                         v => v,
                     };
-                    if let Ok((vals, _)) = callconv::encode_ffi(std::slice::from_ref(&v)) {
+                    if let Ok((vals, _)) = value::encode_ffi(std::slice::from_ref(&v)) {
                         // SAFETY: the caller's result slot is valid for writes.
                         unsafe { *result = vals[0] };
                     }
@@ -628,6 +617,7 @@ pub(crate) fn install(lib: &libloading::os::unix::Library, ctx: &Arc<LibraryCont
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::last_error::last_error;
 
     #[test]
     fn error_parts_are_joined_and_null_parts_skipped() {

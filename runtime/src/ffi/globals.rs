@@ -19,7 +19,8 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use super::callconv::{PackedFunction, Value};
+use crate::ffi::call::PackedFunction;
+use crate::ffi::value::Value;
 
 /// `tvm.contrib.sort.*` (feature `ops`).
 #[cfg(feature = "ops")]
@@ -36,7 +37,7 @@ fn globals() -> &'static Mutex<HashMap<String, PackedFunction>> {
             PackedFunction::from_fn(|args| match args {
                 [Value::Int(t), Value::Int(i)] => {
                     let device = crate::device::Device::from_dlpack(*t as i32, *i as i32);
-                    super::device_api::set_current_device(device);
+                    crate::device::api::set_current_device(device);
                     Ok(Value::None)
                 }
                 _ => Err(format!("__tvm_set_device takes (device_type, device_id), got {args:?}")),

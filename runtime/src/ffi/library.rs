@@ -13,14 +13,15 @@ use std::ffi::c_void;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::bytes::Bytes;
 use crate::error::{Error, Result};
-use crate::ffi::callconv::Abi;
+use crate::ffi::call::{PackedFunction, Symbol};
 use crate::ffi::context::{ContextHandle, LibraryContext};
+use crate::ffi::value::Abi;
 use crate::format::Layout;
-use crate::module::{Module, Symbol};
+use crate::module::{LoadedTree, Module};
 
 /// Type key of the library module after loading.
 pub const LIBRARY_TYPE_KEY: &str = "library";
@@ -130,7 +131,24 @@ impl LibraryModule {
 
     /// Looks up `name`, with an error naming the library when it is missing.
     pub fn symbol(&self, name: &str) -> Result<Symbol> {
-        self.get_function(name).ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
+        self.named_symbol(name).ok_or_else(|| Error::MissingSymbol { name: name.to_owned(), path: self.path.clone() })
+    }
+
+    /// The symbol of function `name` with each ABI's naming: on a tvm-ffi library (TVM 0.22+)
+    /// `name` is exported as `__tvm_ffi_<name>` (tried first), and `__tvm_main__` on a classic
+    /// library is a string naming the entry function, which is what it finds.
+    fn named_symbol(&self, name: &str) -> Option<Symbol> {
+        if self.abi == Abi::Ffi && !name.starts_with("__tvm_ffi_") {
+            if let Some(s) = self.raw_symbol(&format!("__tvm_ffi_{name}")) {
+                return Some(s);
+            }
+        }
+        if name == "__tvm_main__" {
+            if let Some(entry) = &self.main_entry {
+                return self.raw_symbol(entry);
+            }
+        }
+        self.raw_symbol(name)
     }
 }
 
@@ -150,25 +168,29 @@ impl Module for LibraryModule {
         LIBRARY_TYPE_KEY
     }
 
-    /// Each ABI's naming: on a tvm-ffi library (TVM 0.22+) `name` is exported as
-    /// `__tvm_ffi_<name>` (tried first), and `__tvm_main__` on a classic library is a string
-    /// naming the entry function, which is what it finds.
-    fn get_function(&self, name: &str) -> Option<Symbol> {
-        if self.abi == Abi::Ffi && !name.starts_with("__tvm_ffi_") {
-            if let Some(s) = self.raw_symbol(&format!("__tvm_ffi_{name}")) {
-                return Some(s);
-            }
-        }
-        if name == "__tvm_main__" {
-            if let Some(entry) = &self.main_entry {
-                return self.raw_symbol(entry);
-            }
-        }
-        self.raw_symbol(name)
+    /// The function `name` (each ABI's naming, see `named_symbol`), called in the library's
+    /// convention.
+    fn get_function(&self, name: &str) -> Option<PackedFunction> {
+        self.named_symbol(name).map(|s| PackedFunction::native(s, self.abi))
     }
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Records, for every library module of `tree`, the modules it imports (depth first), which
+/// `GetFuncFromEnv` searches.
+pub(crate) fn link_imports(tree: &LoadedTree) {
+    for (i, m) in tree.modules().iter().enumerate() {
+        let Some(lib) = m.module.as_any().downcast_ref::<LibraryModule>() else { continue };
+        let (Some(ctx), Some(id)) = (lib.context(), lib.load_id()) else { continue };
+        // The library's imports in lookup order, the library itself left out.
+        let order: Vec<Weak<dyn Module>> =
+            tree.depth_first(i).skip(1).map(|j| Arc::downgrade(&tree.modules()[j].module)).collect();
+        // Only direct imports are searched first by TVM, each with its own imports: the depth
+        // first order above is the same sequence.
+        ctx.set_imports(id, order);
     }
 }
 

@@ -1,43 +1,41 @@
-//! The FFI edge: everything that talks to native code, and where `unsafe` lives (besides the
-//! read-only file mapping in `load.rs`, `Symbol`'s `Send`/`Sync`, and the executors' calls of
-//! compiled kernels and AOT metadata reads in `exec/`, each with its SAFETY comment).
+//! The FFI edge: what talks to compiled code, and where most `unsafe` lives (besides the
+//! device backends in [`crate::device`] and the library-loading entry points).
 //!
+//! - [`dlpack`]: DLPack's structs as compiled functions take them (`packed` is its old name,
+//!   kept for users, with [`call::call_packed`] and [`last_error::last_error`]).
+//! - [`last_error`]: the calling thread's last error, and [`CallError`].
+//! - [`value`]: [`Value`] and its coding in TVM's two conventions ([`Abi`]).
+//! - [`call`]: [`PackedFunction`] (native code with its convention, or a Rust closure) and
+//!   [`call::PreparedCall`].
 //! - [`library`]: opening a shared library, reading its blob from the loaded image, and the
 //!   library module that looks up its functions (each ABI's naming).
-//! - [`packed`]: DLPack's structs, and the simplest call (tensors into a classic function).
-//! - [`callconv`]: calling compiled functions in both of TVM's conventions (classic packed and
-//!   tvm-ffi) with tensors and scalars.
 //! - [`context`]: the context functions compiled code calls back (errors, workspace, parallel
 //!   loops, function lookup in the imports, calls).
+//! - [`metadata`]: an AOT model's `TVMMetadata`, copied out of the library.
 //! - [`globals`]: the global functions mblob provides (TVM's `tvm.contrib.sort.*`, ...),
 //!   found by name when no module has it.
-//! - [`threadpool`] and [`workspace`]: parallel loops and the memory kernels see.
+//! - [`threadpool`]: parallel loops.
 //! - `shim`: the runtime functions a library imports by name (a small C library, opened
 //!   globally before such a library).
-//! - [`device_api`]: the device API (memory, copies, workspace, synchronization) of each
-//!   device, the CPU's here, and `Storage`, an owned allocation on a device.
-//! - `opencl` (feature `opencl`): OpenCL memory and OpenCL modules (programs built per
-//!   device, kernels launched with TVM's launch parameters), through opencl3.
-//! - `cuda` (feature `cuda`): CUDA memory and CUDA modules through the driver API;
-//!   `cuda_packed` its kernels as packed functions for host code; `nvrtc` the compilation of
-//!   TVM's CUDA source.
 
-pub mod callconv;
+pub mod call;
 pub mod context;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-#[cfg(feature = "cuda")]
-pub mod cuda_packed;
-pub mod device_api;
+pub mod dlpack;
 pub mod globals;
+pub mod last_error;
 pub mod library;
-#[cfg(feature = "cuda")]
-pub mod nvrtc;
-#[cfg(feature = "opencl")]
-pub mod opencl;
-pub mod packed;
+pub mod metadata;
 pub(crate) mod shim;
 pub mod threadpool;
-pub mod workspace;
+pub mod value;
 
-pub use callconv::{Abi, PackedFunction, Value};
+pub use call::PackedFunction;
+pub use last_error::CallError;
+pub use value::{Abi, Value};
+
+/// DLPack's structs and the simplest call, by their old path (`mblob_runtime::packed`).
+pub mod packed {
+    pub use super::call::call_packed;
+    pub use super::dlpack::*;
+    pub use super::last_error::{last_error, CallError};
+}

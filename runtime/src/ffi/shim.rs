@@ -49,8 +49,8 @@ use std::sync::OnceLock;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::callconv::Abi;
 use crate::error::{Error, Result};
+use crate::ffi::value::Abi;
 
 /// The TVM runtime functions the shim provides, in the order of its table.
 pub const PROVIDED: [&str; 13] = [
@@ -110,7 +110,7 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
             ffi |= name.starts_with("TVMFFI");
             continue;
         }
-        ffi |= super::callconv::marks_ffi_code(name);
+        ffi |= crate::ffi::value::marks_ffi_code(name);
         if name == "__tvm_main__" {
             main_entry = c_string_at(&obj, &sym);
         }

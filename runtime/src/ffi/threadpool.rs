@@ -301,7 +301,7 @@ fn run_task(s: &Shared, task: usize) {
         code
     };
     if code != 0 {
-        let msg = super::context::last_error();
+        let msg = crate::ffi::last_error::last_error();
         s.errors.lock().unwrap_or_else(|e| e.into_inner()).push((task, msg));
         s.has_error.store(true, Ordering::Release);
     }
@@ -345,7 +345,7 @@ fn worker(s: &Shared, id: usize) {
 /// `TVMBackendParallelLaunch`, as called from compiled code.
 pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
     let Some(f) = lambda else {
-        super::context::set_last_error("TVMBackendParallelLaunch: the parallel lambda is null");
+        crate::ffi::last_error::set_last_error("TVMBackendParallelLaunch: the parallel lambda is null");
         return -1;
     };
     let threads = num_threads().min(MAX_THREADS);
@@ -359,7 +359,7 @@ pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_tas
     }
     let requested = if num_task <= 0 { threads } else { num_task as usize };
     if requested > threads {
-        super::context::set_last_error(&format!(
+        crate::ffi::last_error::set_last_error(&format!(
             "Request parallel sync task larger than number of threads used workers={threads} request={requested}"
         ));
         return -1;
@@ -372,7 +372,7 @@ pub(crate) fn launch(lambda: Option<ParallelLambda>, cdata: *mut c_void, num_tas
         }
         let pool = p.as_ref().expect("just created");
         if requested > pool.threads() {
-            super::context::set_last_error(&format!(
+            crate::ffi::last_error::set_last_error(&format!(
                 "cannot start {} worker threads for a parallel launch of {requested} tasks",
                 threads - 1
             ));
@@ -415,7 +415,7 @@ fn run_launch(s: &Shared, f: ParallelLambda, cdata: *mut c_void, n: usize) -> c_
     let text: String = errors.iter().map(|(task, msg)| format!("Task {task} error: {msg}\n")).collect();
     errors.clear();
     drop(errors);
-    super::context::set_last_error(&text);
+    crate::ffi::last_error::set_last_error(&text);
     -1
 }
 
@@ -474,7 +474,7 @@ mod tests {
             p.after_ok.store(false, Ordering::SeqCst);
         }
         if p.fail == Some(task as usize) {
-            super::super::context::set_last_error("boom");
+            crate::ffi::last_error::set_last_error("boom");
             return -1;
         }
         0
@@ -511,7 +511,7 @@ mod tests {
         // More tasks than threads: TVM's error.
         let p = probe(8, None);
         assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 8), -1);
-        assert!(super::super::context::last_error().contains("workers=4 request=8"));
+        assert!(crate::ffi::last_error::last_error().contains("workers=4 request=8"));
         set_num_threads(0);
     }
 
@@ -520,7 +520,7 @@ mod tests {
         set_num_threads(3);
         let p = probe(3, Some(2));
         assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), -1);
-        assert_eq!(super::super::context::last_error(), "Task 2 error: boom\n");
+        assert_eq!(crate::ffi::last_error::last_error(), "Task 2 error: boom\n");
         // The pool still works after a failed launch.
         let p = probe(3, None);
         assert_eq!(launch(Some(lambda), (&p as *const Probe).cast_mut().cast(), 0), 0);

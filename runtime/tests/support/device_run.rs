@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use mblob_runtime::device::device_api;
 use mblob_runtime::exec::{Device, Model, Output, Tensor};
-use mblob_runtime::ffi::device_api::device_api;
 use mblob_runtime::format::DataType;
 use mblob_runtime::{load_library, LoadOptions, LoadedTree, Registry};
 use serde_json::Value;

@@ -182,7 +182,9 @@ fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expected: &[f32]) -> Result<()> {
-    use mblob_runtime::cuda::{CudaModule, KernelArg};
+    use mblob_runtime::cuda::CudaModule;
+    use mblob_runtime::exec::call::{call, CallArg};
+    use mblob_runtime::{Device, NdArray};
     let cuda = loaded.find::<CudaModule>().ok_or_else(|| check_failed("no cuda module in the loaded tree"))?;
     if !CudaModule::driver_present() {
         // The tree loaded without a driver; using the kernel says why it cannot run.
@@ -191,11 +193,26 @@ fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expec
         println!("    (the cuda module loaded and is inspectable; the launch is skipped)");
         return Ok(());
     }
+    // The normal path: tensors on the device, and the kernel called by name as host code calls
+    // it (its buffers, `n`, then the launch extents), on the current CUDA device.
+    let gpu = Device::cuda(0);
+    let fail = |e: mblob_runtime::array::ArrayError| check_failed(&e.to_string());
+    let shape = [N as i64];
+    let da = NdArray::from_f32(a, &shape, gpu).map_err(fail)?;
+    let db = NdArray::from_f32(b, &shape, gpu).map_err(fail)?;
+    let dout = NdArray::empty(&shape, DataType::F32, gpu).map_err(fail)?;
+    mblob_runtime::device::api::set_current_device(gpu);
     let grid = (N as u64).div_ceil(BLOCK);
-    let (da, db, dout) = (cuda.upload_f32(a)?, cuda.upload_f32(b)?, cuda.zeros(N * 4)?);
-    let args = [KernelArg::Buffer(&da), KernelArg::Buffer(&db), KernelArg::Buffer(&dout), KernelArg::U32(N as u32)];
-    cuda.launch(KERNEL_NAME, &args, &[grid, BLOCK])?;
-    let got = dout.to_f32()?;
+    let mut args = [
+        CallArg::Data(da),
+        CallArg::Data(db),
+        CallArg::Data(dout.clone()),
+        CallArg::Int(N as i64),
+        CallArg::Int(grid as i64),
+        CallArg::Int(BLOCK as i64),
+    ];
+    call(loaded, KERNEL_NAME, &mut args).map_err(|e| check_failed(&e.to_string()))?;
+    let got = dout.to_f32().map_err(fail)?.unwrap_or_default();
     if got != expected {
         return Err(check_failed("GPU results differ from the host's"));
     }

@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
-use crate::ffi::callconv::{PackedFunction, Value};
-use crate::ffi::packed::DLTensor;
+use crate::ffi::call::PackedFunction;
+use crate::ffi::dlpack::DLTensor;
+use crate::ffi::value::Value;
 use crate::format::DataType;
 use crate::ops::{self, elem_bytes, numel, sort::TopkOut, View, ViewMut};
 

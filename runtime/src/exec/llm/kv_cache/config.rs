@@ -2,7 +2,7 @@
 //! cache's configuration and kernels. What mblob does not implement is refused here, naming it.
 
 use crate::device::Device;
-use crate::ffi::callconv::PackedFunction;
+use crate::ffi::call::PackedFunction;
 use crate::format::DataType;
 
 use super::error::KvCacheError;

@@ -22,8 +22,9 @@ use std::sync::{Mutex, OnceLock};
 use serde::Deserialize;
 
 use crate::array::{tensor_bytes, ArrayError, NdArray};
+use crate::device::cpu::CPU_ALIGNMENT;
+use crate::device::storage::{HostFileMapping, Storage};
 use crate::device::Device;
-use crate::ffi::device_api::{HostFileMapping, Storage, CPU_ALIGNMENT};
 use crate::format::DataType;
 
 /// The tensor cache refused a directory, a shard or a request. Messages carry TVM's text

@@ -10,7 +10,7 @@ use super::pool::POOL_PAGE;
 use super::value::{Value, VmError};
 use super::{Callee, VirtualMachine};
 use crate::array::{tensor_bytes, NdArray};
-use crate::ffi::callconv::PackedFunction;
+use crate::ffi::call::PackedFunction;
 use crate::format::DataType;
 use crate::payload::relax::executable::{Arg, Instruction, Reg};
 

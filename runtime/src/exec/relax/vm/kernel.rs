@@ -2,8 +2,9 @@
 //! the kernel's own calling convention.
 
 use super::value::{Value, VmError};
-use crate::ffi::callconv::{PackedFunction, Value as CallValue};
-use crate::ffi::packed::DLTensor;
+use crate::ffi::call::PackedFunction;
+use crate::ffi::value::Value as CallValue;
+use crate::ffi::dlpack::DLTensor;
 
 /// Calls a kernel with the VM values as arguments: tensors as `DLTensor`s of their storage
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.
@@ -89,9 +90,9 @@ fn call_kernel_with(
 /// passed to the kernel).
 const UNUSED_DL_TENSOR: DLTensor = DLTensor {
     data: std::ptr::null_mut(),
-    device: crate::ffi::packed::DLDevice { device_type: 0, device_id: 0 },
+    device: crate::ffi::dlpack::DLDevice { device_type: 0, device_id: 0 },
     ndim: 0,
-    dtype: crate::ffi::packed::DLDataType { code: 0, bits: 0, lanes: 0 },
+    dtype: crate::ffi::dlpack::DLDataType { code: 0, bits: 0, lanes: 0 },
     shape: std::ptr::null_mut(),
     strides: std::ptr::null_mut(),
     byte_offset: 0,

@@ -37,8 +37,9 @@ use std::sync::Arc;
 
 use crate::array::NdArray;
 use crate::device::{Device, DeviceError};
-use crate::ffi::callconv::PackedFunction;
-use crate::ffi::device_api::{device_api, DeviceApi};
+use crate::ffi::call::PackedFunction;
+use crate::device::api::DeviceApi;
+use crate::device::backends::device_api;
 use crate::module::LoadedTree;
 use crate::payload::relax::executable::{Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable};
 

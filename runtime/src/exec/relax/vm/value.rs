@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::{ArrayError, NdArray};
 use crate::device::{Device, DeviceError};
-use crate::ffi::device_api::Storage;
+use crate::device::storage::Storage;
 use crate::format::DataType;
 use crate::payload::graph::Tensor;
 

@@ -7,7 +7,7 @@
 //!
 //! NVRTC (`libnvrtc`) is opened at run time through cudarc, on first use: without it,
 //! compiling is [`NvrtcError::NotFound`], never a panic (every cudarc call runs inside a guard,
-//! as the driver's do in [`super::cuda`]).
+//! as the driver's do in [`super::api`]).
 //!
 //! The source is prepared and compiled as TVM's `_compile_cuda_nvrtc` does (TVM 0.27,
 //! `tvm/support/nvcc.py`): `#include <cuda.h>` lines dropped, its preamble put first (fixed-width

@@ -1,9 +1,37 @@
 //! Devices: where a tensor lives and where kernels run, named as TVM names them
-//! (`tvm.cpu(0)`, `tvm.cuda(1)`, `tvm.opencl(0)`), and the errors of using one.
+//! (`tvm.cpu(0)`, `tvm.cuda(1)`, `tvm.opencl(0)`), the errors of using one, and each kind's
+//! memory and kernels.
 //!
 //! [`Device`] is the one device type of the crate: the executors, [`crate::array::NdArray`],
-//! the device APIs ([`crate::ffi::device_api`]) and the callers (CLI, Python) all take it. It
-//! converts to and from DLPack's `(device_type, device_id)` pair.
+//! the device APIs and the callers (CLI, Python) all take it. It converts to and from DLPack's
+//! `(device_type, device_id)` pair.
+//!
+//! - [`api`]: the [`DeviceApi`] trait (TVM's `DeviceAPI`) and the backend table keyed by device
+//!   type; [`backends`]: the built-in backends and [`device_api`], the way to a device's API.
+//! - [`storage`]: [`Storage`], an owned allocation on a device.
+//! - [`cpu`]: the CPU's memory and the per-thread workspace allocator kernels use.
+//! - `kernel` (features `opencl`, `cuda`): one plan of a kernel's arguments from its
+//!   `FunctionInfo`, shared by the GPU backends.
+//! - `opencl` (feature `opencl`): OpenCL memory and modules (programs built per device,
+//!   kernels launched with TVM's launch parameters), through opencl3.
+//! - `cuda` (feature `cuda`): CUDA memory and modules through the driver API, and NVRTC for
+//!   TVM's CUDA source.
+
+pub mod api;
+pub mod backends;
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(any(feature = "cuda", feature = "opencl"))]
+pub mod kernel;
+#[cfg(feature = "opencl")]
+pub mod opencl;
+pub mod storage;
+
+pub use api::{DeviceApi, DevicePtr, TransferStats};
+pub use backends::device_api;
+pub use cpu::CPU_ALIGNMENT;
+pub use storage::{HostFileMapping, Storage};
 
 use std::fmt;
 use std::str::FromStr;

@@ -19,6 +19,7 @@ mod goldens;
 mod inspect;
 mod inspect_more;
 mod library;
+mod outputs;
 mod pack;
 mod run;
 mod run_more;

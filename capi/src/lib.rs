@@ -1154,10 +1154,8 @@ mod tests {
             // A tensor is read by both at once, but not freed while the other call reads it.
             let mut ndim = 0;
             // SAFETY: a live tensor handle and a valid out-pointer.
-            assert_eq!(
-                unsafe { mblob_tensor_ndim(tensor_addr as *const mblob_tensor, &mut ndim) },
-                mblob_status::MBLOB_OK
-            );
+            let read = unsafe { mblob_tensor_ndim(tensor_addr as *const mblob_tensor, &mut ndim) };
+            assert_eq!(read, mblob_status::MBLOB_OK);
             // SAFETY: a live handle; the call must refuse it.
             let freed = unsafe { mblob_tensor_free(tensor_addr as *mut mblob_tensor) };
             assert_eq!(freed, mblob_status::MBLOB_ERR_STATE, "{}", last_error());

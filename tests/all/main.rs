@@ -1,5 +1,6 @@
 //! tests
 mod artifacts;
+mod bad_exec;
 mod cli;
 mod concurrency;
 mod corrupt;

@@ -1257,9 +1257,9 @@ impl VirtualMachine {
                 Quick::Value(Value::Storage(storage))
             }
             Op::AllocTensor { storage, offset, end, shape, dtype } => match &regs[*storage as usize] {
-                Value::Storage(s) if *end <= s.nbytes() as u64 => {
-                    Quick::Value(Value::Tensor(NdArray::in_storage_shared(s, *offset, shape.clone(), *dtype)?))
-                }
+                Value::Storage(s) if *end <= s.nbytes() as u64 => Quick::Value(Value::Tensor(
+                    NdArray::in_storage_shared(s, *offset, shape.clone(), *dtype)?.with_vm_offset(*offset),
+                )),
                 _ => Quick::General,
             },
             Op::CheckTensor { reg, ndim, dtype } => match &regs[*reg as usize] {
@@ -1604,7 +1604,9 @@ impl VirtualMachine {
                         storage.nbytes()
                     )));
                 }
-                Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?))
+                Ok(Value::Tensor(
+                    NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?.with_vm_offset(offset as usize),
+                ))
             }
             Builtin::NullValue => {
                 if !args.is_empty() {
@@ -2050,7 +2052,7 @@ fn call_kernel_with(
     for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
         *slot = match v {
             Value::Tensor(a) => {
-                *t = a.dl_tensor();
+                *t = super::checks::kernel_dl_tensor(a);
                 CallValue::Tensor(t as *mut DLTensor)
             }
             Value::Int(i) => CallValue::Int(*i),

@@ -58,7 +58,8 @@ enum mblob_status
   // The library holds no model, or the model has no function of that name.
   MBLOB_ERR_NO_MODEL = 5,
   // An input the model does not take: an unknown name, a dtype or shape that differs from
-  // the model's, or inputs missing at run time.
+  // the model's, inputs missing at run time, or inputs over what the model was built for
+  // (a batch over its maximum).
   MBLOB_ERR_INPUT = 6,
   // The device is not supported or failed (no driver, out of memory, a kernel that does
   // not build).

@@ -82,7 +82,8 @@ pub enum mblob_status {
     /// The library holds no model, or the model has no function of that name.
     MBLOB_ERR_NO_MODEL = 5,
     /// An input the model does not take: an unknown name, a dtype or shape that differs from
-    /// the model's, or inputs missing at run time.
+    /// the model's, inputs missing at run time, or inputs over what the model was built for
+    /// (a batch over its maximum).
     MBLOB_ERR_INPUT = 6,
     /// The device is not supported or failed (no driver, out of memory, a kernel that does
     /// not build).
@@ -181,6 +182,10 @@ impl From<ExecError> for Failure {
         let status = match &e {
             ExecError::NoFactory(_) | ExecError::NoFunction { .. } => MBLOB_ERR_NO_MODEL,
             ExecError::UnknownInput { .. } | ExecError::MissingInputs { .. } | ExecError::InputMismatch { .. } => {
+                MBLOB_ERR_INPUT
+            }
+            // Inputs over the bounds the model was built for (a batch over its maximum).
+            ExecError::Relax(v) if matches!(v.root(), mblob_runtime::exec::relax::VmError::InputBound { .. }) => {
                 MBLOB_ERR_INPUT
             }
             ExecError::Index { .. } => MBLOB_ERR_INVALID_ARGUMENT,

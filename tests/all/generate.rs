@@ -241,3 +241,20 @@ fn generate_repeat_reports_only_what_ran() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(!stdout.contains("prefill") && !stdout.contains("decode"), "{stdout}");
 }
+
+/// A shard that is a directory is reported as one, naming it, not as a shard of the wrong size.
+#[test]
+fn generate_reports_a_shard_that_is_a_directory() {
+    let params = llm().join("llm_params.so");
+    let weights = llm().join("params");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tensor-cache.json", "params_shard_0.bin"] {
+        std::fs::copy(weights.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("params_shard_1.bin")).unwrap();
+    let o = generate(&[params.to_str().unwrap(), "--weights", dir.path().to_str().unwrap(), "--prompt-ids", "1"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("params_shard_1.bin") && stderr.to_lowercase().contains("is a directory"), "{stderr}");
+    assert!(!stderr.contains("corrupted parameter shard"), "{stderr}");
+}

@@ -10,6 +10,7 @@
 //!   them as under TVM; before, it got a pointer into the middle of the storage (not 64-byte
 //!   aligned for most offsets, which TVM's kernels assume: a crash).
 
+use super::vm::VmError;
 use crate::array::NdArray;
 use crate::ffi::packed::DLTensor;
 
@@ -27,4 +28,28 @@ pub(crate) fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
         t.byte_offset = offset as u64;
     }
     t
+}
+
+/// `callee` was given `given` arguments, too few to have argument `index` (counting from 0).
+pub(crate) fn missing_argument(callee: &str, index: usize, given: usize) -> VmError {
+    VmError::Program(format!(
+        "`{callee}` needs at least {} argument{} (argument {index}, counting from 0, is missing), but was given {given}",
+        index + 1,
+        if index == 0 { "" } else { "s" }
+    ))
+}
+
+/// A tensor of `needed` bytes (`None`: a size that overflows) at `offset` does not fit the
+/// storage of `size` bytes the program planned: TVM's check (`StorageObj::AllocTensor`), which
+/// inputs over the upper bounds the program was built for fail (a batch over its maximum, a
+/// longer sequence), an input error.
+pub(crate) fn alloc_tensor_overrun(needed: Option<u64>, offset: i64, size: usize) -> VmError {
+    let needed = needed.map_or_else(|| "too many".to_owned(), |n| n.to_string());
+    VmError::InputBound {
+        kind: "InternalError",
+        message: format!(
+            "Check failed: (offset + needed_size <= this->buffer.size) is false: storage allocation failure, attempted \
+             to allocate {needed} at offset {offset} in region that is {size}bytes"
+        ),
+    }
 }

@@ -152,6 +152,16 @@ pub enum VmError {
     /// arguments, running past its last instruction, ...).
     #[error("invalid program: {0}")]
     Program(String),
+    /// A check of TVM's that the inputs failed, not the program: an allocation past the
+    /// storage the program planned (a batch or a sequence over the upper bound it was built
+    /// for), a size that overflows. `kind` and `message` are TVM's.
+    #[error("the inputs exceed what the model was built for: {kind}: {message}")]
+    InputBound {
+        /// TVM's error kind.
+        kind: &'static str,
+        /// TVM's message.
+        message: String,
+    },
     /// An input tensor that cannot be passed.
     #[error("input {index}: {detail}")]
     Input {
@@ -1598,11 +1608,7 @@ impl VirtualMachine {
                     .and_then(|(o, n)| o.checked_add(n))
                     .is_some_and(|end| end <= storage.nbytes() as u64);
                 if !fits {
-                    return Err(VmError::Program(format!(
-                        "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {}bytes",
-                        needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
-                        storage.nbytes()
-                    )));
+                    return Err(super::checks::alloc_tensor_overrun(needed, offset, storage.nbytes()));
                 }
                 Ok(Value::Tensor(
                     NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?.with_vm_offset(offset as usize),
@@ -2126,9 +2132,7 @@ pub(crate) struct Args<'a> {
 impl<'a> Args<'a> {
     /// Argument `i`, else an error naming the callee and the count given.
     pub(crate) fn get(&self, i: usize) -> Result<&'a Value, VmError> {
-        self.args.get(i).copied().ok_or_else(|| {
-            VmError::Program(format!("`{}` needs argument {i}, but was given {}", self.callee, self.args.len()))
-        })
+        self.args.get(i).copied().ok_or_else(|| super::checks::missing_argument(self.callee, i, self.args.len()))
     }
 
     /// The error for argument `index` being `got` where `expected` was wanted.

@@ -26,45 +26,54 @@ use std::sync::{Arc, OnceLock};
 use crate::{Error, Result};
 
 /// The flags SIGINT and SIGTERM set while outputs are written: (any signal, SIGTERM).
-static SIGNALS: OnceLock<Option<(Arc<AtomicBool>, Arc<AtomicBool>)>> = OnceLock::new();
+static FLAGS: OnceLock<(Arc<AtomicBool>, Arc<AtomicBool>)> = OnceLock::new();
 
-/// Installs the handlers of SIGINT and SIGTERM (once per process): the first signal sets the
-/// flags, which the writers check; a second one exits at once with 128 + the signal.
-fn signals() -> Option<&'static (Arc<AtomicBool>, Arc<AtomicBool>)> {
-    SIGNALS
-        .get_or_init(|| {
-            use signal_hook::consts::{SIGINT, SIGTERM};
-            let cancel = Arc::new(AtomicBool::new(false));
-            let term = Arc::new(AtomicBool::new(false));
-            let install = || -> std::io::Result<()> {
-                for sig in [SIGINT, SIGTERM] {
-                    signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, cancel.clone())?;
-                    signal_hook::flag::register(sig, cancel.clone())?;
-                }
-                signal_hook::flag::register(SIGTERM, term.clone())?;
-                Ok(())
-            };
-            // Without handlers a signal ends the process as it always does.
-            install().ok().map(|()| (cancel, term))
-        })
-        .as_ref()
+fn flags() -> &'static (Arc<AtomicBool>, Arc<AtomicBool>) {
+    FLAGS.get_or_init(|| (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false))))
 }
 
-/// `Err(Cancelled)` when SIGINT or SIGTERM came since the handlers were installed.
-fn check_cancelled() -> Result<()> {
-    match signals() {
-        Some((cancel, _)) if cancel.load(Ordering::SeqCst) => {
-            Err(Error::Cancelled { step: "writing the outputs (removed what was written)".into() })
+/// The handlers of SIGINT and SIGTERM while outputs are written: the first signal sets the
+/// flags, which the writers check; a second one exits at once with 128 + the signal. Removed
+/// when dropped, so that a signal after the writing ends the process as it always does.
+struct Handlers(Vec<signal_hook::SigId>);
+
+impl Handlers {
+    fn install() -> Handlers {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let (cancel, term) = flags();
+        let mut ids = Vec::new();
+        for sig in [SIGINT, SIGTERM] {
+            // Without a handler a signal ends the process as it always does.
+            ids.extend(signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, cancel.clone()).ok());
+            ids.extend(signal_hook::flag::register(sig, cancel.clone()).ok());
         }
-        _ => Ok(()),
+        ids.extend(signal_hook::flag::register(SIGTERM, term.clone()).ok());
+        Handlers(ids)
     }
+}
+
+impl Drop for Handlers {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// `Err(Cancelled)` when SIGINT or SIGTERM came while outputs were written.
+fn check_cancelled() -> Result<()> {
+    if flags().0.load(Ordering::SeqCst) {
+        return Err(Error::Cancelled { step: "writing the outputs (removed what was written)".into() });
+    }
+    Ok(())
 }
 
 /// The exit status of a command that failed with `e`: 130 (SIGINT) or 143 (SIGTERM) when a
 /// signal cancelled the writing of its outputs, else 1.
 pub(crate) fn exit_code(e: &Error) -> ExitCode {
-    match (e, signals()) {
-        (Error::Cancelled { .. }, Some((cancel, term))) if cancel.load(Ordering::SeqCst) => {
+    let (cancel, term) = flags();
+    match e {
+        Error::Cancelled { .. } if cancel.load(Ordering::SeqCst) => {
             ExitCode::from(if term.load(Ordering::SeqCst) { 143 } else { 130 })
         }
         _ => ExitCode::from(super::EXIT_FAILURE),
@@ -120,19 +129,23 @@ pub(crate) struct StagedDir {
     staging: PathBuf,
     created: Vec<PathBuf>,
     done: bool,
+    /// Dropped after the clean-up of `drop`.
+    _handlers: Handlers,
 }
 
 impl StagedDir {
     /// Creates the staging directory beside `dest` (and `dest`'s missing parents), with the
     /// handlers of SIGINT and SIGTERM installed.
     pub(crate) fn new(dest: &Path) -> Result<StagedDir> {
-        signals();
+        let handlers = Handlers::install();
         check_cancelled()?;
         let created = create_parents(dest)?;
         for n in 0u32.. {
             let staging = staging_name(dest, n);
             match fs::DirBuilder::new().mode(0o777).create(&staging) {
-                Ok(()) => return Ok(StagedDir { dest: dest.to_owned(), staging, created, done: false }),
+                Ok(()) => {
+                    return Ok(StagedDir { dest: dest.to_owned(), staging, created, done: false, _handlers: handlers })
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
                 Err(e) => {
                     remove_dirs(&created);
@@ -230,7 +243,7 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::result::Result<(), (&'static str
 /// when written (replacing an earlier file), with SIGINT and SIGTERM handled as for
 /// directories. The parent must exist.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    signals();
+    let _handlers = Handlers::install();
     check_cancelled()?;
     let mut n = 0u32;
     let tmp = loop {

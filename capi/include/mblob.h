@@ -7,7 +7,8 @@
  * Handles are opaque; each is made by one function and freed by its mblob_*_free (NULL does
  * nothing). Every call returns an mblob_status; on an error mblob_last_error() gives the
  * message (thread-local, valid until the next mblob call on that thread). A library may be
- * shared across threads; a model or a tensor is used by one thread at a time.
+ * shared across threads; a model is used by one call at a time (a call on a model that
+ * another thread's call is using fails at once with MBLOB_ERR_STATE).
  */
 
 #ifndef MBLOB_H
@@ -57,14 +58,16 @@ enum mblob_status
   // The library holds no model, or the model has no function of that name.
   MBLOB_ERR_NO_MODEL = 5,
   // An input the model does not take: an unknown name, a dtype or shape that differs from
-  // the model's, or inputs missing at run time.
+  // the model's, inputs missing at run time, or inputs over what the model was built for
+  // (a batch over its maximum).
   MBLOB_ERR_INPUT = 6,
   // The device is not supported or failed (no driver, out of memory, a kernel that does
   // not build).
   MBLOB_ERR_DEVICE = 7,
   // Running the model failed (the graph, the VM or a kernel reported an error).
   MBLOB_ERR_RUN = 8,
-  // A call out of order: outputs asked for before a successful run.
+  // A call out of order: outputs asked for before a successful run; or a handle in use by a
+  // call on another thread (a model used by two threads at once, a handle freed while used).
   MBLOB_ERR_STATE = 9,
   // Something this version does not do (an output that is a string, not a tensor).
   MBLOB_ERR_UNSUPPORTED = 10,
@@ -119,7 +122,8 @@ typedef struct mblob_export mblob_export;
 typedef struct mblob_library mblob_library;
 
 // A model on a device (`mblob_model_new`): a graph executor, an AOT executor or a Relax VM
-// function. Used by one thread at a time; freed with `mblob_model_free`.
+// function. Used by one call at a time (a call while another thread's uses it gets
+// `MBLOB_ERR_STATE`); freed with `mblob_model_free`.
 typedef struct mblob_model mblob_model;
 
 // A tensor owned by the caller, on the host (`mblob_model_output`, `mblob_tensor_to_host`)

@@ -200,7 +200,7 @@ pub unsafe extern "C" fn mblob_model_set_input_dltensor(
         let d = unsafe { describe(tensor, "tensor") }?;
         // SAFETY: the memory stays valid during the call, and the array dies in it.
         let host = unsafe { borrow(&d, None) }?.to_tensor().map_err(device_failure)?;
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
@@ -290,7 +290,7 @@ pub unsafe extern "C" fn mblob_model_set_input_dlpack(
             let array = unsafe { borrow(&d, Some(Box::new(managed))) }?;
             array.to_tensor().map_err(device_failure)?
         };
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
@@ -342,7 +342,7 @@ pub unsafe extern "C" fn mblob_model_invoke(
             // SAFETY: each is NULL or a readable DLTensor, per the API.
             .map(|(i, &t)| unsafe { describe(t, &format!("inputs[{i}]")) })
             .collect::<Result<Vec<_>>>()?;
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         let kind = m.model.kind();
         if kind != ModelKind::Relax {

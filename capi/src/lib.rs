@@ -27,7 +27,11 @@
 //!   crash: except when the allocator has reused a freed handle's address for a new handle of
 //!   the same kind, which cannot be told apart.
 //! - Threads: a library may be shared by any number of threads (models made from it on each);
-//!   a model or a tensor is used by one thread at a time (it may move between threads).
+//!   a model is used by one thread at a time (it may move between threads). This is enforced:
+//!   a call on a model (or an export builder) that another call is using fails at once with
+//!   [`mblob_status::MBLOB_ERR_STATE`] instead of waiting or corrupting it; a library or tensor
+//!   may be read by several calls at once, but freeing one that a call is using fails the same
+//!   way.
 #![allow(non_camel_case_types)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
@@ -78,14 +82,16 @@ pub enum mblob_status {
     /// The library holds no model, or the model has no function of that name.
     MBLOB_ERR_NO_MODEL = 5,
     /// An input the model does not take: an unknown name, a dtype or shape that differs from
-    /// the model's, or inputs missing at run time.
+    /// the model's, inputs missing at run time, or inputs over what the model was built for
+    /// (a batch over its maximum).
     MBLOB_ERR_INPUT = 6,
     /// The device is not supported or failed (no driver, out of memory, a kernel that does
     /// not build).
     MBLOB_ERR_DEVICE = 7,
     /// Running the model failed (the graph, the VM or a kernel reported an error).
     MBLOB_ERR_RUN = 8,
-    /// A call out of order: outputs asked for before a successful run.
+    /// A call out of order: outputs asked for before a successful run; or a handle in use by a
+    /// call on another thread (a model used by two threads at once, a handle freed while used).
     MBLOB_ERR_STATE = 9,
     /// Something this version does not do (an output that is a string, not a tensor).
     MBLOB_ERR_UNSUPPORTED = 10,
@@ -132,7 +138,8 @@ pub struct mblob_library {
 }
 
 /// A model on a device (`mblob_model_new`): a graph executor, an AOT executor or a Relax VM
-/// function. Used by one thread at a time; freed with `mblob_model_free`.
+/// function. Used by one call at a time (a call while another thread's uses it gets
+/// `MBLOB_ERR_STATE`); freed with `mblob_model_free`.
 pub struct mblob_model {
     model: Model,
     /// The input names, as C strings (`mblob_model_input_name`).
@@ -175,6 +182,10 @@ impl From<ExecError> for Failure {
         let status = match &e {
             ExecError::NoFactory(_) | ExecError::NoFunction { .. } => MBLOB_ERR_NO_MODEL,
             ExecError::UnknownInput { .. } | ExecError::MissingInputs { .. } | ExecError::InputMismatch { .. } => {
+                MBLOB_ERR_INPUT
+            }
+            // Inputs over the bounds the model was built for (a batch over its maximum).
+            ExecError::Relax(v) if matches!(v.root(), mblob_runtime::exec::relax::VmError::InputBound { .. }) => {
                 MBLOB_ERR_INPUT
             }
             ExecError::Index { .. } => MBLOB_ERR_INVALID_ARGUMENT,
@@ -234,12 +245,16 @@ fn publish<T>(kind: Kind, value: T, out: *mut *mut T) {
     unsafe { out.write(ptr) };
 }
 
-/// Checks that `ptr` is a live handle of `kind`.
+/// Checks that `ptr` is a live handle of `kind` and takes it for the rest of the current call
+/// ([`in_use::take`]): a handle another call is using exclusively is `MBLOB_ERR_STATE`.
 fn check<T>(kind: Kind, ptr: *const T, what: &str) -> Result<()> {
     if ptr.is_null() {
         return Err(Failure::new(mblob_status::MBLOB_ERR_NULL_ARGUMENT, format!("{what} is NULL")));
     }
-    live(|m| is_live(m, kind, ptr as usize, what))
+    live(|m| {
+        is_live(m, kind, ptr as usize, what)?;
+        in_use::take(kind, ptr as usize, what)
+    })
 }
 
 fn is_live(m: &HashMap<usize, Kind>, kind: Kind, address: usize, what: &str) -> Result<()> {
@@ -256,14 +271,108 @@ fn is_live(m: &HashMap<usize, Kind>, kind: Kind, address: usize, what: &str) -> 
     }
 }
 
+/// Which handles calls are using: a model or an export builder by one call at a time (taken
+/// exclusively), a library or a tensor by any number (shared); a call that finds its handle
+/// taken the other way fails at once with `MBLOB_ERR_STATE` (a try-lock: nothing waits).
+/// Each call gives back what it took when it ends ([`call`]).
+mod in_use {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError};
+
+    use super::{mblob_status, Failure, Kind, Result};
+
+    /// Per handle address: -1 taken exclusively, n > 0 taken by n calls, absent when free.
+    static USERS: Mutex<Option<HashMap<usize, isize>>> = Mutex::new(None);
+
+    thread_local! {
+        /// The handles the current call on this thread took.
+        static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn users<R>(f: impl FnOnce(&mut HashMap<usize, isize>) -> R) -> R {
+        let mut guard = USERS.lock().unwrap_or_else(PoisonError::into_inner);
+        f(guard.get_or_insert_with(HashMap::new))
+    }
+
+    fn busy(what: &str, kind: Kind) -> Failure {
+        Failure::new(
+            mblob_status::MBLOB_ERR_STATE,
+            format!(
+                "{what} is in use by a call on another thread: a {} belongs to one thread at a time (this call \
+                 did nothing; retry when the other call has returned, or give each thread its own)",
+                kind.name()
+            ),
+        )
+    }
+
+    /// Takes the handle at `address` of `kind` for the current call (again taking one it
+    /// holds already does nothing).
+    pub(super) fn take(kind: Kind, address: usize, what: &str) -> Result<()> {
+        if HELD.with(|h| h.borrow().contains(&address)) {
+            return Ok(());
+        }
+        let exclusive = matches!(kind, Kind::Model | Kind::Export);
+        users(|u| {
+            let n = u.entry(address).or_insert(0);
+            match (*n, exclusive) {
+                (0, true) => *n = -1,
+                (n2, false) if n2 >= 0 => *n += 1,
+                _ => {
+                    if *n == 0 {
+                        u.remove(&address);
+                    }
+                    return Err(busy(what, kind));
+                }
+            }
+            Ok(())
+        })?;
+        HELD.with(|h| h.borrow_mut().push(address));
+        Ok(())
+    }
+
+    /// Refuses to free a handle that a call (of another thread) is using.
+    pub(super) fn check_free(address: usize, what: &str) -> Result<()> {
+        let mine = HELD.with(|h| h.borrow().contains(&address));
+        match users(|u| u.get(&address).copied()) {
+            Some(n) if !(mine && (n == -1 || n == 1)) => Err(Failure::new(
+                mblob_status::MBLOB_ERR_STATE,
+                format!("{what} is in use by a call on another thread: it cannot be freed now"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Gives back every handle the current call took.
+    pub(super) fn give_back() {
+        let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        if held.is_empty() {
+            return;
+        }
+        users(|u| {
+            for address in held {
+                if let Some(n) = u.get_mut(&address) {
+                    if *n > 1 {
+                        *n -= 1;
+                    } else {
+                        u.remove(&address);
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// Takes back and drops the handle `ptr` of `kind`; NULL does nothing.
 fn release<T>(kind: Kind, ptr: *mut T, what: &str) -> Result<()> {
     if ptr.is_null() {
         return Ok(());
     }
-    // Checked and taken out of the live set at once: of two frees of one handle, one wins.
+    // Checked and taken out of the live set at once: of two frees of one handle, one wins,
+    // and a handle that a call is using is not freed.
     live(|m| -> Result<()> {
         is_live(m, kind, ptr as usize, what)?;
+        in_use::check_free(ptr as usize, what)?;
         m.remove(&(ptr as usize));
         Ok(())
     })?;
@@ -326,9 +435,12 @@ unsafe fn memory_file<'a>(data: *const c_void, nbytes: usize, name: *const c_cha
     Ok((bytes, name))
 }
 
-/// Runs `body` as one API call: catches panics, records the message of an error.
+/// Runs `body` as one API call: catches panics, records the message of an error, and gives
+/// back the handles the call took ([`in_use`]).
 fn call(body: impl FnOnce() -> Result<()>) -> mblob_status {
-    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    in_use::give_back();
+    let outcome = outcome.unwrap_or_else(|payload| {
         let detail = payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -568,8 +680,8 @@ unsafe fn model_get<R>(
 /// Borrows the model behind a checked handle.
 ///
 /// # Safety
-/// `model` passed `check(Kind::Model, ..)`, and the API gives the calling thread sole use of
-/// it for the duration of the call.
+/// `model` passed `check(Kind::Model, ..)` in this call, which took it for this call alone
+/// ([`in_use`]) until the call ends.
 unsafe fn model_mut<'a>(model: *mut mblob_model) -> &'a mut mblob_model {
     // SAFETY: see the function's contract.
     unsafe { &mut *model }
@@ -595,7 +707,7 @@ pub unsafe extern "C" fn mblob_model_select_function(model: *mut mblob_model, na
         check(Kind::Model, model, "model")?;
         // SAFETY: the caller passes NULL or a NUL-terminated string that outlives the call.
         let name = unsafe { c_str(name, "name") }?;
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         m.model.select_function(name)?;
         m.outputs = None;
@@ -715,7 +827,7 @@ pub unsafe extern "C" fn mblob_model_set_input(
             // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
             unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }.to_vec()
         };
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
@@ -737,7 +849,7 @@ pub unsafe extern "C" fn mblob_model_set_input(
 pub unsafe extern "C" fn mblob_model_run(model: *mut mblob_model) -> mblob_status {
     call(|| {
         check(Kind::Model, model, "model")?;
-        // SAFETY: checked above; one thread at a time per the API.
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         m.outputs = None;
         m.model.run()?;
@@ -1014,5 +1126,59 @@ mod tests {
         let s = call(|| Err(Failure::new(mblob_status::MBLOB_ERR_INPUT, "no input named `a\0b`")));
         assert_eq!(s, mblob_status::MBLOB_ERR_INPUT);
         assert_eq!(last_error(), "no input named `a\\0b`");
+    }
+
+    /// While a call on one thread uses a model, a call on another thread that needs it fails
+    /// at once with MBLOB_ERR_STATE; a tensor is shared by readers but not freed under them;
+    /// after the call everything is given back (also when it panicked).
+    #[test]
+    fn a_handle_in_use_is_refused_to_other_threads() {
+        use std::sync::Barrier;
+        let Ok(array) = host_array(DataType::I64, &[1], &7i64.to_le_bytes()) else { panic!("a host array") };
+        let mut tensor: *mut mblob_tensor = std::ptr::null_mut();
+        publish(Kind::Tensor, mblob_tensor { array }, &mut tensor);
+        let tensor_addr = tensor as usize;
+        let fake_model = Box::into_raw(Box::new(0u64)) as usize;
+        live(|m| m.insert(fake_model, Kind::Model));
+        let (held, done) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let status = call(|| {
+                    check(Kind::Model, fake_model as *const u64, "model")?;
+                    check(Kind::Tensor, tensor_addr as *const mblob_tensor, "tensor")?;
+                    held.wait();
+                    done.wait();
+                    Ok(())
+                });
+                assert_eq!(status, mblob_status::MBLOB_OK);
+            });
+            held.wait();
+            let other = call(|| check(Kind::Model, fake_model as *const u64, "model"));
+            assert_eq!(other, mblob_status::MBLOB_ERR_STATE);
+            assert!(last_error().contains("in use by a call on another thread"), "{}", last_error());
+            // A tensor is read by both at once, but not freed while the other call reads it.
+            let mut ndim = 0;
+            // SAFETY: a live tensor handle and a valid out-pointer.
+            let read = unsafe { mblob_tensor_ndim(tensor_addr as *const mblob_tensor, &mut ndim) };
+            assert_eq!(read, mblob_status::MBLOB_OK);
+            // SAFETY: a live handle; the call must refuse it.
+            let freed = unsafe { mblob_tensor_free(tensor_addr as *mut mblob_tensor) };
+            assert_eq!(freed, mblob_status::MBLOB_ERR_STATE, "{}", last_error());
+            done.wait();
+        });
+        assert_eq!(call(|| check(Kind::Model, fake_model as *const u64, "model")), mblob_status::MBLOB_OK);
+        assert_eq!(
+            call(|| -> Result<()> {
+                check(Kind::Model, fake_model as *const u64, "model")?;
+                panic!("boom")
+            }),
+            mblob_status::MBLOB_ERR_PANIC
+        );
+        assert_eq!(call(|| check(Kind::Model, fake_model as *const u64, "model")), mblob_status::MBLOB_OK);
+        // SAFETY: no call uses it now.
+        assert_eq!(unsafe { mblob_tensor_free(tensor_addr as *mut mblob_tensor) }, mblob_status::MBLOB_OK);
+        live(|m| m.remove(&fake_model));
+        // SAFETY: made by Box::into_raw above, out of the live set.
+        drop(unsafe { Box::from_raw(fake_model as *mut u64) });
     }
 }

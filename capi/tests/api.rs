@@ -626,3 +626,68 @@ fn export_misused() {
     }
     std::fs::remove_dir_all(&work).ok();
 }
+
+/// One model handle hammered by 8 threads at once (set input, run, output): each call either
+/// does its work (the output is TVM's) or fails at once with `MBLOB_ERR_STATE` because another
+/// thread's call is using the model; never a crash or a wrong output. (Before, the model was
+/// used by two calls at once: heap corruption.)
+#[test]
+fn one_model_hammered_by_threads_is_refused_not_corrupted() {
+    let _serial = serial();
+    let npy_data = |name: &str| {
+        let bytes =
+            std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run").join(name))
+                .unwrap();
+        let file = npyz::NpyFile::new(&bytes[..]).unwrap();
+        let n = file.shape().iter().product::<u64>() as usize * file.dtype().num_bytes().unwrap();
+        bytes[bytes.len() - n..].to_vec()
+    };
+    let x = npy_data("graph_mlp.in.x.npy");
+    let want = npy_data("graph_mlp.out.0.npy");
+    let lib = load("graph_mlp.so");
+    struct Shared(*mut mblob_model);
+    // SAFETY: the point of the test: the API must refuse, not corrupt, concurrent use.
+    unsafe impl Send for Shared {}
+    unsafe impl Sync for Shared {}
+    let m = Shared(model(lib));
+    let (ok, busy) = (std::sync::atomic::AtomicUsize::new(0), std::sync::atomic::AtomicUsize::new(0));
+    let count = |s: mblob_status| {
+        use std::sync::atomic::Ordering::Relaxed;
+        match s {
+            MBLOB_OK => ok.fetch_add(1, Relaxed),
+            MBLOB_ERR_STATE => busy.fetch_add(1, Relaxed),
+            other => panic!("{other:?}: {}", last_error()),
+        };
+        s
+    };
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let m = &m;
+                let (mut data, mut n) = (null(), 0usize);
+                // SAFETY: the handle is live for the whole scope; buffers of the sizes passed.
+                unsafe {
+                    for _ in 0..200 {
+                        count(set(m.0, None, &x, 32, &[2, 64]));
+                        count(mblob_model_run(m.0));
+                        let mut t = null_mut();
+                        if count(mblob_model_output(m.0, 0, &mut t)) == MBLOB_OK {
+                            assert_eq!(mblob_tensor_data(t, &mut data), MBLOB_OK);
+                            assert_eq!(mblob_tensor_nbytes(t, &mut n), MBLOB_OK);
+                            assert!(std::slice::from_raw_parts(data.cast::<u8>(), n) == &want[..], "not TVM's output");
+                            assert_eq!(mblob_tensor_free(t), MBLOB_OK);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let (ok, busy) = (ok.into_inner(), busy.into_inner());
+    assert!(ok > 100, "{ok} calls did their work");
+    assert!(busy > 0, "no call was refused: the threads never met");
+    // SAFETY: every thread is done with them.
+    unsafe {
+        assert_eq!(mblob_model_free(m.0), MBLOB_OK);
+        assert_eq!(mblob_library_free(lib), MBLOB_OK);
+    }
+}

@@ -234,6 +234,20 @@ fn devices(devs: Vec<(i32, i32)>) -> Vec<Device> {
     devs.into_iter().map(|(device_type, device_id)| Device::from_dlpack(device_type, device_id)).collect()
 }
 
+/// Takes `m` for one call. A model is used by one call at a time: a call while another
+/// thread's call uses it fails at once (RunError, as the C API's MBLOB_ERR_STATE) instead of
+/// waiting for it; one that panicked earlier left it unusable.
+fn take<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<std::sync::MutexGuard<'a, T>, PyErrLater> {
+    match m.try_lock() {
+        Ok(guard) => Ok(guard),
+        Err(std::sync::TryLockError::WouldBlock) => Err(PyErrLater::Run(format!(
+            "the {what} is in use by a call on another thread: a model belongs to one thread at a time (give each \
+             thread its own; they may share one loaded library)"
+        ))),
+        Err(std::sync::TryLockError::Poisoned(_)) => Err(PyErrLater::Run(format!("the {what} failed earlier"))),
+    }
+}
+
 /// A graph or AOT executor (`factory["default"](dev)`).
 #[pyclass(frozen, module = "mblob._native")]
 pub struct GraphExecutor {
@@ -247,7 +261,7 @@ impl GraphExecutor {
         f: impl FnOnce(&mut dyn Executor) -> Result<T, PyErrLater> + Send,
     ) -> PyResult<T> {
         run(py, || {
-            let mut guard = self.inner.lock().map_err(|_| PyErrLater::Run("the executor failed earlier".into()))?;
+            let mut guard = take(&self.inner, "executor")?;
             f(guard.as_mut())
         })
     }
@@ -356,20 +370,20 @@ impl RelaxVm {
 
     /// The VM functions' names.
     fn functions(&self) -> PyResult<Vec<String>> {
-        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        let vm = take(&self.inner, "VM").map_err(PyErrLater::into_py_err)?;
         Ok(vm.functions().into_iter().map(|f| f.name).collect())
     }
 
     /// The parameter names of VM function `name` (TVM's `get_function_param_name`), or None.
     fn function_params(&self, name: &str) -> PyResult<Option<Vec<String>>> {
-        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        let vm = take(&self.inner, "VM").map_err(PyErrLater::into_py_err)?;
         Ok(vm.functions().into_iter().find(|f| f.name == name).map(|f| f.params))
     }
 
     /// What each parameter of `name` takes, as the function checks it: "tensor", "shape",
     /// "prim", "tuple", "func" or "any".
     fn param_kinds(&self, name: &str) -> PyResult<Vec<&'static str>> {
-        let vm = self.inner.lock().map_err(|_| RunError::new_err("the VM failed earlier"))?;
+        let vm = take(&self.inner, "VM").map_err(PyErrLater::into_py_err)?;
         let f = vm.functions().into_iter().find(|f| f.name == name);
         Ok(f.map(|f| f.kinds)
             .unwrap_or_default()
@@ -391,7 +405,7 @@ impl RelaxVm {
     fn invoke_values(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
         let values = args.iter().map(|a| vm_value(&a)).collect::<PyResult<Vec<_>>>()?;
         let result = run(py, || {
-            let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            let mut vm = take(&self.inner, "VM")?;
             vm.invoke_values(&name, &values).map_err(run_error)
         })?;
         py_value(py, &result)
@@ -412,7 +426,7 @@ impl RelaxVm {
         let mut arrays = Vec::new();
         let values = args.iter().map(|a| vm_value_by_ref(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
         let (result, after) = run(py, || {
-            let vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            let vm = take(&self.inner, "VM")?;
             let result = vm.call_function(&name, &values).map_err(run_error)?;
             let after = arrays.iter().map(|a| a.to_tensor().map_err(run_error)).collect::<Result<Vec<_>, _>>()?;
             Ok((result, after))
@@ -432,7 +446,7 @@ impl RelaxVm {
         let outs = run(py, || {
             let inputs =
                 args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            let mut vm = self.inner.lock().map_err(|_| PyErrLater::Run("the VM failed earlier".into()))?;
+            let mut vm = take(&self.inner, "VM")?;
             let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
             for t in &mut outs {
                 t.dtype = numpy_dtype(t.dtype);
@@ -493,7 +507,7 @@ impl LanguageModel {
         max_new_tokens: usize,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
         let out = run(py, || {
-            let mut lm = self.inner.lock().map_err(|_| PyErrLater::Run("the model failed earlier".into()))?;
+            let mut lm = take(&self.inner, "model")?;
             lm.generate(&prompt, max_new_tokens).map_err(run_error)
         })?;
         let vocab = out.logits.first().map_or(0, Vec::len);

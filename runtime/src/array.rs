@@ -70,6 +70,11 @@ pub struct NdArray {
     dtype: DataType,
     /// The tensor's size in bytes (at most the storage's).
     nbytes: usize,
+    /// Where the tensor starts in the storage the VM allocated it in, when a VM's
+    /// `alloc_tensor` placed it at a non-zero offset: TVM passes such a tensor to a kernel
+    /// as that storage's pointer plus this `byte_offset` (and TVM's kernels refuse a non-zero
+    /// one), see [`NdArray::with_vm_offset`]. The storage here is the view itself.
+    vm_offset: usize,
 }
 
 impl NdArray {
@@ -92,13 +97,13 @@ impl NdArray {
     /// An empty (zeroed on the CPU) tensor on `device`.
     pub fn empty(shape: &[i64], dtype: DataType, device: Device) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
-        Ok(NdArray { storage: Storage::new(device, n)?, shape: shape.into(), dtype, nbytes: n })
+        Ok(NdArray { storage: Storage::new(device, n)?, shape: shape.into(), dtype, nbytes: n, vm_offset: 0 })
     }
 
     /// An empty tensor from `api`'s device.
     pub fn empty_with(shape: &[i64], dtype: DataType, api: &Arc<dyn DeviceApi>) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
-        Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype, nbytes: n })
+        Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype, nbytes: n, vm_offset: 0 })
     }
 
     /// A tensor on `device` holding `data` (little-endian elements, row-major).
@@ -133,7 +138,7 @@ impl NdArray {
     ) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_data_len(dtype, shape, data.len())?;
         if let Some(storage) = Storage::in_bytes(api, data) {
-            return Ok(NdArray { storage, shape: shape.into(), dtype, nbytes: n });
+            return Ok(NdArray { storage, shape: shape.into(), dtype, nbytes: n, vm_offset: 0 });
         }
         let a = NdArray::empty_with(shape, dtype, api)?;
         a.copy_from_mapped(data)?;
@@ -198,9 +203,21 @@ impl NdArray {
                 }
                 .into());
             }
-            return Ok(NdArray { storage: storage.clone(), shape, dtype, nbytes: n });
+            return Ok(NdArray { storage: storage.clone(), shape, dtype, nbytes: n, vm_offset: 0 });
         }
-        Ok(NdArray { storage: storage.view(offset, n)?, shape, dtype, nbytes: n })
+        Ok(NdArray { storage: storage.view(offset, n)?, shape, dtype, nbytes: n, vm_offset: 0 })
+    }
+
+    /// This tensor, marked as placed by a VM's `alloc_tensor` at byte `offset` of its storage
+    /// (`self` is the view there): [`NdArray::vm_offset`].
+    pub fn with_vm_offset(self, offset: usize) -> NdArray {
+        NdArray { vm_offset: offset, ..self }
+    }
+
+    /// The byte offset a VM's `alloc_tensor` placed this tensor at in its storage (0 for every
+    /// other tensor): what TVM passes to kernels as the `DLTensor`'s `byte_offset`.
+    pub fn vm_offset(&self) -> usize {
+        self.vm_offset
     }
 
     /// The same bytes with another shape and dtype (as many bytes or fewer).
@@ -216,7 +233,7 @@ impl NdArray {
             }
             .into());
         }
-        Ok(NdArray { storage: self.storage.clone(), shape: shape.into(), dtype, nbytes: n })
+        Ok(NdArray { storage: self.storage.clone(), shape: shape.into(), dtype, nbytes: n, vm_offset: self.vm_offset })
     }
 
     /// The device.

@@ -19,7 +19,6 @@
 //! the host objects to link). The directory appears only when everything was written.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -99,31 +98,13 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
     let files = plan(&parsed, &blob, &registry, &host)
         .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
 
-    // Written into a fresh directory beside the output, renamed into place when complete.
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    // `-o a/b` creates `a` too (only now, when the input has been read).
-    std::fs::create_dir_all(&parent).map_err(Error::io(&parent, "cannot create"))?;
-    let partial = tempfile::Builder::new()
-        .prefix(".mblob-extract-")
-        .tempdir_in(&parent)
-        .map_err(Error::io(&parent, "cannot create a directory in"))?;
+    // Written into a fresh directory beside the output, moved into place when complete (`-o
+    // a/b` creates `a` too, and removes it again on failure).
+    let staged = super::output::StagedDir::new(out)?;
     for (name, bytes) in &files {
-        let p = partial.path().join(name);
-        let mut f = std::fs::File::create(&p).map_err(Error::io(out.join(name), "cannot create"))?;
-        f.write_all(bytes).map_err(Error::io(out.join(name), "cannot write"))?;
+        staged.write(name, bytes)?;
     }
-    if out.exists() {
-        // Checked empty above; a directory that gained files since is not replaced.
-        std::fs::remove_dir(out).map_err(Error::io(out, "cannot replace"))?;
-    }
-    let kept = partial.keep();
-    if let Err(e) = std::fs::rename(&kept, out) {
-        let _ = std::fs::remove_dir_all(&kept);
-        return Err(Error::io(out, "cannot create")(e));
-    }
+    staged.commit(check_output_dir)?;
     if !args.quiet {
         println!("wrote {} files to {} ({} layout)", files.len(), out.display(), layout.name());
         for (name, bytes) in &files {

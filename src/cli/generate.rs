@@ -11,7 +11,8 @@ use mblob_runtime::exec::{Device, Tensor};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, Registry};
 
-use super::run::{print_times, set_threads, thread_count, write_npy};
+use super::output::print_labelled_times;
+use super::run::{set_threads, thread_count, write_npy};
 use crate::{Error, Result};
 
 /// Arguments of `mblob generate`.
@@ -113,12 +114,13 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
                 )));
             }
             decode.extend(again.decode_times.iter().map(|d| d.as_secs_f64()));
-            prefill.push(again.prefill_time.as_secs_f64());
+            // With --max-new-tokens 0 no prefill ran.
+            if !again.tokens.is_empty() {
+                prefill.push(again.prefill_time.as_secs_f64());
+            }
         }
-        print!("prefill of {} tokens: ", args.prompt_ids.len());
-        print_times(&prefill);
-        print!("decode, per token: ");
-        print_times(&decode);
+        print_labelled_times(&format!("prefill of {} tokens", args.prompt_ids.len()), &prefill);
+        print_labelled_times("decode, per token", &decode);
     }
     println!("{}", ids(&first.tokens));
     Ok(ExitCode::SUCCESS)

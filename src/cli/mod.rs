@@ -7,6 +7,7 @@ pub mod extract;
 #[cfg(feature = "llm")]
 pub mod generate;
 pub mod inspect;
+pub mod output;
 pub mod pack;
 pub mod run;
 
@@ -123,7 +124,7 @@ pub fn main() -> ExitCode {
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             report(&e);
-            ExitCode::from(EXIT_FAILURE)
+            output::exit_code(&e)
         }
     }
 }

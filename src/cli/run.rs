@@ -41,10 +41,11 @@ pub struct RunArgs {
     /// order given.
     #[arg(short, long = "input", value_name = "[NAME=]FILE.npy")]
     pub inputs: Vec<OsString>,
-    /// Write the outputs here as out.0.npy, out.1.npy, ... in output order (the directory is
-    /// checked before the model runs and created when the run succeeds; each file appears
-    /// whole or not at all; `out.K.npy` files of an earlier run beyond this run's outputs are
-    /// removed).
+    /// Write the outputs here as out.0.npy, out.1.npy, ... in output order, all or none: they
+    /// are written into a new directory beside DIR and moved into place when all are written.
+    /// DIR must be new, empty or hold only an earlier run's out.K.npy files, which it then
+    /// replaces as a set (checked before the model runs). SIGINT or SIGTERM while writing
+    /// leaves nothing (status 130 or 143).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
     /// The device to run on: cpu, opencl or cuda, with :N for another ordinal (cuda:1).
@@ -200,6 +201,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     if let Some(dir) = &args.output_dir {
         check_output_dir(dir)?;
+        super::output::check_run_dir(dir)?;
     }
     let inputs: Vec<(Option<String>, Tensor)> =
         specs.into_iter().map(|(name, file)| Ok((name, read_npy(&file)?))).collect::<Result<_>>()?;
@@ -268,31 +270,12 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
     Ok(factory.tree().clone())
 }
 
-/// Writes `DIR/out.0.npy`, `out.1.npy`, ... in output order (nothing without a directory).
+/// Writes `DIR/out.0.npy`, `out.1.npy`, ... in output order, whole or not at all (nothing
+/// without a directory; see [`super::output`]).
 pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[Tensor]) -> Result<()> {
     let Some(dir) = dir else { return Ok(()) };
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        path: dir.to_owned(),
-        action: "cannot create",
-        source,
-    })?;
-    for (i, t) in outputs.iter().enumerate() {
-        write_npy(&dir.join(format!("out.{i}.npy")), t)?;
-    }
-    // Outputs of an earlier run with more outputs would pass for this run's: removed.
-    let entries =
-        std::fs::read_dir(dir).map_err(|source| Error::Io { path: dir.to_owned(), action: "cannot list", source })?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let k = name.to_str().and_then(|n| n.strip_prefix("out.")?.strip_suffix(".npy"));
-        let stale =
-            k.and_then(|k| k.parse::<usize>().ok().filter(|n| n.to_string() == k)).is_some_and(|k| k >= outputs.len());
-        if stale && entry.file_type().is_ok_and(|t| t.is_file()) {
-            let path = entry.path();
-            std::fs::remove_file(&path).map_err(|source| Error::Io { path, action: "cannot remove", source })?;
-        }
-    }
-    Ok(())
+    let files = outputs.iter().enumerate().map(|(i, t)| npy_bytes(&dir.join(format!("out.{i}.npy")), t));
+    super::output::write_run_outputs(dir, &files.collect::<Result<Vec<_>>>()?)
 }
 
 /// Prints the time per run as TVM's `time_evaluator` reports it: mean, median and min.
@@ -592,6 +575,11 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
 
 /// Writes `t` as a `.npy` file, atomically (a temporary file renamed into place).
 pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+    super::output::write_file(path, &npy_bytes(path, t)?)
+}
+
+/// `t` as the bytes of a `.npy` file (`path` names it in errors).
+fn npy_bytes(path: &Path, t: &Tensor) -> Result<Vec<u8>> {
     let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
     let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
     let mut buf: Vec<u8> = Vec::new();
@@ -625,11 +613,7 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
         };
     }
     npy_types!(write);
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io("cannot create"))?;
-    std::io::Write::write_all(&mut tmp, &buf).map_err(io("cannot write"))?;
-    tmp.persist(path).map_err(|e| Error::Io { path: path.to_owned(), action: "cannot write", source: e.error })?;
-    Ok(())
+    Ok(buf)
 }
 
 #[cfg(test)]

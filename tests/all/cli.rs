@@ -833,8 +833,9 @@ fn a_directory_given_as_a_file_is_said_to_be_one() {
     assert_empty(tmp.path());
 }
 
-/// `run -o DIR`: a DIR that cannot hold the outputs is refused before the model runs; the
-/// outputs an earlier run left beyond this run's count are removed, other files are kept.
+/// `run -o DIR`: a DIR that cannot hold the outputs is refused before the model runs; an
+/// earlier run's outputs are replaced as a set (those beyond this run's count go too); a DIR
+/// with other files is refused (the outputs replace it as a whole: tests/all/outputs.rs).
 /// `extract -o a/b` creates `a`.
 #[test]
 fn output_directories_are_checked_first_and_hold_only_this_runs_outputs() {
@@ -856,16 +857,21 @@ fn output_directories_are_checked_first_and_hold_only_this_runs_outputs() {
     for stale in ["out.1.npy", "out.7.npy"] {
         std::fs::write(out.join(stale), b"an earlier run's").unwrap();
     }
-    for kept in ["out.01.npy", "notes.txt", "out.x.npy"] {
-        std::fs::write(out.join(kept), b"kept").unwrap();
-    }
     let o = mblob(&["run", s(&so), "-i", &x, "-o", s(&out)], tmp.path());
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let mut left: Vec<String> =
         std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     left.sort();
-    assert_eq!(left, ["notes.txt", "out.0.npy", "out.01.npy", "out.x.npy"]);
+    assert_eq!(left, ["out.0.npy"]);
     assert_eq!(npy_data(&out.join("out.0.npy"), 80), npy_data(&run.join("graph_mlp.out.0.npy"), 80));
+    for other in ["out.01.npy", "notes.txt", "out.x.npy"] {
+        std::fs::write(out.join(other), b"kept").unwrap();
+        let o = mblob(&["run", s(&so), "-i", &x, "-o", s(&out)], tmp.path());
+        assert_eq!(o.status.code(), Some(1), "{other}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(other), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(read(&out.join(other)), b"kept");
+        std::fs::remove_file(out.join(other)).unwrap();
+    }
 
     let nested = dir.path().join("a/b");
     let o = mblob(&["extract", s(&goldens().join("graph_dense_relu.so")), "-o", s(&nested), "-q"], tmp.path());

@@ -179,3 +179,82 @@ fn generate_refuses_bad_requests_with_clear_errors() {
     assert!(stderr(&o).contains("params_shard_1.bin"), "{}", stderr(&o));
     assert!(stderr(&o).contains("corrupted parameter shard"), "{}", stderr(&o));
 }
+
+/// Token ids outside the vocabulary (256 ids, from the embedding weight's shape in
+/// `_metadata`) are refused before anything runs, naming the id and the vocabulary size: they
+/// gave garbage tokens (256, -1) or crashed the embedding kernel (100000, 2^31-1, -2^31).
+#[test]
+fn generate_refuses_token_ids_outside_the_vocabulary() {
+    let params = llm().join("llm_params.so");
+    let consts = llm().join("llm_consts.so");
+    let weights = llm().join("params");
+    for id in ["256", "-1", "100000", "2147483647", "-2147483648"] {
+        for lib in [&params, &consts] {
+            let prompt = format!("--prompt-ids=17,{id}");
+            let mut args = vec![lib.to_str().unwrap(), prompt.as_str(), "--max-new-tokens", "2"];
+            if lib == &params {
+                args.extend(["--weights", weights.to_str().unwrap()]);
+            }
+            let o = generate(&args);
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{id}: {stderr}");
+            assert!(stderr.contains(&format!("token id {id} (prompt position 1)")), "{id}: {stderr}");
+            assert!(stderr.contains("256 ids"), "{id}: {stderr}");
+            assert!(o.stdout.is_empty(), "{id}: {}", String::from_utf8_lossy(&o.stdout));
+        }
+    }
+    // The largest id is fine.
+    let o = generate(&[consts.to_str().unwrap(), "--prompt-ids", "255", "--max-new-tokens", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `--max-new-tokens` near 2^64 is refused by the context check (it overflowed it), before
+/// anything runs.
+#[test]
+fn generate_refuses_max_new_tokens_that_cannot_fit() {
+    let consts = llm().join("llm_consts.so");
+    for n in ["18446744073709551615", "18446744073709551614", "129"] {
+        let o = generate(&[consts.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-new-tokens", n]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{n}: {stderr}");
+        assert!(stderr.contains("context window") && stderr.contains("128"), "{n}: {stderr}");
+    }
+}
+
+/// With `--repeat`, the token ids stay the last line when no decode step ran
+/// (`--max-new-tokens 1`), and no prefill time is reported when no prefill ran (`0`).
+#[test]
+fn generate_repeat_reports_only_what_ran() {
+    let model = llm().join("llm_consts.so");
+    let single = Single::load();
+    let first = single.tokens.split(',').next().unwrap().to_owned();
+    let o =
+        generate(&[model.to_str().unwrap(), "--prompt-ids", &single.prompt, "--max-new-tokens", "1", "--repeat", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(last_line(&o), first, "{stdout}");
+    assert!(stdout.contains(&format!("prefill of {} tokens: 2 runs", single.prompt.split(',').count())), "{stdout}");
+    assert!(!stdout.contains("decode"), "{stdout}");
+
+    let o = generate(&[model.to_str().unwrap(), "--prompt-ids", "1,2", "--max-new-tokens", "0", "--repeat", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(!stdout.contains("prefill") && !stdout.contains("decode"), "{stdout}");
+}
+
+/// A shard that is a directory is reported as one, naming it, not as a shard of the wrong size.
+#[test]
+fn generate_reports_a_shard_that_is_a_directory() {
+    let params = llm().join("llm_params.so");
+    let weights = llm().join("params");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tensor-cache.json", "params_shard_0.bin"] {
+        std::fs::copy(weights.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("params_shard_1.bin")).unwrap();
+    let o = generate(&[params.to_str().unwrap(), "--weights", dir.path().to_str().unwrap(), "--prompt-ids", "1"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("params_shard_1.bin") && stderr.to_lowercase().contains("is a directory"), "{stderr}");
+    assert!(!stderr.contains("corrupted parameter shard"), "{stderr}");
+}

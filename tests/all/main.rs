@@ -1,5 +1,6 @@
 //! tests
 mod artifacts;
+mod bad_exec;
 mod cli;
 mod concurrency;
 mod corrupt;
@@ -19,6 +20,7 @@ mod goldens;
 mod inspect;
 mod inspect_more;
 mod library;
+mod outputs;
 mod pack;
 mod run;
 mod run_more;

@@ -594,7 +594,7 @@ impl RelayVm {
         };
         let off = scalar_int(offset)?;
         let off = usize::try_from(off).map_err(|_| program(format!("tensor offset {off}")))?;
-        Ok(NdArray::in_storage(s, off, shape, dtype)?)
+        Ok(NdArray::in_storage(s, off, shape, dtype)?.with_vm_offset(off))
     }
 
     fn invoke_packed(
@@ -613,14 +613,14 @@ impl RelayVm {
                     if i + 1 == args.len() && output_size == 1 && t.shape().contains(&0) {
                         empty_output = true;
                     }
-                    tensors.push(t.dl_tensor());
+                    tensors.push(crate::exec::relax::checks::kernel_dl_tensor(t));
                 }
                 Value::Adt { fields, .. } => {
                     for f in fields.iter() {
                         let Value::Tensor(t) = f else {
                             return Err(program(format!("argument {i} of `{name}`: an ADT field is a {}", f.kind())));
                         };
-                        tensors.push(t.dl_tensor());
+                        tensors.push(crate::exec::relax::checks::kernel_dl_tensor(t));
                     }
                 }
                 v => return Err(program(format!("argument {i} of `{name}` is a {}, not a tensor", v.kind()))),

@@ -82,6 +82,17 @@ pub enum GenerateError {
     /// The prompt is empty, or the prompt and the new tokens do not fit the context window.
     #[error("{0}")]
     Request(String),
+    /// A token id of the prompt is not in the vocabulary (negative, or not below its size):
+    /// refused before anything runs, as the embedding kernel would read outside its table.
+    #[error("token id {id} (prompt position {position}) is out of range: {}", vocab_range(*vocab))]
+    TokenId {
+        /// The id.
+        id: i64,
+        /// Its position in the prompt.
+        position: usize,
+        /// The vocabulary size, when known.
+        vocab: Option<i64>,
+    },
 }
 
 /// Settings of the KV cache and of the run that the model's metadata does not give.
@@ -124,6 +135,10 @@ pub struct ModelMetadata {
     /// The model's architecture (`llama`, ...).
     #[serde(default)]
     pub model_type: Option<String>,
+    /// The vocabulary size, when the metadata gives it (MLC-LLM's does not: it is then read
+    /// from the embedding weight's shape, see [`LanguageModel::vocab_size`]).
+    #[serde(default)]
+    pub vocab_size: Option<i64>,
 }
 
 fn one() -> i64 {
@@ -172,6 +187,8 @@ pub struct LanguageModel {
     packed: Option<Value>,
     options: GenerateOptions,
     cache: Option<VmValue>,
+    /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
+    vocab: Option<i64>,
 }
 
 impl LanguageModel {
@@ -248,7 +265,25 @@ impl LanguageModel {
         };
         let params = arrays.as_ref().map(|a| VmValue::Tuple(a.iter().cloned().map(VmValue::Array).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
-        Ok(LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None })
+        let vocab = vocab_size(&metadata, params.as_ref());
+        Ok(LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab })
+    }
+
+    /// The vocabulary size: the metadata's `vocab_size`, else the first dimension of the token
+    /// embedding weight (`*embed_tokens.weight`, `*wte.weight`, quantized `*embed_tokens.q_weight`),
+    /// as loaded when the weights are a parameter, else as the metadata lists it. `None` when
+    /// neither says (then only negative token ids are refused).
+    pub fn vocab_size(&self) -> Option<i64> {
+        self.vocab
+    }
+
+    /// Refuses a prompt with a token id outside the vocabulary.
+    fn check_ids(&self, prompt: &[i32]) -> Result<(), GenerateError> {
+        let limit = self.vocab.unwrap_or(i64::MAX);
+        match prompt.iter().map(|&id| i64::from(id)).enumerate().find(|&(_, id)| id < 0 || id >= limit) {
+            Some((position, id)) => Err(GenerateError::TokenId { id, position, vocab: self.vocab }),
+            None => Ok(()),
+        }
     }
 
     /// The model's metadata.
@@ -373,8 +408,10 @@ impl LanguageModel {
         if prompt.is_empty() {
             return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
         }
-        let total = prompt.len() as u64 + (max_new_tokens as u64).saturating_sub(1);
-        if total > self.max_total_seq_len() as u64 {
+        self.check_ids(prompt)?;
+        // In u128: a prompt and `max_new_tokens` near 2^64 cannot overflow the sum.
+        let total = prompt.len() as u128 + (max_new_tokens as u128).saturating_sub(1);
+        if total > self.max_total_seq_len().max(0) as u128 {
             return Err(GenerateError::Request(format!(
                 "{} prompt tokens and {max_new_tokens} new ones need {total} positions in the KV cache, more than \
                  its {} (the model's context window)",
@@ -436,6 +473,37 @@ impl LanguageModel {
             })
             .collect()
     }
+}
+
+/// The ids a vocabulary of `vocab` tokens has, for errors.
+fn vocab_range(vocab: Option<i64>) -> String {
+    match vocab {
+        Some(v) => format!("the vocabulary has {v} ids, 0 to {}", v - 1),
+        None => "a token id is not negative".into(),
+    }
+}
+
+/// The vocabulary size the metadata or the loaded embedding weight gives (see
+/// [`LanguageModel::vocab_size`]).
+fn vocab_size(metadata: &ModelMetadata, params: Option<&VmValue>) -> Option<i64> {
+    if let Some(v) = metadata.vocab_size.filter(|&v| v > 0) {
+        return Some(v);
+    }
+    let is_embedding = |name: &str| {
+        ["embed_tokens.weight", "embed_tokens.q_weight", "wte.weight", "embeddings.weight"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+    };
+    let index = metadata.params.iter().position(|p| is_embedding(&p.name))?;
+    let loaded = match params {
+        Some(VmValue::Tuple(items)) => match items.get(index) {
+            Some(VmValue::Array(a)) => a.shape().first().copied(),
+            Some(VmValue::Tensor(t)) => t.shape.first().copied(),
+            _ => None,
+        },
+        _ => None,
+    };
+    loaded.or_else(|| metadata.params[index].shape.first().copied()).filter(|&v| v > 0)
 }
 
 /// The last row of a logits tensor (`[1, 1, vocab]`, or `[1, n, vocab]` from a prefill that

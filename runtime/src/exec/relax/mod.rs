@@ -31,6 +31,7 @@
 //! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
 pub mod calls;
+pub(crate) mod checks;
 pub mod vm;
 
 pub use crate::payload::relax::{

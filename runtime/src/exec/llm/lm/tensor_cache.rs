@@ -237,7 +237,12 @@ fn load_shard(dir: &Path, shard: &FileRecord, device: Device) -> Result<Vec<(Str
     let path = dir.join(&shard.data_path);
     let io = |source| TensorCacheError::Io { path: path.clone(), source };
     let file = std::fs::File::open(&path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_dir() {
+        // Opens on Linux, but it is no shard (not a short one).
+        return Err(io(std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+    }
+    let len = meta.len();
     if shard.format != "raw-shard" {
         return Err(TensorCacheError::ShardFormat { path, format: shard.format.clone() });
     }

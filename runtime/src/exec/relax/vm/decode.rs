@@ -202,9 +202,9 @@ impl VirtualMachine {
                 Quick::Value(Value::Storage(storage))
             }
             Op::AllocTensor { storage, offset, end, shape, dtype } => match &regs[*storage as usize] {
-                Value::Storage(s) if *end <= s.nbytes() as u64 => {
-                    Quick::Value(Value::Tensor(NdArray::in_storage_shared(s, *offset, shape.clone(), *dtype)?))
-                }
+                Value::Storage(s) if *end <= s.nbytes() as u64 => Quick::Value(Value::Tensor(
+                    NdArray::in_storage_shared(s, *offset, shape.clone(), *dtype)?.with_vm_offset(*offset),
+                )),
                 _ => Quick::General,
             },
             Op::CheckTensor { reg, ndim, dtype } => match &regs[*reg as usize] {

@@ -57,7 +57,7 @@ fn call_kernel_with(
     for ((t, slot), v) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
         *slot = match v {
             Value::Tensor(a) => {
-                *t = a.dl_tensor();
+                *t = crate::exec::relax::checks::kernel_dl_tensor(a);
                 CallValue::Tensor(t as *mut DLTensor)
             }
             Value::Int(i) => CallValue::Int(*i),

@@ -15,6 +15,16 @@ use crate::payload::graph::Tensor;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VmError {
+    /// A check of TVM's that the inputs failed, not the program: an allocation past the
+    /// storage the program planned (a batch or a sequence over the upper bound it was built
+    /// for), a size that overflows. `kind` and `message` are TVM's.
+    #[error("the inputs exceed what the model was built for: {kind}: {message}")]
+    InputBound {
+        /// TVM's error kind.
+        kind: &'static str,
+        /// TVM's message.
+        message: String,
+    },
     /// The tree holds no Relax executable.
     #[error("the module tree has no relax executable (relax.Executable or relax.VMExecutable); its modules: {0}")]
     NoExecutable(String),
@@ -441,7 +451,7 @@ impl<'a> Args<'a> {
     /// Argument `i`, else an error naming the callee and the count given.
     pub(crate) fn get(&self, i: usize) -> Result<&'a Value, VmError> {
         self.args.get(i).copied().ok_or_else(|| {
-            VmError::Program(format!("`{}` needs argument {i}, but was given {}", self.callee, self.args.len()))
+            crate::exec::relax::checks::missing_argument(self.callee, i, self.args.len())
         })
     }
 

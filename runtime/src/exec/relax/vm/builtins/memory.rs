@@ -62,13 +62,9 @@ fn alloc_tensor(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize
         .and_then(|(o, n)| o.checked_add(n))
         .is_some_and(|end| end <= storage.nbytes() as u64);
     if !fits {
-        return Err(VmError::Program(format!(
-            "storage allocation failure, attempted to allocate {} at offset {offset} in region that is {}bytes",
-            needed.map_or_else(|| "too many".to_owned(), |n| n.to_string()),
-            storage.nbytes()
-        )));
+        return Err(crate::exec::relax::checks::alloc_tensor_overrun(needed, offset, storage.nbytes()));
     }
-    Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?))
+    Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?.with_vm_offset(offset as usize)))
 }
 
 /// `vm.builtin.null_value`.

@@ -15,13 +15,14 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use mblob_runtime::container::{self, ContainerFormat};
 use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTORY};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::payload::relax::executable::VM_VERSION;
 use mblob_runtime::payload::relax::{Constant, FuncKind, RelaxExecutable};
-use mblob_runtime::{elf, Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
+use mblob_runtime::{Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::{Deserialize, Serialize};
 
 use crate::tree_json::FunctionTable;
@@ -53,6 +54,44 @@ pub enum FileKind {
     /// A tar archive of objects, as `export -o X.tar` writes it; the rest of the report is
     /// about the member that holds the blob.
     Tar,
+    /// A Mach-O file (macOS, iOS), thin or fat.
+    Macho,
+    /// A PE file (a Windows `.dll`).
+    Pe,
+    /// A COFF object (a Windows `.obj`).
+    Coff,
+    /// A WebAssembly module.
+    Wasm,
+    /// An `ar` archive of objects (`.a`); the rest of the report is about the member that holds
+    /// the blob (`container.member`).
+    Archive,
+}
+
+impl FileKind {
+    fn of(format: ContainerFormat) -> FileKind {
+        match format {
+            ContainerFormat::Elf => FileKind::Elf,
+            ContainerFormat::MachO | ContainerFormat::MachOFat => FileKind::Macho,
+            ContainerFormat::Pe => FileKind::Pe,
+            ContainerFormat::Coff => FileKind::Coff,
+            ContainerFormat::Wasm => FileKind::Wasm,
+            ContainerFormat::Archive => FileKind::Archive,
+        }
+    }
+}
+
+/// The container that holds the blob (JSON `container`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ContainerReport {
+    /// `format`: `elf`, `macho`, `pe`, `coff`, `wasm` (of the file, or of the archive member
+    /// or fat slice that holds the blob).
+    pub format: &'static str,
+    /// `machine`: the machine its code is for (`x86_64`, `aarch64`, `wasm32`, ...).
+    pub machine: String,
+    /// `member`: the archive member or fat slice that holds the blob, when the file has several.
+    pub member: Option<String>,
+    /// `runs_here`: whether `--load` and `run` can open it on this machine.
+    pub runs_here: bool,
 }
 
 /// What `inspect` found in one file.
@@ -65,11 +104,20 @@ pub struct Report {
     /// `tar` (tar archives only): the members and which one holds the blob.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tar: Option<TarReport>,
+    /// `container` (object files, libraries, archives): what holds the blob and the machine
+    /// it is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerReport>,
     /// `symbol`: the blob symbol found; `null` for a raw blob or a library without one.
     pub symbol: Option<String>,
-    /// `section`: the ELF section holding the blob symbol.
+    /// `prefix`: the `c_symbol_prefix` in front of the blob symbol (`""` for none; `null`
+    /// without a symbol). TVM writes one for system-lib builds (`--system-lib-prefix`).
+    pub prefix: Option<String>,
+    /// `section`: the section (or WebAssembly data segment, or `linear memory`) holding the
+    /// blob symbol.
     pub section: Option<String>,
-    /// `file_offset`: where the blob starts in the ELF file.
+    /// `file_offset`: where the blob starts in the file (`null` when its bytes are not in one
+    /// piece there: a linked WebAssembly module's are rebuilt from its data segments).
     pub file_offset: Option<u64>,
     /// `layout`: `classic`, `classic-0.21`, `ffi`, or `null` when there is no blob.
     pub layout: Option<&'static str>,
@@ -305,6 +353,18 @@ pub struct TarReport {
     pub members: Vec<NamedLen>,
     /// `blob_member`: the member holding the blob symbol (`null` when none does).
     pub blob_member: Option<String>,
+    /// `unread`: the members that are no object, library or archive mblob reads (macOS's
+    /// `._*` AppleDouble files, text), or whose container is malformed, with why.
+    pub unread: Vec<UnreadMember>,
+}
+
+/// A tar member that could not be searched for a blob (JSON `tar.unread[i]`).
+#[derive(Debug, Clone, Serialize)]
+pub struct UnreadMember {
+    /// `name`.
+    pub name: String,
+    /// `reason`.
+    pub reason: String,
 }
 
 /// The host code of a shared library (JSON `host`), from its dynamic symbol table.
@@ -370,21 +430,37 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     if is_tar(data) {
         return inspect_tar(data, path, prefix);
     }
-    if data.starts_with(b"\x7fELF") {
-        report.host = host_report(data);
+    let identity = container::identify(data);
+    if let Some(identity) = &identity {
+        report.kind = FileKind::of(identity.format);
+        report.container = Some(ContainerReport {
+            format: identity.format.name(),
+            machine: identity.machine.clone(),
+            member: None,
+            runs_here: identity.runs_here(),
+        });
+        if identity.format == ContainerFormat::Elf {
+            report.host = host_report(data);
+        }
     } else {
         check_raw_blob(data, path)?;
     }
     let blob_error = |source| Error::Runtime(mblob_runtime::Error::Blob { path: path.to_owned(), source });
-    let (blob, layout) = if data.starts_with(b"\x7fELF") {
-        report.kind = FileKind::Elf;
-        let found = elf::slice_blob(data, prefix)
-            .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?;
-        let Some((found, blob)) = found else { return Ok(report) };
+    let (blob, layout) = if identity.is_some() {
+        let found = container::find_blob(data, prefix)
+            .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?;
+        let Some(found) = found else { return Ok(report) };
+        report.container = Some(ContainerReport {
+            format: found.identity.format.name(),
+            machine: found.identity.machine.clone(),
+            member: found.member.clone(),
+            runs_here: found.identity.runs_here() && found.member.is_none(),
+        });
         report.symbol = Some(found.symbol.clone());
+        report.prefix = Some(found.prefix.clone());
         report.section = Some(found.section.clone());
-        report.file_offset = Some(found.file_offset);
-        (blob, found.layout)
+        report.file_offset = found.file_offset;
+        (found.bytes, found.layout)
     } else {
         let layout = match layout {
             Some(l) => l,
@@ -429,6 +505,8 @@ fn check_raw_blob(data: &[u8], path: &Path) -> Result<()> {
 }
 
 /// Inspects a tar archive: lists its members and reports on the one that holds a blob symbol.
+/// Every regular member is read as a container (ELF, Mach-O, COFF, WebAssembly, an archive);
+/// those that are none, or are malformed, are listed in `tar.unread` with why.
 fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report> {
     let bad = |e: io::Error| Error::Invalid {
         what: path.display().to_string(),
@@ -436,26 +514,41 @@ fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report
     };
     let mut archive = tar::Archive::new(&data[..]);
     let mut members = Vec::new();
+    let mut unread = Vec::new();
     let mut found: Option<(String, Report)> = None;
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let name = entry.path().map_err(bad)?.display().to_string();
         let size = entry.size();
         members.push(NamedLen { name: name.clone(), bytes: usize::try_from(size).unwrap_or(usize::MAX) });
-        if found.is_some() || !entry.header().entry_type().is_file() {
+        if !entry.header().entry_type().is_file() {
             continue;
         }
         // The member's bytes, bounded by the archive's own size.
         let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(data.len()));
         entry.read_to_end(&mut bytes).map_err(bad)?;
-        if !bytes.starts_with(b"\x7fELF") {
+        let bytes = Bytes::from_vec(bytes);
+        if container::identify(&bytes).is_none() {
+            if !crate::tvm_tar::is_source_name(&name) {
+                let reason = "not an object file, library, archive or WebAssembly module".to_owned();
+                unread.push(UnreadMember { name, reason });
+            }
             continue;
         }
-        let member_path = PathBuf::from(format!("{}({name})", path.display()));
-        let has_blob = elf::find_blob(&bytes, prefix).ok().flatten().is_some();
-        if has_blob {
-            let report = inspect_bytes(&Bytes::from_vec(bytes), &member_path, None, prefix)?;
-            found = Some((name, report));
+        match container::find_blob(&bytes, prefix) {
+            Ok(Some(_)) => {
+                if let Some((first, _)) = &found {
+                    return Err(Error::Invalid {
+                        what: path.display().to_string(),
+                        detail: format!("two members hold a blob: {first} and {name}"),
+                    });
+                }
+                let member_path = PathBuf::from(format!("{}({name})", path.display()));
+                let report = inspect_bytes(&bytes, &member_path, None, prefix)?;
+                found = Some((name, report));
+            }
+            Ok(None) => {}
+            Err(e) => unread.push(UnreadMember { name, reason: e.to_string() }),
         }
     }
     let (blob_member, mut report) = match found {
@@ -465,7 +558,7 @@ fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report
     report.file = path.display().to_string();
     report.kind = FileKind::Tar;
     report.host = None;
-    report.tar = Some(TarReport { members, blob_member });
+    report.tar = Some(TarReport { members, blob_member, unread });
     Ok(report)
 }
 
@@ -474,7 +567,9 @@ fn empty_report(path: &Path, kind: FileKind) -> Report {
         file: path.display().to_string(),
         kind,
         tar: None,
+        container: None,
         symbol: None,
+        prefix: None,
         section: None,
         file_offset: None,
         layout: None,
@@ -909,6 +1004,13 @@ fn load_tree(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Resu
             let layout = report.layout.and_then(Layout::from_name).unwrap_or(Layout::Classic);
             mblob_runtime::load_blob(data, layout, &registry, &options)
         }
+        FileKind::Macho | FileKind::Pe | FileKind::Coff | FileKind::Wasm | FileKind::Archive => {
+            let identity = container::identify(data).ok_or_else(|| Error::Invalid {
+                what: path.display().to_string(),
+                detail: "not a library this machine can load".into(),
+            })?;
+            return Err(mblob_runtime::Error::ForeignLibrary { path: path.to_owned(), identity }.into());
+        }
         FileKind::Tar => {
             return Err(Error::Invalid {
                 what: path.display().to_string(),
@@ -959,17 +1061,27 @@ pub fn render_text(r: &Report) -> String {
             let mark = if tar.blob_member.as_deref() == Some(m.name.as_str()) { "  (holds the blob)" } else { "" };
             let _ = writeln!(s, "           {} ({} bytes){mark}", m.name, m.bytes);
         }
+        for u in &tar.unread {
+            let _ = writeln!(s, "           not read: {}: {}", u.name, u.reason);
+        }
+    }
+    if let Some(c) = &r.container {
+        let member = c.member.as_deref().map(|m| format!(", member {m}")).unwrap_or_default();
+        let runs = if c.runs_here { "" } else { " (cannot be loaded or run on this machine)" };
+        let _ = writeln!(s, "  container {} for {}{member}{runs}", c.format, c.machine);
     }
     match (&r.symbol, r.kind) {
         (Some(sym), _) => {
-            let _ = writeln!(
-                s,
-                "  symbol   {sym} (section {}, file offset {})",
-                r.section.as_deref().unwrap_or("?"),
-                r.file_offset.unwrap_or(0)
-            );
+            let at = r.file_offset.map_or("rebuilt from the data segments".to_owned(), |o| format!("file offset {o}"));
+            let _ = writeln!(s, "  symbol   {sym} (section {}, {at})", r.section.as_deref().unwrap_or("?"));
+            if let Some(p) = r.prefix.as_deref().filter(|p| !p.is_empty()) {
+                let _ = writeln!(s, "  prefix   {p}");
+            }
         }
-        (None, FileKind::Elf) => {
+        (
+            None,
+            FileKind::Elf | FileKind::Macho | FileKind::Pe | FileKind::Coff | FileKind::Wasm | FileKind::Archive,
+        ) => {
             let _ = writeln!(s, "  symbol   none: a plain library (loads as one `library` module)");
         }
         (None, FileKind::Tar) => {

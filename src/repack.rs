@@ -19,14 +19,14 @@ use crate::{Error, Result};
 /// no layout.
 pub fn read_blob(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout)> {
     let data = mblob_runtime::map_file(path)?;
-    if data.starts_with(b"\x7fELF") {
-        let (found, bytes) = elf::slice_blob(&data, None)
-            .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?
+    if mblob_runtime::container::identify(&data).is_some() {
+        let found = mblob_runtime::container::find_blob(&data, None)
+            .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?
             .ok_or_else(|| Error::Invalid {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
-        Ok((bytes, found.layout))
+        Ok((found.bytes, found.layout))
     } else {
         let layout = match layout {
             Some(l) => l,

@@ -2,6 +2,7 @@
 mod artifacts;
 mod cli;
 mod concurrency;
+mod containers;
 mod corrupt;
 #[path = "../../examples/custom_kind.rs"]
 #[allow(unsafe_code)]

@@ -307,8 +307,11 @@ fn find_in_parts(
     let mut found: Option<ContainerBlob> = None;
     for (name, start, size) in parts {
         let Some(part) = slice(data, start, size) else {
-            let kind = ContainerErrorKind::Unreadable(format!("member {name} lies past the end of the file"));
-            return Err(ContainerError { format, offset: base + start, kind });
+            let kind = ContainerErrorKind::Unreadable(format!(
+                "member {name} (bytes {start}..{}) lies past the end of the file",
+                start.saturating_add(size)
+            ));
+            return Err(ContainerError { format, offset: base, kind });
         };
         if identify(&part).is_none() {
             continue;

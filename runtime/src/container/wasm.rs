@@ -23,8 +23,8 @@ use crate::format::Layout;
 /// The most bytes a rebuilt blob may span for each byte of the file (zeros that binaryen left
 /// out cost nothing in the file), plus a fixed allowance: a header that claims more is refused,
 /// not allocated.
-const ZEROS_PER_BYTE: u64 = 64;
-const ZEROS_ALLOWANCE: u64 = 1 << 20;
+const ZEROS_PER_BYTE: u64 = 32;
+const ZEROS_ALLOWANCE: u64 = 4 << 10;
 
 /// One data segment: where its bytes lie in the file, and the address (active segments) where
 /// they go in linear memory.

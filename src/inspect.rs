@@ -20,7 +20,6 @@ use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTO
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
-use mblob_runtime::payload::relax::executable::VM_VERSION;
 use mblob_runtime::payload::relax::{Constant, FuncKind, RelaxExecutable};
 use mblob_runtime::{Bytes, FormatError, FormatErrorKind, Layout, LoadOptions, LoadedTree, Registry, TreeShape};
 use serde::{Deserialize, Serialize};
@@ -667,7 +666,7 @@ fn describe(m: &mut ModuleReport, payload: Bytes, layout: Layout, registry: &Reg
 /// that `describe` already ran; it accepts only the VM version string TVM has written).
 fn describe_relax(x: &RelaxExecutable) -> RelaxReport {
     let mut report = RelaxReport {
-        version: VM_VERSION.to_owned(),
+        version: x.version.clone(),
         functions: Vec::new(),
         externs: Vec::new(),
         constant_pool_len: 0,
@@ -1261,6 +1260,7 @@ fn loaded_shape(n: &LoadedNode) -> TreeShape {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mblob_runtime::payload::relax::executable::VM_VERSION;
 
     const GRAPH: &str = r#"{"nodes": [{"op": "null", "name": "x", "inputs": []}, {"op": "null", "name": "w", "inputs": []},
         {"op": "tvm_op", "name": "f", "attrs": {"num_outputs": "2"}, "inputs": [[0, 0, 0], [1, 0, 0]]}],

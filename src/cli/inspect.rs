@@ -56,8 +56,9 @@ With --json, each file gives one line holding one JSON object:
   --load, loaded (nested {type_key, imports}).
 The function tables are what `mblob export` takes in TREE.json.
 
-Exit status: 0 when every file was read, 1 when any could not be (each error is printed and
-the other files are still reported), 2 for a usage error.";
+Exit status: 0 when every file was read, 1 when any could not be or holds a payload that
+could not be decoded (each error is printed and the other files are still reported), 2 for a
+usage error.";
 
 /// Parses a layout name for clap.
 pub fn parse_layout(s: &str) -> std::result::Result<Layout, String> {
@@ -86,6 +87,13 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
                     out.write_all(render_text(&report).as_bytes())
                 };
                 written.map_err(Error::io("<stdout>", "cannot write"))?;
+                // A payload that could not be decoded is printed as an error: the file was not
+                // read whole.
+                if let Some(e) = report.modules.iter().find_map(|m| m.error.as_ref()) {
+                    failed = true;
+                    let _ =
+                        writeln!(io::stderr().lock(), "mblob: {}: a payload could not be decoded: {e}", path.display());
+                }
             }
             Err(e) => {
                 failed = true;

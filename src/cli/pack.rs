@@ -74,7 +74,8 @@ pub struct PackOptionsArgs {
     /// Write the layout even when the host objects' calling convention is not the one the
     /// layout's TVM calls (detected from their symbols: TVM 0.8-0.20 packed functions fit
     /// `classic`, TVM 0.21's fit `classic-0.21`, TVM 0.22+'s `__tvm_ffi_*` functions fit
-    /// `ffi`), or a Relax executable of one side of TVM 0.20/0.21 in a layout of the other.
+    /// `ffi`), or a Relax executable under a type key the layout's TVM does not read
+    /// (`relax.Executable`, TVM 0.19 and earlier, in `classic-0.21` or `ffi`).
     #[arg(long)]
     pub force_layout: bool,
     /// Write the library even when the host code does not define every function the model

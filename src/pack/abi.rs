@@ -3,8 +3,9 @@
 //!
 //! Re-packing a library in another layout only rewrites the container; the host functions keep
 //! the convention their TVM compiled them for, and payload kinds keep their version's type key
-//! and bytes. So a layout is refused when its TVM cannot call the host objects, and a Relax
-//! executable is refused across the 0.20/0.21 boundary (its type key and magic differ).
+//! and bytes. So a layout is refused when its TVM cannot call the host objects, or has no loader
+//! for the Relax executable's type key (`relax.Executable` before TVM 0.20, `relax.VMExecutable`
+//! from 0.20 on, which 0.20 still writes in the classic layout).
 
 use std::path::{Path, PathBuf};
 
@@ -118,18 +119,21 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> 
     Ok(found)
 }
 
-/// The Relax executable's type key in each layout's TVM.
-fn relax_key(layout: Layout) -> &'static str {
+/// The Relax executable's type keys that the TVM of each layout reads: TVM 0.19 and earlier
+/// register `relax.Executable`, 0.20 renamed it `relax.VMExecutable` and still writes the classic
+/// layout (`__tvm_dev_mblob`), 0.21 and later read only `relax.VMExecutable`. The bytes after the
+/// key are the same executable format in all of them (magic `...151D` until 0.22, `...151E`
+/// from 0.23, which the writer keeps); the constant tags follow the layout's TVM, which the
+/// writer re-numbers.
+fn relax_keys(layout: Layout) -> &'static [&'static str] {
     match layout {
-        Layout::Classic => "relax.Executable",
-        Layout::Classic021 | Layout::Ffi => "relax.VMExecutable",
+        Layout::Classic => &["relax.Executable", "relax.VMExecutable"],
+        Layout::Classic021 | Layout::Ffi => &["relax.VMExecutable"],
     }
 }
 
 /// Checks that the TVM of `layout` can use what the library will hold: the host objects'
-/// calling convention, and the payload kinds whose type key or bytes changed between versions
-/// (TVM 0.19's `relax.Executable`, magic `...151D`, became 0.21's `relax.VMExecutable`,
-/// magic `...151E`).
+/// calling convention, and the Relax executable's type key (renamed in TVM 0.20).
 ///
 /// # Errors
 /// [`Error::Invalid`] naming the detected convention (or the payload) and the layout that
@@ -150,17 +154,17 @@ pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> R
             });
         }
     }
-    let want = relax_key(layout);
+    let accepted = relax_keys(layout);
     for id in tree.ids() {
         let Some(key) = tree.kind(id).map(|k| k.type_key()) else { continue };
-        if (key == "relax.Executable" || key == "relax.VMExecutable") && key != want {
-            let fits = if key == "relax.Executable" { "classic" } else { "classic-0.21 or ffi" };
+        if (key == "relax.Executable" || key == "relax.VMExecutable") && !accepted.contains(&key) {
             return Err(Error::Invalid {
                 what: format!("layout {layout}"),
                 detail: format!(
-                    "the tree holds a `{key}`, which the TVM of this layout cannot read (it expects \
-                     `{want}`, whose bytes differ: the executable's magic changed in TVM 0.21); a Relax \
-                     executable cannot be converted across TVM 0.20/0.21, keep layout {fits}"
+                    "the tree holds a `{key}`, a type key the TVM of this layout has no loader for (it reads \
+                     {}); TVM 0.19 and earlier name the Relax executable `relax.Executable`, 0.20 and later \
+                     `relax.VMExecutable`: keep layout classic",
+                    accepted.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" or ")
                 ),
             });
         }

@@ -283,3 +283,19 @@ fn mutated_containers_give_typed_errors_inside_the_file() {
         }
     }
 }
+
+/// `inspect` exits non-zero when it prints a payload's error (here a VM version no TVM wrote),
+/// and still prints the report.
+#[test]
+fn inspect_exits_non_zero_when_a_payload_does_not_decode() {
+    let mut blob = std::fs::read(dir("containers").join("tvm27-coff.blob")).unwrap();
+    let at = blob.windows(4).position(|w| w == b"0.14").unwrap();
+    blob[at..at + 4].copy_from_slice(b"0.15");
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bad.blob");
+    std::fs::write(&path, &blob).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mblob")).arg("inspect").arg(&path).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("relax.VMExecutable") && stderr.contains("\"0.15\""), "{stdout}{stderr}");
+}

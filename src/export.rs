@@ -486,7 +486,11 @@ impl Export {
                 });
             }
         }
-        opts.check()?;
+        if matches!(backend, Backend::C(_)) {
+            opts.check_c()?;
+        } else {
+            opts.check()?;
+        }
         output::check_output(output)?;
         self.host_inputs().check()?;
         if !self.force_layout {
@@ -532,7 +536,7 @@ impl Export {
         let host_objects = objects.len();
         if !self.allow_missing_functions {
             // Compiled sources included: every function the tree calls must be defined.
-            pack::host::read(&objects)?.check_defines(&self.tree, self.layout, host_objects)?;
+            pack::host::read(&objects)?.check_defines(&self.tree, self.layout, host_objects, &self.prefix)?;
         }
 
         let symbol = serialized.root_has_imports.then(|| opts.symbol());

@@ -112,6 +112,9 @@ pub struct Report {
     /// `prefix`: the `c_symbol_prefix` in front of the blob symbol (`""` for none; `null`
     /// without a symbol). TVM writes one for system-lib builds (`--system-lib-prefix`).
     pub prefix: Option<String>,
+    /// `system_lib`: whether the file registers the blob with TVM's system library at start-up
+    /// (a `--system-lib` build; `null` without a symbol).
+    pub system_lib: Option<bool>,
     /// `section`: the section (or WebAssembly data segment, or `linear memory`) holding the
     /// blob symbol.
     pub section: Option<String>,
@@ -457,6 +460,7 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
         });
         report.symbol = Some(found.symbol.clone());
         report.prefix = Some(found.prefix.clone());
+        report.system_lib = Some(found.system_lib);
         report.section = Some(found.section.clone());
         report.file_offset = found.file_offset;
         (found.bytes, found.layout)
@@ -569,6 +573,7 @@ fn empty_report(path: &Path, kind: FileKind) -> Report {
         container: None,
         symbol: None,
         prefix: None,
+        system_lib: None,
         section: None,
         file_offset: None,
         layout: None,
@@ -1075,6 +1080,9 @@ pub fn render_text(r: &Report) -> String {
             let _ = writeln!(s, "  symbol   {sym} (section {}, {at})", r.section.as_deref().unwrap_or("?"));
             if let Some(p) = r.prefix.as_deref().filter(|p| !p.is_empty()) {
                 let _ = writeln!(s, "  prefix   {p}");
+            }
+            if r.system_lib == Some(true) {
+                let _ = writeln!(s, "  system-lib (registers the blob with TVM's system library at start-up)");
             }
         }
         (

@@ -60,25 +60,49 @@ use crate::{Error, Result};
 /// Reads `TREE.json` into an [`Export`] (tree and host files). Every file it names is opened
 /// here, so a missing one is found before the export does any work.
 pub fn read_tree_json(path: &Path) -> Result<Export> {
+    read_tree_json_with_packing(path).map(|(e, _)| e)
+}
+
+/// How the tree was packed, from the root of `TREE.json` (what `mblob extract` writes there):
+/// the layout, the blob symbol, the `c_symbol_prefix`, and whether the blob registers with
+/// TVM's system library. [`read_tree_json`] applies them to the [`Export`]; options given on
+/// the command line override them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Packing {
+    /// `layout`: `classic`, `classic-0.21` or `ffi`.
+    pub layout: Option<Layout>,
+    /// `symbol`: the blob symbol (prefix and layout's symbol).
+    pub symbol: Option<String>,
+    /// `prefix`: TVM's `c_symbol_prefix`.
+    pub prefix: Option<String>,
+    /// `system_lib`: register the blob with the system library at start-up.
+    pub system_lib: Option<bool>,
+}
+
+/// [`read_tree_json`], and the packing the root names.
+pub fn read_tree_json_with_packing(path: &Path) -> Result<(Export, Packing)> {
     let text = std::fs::read(path).map_err(Error::io(path, "cannot read"))?;
-    parse_tree_json(&text, path, path.parent().unwrap_or(Path::new(".")))
+    parse_tree_json_with_packing(&text, path, path.parent().unwrap_or(Path::new(".")))
 }
 
 /// Reads a tree description held in memory (`text`, JSON) into an [`Export`]: as
 /// [`read_tree_json`], with the paths it names relative to `base`; `name` stands for the
 /// description in messages (`<tree> at $.imports[0]: ...`).
 pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> {
+    parse_tree_json_with_packing(text, name, base).map(|(e, _)| e)
+}
+
+/// [`parse_tree_json`], and the packing the root names.
+pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
-    let mut de = serde_json::Deserializer::from_slice(text);
-    let root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let bad = |at: &str, detail: String| Error::Invalid { what: format!("{} at {at}", path.display()), detail };
+    let mut value: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| bad("$", format!("not valid JSON: {e}")))?;
+    let packing = take_packing(&mut value).map_err(|(at, detail)| bad(&at, detail))?;
+    let root: NodeJson = serde_path_to_error::deserialize(value).map_err(|e| {
         let at = json_path(&e.path().to_string());
-        let inner = e.into_inner();
-        let detail =
-            if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
-        Error::Invalid { what: format!("{} at {at}", path.display()), detail }
+        bad(&at, e.into_inner().to_string())
     })?;
-    de.end()
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
     let mut b = Builder {
         json: path,
         base,
@@ -96,7 +120,59 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
     b.files.ir.into_iter().for_each(|s| {
         export.ir(s);
     });
-    Ok(export)
+    if let Some(l) = packing.layout {
+        export.layout(l);
+    }
+    if let Some(p) = &packing.prefix {
+        export.prefix(p.clone());
+    }
+    if let Some(s) = packing.system_lib {
+        export.system_lib(s);
+    }
+    Ok((export, packing))
+}
+
+/// Takes the root's packing fields out of `value` (so that the module fields are read as
+/// every node's): `layout`, `symbol`, `prefix`, `system_lib`. A `symbol` names the layout and
+/// the prefix too; where both are given they must agree.
+fn take_packing(value: &mut serde_json::Value) -> std::result::Result<Packing, (String, String)> {
+    let mut packing = Packing::default();
+    let Some(root) = value.as_object_mut() else { return Ok(packing) };
+    let string = |v: serde_json::Value, field: &str| match v {
+        serde_json::Value::String(s) => Ok(s),
+        other => Err((format!("$.{field}"), format!("invalid type: {other}, expected a string"))),
+    };
+    if let Some(v) = root.remove("layout") {
+        let name = string(v, "layout")?;
+        let layout = Layout::from_name(&name).ok_or_else(|| {
+            let all = Layout::ALL.map(|l| l.name()).join(", ");
+            ("$.layout".to_owned(), format!("unknown layout `{name}` (expected one of: {all})"))
+        })?;
+        packing.layout = Some(layout);
+    }
+    if let Some(v) = root.remove("prefix") {
+        packing.prefix = Some(string(v, "prefix")?);
+    }
+    if let Some(v) = root.remove("system_lib") {
+        packing.system_lib = Some(
+            v.as_bool().ok_or_else(|| ("$.system_lib".to_owned(), format!("invalid type: {v}, expected a boolean")))?,
+        );
+    }
+    if let Some(v) = root.remove("symbol") {
+        let symbol = string(v, "symbol")?;
+        let (layout, prefix) = Layout::from_symbol(&symbol)
+            .ok_or_else(|| ("$.symbol".to_owned(), format!("`{symbol}` is no blob symbol of any layout")))?;
+        if packing.layout.is_some_and(|l| l != layout) || packing.prefix.as_deref().is_some_and(|p| p != prefix) {
+            return Err((
+                "$.symbol".to_owned(),
+                format!("`{symbol}` does not agree with the layout and prefix given beside it"),
+            ));
+        }
+        packing.layout = Some(layout);
+        packing.prefix = Some(prefix.to_owned());
+        packing.symbol = Some(symbol);
+    }
+    Ok(packing)
 }
 
 /// A serde path (`imports[0].data`, `.` for the root) as the JSON path in messages (`$.imports[0].data`).

@@ -21,6 +21,7 @@ mod inspect;
 mod inspect_more;
 mod library;
 mod pack;
+mod packing;
 mod run;
 mod run_more;
 // Needs the `opencl` feature (on by default) for `mblob run --device opencl`.

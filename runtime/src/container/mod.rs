@@ -196,6 +196,11 @@ pub struct ContainerBlob {
     pub section: String,
     /// Whether it was found among the dynamic symbols or exports.
     pub dynamic: bool,
+    /// Whether the file registers the blob with TVM's system library at start-up (TVM's
+    /// `--system-lib` builds): it calls `TVMBackendRegisterSystemLibSymbol` (TVM up to 0.21) or
+    /// `TVMFFIEnvModRegisterSystemLibSymbol` (0.22+), or, in a linked WebAssembly module, the
+    /// blob was found through that call.
+    pub system_lib: bool,
     /// The blob's bytes (header included): a view of the file, or the bytes rebuilt from a
     /// WebAssembly module's data segments.
     pub bytes: Bytes,
@@ -264,6 +269,7 @@ fn find_in(data: &Bytes, base: u64, prefix: Option<&str>, depth: u32) -> Result<
                 file_offset: Some(base + found.file_offset),
                 section: found.section,
                 dynamic: found.dynamic,
+                system_lib: calls_registration(data),
                 bytes,
             }))
         }
@@ -477,9 +483,31 @@ fn find_by_symbols(
             file_offset: Some(base + start),
             section: section_name,
             dynamic,
+            system_lib: false,
             bytes,
         });
     }
     found.sort_by_key(|b| !b.prefix.is_empty());
-    Ok(found.into_iter().next())
+    let system_lib = calls_registration(data);
+    Ok(found.into_iter().next().map(|b| ContainerBlob { system_lib, ..b }))
+}
+
+/// The functions a system-lib blob registers itself with (TVM up to 0.21, and 0.22+).
+pub const REGISTER_FUNCTIONS: [&str; 2] = ["TVMBackendRegisterSystemLibSymbol", "TVMFFIEnvModRegisterSystemLibSymbol"];
+
+/// Whether the object or library `data` calls a system-lib registration function (an undefined
+/// symbol of that name, with Mach-O's `_` in front or not).
+pub fn calls_registration(data: &[u8]) -> bool {
+    let Ok(file) = object::File::parse(data) else { return false };
+    let is_register = |name: &str| {
+        REGISTER_FUNCTIONS.contains(&name.strip_prefix('_').unwrap_or(name)) || REGISTER_FUNCTIONS.contains(&name)
+    };
+    file.symbols().chain(file.dynamic_symbols()).any(|s| {
+        s.is_undefined()
+            && s.name_bytes()
+                .ok()
+                .filter(|n| n.len() <= MAX_NAME)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .is_some_and(is_register)
+    })
 }

@@ -157,11 +157,14 @@ pub(super) fn find(
             let Some(&(_, blob_address)) = registered.iter().find(|(n, _)| *n == address) else { continue };
             let bytes = read_memory(data, &segments, blob_address, memory_bytes)
                 .map_err(|detail| err(0, outside(&name, detail)))?;
-            found.push(blob(name.clone(), layout, pfx, &identity, None, "linear memory".into(), false, bytes));
+            let mut b = blob(name.clone(), layout, pfx, &identity, None, "linear memory".into(), false, bytes);
+            b.system_lib = true;
+            found.push(b);
         }
     }
     found.sort_by_key(|b| !b.prefix.is_empty());
-    Ok(found.into_iter().next())
+    let calls = super::calls_registration(data);
+    Ok(found.into_iter().next().map(|b| ContainerBlob { system_lib: b.system_lib || calls, ..b }))
 }
 
 /// The NUL-terminated strings of the active data segments that end in a blob symbol's name,
@@ -219,6 +222,7 @@ fn blob(
         file_offset,
         section,
         dynamic,
+        system_lib: false,
         bytes,
     }
 }

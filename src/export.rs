@@ -492,6 +492,11 @@ impl Export {
             opts.check()?;
         }
         output::check_output(output)?;
+        if !output::is_tar(output) {
+            // A target no installed tool links for is refused now, not by a raw linker error.
+            let link = LinkOptions { target: opts.target.clone(), ..self.link.clone() };
+            link::plan(&link)?;
+        }
         self.host_inputs().check()?;
         if !self.force_layout {
             pack::abi::check_layout(&self.objects, self.layout, &self.tree)?;
@@ -543,6 +548,7 @@ impl Export {
         let tar = output::is_tar(output);
         let direct = backend == Backend::Direct && symbol.is_some() && !tar;
         let mut link = self.link.clone();
+        link.target.clone_from(&opts.target);
         if symbol.is_some() && !direct {
             objects.push(stages.run("pack", |_| {
                 let watched = Watched { inner: &blob, len: blob_len, report: self.progress.as_deref() };

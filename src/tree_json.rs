@@ -96,13 +96,17 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
 pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
     let bad = |at: &str, detail: String| Error::Invalid { what: format!("{} at {at}", path.display()), detail };
-    let mut value: serde_json::Value =
-        serde_json::from_slice(text).map_err(|e| bad("$", format!("not valid JSON: {e}")))?;
-    let packing = take_packing(&mut value).map_err(|(at, detail)| bad(&at, detail))?;
-    let root: NodeJson = serde_path_to_error::deserialize(value).map_err(|e| {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let mut root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(&e.path().to_string());
-        bad(&at, e.into_inner().to_string())
+        let inner = e.into_inner();
+        let detail =
+            if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
+        bad(&at, detail)
     })?;
+    de.end()
+        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
+    let packing = take_packing(&mut root).map_err(|(at, detail)| bad(&at, detail))?;
     let mut b = Builder {
         json: path,
         base,
@@ -132,34 +136,21 @@ pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Re
     Ok((export, packing))
 }
 
-/// Takes the root's packing fields out of `value` (so that the module fields are read as
-/// every node's): `layout`, `symbol`, `prefix`, `system_lib`. A `symbol` names the layout and
-/// the prefix too; where both are given they must agree.
-fn take_packing(value: &mut serde_json::Value) -> std::result::Result<Packing, (String, String)> {
+/// Takes the root's packing fields out of `root`: `layout`, `symbol`, `prefix`,
+/// `system_lib`. A `symbol` names the layout and the prefix too; where both are given they must
+/// agree.
+fn take_packing(root: &mut NodeJson) -> std::result::Result<Packing, (String, String)> {
     let mut packing = Packing::default();
-    let Some(root) = value.as_object_mut() else { return Ok(packing) };
-    let string = |v: serde_json::Value, field: &str| match v {
-        serde_json::Value::String(s) => Ok(s),
-        other => Err((format!("$.{field}"), format!("invalid type: {other}, expected a string"))),
-    };
-    if let Some(v) = root.remove("layout") {
-        let name = string(v, "layout")?;
+    if let Some(name) = root.layout.take() {
         let layout = Layout::from_name(&name).ok_or_else(|| {
             let all = Layout::ALL.map(|l| l.name()).join(", ");
             ("$.layout".to_owned(), format!("unknown layout `{name}` (expected one of: {all})"))
         })?;
         packing.layout = Some(layout);
     }
-    if let Some(v) = root.remove("prefix") {
-        packing.prefix = Some(string(v, "prefix")?);
-    }
-    if let Some(v) = root.remove("system_lib") {
-        packing.system_lib = Some(
-            v.as_bool().ok_or_else(|| ("$.system_lib".to_owned(), format!("invalid type: {v}, expected a boolean")))?,
-        );
-    }
-    if let Some(v) = root.remove("symbol") {
-        let symbol = string(v, "symbol")?;
+    packing.prefix = root.prefix.take();
+    packing.system_lib = root.system_lib.take();
+    if let Some(symbol) = root.symbol.take() {
         let (layout, prefix) = Layout::from_symbol(&symbol)
             .ok_or_else(|| ("$.symbol".to_owned(), format!("`{symbol}` is no blob symbol of any layout")))?;
         if packing.layout.is_some_and(|l| l != layout) || packing.prefix.as_deref().is_some_and(|p| p != prefix) {
@@ -188,6 +179,11 @@ fn json_path(serde_path: &str) -> String {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a module (a JSON object with a `type_key`)")]
 struct NodeJson {
+    // How the tree was packed (the root only).
+    layout: Option<String>,
+    symbol: Option<String>,
+    prefix: Option<String>,
+    system_lib: Option<bool>,
     type_key: Option<String>,
     id: Option<serde_json::Value>,
     imports: Option<Vec<NodeJson>>,
@@ -224,6 +220,10 @@ impl NodeJson {
     /// The fields present, by name.
     fn present(&self) -> Vec<&'static str> {
         let NodeJson {
+            layout,
+            symbol,
+            prefix,
+            system_lib,
             type_key,
             id,
             imports,
@@ -242,6 +242,11 @@ impl NodeJson {
             shaders,
         } = self;
         let all = [
+            // Taken out of the root before its fields are checked: anywhere else, misplaced.
+            ("layout", layout.is_some()),
+            ("symbol", symbol.is_some()),
+            ("prefix", prefix.is_some()),
+            ("system_lib", system_lib.is_some()),
             ("type_key", type_key.is_some()),
             ("id", id.is_some()),
             ("imports", imports.is_some()),

@@ -135,3 +135,58 @@ fn tree_json_packing_fields_are_checked() {
         assert!(!out.status.success() && err.contains(says), "{json}: {err}");
     }
 }
+
+/// `--target` / host objects for another machine: the target's compiler (`CC_<triple>`), else
+/// `ld.lld` directly, else a refusal before any work that names what to install; never the
+/// host `cc`'s raw "incompatible" error.
+#[test]
+fn a_cross_target_links_with_the_targets_tools_or_is_refused_up_front() {
+    let fx = fixtures().join("cross-aarch64");
+    let dir = tempfile::tempdir().unwrap();
+    let (blob, lib0) = (fx.join("graph_add.blob"), fx.join("graph_add.lib0.o"));
+    let run = |out: &Path, extra: &[&str], env: &[(&str, &OsStr)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mblob"));
+        cmd.args(["pack", "--from"]).arg(&blob).arg("--host").arg(&lib0).arg("-o").arg(out).args(extra);
+        for var in ["CC_aarch64_unknown_linux_gnu", "CC_aarch64-unknown-linux-gnu", "CC_aarch64_linux_gnu", "TARGET_CC"]
+        {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    // The target's compiler, named by the cc crate's variable, is the one run.
+    let log = dir.path().join("args.txt");
+    let fake = dir.path().join("fake-cc.sh");
+    std::fs::write(&fake, format!("#!/bin/sh\necho \"$@\" > {}\nexit 3\n", log.display())).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = run(&dir.path().join("a.so"), &[], &[("CC_aarch64_unknown_linux_gnu", fake.as_os_str())]);
+    assert!(!out.status.success());
+    let args = std::fs::read_to_string(&log).expect("the target's compiler ran");
+    assert!(args.contains("-shared") && args.contains("graph_add.lib0.o"), "{args}");
+    // Without a target compiler: ld.lld links the AArch64 objects itself, when installed.
+    if mblob::link::find_lld().is_some() {
+        let so = dir.path().join("b.so");
+        let out = run(&so, &[], &[]);
+        ok(&out);
+        let data = map_file(&so).unwrap();
+        let found = find_blob(&data, None).unwrap().unwrap();
+        assert_eq!(found.identity.machine, "aarch64");
+        assert!(found.bytes[..] == std::fs::read(&blob).unwrap()[..], "not TVM's blob");
+    }
+    // With neither (the driver's default linker asked for): refused before any work, naming
+    // the variable to set and the tools to install.
+    let so = dir.path().join("c.so");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let out = run(&so, &["--linker", "default"], &[("PATH", &path)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.contains("aarch64-linux-gnu-gcc") || out.status.success() {
+        // An AArch64 gcc is installed here: nothing to refuse.
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("CC_aarch64_unknown_linux_gnu") && err.contains("lld"), "{err}");
+    assert!(!err.contains("incompatible"), "{err}");
+    assert!(!so.exists());
+}

@@ -225,7 +225,7 @@ pub struct RelaxConstant {
 
 /// The function table (global section) of a Relax VM executable; the constants and the code
 /// are not decoded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RelaxReport {
     /// `version`: the executable format's version string (`0.14`).
     pub version: String,
@@ -245,6 +245,37 @@ pub struct RelaxReport {
     /// that reaches one fails. `null` when the library is not at hand (a raw blob or a tar
     /// archive), so its functions are unknown.
     pub unsupported_calls: Option<Vec<String>>,
+    /// `strings`: the pool's string constants (MLC's `_metadata` JSON is one), whole.
+    pub strings: Vec<RelaxString>,
+    /// `calls`: each call of a builtin (a packed function with a dotted name, such as
+    /// `vm.builtin.attention_kv_cache_create`) that passes constants, in code order, with its
+    /// arguments.
+    pub calls: Vec<RelaxCall>,
+    /// `metadata`: what MLC's `_metadata` function returns when it returns a string constant
+    /// (the model's metadata JSON, read without running code); `null` otherwise.
+    pub metadata: Option<String>,
+}
+
+/// A string constant (JSON `relax.strings[i]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaxString {
+    /// `index`: the position in the constant pool (`c[index]`).
+    pub index: usize,
+    /// `text`: the string (bytes that are not UTF-8 replaced).
+    pub text: String,
+}
+
+/// A builtin call with constant arguments (JSON `relax.calls[i]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RelaxCall {
+    /// `function`: the VM function the call is in.
+    pub function: String,
+    /// `callee`: the builtin called.
+    pub callee: String,
+    /// `args`: the arguments in order: constants as their values (strings, integers, floats,
+    /// shapes as arrays, dtypes as strings, tensors as `"tensor DTYPE[SHAPE]"`), immediates as
+    /// integers, registers as `"%N"`, functions as `"@name"`.
+    pub args: Vec<serde_json::Value>,
 }
 
 /// One VM function (JSON `relax.functions[i]`).

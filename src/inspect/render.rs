@@ -191,6 +191,10 @@ fn render_relax_more(s: &mut String, r: &RelaxReport) {
     for c in &r.constants {
         let _ = writeln!(s, "{AT}constant c[{}] {}{:?} ({} bytes)", c.index, c.dtype, c.shape, c.bytes);
     }
+    for st in &r.strings {
+        let _ = writeln!(s, "{AT}string c[{}] {}", st.index, abbreviate(&st.text));
+    }
+    render_calls(s, r);
     if let Some(calls) = r.unsupported_calls.as_ref().filter(|c| !c.is_empty()) {
         let _ = writeln!(
             s,
@@ -229,4 +233,51 @@ fn tree_shape(n: &TreeNode) -> TreeShape {
 
 fn loaded_shape(n: &LoadedNode) -> TreeShape {
     TreeShape { type_key: n.type_key.clone(), imports: n.imports.iter().map(loaded_shape).collect() }
+}
+
+/// Longest string shown whole in the text form (`--json` gives every string whole).
+const SHOWN: usize = 96;
+
+/// A string as the text form shows it: on one line, cut after [`SHOWN`] characters.
+fn abbreviate(text: &str) -> String {
+    let one_line: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let n = one_line.chars().count();
+    if n <= SHOWN {
+        format!("{one_line:?}")
+    } else {
+        let head: String = one_line.chars().take(SHOWN).collect();
+        format!("{head:?}... ({n} characters; --json gives it whole)")
+    }
+}
+
+/// The builtin calls with constant arguments, for the text form: one line per builtin, with
+/// the arguments of its first call and how many calls there are (`--json` lists every call).
+fn render_calls(s: &mut String, r: &super::RelaxReport) {
+    use std::fmt::Write as _;
+    const AT: &str = "           ";
+    let mut seen: Vec<(&str, usize, String)> = Vec::new();
+    for c in &r.calls {
+        if let Some((_, n, _)) = seen.iter_mut().find(|(callee, _, _)| *callee == c.callee) {
+            *n += 1;
+            continue;
+        }
+        let args: Vec<String> = c
+            .args
+            .iter()
+            .map(|a| match a {
+                serde_json::Value::String(t)
+                    if t.starts_with('%') || t.starts_with('@') || t.starts_with("tensor ") =>
+                {
+                    t.clone()
+                }
+                serde_json::Value::String(t) => abbreviate(t),
+                v => v.to_string(),
+            })
+            .collect();
+        seen.push((&c.callee, 1, format!("{}({}) in {}", c.callee, args.join(", "), c.function)));
+    }
+    for (_, n, line) in &seen {
+        let more = if *n > 1 { format!(" (first of {n} calls)") } else { String::new() };
+        let _ = writeln!(s, "{AT}call {line}{more}");
+    }
 }

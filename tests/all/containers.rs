@@ -299,3 +299,72 @@ fn inspect_exits_non_zero_when_a_payload_does_not_decode() {
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("relax.VMExecutable") && stderr.contains("\"0.15\""), "{stdout}{stderr}");
 }
+
+/// TVM 0.22+'s `bool` constant (DLPack code 6, 8 bits) is named `bool`, as TVM names it.
+#[test]
+fn tvm_bool_constants_are_named_bool() {
+    let path = dir("containers").join("tvm27-bool.blob");
+    let r = inspect_path(&path, &Options::default()).unwrap();
+    let relax = r.modules.iter().find_map(|m| m.relax.as_ref()).unwrap();
+    let c: Vec<(&str, &[i64])> = relax.constants.iter().map(|c| (c.dtype.as_str(), &c.shape[..])).collect();
+    assert_eq!(c, [("bool", &[4i64][..])]);
+    // The type checks TVM compiled name the same type, as a string constant.
+    assert!(relax.calls.iter().any(|c| c.callee == "vm.builtin.check_tensor_info" && c.args.contains(&"bool".into())));
+}
+
+/// MLC's libraries: the string constants, the builtin calls' constant arguments (the KV-cache
+/// create call) and `inspect --metadata` (the `_metadata` JSON, read without running code),
+/// checked against what the file names say (model and quantization) and the constant pool.
+#[test]
+fn mlc_metadata_strings_and_builtin_calls_are_shown() {
+    let fx = dir("mlc-libs");
+    let tmp = tempfile::tempdir().unwrap();
+    for (fixture, model_type, quantization) in [
+        ("RedPajama-INCITE-Chat-3B-v1-q4f32_1-android.tar", "gpt_neox", "q4f32_1"),
+        ("Mistral-7B-Instruct-v0.2-q3f16_1-iphone.tar", "mistral", "q3f16_1"),
+        ("gpt2-q0f16-metal.so.gz", "gpt2", "q0f16"),
+        ("gpt2-q0f16-ctx1k-webgpu.wasm.gz", "gpt2", "q0f16"),
+    ] {
+        let raw = std::fs::read(fx.join(fixture)).unwrap();
+        let path = if let Some(name) = fixture.strip_suffix(".gz") {
+            let p = tmp.path().join(name);
+            std::fs::write(&p, gunzip(&raw)).unwrap();
+            p
+        } else {
+            fx.join(fixture)
+        };
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_mblob")).arg("inspect").arg("--metadata").arg(&path).output().unwrap();
+        assert!(out.status.success(), "{fixture}: {}", String::from_utf8_lossy(&out.stderr));
+        let meta: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{fixture}: {e}"));
+        assert_eq!(meta["model_type"], model_type, "{fixture}");
+        assert_eq!(meta["quantization"], quantization, "{fixture}");
+        // The same text is a string constant of the pool, and `--json` gives it whole.
+        let r = inspect_path(&path, &Options::default()).unwrap();
+        let relax = r.modules.iter().find_map(|m| m.relax.as_ref()).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(relax.strings.iter().any(|s| s.text == text.trim_end()), "{fixture}");
+        assert_eq!(relax.metadata.as_deref(), Some(text.trim_end()));
+        // A builtin call with constant arguments: every one names a builtin, and its constant
+        // arguments are values of the pool.
+        assert!(!relax.calls.is_empty(), "{fixture}");
+        for c in &relax.calls {
+            assert!(relax.externs.contains(&c.callee) && c.callee.contains('.'), "{fixture}: {}", c.callee);
+        }
+        // The text form abbreviates long strings.
+        let out = Command::new(env!("CARGO_BIN_EXE_mblob")).arg("inspect").arg(&path).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("--json gives it whole") && text.contains("call vm.builtin."), "{fixture}");
+    }
+    // gpt2's KV caches: `attention_kv_cache_create(c[k], shape, 0)`, the shape that of c[k].
+    let gpt2 = tmp.path().join("gpt2-q0f16-metal.so");
+    let r = inspect_path(&gpt2, &Options::default()).unwrap();
+    let relax = r.modules.iter().find_map(|m| m.relax.as_ref()).unwrap();
+    let creates: Vec<_> = relax.calls.iter().filter(|c| c.callee == "vm.builtin.attention_kv_cache_create").collect();
+    assert_eq!(creates.len(), 24, "12 layers, a key and a value cache each");
+    let c = &relax.constants[0];
+    for call in creates {
+        let want = serde_json::json!([format!("tensor {}{:?}", c.dtype, c.shape), c.shape, 0]);
+        assert_eq!(Value::Array(call.args.clone()), want);
+    }
+}

@@ -284,21 +284,16 @@ pub(super) fn host_report(data: &[u8]) -> Option<HostReport> {
     if !any {
         return None;
     }
-    let ffi = context.iter().any(|c| c == "__tvm_ffi__library_ctx")
-        || functions.iter().any(|f| f.starts_with("__tvm_ffi_"))
-        || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_ffi__library_bin"));
-    let ffi021 = context.iter().any(|c| c == "__tvm_ffi_library_ctx" || c.starts_with("__TVMFFI"))
-        || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_ffi_library_bin"));
-    let classic = !context.is_empty() || file.dynamic_symbols().any(|s| s.name() == Ok("__tvm_dev_mblob"));
-    let convention = if ffi {
-        "tvm-ffi"
-    } else if ffi021 {
-        "tvm-ffi-0.21"
-    } else if classic {
-        "classic-packed"
-    } else {
-        "c"
-    };
+    // The one classifier of host code (the loader's and pack's too), over the library's
+    // exported and imported symbols.
+    let convention = mblob_runtime::format::convention::classify(file.dynamic_symbols().filter_map(|s| {
+        Some(mblob_runtime::format::convention::SymbolFact {
+            name: s.name().ok()?,
+            undefined: s.is_undefined(),
+            global_code: s.kind() == SymbolKind::Text && s.is_global(),
+        })
+    }))
+    .name();
     let (functions, other_functions): (Vec<String>, Vec<String>) =
         functions.into_iter().partition(|symbol| is_entry_point(symbol, convention));
     let functions = functions

@@ -10,87 +10,21 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::{Layout, ModuleTree};
-use object::{Object, ObjectSymbol};
 
 use crate::{Error, Result};
 
-/// The calling convention of compiled host functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Convention {
-    /// TVM 0.8 to 0.20: packed functions `int f(TVMValue*, int*, int, TVMValue*, int*, void*)`
-    /// under their own names, context slots `__tvm_module_ctx`, `__TVMAPISetLastError`.
-    ClassicPacked,
-    /// TVM 0.21: tvm-ffi's `int f(void*, const TVMFFIAny*, int32_t, TVMFFIAny*)` under the
-    /// functions' own names, slots `__tvm_ffi_library_ctx`, `__TVMFFIErrorSetRaisedFromCStr`.
-    Ffi021,
-    /// TVM 0.22 and later: tvm-ffi functions exported as `__tvm_ffi_<name>`, slot
-    /// `__tvm_ffi__library_ctx`, and `TVMFFIErrorSetRaisedFromCStrParts` undefined.
-    Ffi,
-}
+pub use mblob_runtime::format::Convention;
 
-impl Convention {
-    /// The one layout whose TVM calls this convention.
-    pub fn layout(self) -> Layout {
-        match self {
-            Convention::ClassicPacked => Layout::Classic,
-            Convention::Ffi021 => Layout::Classic021,
-            Convention::Ffi => Layout::Ffi,
-        }
-    }
-
-    /// What it is, for messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Convention::ClassicPacked => "TVM 0.8-0.20's packed calling convention",
-            Convention::Ffi021 => "TVM 0.21's tvm-ffi calling convention (plain function names)",
-            Convention::Ffi => "TVM 0.22+'s tvm-ffi calling convention (functions named __tvm_ffi_<name>)",
-        }
-    }
-}
-
-impl std::fmt::Display for Convention {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.describe())
-    }
-}
-
-/// The convention of one object file's host functions, from its symbols: `Ok(None)` for an
-/// object with no TVM marker (plain C, a runtime shim), or a file that is not an object
-/// (an archive: not looked into).
+/// The convention of one object file's host functions, from its symbols (the one classifier
+/// the loader and `inspect` use too, [`mblob_runtime::format::convention`]): `Ok(None)` for an
+/// object with no TVM marker (plain C, a runtime shim), or a file that is not an object (an
+/// archive: not looked into).
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be read.
 pub fn detect(path: &Path) -> Result<Option<Convention>> {
     let data = mblob_runtime::map_file(path)?;
-    let Ok(file) = object::File::parse(data.as_ref()) else { return Ok(None) };
-    let mut classic = false;
-    let mut ffi021 = false;
-    let mut ffi = false;
-    for sym in file.symbols() {
-        let Ok(name) = sym.name() else { continue };
-        if sym.is_undefined() {
-            ffi |= name == "TVMFFIErrorSetRaisedFromCStrParts";
-            continue;
-        }
-        match name {
-            "__tvm_module_ctx" | "__TVMAPISetLastError" | "__TVMFuncCall" => classic = true,
-            "__tvm_ffi__library_ctx" => ffi = true,
-            "__tvm_ffi_library_ctx" | "__TVMFFIErrorSetRaisedFromCStr" | "__TVMFFIFunctionCall" => ffi021 = true,
-            _ => {
-                ffi |= name.starts_with("__tvm_ffi_") && sym.kind() == object::SymbolKind::Text && sym.is_global();
-            }
-        }
-    }
-    // 0.22+ keeps 0.21's slot names, so its own markers decide first.
-    Ok(if ffi {
-        Some(Convention::Ffi)
-    } else if ffi021 {
-        Some(Convention::Ffi021)
-    } else if classic {
-        Some(Convention::ClassicPacked)
-    } else {
-        None
-    })
+    Ok(mblob_runtime::format::convention::classify_file(&data).filter(|c| *c != Convention::C))
 }
 
 /// The convention of a set of host objects: the one their markers agree on, `None` when none
@@ -140,7 +74,7 @@ fn relax_keys(layout: Layout) -> &'static [&'static str] {
 /// fits; `Export::force_layout` skips this check.
 pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
     if let Some((convention, path)) = detect_all(objects)? {
-        if convention.layout() != layout {
+        if convention.layout().is_some_and(|l| l != layout) {
             return Err(Error::Invalid {
                 what: format!("layout {layout}"),
                 detail: format!(
@@ -149,7 +83,7 @@ pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> R
                      the compiled host code: build the host code with the TVM you target, or pass \
                      --force-layout to write it anyway)",
                     path.display(),
-                    convention.layout()
+                    convention.layout().map_or("?", |l| l.name())
                 ),
             });
         }

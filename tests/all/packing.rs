@@ -190,3 +190,38 @@ fn a_cross_target_links_with_the_targets_tools_or_is_refused_up_front() {
     assert!(!err.contains("incompatible"), "{err}");
     assert!(!so.exists());
 }
+
+/// One classifier of host code: TVM 0.19 code packed under the tvm-ffi layout's symbol
+/// (`--force-layout`) is reported by `inspect` in its own convention (classic packed), the one
+/// the loader calls it in, not the layout's.
+#[test]
+fn inspect_reports_the_codes_convention_not_the_layouts() {
+    let g = fixtures().join("tvm-goldens");
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("forced.so");
+    let (from, host) = (g.join("graph_dense_relu.so"), g.join("graph_dense_relu.lib0.o"));
+    ok(&mblob(&[
+        "pack".as_ref(),
+        "--from".as_ref(),
+        from.as_os_str(),
+        "--host".as_ref(),
+        host.as_os_str(),
+        "--layout".as_ref(),
+        "ffi".as_ref(),
+        "--force-layout".as_ref(),
+        "-o".as_ref(),
+        so.as_os_str(),
+    ]));
+    let out = mblob(&["inspect".as_ref(), "--json".as_ref(), so.as_os_str()]);
+    ok(&out);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["symbol"], "__tvm_ffi__library_bin");
+    assert_eq!(r["host"]["convention"], "classic-packed", "{}", r["host"]);
+    let data = std::fs::read(&so).unwrap();
+    assert_eq!(
+        mblob::runtime::format::convention::classify_file(&data),
+        Some(mblob::runtime::format::Convention::ClassicPacked)
+    );
+    // And the pack check, the same classifier, names that convention.
+    assert_eq!(mblob::pack::abi::detect(&host).unwrap(), Some(mblob::runtime::format::Convention::ClassicPacked));
+}

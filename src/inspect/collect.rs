@@ -327,8 +327,10 @@ fn is_context_symbol(name: &str) -> bool {
     name.starts_with("__TVM") || matches!(name, "__tvm_module_ctx" | "__tvm_ffi_library_ctx" | "__tvm_ffi__library_ctx")
 }
 
-/// What a convention means, for the text form.
-
+/// The import tree, nested. Bounded as [`mblob_runtime::LoadedTree::shape`] is: a module
+/// imported by several parents appears under each, so the expansion stops (nodes keep no
+/// imports) at as many nodes as there are modules and edges plus 4096, and below
+/// `LoadedTree::MAX_SHAPE_DEPTH` levels; without that, a 4 KB blob of shared imports hung.
 pub(super) fn tree_value(parsed: &ParsedBlob<'_>) -> TreeNode {
     fn walk(parsed: &ParsedBlob<'_>, modules: &[&str], index: usize, depth: usize, budget: &mut usize) -> TreeNode {
         let key = modules.get(index).copied().unwrap_or("?");

@@ -4,6 +4,7 @@ use mblob_runtime::TreeShape;
 
 use super::{AotReport, FileKind, LoadedNode, ModuleReport, RelaxReport, Report, TreeNode};
 
+/// What a convention means, for the text form.
 pub(super) fn convention_text(convention: &str) -> &'static str {
     match convention {
         "classic-packed" => {
@@ -14,11 +15,6 @@ pub(super) fn convention_text(convention: &str) -> &'static str {
         _ => "plain C functions (no TVM context symbols)",
     }
 }
-
-/// The import tree, nested. Bounded as [`mblob_runtime::LoadedTree::shape`] is: a module
-/// imported by several parents appears under each, so the expansion stops (nodes keep no
-/// imports) at as many nodes as there are modules and edges plus 4096, and below
-/// `LoadedTree::MAX_SHAPE_DEPTH` levels; without that, a 4 KB blob of shared imports hung.
 
 /// The text form of a report.
 pub fn render_text(r: &Report) -> String {

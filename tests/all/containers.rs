@@ -64,7 +64,7 @@ fn cut_with_object(data: &[u8]) -> Option<(String, Vec<u8>)> {
         .filter(|s| !s.is_undefined())
         .filter_map(|s| Some((c_name(s.name().ok()?)?, s.address(), s.section_index())))
         .collect();
-    for e in file.exports().ok()?.into_iter().flatten() {
+    for e in file.exports().ok()?.flatten() {
         if let (object::NameOrOrdinal::Name(name), object::ExportTarget::Address { address }) = (e.name(), e.target()) {
             hits.push((String::from_utf8_lossy(name).into_owned(), address, None));
         }
@@ -85,7 +85,9 @@ fn cut_with_object(data: &[u8]) -> Option<(String, Vec<u8>)> {
 #[test]
 fn tvm_built_containers_hold_tvms_own_blob() {
     let fx = dir("containers");
-    let cases: &[(&str, &str, &[(&str, &str, &str)])] = &[
+    // (kind, file suffix, the report's `kind`), per TVM with its blob symbol.
+    type Files = &'static [(&'static str, &'static str, &'static str)];
+    let cases: &[(&str, &str, Files)] = &[
         (
             "tvm19",
             "__tvm_dev_mblob",
@@ -126,7 +128,7 @@ fn tvm_built_containers_hold_tvms_own_blob() {
             assert_eq!(serde_json::to_value(r.kind).unwrap(), *report_kind, "{what}");
             assert_eq!(r.symbol.as_deref(), Some(*symbol), "{what}");
             assert_eq!(r.prefix.as_deref(), Some(""), "{what}");
-            assert!(&r.blob.as_ref().unwrap()[..] == &golden[..], "{what}: not TVM's bytes");
+            assert!(r.blob.as_ref().unwrap()[..] == golden[..], "{what}: not TVM's bytes");
             let keys: Vec<&str> = facts["containers"][kind]["type_keys"]
                 .as_array()
                 .unwrap()

@@ -336,9 +336,12 @@ fn find_in_parts(
     Ok(found)
 }
 
-/// The slices of a fat Mach-O file: architecture name and file range.
-fn fat_arches(data: &[u8]) -> Result<Vec<(String, (u64, u64))>, String> {
-    fn arches<A: FatArch>(list: &[A]) -> Vec<(String, (u64, u64))> {
+/// A slice of a fat Mach-O file: architecture name and file range (offset, size).
+type FatSlice = (String, (u64, u64));
+
+/// The slices of a fat Mach-O file.
+fn fat_arches(data: &[u8]) -> Result<Vec<FatSlice>, String> {
+    fn arches<A: FatArch>(list: &[A]) -> Vec<FatSlice> {
         list.iter().map(|a| (machine_name(a.architecture()).to_owned(), a.file_range())).collect()
     }
     match object::FileKind::parse(data).map_err(|e| e.to_string())? {

@@ -486,8 +486,17 @@ impl Export {
                 });
             }
         }
-        opts.check()?;
+        if matches!(backend, Backend::C(_)) {
+            opts.check_c()?;
+        } else {
+            opts.check()?;
+        }
         output::check_output(output)?;
+        if !output::is_tar(output) {
+            // A target no installed tool links for is refused now, not by a raw linker error.
+            let link = LinkOptions { target: opts.target.clone(), ..self.link.clone() };
+            link::plan(&link)?;
+        }
         self.host_inputs().check()?;
         if !self.force_layout {
             pack::abi::check_layout(&self.objects, self.layout, &self.tree)?;
@@ -532,13 +541,14 @@ impl Export {
         let host_objects = objects.len();
         if !self.allow_missing_functions {
             // Compiled sources included: every function the tree calls must be defined.
-            pack::host::read(&objects)?.check_defines(&self.tree, self.layout, host_objects)?;
+            pack::host::read(&objects)?.check_defines(&self.tree, self.layout, host_objects, &self.prefix)?;
         }
 
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         let tar = output::is_tar(output);
         let direct = backend == Backend::Direct && symbol.is_some() && !tar;
         let mut link = self.link.clone();
+        link.target.clone_from(&opts.target);
         if symbol.is_some() && !direct {
             objects.push(stages.run("pack", |_| {
                 let watched = Watched { inner: &blob, len: blob_len, report: self.progress.as_deref() };

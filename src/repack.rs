@@ -18,22 +18,41 @@ use crate::{Error, Result};
 /// The file cannot be read, an ELF file without a blob symbol, or a raw blob that parses in
 /// no layout.
 pub fn read_blob(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout)> {
+    read_source(path, layout).map(|(b, l, _)| (b, l))
+}
+
+/// How a source library was packed besides its layout: its `c_symbol_prefix` and whether it
+/// registers with TVM's system library (both empty for a raw blob).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcePacking {
+    /// The prefix in front of the blob symbol.
+    pub prefix: String,
+    /// Whether it registers the blob at start-up.
+    pub system_lib: bool,
+}
+
+/// [`read_blob`], and the source's prefix and system-lib mode.
+///
+/// # Errors
+/// As [`read_blob`].
+pub fn read_source(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout, SourcePacking)> {
     let data = mblob_runtime::map_file(path)?;
-    if data.starts_with(b"\x7fELF") {
-        let (found, bytes) = elf::slice_blob(&data, None)
-            .map_err(|detail| mblob_runtime::Error::Elf { path: path.to_owned(), detail })?
+    if mblob_runtime::container::identify(&data).is_some() {
+        let found = mblob_runtime::container::find_blob(&data, None)
+            .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?
             .ok_or_else(|| Error::Invalid {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
-        Ok((bytes, found.layout))
+        let packing = SourcePacking { prefix: found.prefix.clone(), system_lib: found.system_lib };
+        Ok((found.bytes, found.layout, packing))
     } else {
         let layout = match layout {
             Some(l) => l,
             None => Layout::detect(&data, &Registry::default())
                 .map_err(|source| mblob_runtime::Error::Detect { path: path.to_owned(), source })?,
         };
-        Ok((data, layout))
+        Ok((data, layout, SourcePacking::default()))
     }
 }
 

@@ -60,25 +60,53 @@ use crate::{Error, Result};
 /// Reads `TREE.json` into an [`Export`] (tree and host files). Every file it names is opened
 /// here, so a missing one is found before the export does any work.
 pub fn read_tree_json(path: &Path) -> Result<Export> {
+    read_tree_json_with_packing(path).map(|(e, _)| e)
+}
+
+/// How the tree was packed, from the root of `TREE.json` (what `mblob extract` writes there):
+/// the layout, the blob symbol, the `c_symbol_prefix`, and whether the blob registers with
+/// TVM's system library. [`read_tree_json`] applies them to the [`Export`]; options given on
+/// the command line override them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Packing {
+    /// `layout`: `classic`, `classic-0.21` or `ffi`.
+    pub layout: Option<Layout>,
+    /// `symbol`: the blob symbol (prefix and layout's symbol).
+    pub symbol: Option<String>,
+    /// `prefix`: TVM's `c_symbol_prefix`.
+    pub prefix: Option<String>,
+    /// `system_lib`: register the blob with the system library at start-up.
+    pub system_lib: Option<bool>,
+}
+
+/// [`read_tree_json`], and the packing the root names.
+pub fn read_tree_json_with_packing(path: &Path) -> Result<(Export, Packing)> {
     let text = std::fs::read(path).map_err(Error::io(path, "cannot read"))?;
-    parse_tree_json(&text, path, path.parent().unwrap_or(Path::new(".")))
+    parse_tree_json_with_packing(&text, path, path.parent().unwrap_or(Path::new(".")))
 }
 
 /// Reads a tree description held in memory (`text`, JSON) into an [`Export`]: as
 /// [`read_tree_json`], with the paths it names relative to `base`; `name` stands for the
 /// description in messages (`<tree> at $.imports[0]: ...`).
 pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> {
+    parse_tree_json_with_packing(text, name, base).map(|(e, _)| e)
+}
+
+/// [`parse_tree_json`], and the packing the root names.
+pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
+    let bad = |at: &str, detail: String| Error::Invalid { what: format!("{} at {at}", path.display()), detail };
     let mut de = serde_json::Deserializer::from_slice(text);
-    let root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let mut root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(&e.path().to_string());
         let inner = e.into_inner();
         let detail =
             if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
-        Error::Invalid { what: format!("{} at {at}", path.display()), detail }
+        bad(&at, detail)
     })?;
     de.end()
         .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
+    let packing = take_packing(&mut root).map_err(|(at, detail)| bad(&at, detail))?;
     let mut b = Builder {
         json: path,
         base,
@@ -96,7 +124,46 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
     b.files.ir.into_iter().for_each(|s| {
         export.ir(s);
     });
-    Ok(export)
+    if let Some(l) = packing.layout {
+        export.layout(l);
+    }
+    if let Some(p) = &packing.prefix {
+        export.prefix(p.clone());
+    }
+    if let Some(s) = packing.system_lib {
+        export.system_lib(s);
+    }
+    Ok((export, packing))
+}
+
+/// Takes the root's packing fields out of `root`: `layout`, `symbol`, `prefix`,
+/// `system_lib`. A `symbol` names the layout and the prefix too; where both are given they must
+/// agree.
+fn take_packing(root: &mut NodeJson) -> std::result::Result<Packing, (String, String)> {
+    let mut packing = Packing::default();
+    if let Some(name) = root.layout.take() {
+        let layout = Layout::from_name(&name).ok_or_else(|| {
+            let all = Layout::ALL.map(|l| l.name()).join(", ");
+            ("$.layout".to_owned(), format!("unknown layout `{name}` (expected one of: {all})"))
+        })?;
+        packing.layout = Some(layout);
+    }
+    packing.prefix = root.prefix.take();
+    packing.system_lib = root.system_lib.take();
+    if let Some(symbol) = root.symbol.take() {
+        let (layout, prefix) = Layout::from_symbol(&symbol)
+            .ok_or_else(|| ("$.symbol".to_owned(), format!("`{symbol}` is no blob symbol of any layout")))?;
+        if packing.layout.is_some_and(|l| l != layout) || packing.prefix.as_deref().is_some_and(|p| p != prefix) {
+            return Err((
+                "$.symbol".to_owned(),
+                format!("`{symbol}` does not agree with the layout and prefix given beside it"),
+            ));
+        }
+        packing.layout = Some(layout);
+        packing.prefix = Some(prefix.to_owned());
+        packing.symbol = Some(symbol);
+    }
+    Ok(packing)
 }
 
 /// A serde path (`imports[0].data`, `.` for the root) as the JSON path in messages (`$.imports[0].data`).
@@ -112,6 +179,11 @@ fn json_path(serde_path: &str) -> String {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a module (a JSON object with a `type_key`)")]
 struct NodeJson {
+    // How the tree was packed (the root only).
+    layout: Option<String>,
+    symbol: Option<String>,
+    prefix: Option<String>,
+    system_lib: Option<bool>,
     type_key: Option<String>,
     id: Option<serde_json::Value>,
     imports: Option<Vec<NodeJson>>,
@@ -148,6 +220,10 @@ impl NodeJson {
     /// The fields present, by name.
     fn present(&self) -> Vec<&'static str> {
         let NodeJson {
+            layout,
+            symbol,
+            prefix,
+            system_lib,
             type_key,
             id,
             imports,
@@ -166,6 +242,11 @@ impl NodeJson {
             shaders,
         } = self;
         let all = [
+            // Taken out of the root before its fields are checked: anywhere else, misplaced.
+            ("layout", layout.is_some()),
+            ("symbol", symbol.is_some()),
+            ("prefix", prefix.is_some()),
+            ("system_lib", system_lib.is_some()),
             ("type_key", type_key.is_some()),
             ("id", id.is_some()),
             ("imports", imports.is_some()),

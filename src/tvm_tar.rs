@@ -12,7 +12,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::{elf, Bytes, ModuleTree};
+use mblob_runtime::container::{self, ContainerBlob};
+use mblob_runtime::{Bytes, ModuleTree};
 
 use crate::{Error, Result};
 
@@ -67,6 +68,8 @@ pub struct BlobMember {
     pub blob: Bytes,
     /// Its layout, from the symbol's name.
     pub layout: mblob_runtime::Layout,
+    /// Where it was found: the container, the `c_symbol_prefix`.
+    pub found: ContainerBlob,
 }
 
 /// The regular files of a TVM (or mblob) `.tar` export, in archive order.
@@ -141,28 +144,35 @@ impl TvmTar {
         PathBuf::from(format!("{}({member})", self.path.display()))
     }
 
-    /// The member that holds a blob symbol (with `prefix` when given): TVM's `devc.o`.
+    /// The member that holds a blob symbol (with `prefix` when given): TVM's `devc.o`, an
+    /// object of any container (ELF, Mach-O, COFF, WebAssembly).
     ///
     /// # Errors
     /// A member whose blob symbol is malformed, or two members that both hold a blob.
     pub fn blob_member(&self, prefix: Option<&str>) -> Result<Option<BlobMember>> {
         let mut found: Option<BlobMember> = None;
-        for m in self.members.iter().filter(|m| m.data.starts_with(b"\x7fELF")) {
-            let sliced = elf::slice_blob(&m.data, prefix)
-                .map_err(|detail| mblob_runtime::Error::Elf { path: self.member_path(&m.name), detail })?;
-            let Some((info, blob)) = sliced else { continue };
+        for m in self.members.iter().filter(|m| container::identify(&m.data).is_some()) {
+            let info = container::find_blob(&m.data, prefix)
+                .map_err(|source| mblob_runtime::Error::Container { path: self.member_path(&m.name), source })?;
+            let Some(info) = info else { continue };
             if let Some(first) = &found {
                 return Err(Error::Invalid {
                     what: self.path.display().to_string(),
                     detail: format!("two members hold a blob: {} and {}", first.member, m.name),
                 });
             }
-            found = Some(BlobMember { member: m.name.clone(), symbol: info.symbol, blob, layout: info.layout });
+            found = Some(BlobMember {
+                member: m.name.clone(),
+                symbol: info.symbol.clone(),
+                blob: info.bytes.clone(),
+                layout: info.layout,
+                found: info,
+            });
         }
         Ok(found)
     }
 
-    /// The host code: every ELF member without a blob (TVM's `lib0.o`, `lib1.o`, ...) and every
+    /// The host code: every object member without a blob (TVM's `lib0.o`, `lib1.o`, ...) and every
     /// C or C++ source (`lib0.c`, `lib1.cc`: TVM saves a module of format `c` or `cc`, such as
     /// BYOC `ccompiler` code, as its source, which `export_library("x.so")` would compile with
     /// TVM's include paths), in archive order.
@@ -170,8 +180,9 @@ impl TvmTar {
         self.members
             .iter()
             .filter(|m| {
-                let elf = m.data.starts_with(b"\x7fELF") && !matches!(elf::find_blob(&m.data, None), Ok(Some(_)));
-                elf || is_source_name(&m.name)
+                let object = container::identify(&m.data).is_some()
+                    && !matches!(container::find_blob(&m.data, None), Ok(Some(_)));
+                object || is_source_name(&m.name)
             })
             .collect()
     }
@@ -185,9 +196,15 @@ impl TvmTar {
         let found = self.blob_member(prefix)?.ok_or_else(|| Error::Invalid {
             what: self.path.display().to_string(),
             detail: format!(
-                "no member holds a blob symbol (members: {}): TVM's export_library(\"x.tar\") puts the module \
-                 tree in `devc.o`",
-                self.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+                "no member holds a blob symbol (members: {}; not objects: {}): TVM's export_library(\"x.tar\") \
+                 puts the module tree in `devc.o`",
+                self.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+                self.members
+                    .iter()
+                    .filter(|m| container::identify(&m.data).is_none() && !is_source_name(&m.name))
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         })?;
         let tree = crate::repack::module_tree_of(&found.blob, found.layout, &self.member_path(&found.member))?;
@@ -219,7 +236,7 @@ impl TvmTar {
 }
 
 /// Whether a member is a C (`.c`) or C++ (`.cc`, `.cpp`, `.cxx`) source, by its name.
-fn is_source_name(name: &str) -> bool {
+pub(crate) fn is_source_name(name: &str) -> bool {
     let p = Path::new(name);
     p.extension().is_some_and(|e| e == "c") || crate::export::is_cxx(p)
 }

@@ -14,7 +14,7 @@ use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use mblob_runtime::format::{parse_blob, ParsedBlob, UnknownKeys};
+use mblob_runtime::format::{parse_blob, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::{load_blob, Bytes, FormatError, Layout, LoadOptions, Registry};
 
 /// Fixed allowance on top of the proportional bound.
@@ -133,4 +133,46 @@ pub fn blob(data: &[u8], layout: Layout) {
     }
     // Loading parses with the opaque reader first: it cannot succeed where that failed.
     assert!(loaded.is_err() || opaque_ok, "load_blob accepted what parse_blob refused");
+}
+
+/// Factor of the bound for the container readers: a linked WebAssembly module's blob is rebuilt
+/// from its data segments, with the zeros binaryen left out (at most 32 bytes of blob for each
+/// byte of the file), then parsed.
+pub const CONTAINER_FACTOR: usize = 48;
+
+/// A container target: when `data` is one of `formats`, its blob is looked up (a typed error
+/// with an offset inside the input, or the blob), then parsed as `inspect` parses it and every
+/// module payload decoded by its loader, all under the bound.
+pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerFormat]) {
+    use mblob_runtime::container::{find_blob, identify};
+    let Some(identity) = identify(data) else { return };
+    if !formats.contains(&identity.format) {
+        return;
+    }
+    let registry = registry();
+    let owned = Bytes::from_vec(data.to_vec());
+    let n = data.len();
+    bounded(n, CONTAINER_FACTOR, "container::find_blob + parse_blob + loaders", || match find_blob(&owned, None) {
+        Err(e) => {
+            assert!(e.offset <= n as u64, "error offset {} past the input's {n} bytes: {e}", e.offset);
+            drop(e.to_string());
+        }
+        Ok(None) => {}
+        Ok(Some(found)) => {
+            let blob = found.bytes;
+            if let Some(at) = found.file_offset {
+                let start = usize::try_from(at).expect("an offset in the input");
+                assert_eq!(data.get(start..start + blob.len()), Some(&blob[..]), "the blob is not the file's bytes");
+            }
+            let Ok(parsed) = parse_blob(&blob, found.layout, registry, UnknownKeys::KeepOpaque) else { return };
+            for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
+                if let Some(loader) = registry.get(e.type_key) {
+                    let payload = blob.slice_ref(e.payload).expect("the payload lies in the blob");
+                    if let Err(err) = loader.load(payload, parsed.layout) {
+                        drop(err.to_string());
+                    }
+                }
+            }
+        }
+    });
 }

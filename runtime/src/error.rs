@@ -44,6 +44,27 @@ pub enum Error {
         /// What the ELF reader said.
         detail: String,
     },
+    /// A container (Mach-O, PE/COFF, WebAssembly, an archive) that could not be read.
+    #[error("{}: {source}", path.display())]
+    Container {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        source: crate::container::ContainerError,
+    },
+    /// A library built for another machine or operating system: it can be inspected and its
+    /// blob extracted, but not loaded or run here.
+    #[error(
+        "{}: {}; this machine runs {}/Linux, so it cannot be loaded or run here (`mblob inspect` and \
+         `mblob extract` read it)",
+        path.display(), identity.built_for(), crate::container::host_machine()
+    )]
+    ForeignLibrary {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        identity: crate::container::Identity,
+    },
     /// `dlopen` or `dlsym` failed.
     #[error("{}: cannot load library", path.display())]
     Dlopen {

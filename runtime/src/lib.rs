@@ -58,6 +58,7 @@
 
 pub mod array;
 mod bytes;
+pub mod container;
 pub mod device;
 pub mod elf;
 mod error;

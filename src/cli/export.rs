@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::pack::PackOptionsArgs;
-use crate::tree_json::read_tree_json;
+use crate::tree_json::read_tree_json_with_packing;
 use crate::Result;
 
 /// Arguments of `mblob export`.
@@ -34,7 +34,10 @@ pub struct ExportArgs {
 
 /// Runs `mblob export`.
 pub fn run(args: &ExportArgs) -> Result<ExitCode> {
-    let mut e = read_tree_json(&args.tree)?;
-    args.options.apply(&mut e, mblob_runtime::Layout::Classic);
+    // TREE.json's root may say how the tree was packed (`mblob extract` writes it): its layout,
+    // prefix and system-lib mode are the defaults, so that extract-then-export rebuilds the
+    // same library.
+    let (mut e, packing) = read_tree_json_with_packing(&args.tree)?;
+    args.options.apply(&mut e, packing.layout.unwrap_or(mblob_runtime::Layout::Classic));
     args.options.write(&mut e)
 }

@@ -95,7 +95,13 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
             .collect(),
         None => Vec::new(),
     };
-    let files = plan(&parsed, &blob, &registry, &host)
+    let packing = Packing {
+        layout: layout.name().to_owned(),
+        symbol: report.symbol.clone(),
+        prefix: report.prefix.clone(),
+        system_lib: report.system_lib,
+    };
+    let files = plan(&parsed, &blob, &registry, &host, &packing)
         .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
 
     // Written into a fresh directory beside the output, moved into place when complete (`-o
@@ -135,6 +141,16 @@ fn check_output_dir(out: &Path) -> Result<()> {
 /// with every map in the order of the payload.
 #[derive(Debug, Clone, Default, Serialize)]
 struct OutNode {
+    /// Root only: how the source was packed (`layout`, `symbol`, `prefix`, `system_lib`), so
+    /// that `mblob export tree.json` rebuilds the same library by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    layout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symbol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_lib: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -174,12 +190,21 @@ impl<V: Serialize> Serialize for InOrder<V> {
     }
 }
 
+/// How the source library was packed, for the root of `tree.json`.
+struct Packing {
+    layout: String,
+    symbol: Option<String>,
+    prefix: Option<String>,
+    system_lib: Option<bool>,
+}
+
 /// Every file to write, name and bytes, with `tree.json` last.
 fn plan(
     parsed: &ParsedBlob<'_>,
     blob: &Bytes,
     registry: &Registry,
     host: &[(String, Vec<u8>)],
+    packing: &Packing,
 ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let mut used = HashSet::new();
@@ -221,6 +246,10 @@ fn plan(
         nodes.push(node);
     }
     let mut tree = tree_json(parsed, nodes);
+    tree.layout = Some(packing.layout.clone());
+    tree.symbol.clone_from(&packing.symbol);
+    tree.prefix = packing.prefix.clone().filter(|p| !p.is_empty());
+    tree.system_lib = packing.system_lib.filter(|s| *s);
     if !host.is_empty() {
         let mut objects = Vec::with_capacity(host.len());
         for (n, bytes) in host {

@@ -52,13 +52,15 @@ pub struct PackOptionsArgs {
     /// target for another machine than theirs, are refused.
     #[arg(long, value_name = "TRIPLE")]
     pub target: Option<String>,
-    /// Register the blob at start-up with TVM's system library.
+    /// Register the blob at start-up with TVM's system library (default: as the source does,
+    /// for `pack --from` and a TREE.json that `extract` wrote).
     #[arg(long)]
     pub system_lib: bool,
     /// TVM's `c_symbol_prefix`: put in front of the blob symbol, so that several models can
-    /// share one static archive.
-    #[arg(long, value_name = "PREFIX", default_value = "")]
-    pub prefix: String,
+    /// share one static archive (default: the source's prefix, for `pack --from` and a
+    /// TREE.json that `extract` wrote; else none).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
     /// Also write the generated devc file(s) into this directory.
     #[arg(long, value_name = "DIR")]
     pub emit_devc: Option<PathBuf>,
@@ -74,7 +76,8 @@ pub struct PackOptionsArgs {
     /// Write the layout even when the host objects' calling convention is not the one the
     /// layout's TVM calls (detected from their symbols: TVM 0.8-0.20 packed functions fit
     /// `classic`, TVM 0.21's fit `classic-0.21`, TVM 0.22+'s `__tvm_ffi_*` functions fit
-    /// `ffi`), or a Relax executable of one side of TVM 0.20/0.21 in a layout of the other.
+    /// `ffi`), or a Relax executable under a type key the layout's TVM does not read
+    /// (`relax.Executable`, TVM 0.19 and earlier, in `classic-0.21` or `ffi`).
     #[arg(long)]
     pub force_layout: bool,
     /// Write the library even when the host code does not define every function the model
@@ -111,9 +114,13 @@ impl PackOptionsArgs {
         }
         e.layout(self.layout.unwrap_or(default_layout))
             .allow_missing_functions(self.allow_missing_functions)
-            .system_lib(self.system_lib)
-            .prefix(self.prefix.clone())
             .linker(self.linker.clone());
+        if self.system_lib {
+            e.system_lib(true);
+        }
+        if let Some(p) = &self.prefix {
+            e.prefix(p.clone());
+        }
         if let Some(t) = &self.target {
             e.target(t.clone());
         }
@@ -250,11 +257,13 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
         return run_from_tar(args, &tar);
     }
     check_host(args)?;
-    let (blob, layout) = mblob::repack::read_blob(&args.from, args.from_layout)?;
+    let (blob, layout, source) = mblob::repack::read_source(&args.from, args.from_layout)?;
     let tree = mblob::repack::module_tree_of(&blob, layout, &args.from)?;
     drop(blob);
     let mut e = Export::from_tree(tree);
     add_host(&mut e, &args.host);
+    // The source's prefix and system-lib registration are kept unless the options say otherwise.
+    e.prefix(source.prefix).system_lib(source.system_lib);
     // Without --layout the library keeps its layout (and so stays loadable by its TVM).
     args.options.apply(&mut e, layout);
     if args.blob_only {
@@ -269,6 +278,7 @@ pub fn run(args: &PackArgs) -> Result<ExitCode> {
 fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCode> {
     // Without --layout the library keeps the layout of the archive's blob.
     let (tree, layout) = tar.module_tree(None)?;
+    let source = tar.blob_member(None)?.map(|m| (m.found.prefix, m.found.system_lib)).unwrap_or_default();
     let dir = tempfile::Builder::new()
         .prefix(".mblob-tar-")
         .tempdir()
@@ -290,6 +300,8 @@ fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCod
     };
     let mut e = Export::from_tree(tree);
     add_host(&mut e, &hosts);
+    // The archive's prefix and system-lib registration are kept unless the options say otherwise.
+    e.prefix(source.0).system_lib(source.1);
     args.options.apply(&mut e, layout);
     if args.blob_only {
         e.allow_missing_functions(true);

@@ -3,93 +3,28 @@
 //!
 //! Re-packing a library in another layout only rewrites the container; the host functions keep
 //! the convention their TVM compiled them for, and payload kinds keep their version's type key
-//! and bytes. So a layout is refused when its TVM cannot call the host objects, and a Relax
-//! executable is refused across the 0.20/0.21 boundary (its type key and magic differ).
+//! and bytes. So a layout is refused when its TVM cannot call the host objects, or has no loader
+//! for the Relax executable's type key (`relax.Executable` before TVM 0.20, `relax.VMExecutable`
+//! from 0.20 on, which 0.20 still writes in the classic layout).
 
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::{Layout, ModuleTree};
-use object::{Object, ObjectSymbol};
 
 use crate::{Error, Result};
 
-/// The calling convention of compiled host functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Convention {
-    /// TVM 0.8 to 0.20: packed functions `int f(TVMValue*, int*, int, TVMValue*, int*, void*)`
-    /// under their own names, context slots `__tvm_module_ctx`, `__TVMAPISetLastError`.
-    ClassicPacked,
-    /// TVM 0.21: tvm-ffi's `int f(void*, const TVMFFIAny*, int32_t, TVMFFIAny*)` under the
-    /// functions' own names, slots `__tvm_ffi_library_ctx`, `__TVMFFIErrorSetRaisedFromCStr`.
-    Ffi021,
-    /// TVM 0.22 and later: tvm-ffi functions exported as `__tvm_ffi_<name>`, slot
-    /// `__tvm_ffi__library_ctx`, and `TVMFFIErrorSetRaisedFromCStrParts` undefined.
-    Ffi,
-}
+pub use mblob_runtime::format::Convention;
 
-impl Convention {
-    /// The one layout whose TVM calls this convention.
-    pub fn layout(self) -> Layout {
-        match self {
-            Convention::ClassicPacked => Layout::Classic,
-            Convention::Ffi021 => Layout::Classic021,
-            Convention::Ffi => Layout::Ffi,
-        }
-    }
-
-    /// What it is, for messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Convention::ClassicPacked => "TVM 0.8-0.20's packed calling convention",
-            Convention::Ffi021 => "TVM 0.21's tvm-ffi calling convention (plain function names)",
-            Convention::Ffi => "TVM 0.22+'s tvm-ffi calling convention (functions named __tvm_ffi_<name>)",
-        }
-    }
-}
-
-impl std::fmt::Display for Convention {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.describe())
-    }
-}
-
-/// The convention of one object file's host functions, from its symbols: `Ok(None)` for an
-/// object with no TVM marker (plain C, a runtime shim), or a file that is not an object
-/// (an archive: not looked into).
+/// The convention of one object file's host functions, from its symbols (the one classifier
+/// the loader and `inspect` use too, [`mblob_runtime::format::convention`]): `Ok(None)` for an
+/// object with no TVM marker (plain C, a runtime shim), or a file that is not an object (an
+/// archive: not looked into).
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be read.
 pub fn detect(path: &Path) -> Result<Option<Convention>> {
     let data = mblob_runtime::map_file(path)?;
-    let Ok(file) = object::File::parse(data.as_ref()) else { return Ok(None) };
-    let mut classic = false;
-    let mut ffi021 = false;
-    let mut ffi = false;
-    for sym in file.symbols() {
-        let Ok(name) = sym.name() else { continue };
-        if sym.is_undefined() {
-            ffi |= name == "TVMFFIErrorSetRaisedFromCStrParts";
-            continue;
-        }
-        match name {
-            "__tvm_module_ctx" | "__TVMAPISetLastError" | "__TVMFuncCall" => classic = true,
-            "__tvm_ffi__library_ctx" => ffi = true,
-            "__tvm_ffi_library_ctx" | "__TVMFFIErrorSetRaisedFromCStr" | "__TVMFFIFunctionCall" => ffi021 = true,
-            _ => {
-                ffi |= name.starts_with("__tvm_ffi_") && sym.kind() == object::SymbolKind::Text && sym.is_global();
-            }
-        }
-    }
-    // 0.22+ keeps 0.21's slot names, so its own markers decide first.
-    Ok(if ffi {
-        Some(Convention::Ffi)
-    } else if ffi021 {
-        Some(Convention::Ffi021)
-    } else if classic {
-        Some(Convention::ClassicPacked)
-    } else {
-        None
-    })
+    Ok(mblob_runtime::format::convention::classify_file(&data).filter(|c| *c != Convention::C))
 }
 
 /// The convention of a set of host objects: the one their markers agree on, `None` when none
@@ -118,25 +53,28 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> 
     Ok(found)
 }
 
-/// The Relax executable's type key in each layout's TVM.
-fn relax_key(layout: Layout) -> &'static str {
+/// The Relax executable's type keys that the TVM of each layout reads: TVM 0.19 and earlier
+/// register `relax.Executable`, 0.20 renamed it `relax.VMExecutable` and still writes the classic
+/// layout (`__tvm_dev_mblob`), 0.21 and later read only `relax.VMExecutable`. The bytes after the
+/// key are the same executable format in all of them (magic `...151D` until 0.22, `...151E`
+/// from 0.23, which the writer keeps); the constant tags follow the layout's TVM, which the
+/// writer re-numbers.
+fn relax_keys(layout: Layout) -> &'static [&'static str] {
     match layout {
-        Layout::Classic => "relax.Executable",
-        Layout::Classic021 | Layout::Ffi => "relax.VMExecutable",
+        Layout::Classic => &["relax.Executable", "relax.VMExecutable"],
+        Layout::Classic021 | Layout::Ffi => &["relax.VMExecutable"],
     }
 }
 
 /// Checks that the TVM of `layout` can use what the library will hold: the host objects'
-/// calling convention, and the payload kinds whose type key or bytes changed between versions
-/// (TVM 0.19's `relax.Executable`, magic `...151D`, became 0.21's `relax.VMExecutable`,
-/// magic `...151E`).
+/// calling convention, and the Relax executable's type key (renamed in TVM 0.20).
 ///
 /// # Errors
 /// [`Error::Invalid`] naming the detected convention (or the payload) and the layout that
 /// fits; `Export::force_layout` skips this check.
 pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
     if let Some((convention, path)) = detect_all(objects)? {
-        if convention.layout() != layout {
+        if convention.layout().is_some_and(|l| l != layout) {
             return Err(Error::Invalid {
                 what: format!("layout {layout}"),
                 detail: format!(
@@ -145,22 +83,22 @@ pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> R
                      the compiled host code: build the host code with the TVM you target, or pass \
                      --force-layout to write it anyway)",
                     path.display(),
-                    convention.layout()
+                    convention.layout().map_or("?", |l| l.name())
                 ),
             });
         }
     }
-    let want = relax_key(layout);
+    let accepted = relax_keys(layout);
     for id in tree.ids() {
         let Some(key) = tree.kind(id).map(|k| k.type_key()) else { continue };
-        if (key == "relax.Executable" || key == "relax.VMExecutable") && key != want {
-            let fits = if key == "relax.Executable" { "classic" } else { "classic-0.21 or ffi" };
+        if (key == "relax.Executable" || key == "relax.VMExecutable") && !accepted.contains(&key) {
             return Err(Error::Invalid {
                 what: format!("layout {layout}"),
                 detail: format!(
-                    "the tree holds a `{key}`, which the TVM of this layout cannot read (it expects \
-                     `{want}`, whose bytes differ: the executable's magic changed in TVM 0.21); a Relax \
-                     executable cannot be converted across TVM 0.20/0.21, keep layout {fits}"
+                    "the tree holds a `{key}`, a type key the TVM of this layout has no loader for (it reads \
+                     {}); TVM 0.19 and earlier name the Relax executable `relax.Executable`, 0.20 and later \
+                     `relax.VMExecutable`: keep layout classic",
+                    accepted.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" or ")
                 ),
             });
         }

@@ -114,7 +114,7 @@ fn write_source_with(
     dir: &Path,
     in_place: bool,
 ) -> Result<PathBuf> {
-    opts.check()?;
+    opts.check_c()?;
     let len = blob.blob_len();
     let _span =
         tracing::info_span!("pack", route = "c", style = ?style, bytes = len, symbol = %opts.symbol()).entered();

@@ -170,17 +170,20 @@ impl HostCode {
     }
 
     /// Checks that the objects define every host function `tree` calls by name (see
-    /// [`called_functions`]).
+    /// [`called_functions`]), under the system-lib `prefix` where one is given: TVM compiles a
+    /// system-lib build's functions as `<prefix><name>` (MLC's Android and iPhone libraries) and
+    /// its system library finds them by the name without it.
     ///
     /// # Errors
     /// [`Error::Invalid`] naming the missing functions (the library would load, then fail
     /// when the model runs).
-    pub fn check_defines(&self, tree: &ModuleTree, layout: Layout, objects: usize) -> Result<()> {
+    pub fn check_defines(&self, tree: &ModuleTree, layout: Layout, objects: usize, prefix: &str) -> Result<()> {
         if self.opaque {
             return Ok(());
         }
         let called = called_functions(tree, layout)?;
-        let missing: Vec<&str> = called.iter().map(String::as_str).filter(|n| !self.defines(n)).collect();
+        let defined = |n: &&str| self.defines(n) || (!prefix.is_empty() && self.defines(&format!("{prefix}{n}")));
+        let missing: Vec<&str> = called.iter().map(String::as_str).filter(|n| !defined(n)).collect();
         if missing.is_empty() {
             return Ok(());
         }

@@ -101,18 +101,42 @@ impl PackOptions {
         }
     }
 
-    /// Checks the options: the prefix must be the start of a C identifier (it becomes part of
-    /// the symbol, of C source text and of file names).
+    /// Checks the options for the object routes (LLVM, direct): TVM's LLVM packer
+    /// (`codegen_blob.cc`) puts `c_symbol_prefix` in front of the symbol and the module name
+    /// with no rule on its characters, and MLC writes prefixes such as `TinyLlama_1.1b_q4f16_1_`.
+    /// mblob accepts any prefix but for what would break a file name (`<prefix>devc.o`) or a
+    /// symbol table: `/`, `\\`, NUL, white space and other control characters.
     ///
     /// TVM also requires `system_lib` for a non-empty prefix; we do not, since a prefixed
     /// symbol is useful on its own (several blobs in one static archive).
     pub fn check(&self) -> crate::Result<()> {
+        let bad = self.prefix.chars().find(|c| matches!(c, '/' | '\\') || c.is_whitespace() || c.is_control());
+        if let Some(c) = bad {
+            return Err(crate::Error::Invalid {
+                what: "symbol prefix".into(),
+                detail: format!(
+                    "`{}` holds {c:?}, which cannot be part of a file name or symbol (`<prefix>devc.o`)",
+                    self.prefix.escape_debug()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the options for the C route: as [`PackOptions::check`], and the prefix must start
+    /// a C identifier, since TVM's `PackImportsToC` text (and ours) uses it in C names.
+    pub fn check_c(&self) -> crate::Result<()> {
+        self.check()?;
         let ok = self.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !self.prefix.bytes().next().is_some_and(|b| b.is_ascii_digit());
         if !ok {
             return Err(crate::Error::Invalid {
                 what: "symbol prefix".into(),
-                detail: format!("`{}` is not a C identifier prefix (letters, digits, `_`)", self.prefix),
+                detail: format!(
+                    "`{}` is not a C identifier prefix (letters, digits, `_`), which the C route writes into C \
+                     names: use the llvm or direct route",
+                    self.prefix
+                ),
             });
         }
         Ok(())
@@ -224,13 +248,22 @@ mod tests {
     }
 
     #[test]
-    fn prefixes_must_start_a_c_identifier() {
-        for good in ["", "demo_", "_x", "A9"] {
-            assert!(PackOptions { prefix: good.into(), ..PackOptions::default() }.check().is_ok(), "{good}");
+    fn prefixes_follow_tvms_rule_and_c_needs_identifiers() {
+        let o = |p: &str| PackOptions { prefix: p.into(), ..PackOptions::default() };
+        // TVM's LLVM route takes any prefix; MLC wrote `TinyLlama_1.1b_q4f16_1_`.
+        for good in ["", "demo_", "_x", "A9", "TinyLlama_1.1b_q4f16_1_", "9x", "a-b", "é"] {
+            assert!(o(good).check().is_ok(), "{good}");
         }
-        for bad in ["9x", "a-b", "a b", "x\"", "é"] {
-            let err = PackOptions { prefix: bad.into(), ..PackOptions::default() }.check().unwrap_err();
+        for bad in ["a/b", "a b", "x\0", "a\\b", "\n"] {
+            let err = o(bad).check().unwrap_err();
             assert!(matches!(&err, crate::Error::Invalid { what, .. } if what == "symbol prefix"), "{bad}: {err}");
+        }
+        for good in ["", "demo_", "_x", "A9"] {
+            assert!(o(good).check_c().is_ok(), "{good}");
+        }
+        for bad in ["9x", "a-b", "x\"", "é", "TinyLlama_1.1b_q4f16_1_"] {
+            let err = o(bad).check_c().unwrap_err();
+            assert!(err.to_string().contains("not a C identifier prefix"), "{bad}: {err}");
         }
     }
 

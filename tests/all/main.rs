@@ -3,6 +3,7 @@ mod artifacts;
 mod bad_exec;
 mod cli;
 mod concurrency;
+mod containers;
 mod corrupt;
 #[path = "../../examples/custom_kind.rs"]
 #[allow(unsafe_code)]
@@ -22,6 +23,7 @@ mod inspect_more;
 mod library;
 mod outputs;
 mod pack;
+mod packing;
 mod run;
 mod run_more;
 // Needs the `opencl` feature (on by default) for `mblob run --device opencl`.

@@ -98,7 +98,6 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
         return Ok(Preflight { abi: Abi::Packed, main_entry: None, private: false });
     };
     let mut imports = Vec::new();
-    let mut ffi = false;
     let mut main_entry = None;
     for sym in obj.dynamic_symbols() {
         let Ok(name) = sym.name() else { continue };
@@ -107,14 +106,14 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
             if is_tvm_runtime(name) {
                 imports.push(name.to_owned());
             }
-            ffi |= name.starts_with("TVMFFI");
             continue;
         }
-        ffi |= crate::ffi::value::marks_ffi_code(name);
         if name == "__tvm_main__" {
             main_entry = c_string_at(&obj, &sym);
         }
     }
+    // The one classifier of host code (also pack's and inspect's).
+    let ffi = crate::format::convention::classify_file(file).is_some_and(|c| c.is_ffi());
     imports.sort();
     imports.dedup();
     let missing: Vec<String> = imports.iter().filter(|n| !PROVIDED.contains(&n.as_str())).cloned().collect();

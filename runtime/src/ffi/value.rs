@@ -24,16 +24,6 @@ pub enum Abi {
     Ffi,
 }
 
-/// Whether a symbol a library defines marks tvm-ffi compiled code (`__tvm_ffi_<name>`
-/// functions, the `__tvm_ffi_library_ctx` / `__tvm_ffi__library_ctx` slots, `__TVMFFI*` slots).
-/// The blob symbols (`__tvm_ffi_library_bin`, `__tvm_ffi__library_bin`) do not: they name the
-/// container's layout, which says nothing of the host code's convention (`mblob pack
-/// --force-layout` writes TVM 0.19 code under them, which is called in its own convention).
-pub(crate) fn marks_ffi_code(name: &str) -> bool {
-    let blob = matches!(name, "__tvm_ffi_library_bin" | "__tvm_ffi__library_bin");
-    !blob && (name.starts_with("__tvm_ffi") || name.starts_with("__TVMFFI"))
-}
-
 /// An argument or a return value of a packed call.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {

@@ -64,6 +64,8 @@ impl std::fmt::Display for DataType {
             2 => write!(f, "float{}", self.bits)?,
             3 => write!(f, "handle{}", self.bits)?,
             4 => write!(f, "bfloat{}", self.bits)?,
+            // DLPack's kDLBool (TVM 0.22+ stores booleans so, one byte each).
+            6 if self.bits == 8 => f.write_str("bool")?,
             c => write!(f, "custom[{c}]{}", self.bits)?,
         }
         if self.lanes != 1 {
@@ -84,5 +86,9 @@ mod tests {
         }
         assert_eq!(DataType::parse("handle"), Some(DataType::HANDLE));
         assert_eq!(DataType::parse("pointer"), None);
+        // TVM 0.22+'s bool: DLPack code 6, 8 bits.
+        assert_eq!(DataType { code: 6, bits: 8, lanes: 1 }.to_string(), "bool");
+        assert_eq!(DataType { code: 6, bits: 8, lanes: 4 }.to_string(), "boolx4");
+        assert_eq!(DataType { code: 6, bits: 16, lanes: 1 }.to_string(), "custom[6]16");
     }
 }

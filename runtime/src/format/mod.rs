@@ -16,6 +16,7 @@
 //! [`FormatError`] with its byte offset.
 
 pub mod classic;
+pub mod convention;
 pub mod detect;
 pub mod dtype;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod stream;
 
 use std::io::{self, Write};
 
+pub use convention::Convention;
 pub use dtype::DataType;
 pub use error::{FormatError, FormatErrorKind};
 use stream::Reader;

@@ -53,8 +53,16 @@ pub const RELAX_VM_EXECUTABLE: &str = "relax.VMExecutable";
 pub const MAGIC_V1: u64 = 0xD225_DE2F_4214_151D;
 /// Magic of TVM 0.23 and later executables (adds the memory-scope section).
 pub const MAGIC_V2: u64 = 0xD225_DE2F_4214_151E;
-/// The only VM version string any TVM release has written.
+/// The VM version string TVM writes since 2023-07-06 (`RELAX_VM_VERSION`, apache/tvm#15254).
 pub const VM_VERSION: &str = "0.14";
+
+/// The VM version strings of the Unity builds before `RELAX_VM_VERSION` (2023-04 to 2023-07-06):
+/// the executable wrote the build's `TVM_VERSION` (`0.12.dev0` until 2023-05, then `0.13.dev0`).
+/// Everything after the version string is the same bytes as `0.14`'s: the function table
+/// (kind, name, start, end, num_args, register_file_size, param_names), the constant tags 0-4
+/// (tensor, dtype, shape, string, int) and the code section (checked against
+/// `src/runtime/relax_vm/executable.cc` and `bytecode.h` of apache/tvm 153f70aa60, 2023-06-01).
+pub const VM_VERSIONS_BEFORE_0_14: &[&str] = &["0.12.dev0", "0.13.dev0"];
 
 /// First special register.
 pub const BEGIN_SPECIAL_REG: i64 = 1 << 54;
@@ -289,6 +297,9 @@ pub struct RelaxExecutable {
     pub dialect: Dialect,
     /// The magic it was read with ([`MAGIC_V1`] or [`MAGIC_V2`]).
     pub magic: u64,
+    /// The VM version string it was read with ([`VM_VERSION`], or one of
+    /// [`VM_VERSIONS_BEFORE_0_14`]); written back unchanged.
+    pub version: String,
     /// The function table.
     pub functions: Vec<FuncInfo>,
     /// `(constant index, memory scope)` pairs (only executables with [`MAGIC_V2`]).
@@ -394,13 +405,19 @@ impl RelaxExecutable {
         }
         let at = r.offset();
         let version = r.read_str_bytes("VM version")?;
-        if version != VM_VERSION.as_bytes() {
+        let known = std::iter::once(&VM_VERSION).chain(VM_VERSIONS_BEFORE_0_14).find(|v| v.as_bytes() == version);
+        let Some(version) = known else {
             return Err(invalid(
                 at,
                 "VM version",
-                format!("{:?}, but only {VM_VERSION:?} exists", String::from_utf8_lossy(version)),
+                format!(
+                    "{:?}, but TVM writes only {VM_VERSION:?} (and {} before 2023-07)",
+                    String::from_utf8_lossy(version),
+                    VM_VERSIONS_BEFORE_0_14.join(", ")
+                ),
             ));
-        }
+        };
+        let version = (*version).to_owned();
         let functions = read_functions(&mut r)?;
         let memory_scopes = if magic == MAGIC_V2 { read_scopes(&mut r)? } else { Vec::new() };
         let constants = read_constants(&mut r, src, dialect)?;
@@ -414,6 +431,7 @@ impl RelaxExecutable {
             type_key: type_key.to_owned(),
             dialect,
             magic,
+            version,
             functions,
             memory_scopes,
             constants,
@@ -453,6 +471,7 @@ impl RelaxExecutable {
             type_key: type_key.to_owned(),
             dialect,
             magic: dialect.default_magic(),
+            version: VM_VERSION.to_owned(),
             functions,
             memory_scopes: Vec::new(),
             constants,
@@ -562,7 +581,8 @@ impl RelaxExecutable {
             ));
         }
         stream::write_u64(out, magic)?;
-        stream::write_str(out, VM_VERSION)?;
+        let version = if dialect == self.dialect { self.version.as_str() } else { VM_VERSION };
+        stream::write_str(out, version)?;
         stream::write_u64(out, self.functions.len() as u64)?;
         for f in &self.functions {
             out.write_all(&f.kind.to_i32().to_le_bytes())?;

@@ -1,0 +1,9 @@
+//! The blob lookup of `inspect`, `extract` and `pack --from` in WebAssembly modules, linked and relocatable
+//! (`container::find_blob`), then the blob parsed and its payloads decoded, under the bound.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use mblob_runtime::container::ContainerFormat;
+
+fuzz_target!(|data: &[u8]| {
+    mblob_fuzz::container(data, &[ContainerFormat::Wasm]);
+});

@@ -115,8 +115,8 @@ pub struct ModelMetadata {
     /// The most sequences of one batch.
     #[serde(default = "one")]
     pub max_batch_size: i64,
-    /// The sliding window (`-1`: none).
-    #[serde(default = "minus_one")]
+    /// The sliding window (`-1`: none; `sliding_window` in older libraries).
+    #[serde(default = "minus_one", alias = "sliding_window")]
     pub sliding_window_size: i64,
     /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
     #[serde(default)]
@@ -139,12 +139,24 @@ fn minus_one() -> i64 {
 pub struct ParamInfo {
     /// Its name in the tensor cache.
     pub name: String,
-    /// Its shape, when given.
+    /// Its shape, when given: sizes, and names for the symbolic ones (MLC-LLM writes
+    /// `["vocab_size", 256]`, which its engine resolves from the chat config).
     #[serde(default)]
-    pub shape: Vec<i64>,
+    pub shape: Vec<ParamDim>,
     /// Its dtype, when given.
     #[serde(default)]
     pub dtype: Option<String>,
+}
+
+/// One dimension of a weight's shape in the metadata: a size, or the name of a symbolic one
+/// (`vocab_size`; `-1` is MLC-LLM's other spelling of a dynamic size).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ParamDim {
+    /// A size.
+    Size(i64),
+    /// The name of a symbolic size.
+    Named(String),
 }
 
 /// What [`LanguageModel::generate`] produced.

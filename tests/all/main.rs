@@ -19,6 +19,8 @@ mod goldens;
 mod inspect;
 mod inspect_more;
 mod library;
+#[cfg(feature = "llm")]
+mod mlc;
 mod pack;
 mod run;
 mod run_more;

@@ -495,6 +495,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metadata_weight_shapes_may_name_symbolic_dims() {
+        // As MLC-LLM writes them for llama-type models (`mlc_llm/compiler_pass`'s metadata).
+        let m: ModelMetadata = serde_json::from_str(
+            r#"{"context_window_size": 256, "prefill_chunk_size": 16, "sliding_window": 16,
+                "params": [{"name": "lm_head.weight", "shape": ["vocab_size", 256], "dtype": "float32"},
+                           {"name": "model.norm.weight", "shape": [256], "dtype": "float32"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.params[0].shape, [ParamDim::Named("vocab_size".into()), ParamDim::Size(256)]);
+        assert_eq!(m.params[1].shape, [ParamDim::Size(256)]);
+        assert_eq!(m.sliding_window_size, 16);
+    }
+
+    #[test]
     fn argmax_takes_the_first_of_equal_largest() {
         assert_eq!(argmax("t", &[1.0, 3.0, 3.0, -1.0]).unwrap(), 1);
         assert!(argmax("t", &[1.0, f32::NAN]).is_err());

@@ -78,7 +78,28 @@ fn runs_as_tvm(name: &str) {
     }
 }
 
+/// mblob refuses the library with exit status 1 and an error naming each of `words`.
+fn refused_naming(name: &str, words: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = generate(name, "1", &tmp.path().join("l.npy"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+    for w in words {
+        assert!(stderr.contains(w), "{name}: the error does not name {w:?}: {stderr}");
+    }
+}
+
 #[test]
 fn qwen2_q0f32_gives_tvms_tokens_and_logits() {
     runs_as_tvm("qwen2-q0f32");
+}
+
+// Libraries whose KV-cache features mblob does not implement yet: refused, naming the feature
+// (TVM's outputs for them are recorded in their folders for when it does).
+
+#[test]
+fn mistral_sliding_window_is_refused_naming_it() {
+    // Mistral with a 16-token window and 4 attention sinks (`support_sliding_window = 1`); its
+    // `_metadata` names the symbolic dim `vocab_size` in weight shapes, which now parses.
+    refused_naming("mistral-q0f32", &["not supported", "sliding window"]);
 }

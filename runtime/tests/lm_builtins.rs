@@ -250,6 +250,28 @@ fn tensor_cache_decodes_bf16_records() {
 }
 
 #[test]
+fn tensor_cache_reads_per_name_formats_and_quantized_records() {
+    // tests/fixtures/mlc/tensor_cache: written by TVM 0.27's `dump_tensor_cache` with a format
+    // per name (`"*": "f32-to-bf16"`, two names `raw`), so float16, uint32 and bfloat16 records
+    // carry `f32-to-bf16` as MLC-LLM's quantized weights do. Each tensor equals, dtype, shape
+    // and bytes, what TVM's C++ loader (`vm.builtin.tensor_cache.load`) read back.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mlc/tensor_cache");
+    let loaded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("loaded.json")).unwrap()).unwrap();
+    let mut cache = TensorCache::new();
+    cache.load(&fixture, Device::cpu(0)).unwrap();
+    let tensors = loaded["tensors"].as_object().unwrap();
+    assert_eq!(cache.len(), tensors.len());
+    for (name, info) in tensors {
+        let got = cache.get(name).unwrap_or_else(|| panic!("{name} not loaded"));
+        let want = npyfile::tensor(&fixture.join(format!("loaded.{name}.npy")));
+        assert_eq!(got.dtype(), DataType::parse(info["dtype"].as_str().unwrap()).unwrap(), "{name}: dtype");
+        assert_eq!(got.shape(), &want.shape[..], "{name}: shape");
+        assert!(got.to_bytes().unwrap()[..] == want.data[..], "{name}: bytes differ from TVM's");
+    }
+}
+
+#[test]
 fn tensor_cache_refuses_bad_caches() {
     // A shard four bytes short: TVM's check, naming the file.
     let d = params_copy("short");

@@ -22,6 +22,8 @@ mod inspect;
 mod inspect_more;
 mod library;
 mod outputs;
+#[cfg(feature = "llm")]
+mod mlc;
 mod pack;
 mod packing;
 mod run;

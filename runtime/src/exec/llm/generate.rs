@@ -126,8 +126,8 @@ pub struct ModelMetadata {
     /// The most sequences of one batch.
     #[serde(default = "one")]
     pub max_batch_size: i64,
-    /// The sliding window (`-1`: none).
-    #[serde(default = "minus_one")]
+    /// The sliding window (`-1`: none; `sliding_window` in older libraries).
+    #[serde(default = "minus_one", alias = "sliding_window")]
     pub sliding_window_size: i64,
     /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
     #[serde(default)]
@@ -154,12 +154,24 @@ fn minus_one() -> i64 {
 pub struct ParamInfo {
     /// Its name in the tensor cache.
     pub name: String,
-    /// Its shape, when given.
+    /// Its shape, when given: sizes, and names for the symbolic ones (MLC-LLM writes
+    /// `["vocab_size", 256]`, which its engine resolves from the chat config).
     #[serde(default)]
-    pub shape: Vec<i64>,
+    pub shape: Vec<ParamDim>,
     /// Its dtype, when given.
     #[serde(default)]
     pub dtype: Option<String>,
+}
+
+/// One dimension of a weight's shape in the metadata: a size, or the name of a symbolic one
+/// (`vocab_size`; `-1` is MLC-LLM's other spelling of a dynamic size).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ParamDim {
+    /// A size.
+    Size(i64),
+    /// The name of a symbolic size.
+    Named(String),
 }
 
 /// What [`LanguageModel::generate`] produced.
@@ -503,7 +515,11 @@ fn vocab_size(metadata: &ModelMetadata, params: Option<&VmValue>) -> Option<i64>
         },
         _ => None,
     };
-    loaded.or_else(|| metadata.params[index].shape.first().copied()).filter(|&v| v > 0)
+    let listed = || match metadata.params[index].shape.first() {
+        Some(ParamDim::Size(v)) => Some(*v),
+        _ => None,
+    };
+    loaded.or_else(listed).filter(|&v| v > 0)
 }
 
 /// The last row of a logits tensor (`[1, 1, vocab]`, or `[1, n, vocab]` from a prefill that
@@ -576,6 +592,20 @@ fn kind(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_weight_shapes_may_name_symbolic_dims() {
+        // As MLC-LLM writes them for llama-type models (`mlc_llm/compiler_pass`'s metadata).
+        let m: ModelMetadata = serde_json::from_str(
+            r#"{"context_window_size": 256, "prefill_chunk_size": 16, "sliding_window": 16,
+                "params": [{"name": "lm_head.weight", "shape": ["vocab_size", 256], "dtype": "float32"},
+                           {"name": "model.norm.weight", "shape": [256], "dtype": "float32"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.params[0].shape, [ParamDim::Named("vocab_size".into()), ParamDim::Size(256)]);
+        assert_eq!(m.params[1].shape, [ParamDim::Size(256)]);
+        assert_eq!(m.sliding_window_size, 16);
+    }
 
     #[test]
     fn argmax_takes_the_first_of_equal_largest() {

@@ -117,7 +117,8 @@ fn kernel(vm: &VirtualMachine, args: &[&Value], i: usize) -> Result<Kernel, KvCa
     }
 }
 
-/// An attention backend tuple: `("tirx", kernel)`; `None` for an empty tuple.
+/// An attention backend tuple: `("tirx", kernel)`, or `("tir", kernel)` as TVM 0.20 to 0.23
+/// spell TVM's TIR kernels; `None` for an empty tuple.
 fn backend(vm: &VirtualMachine, args: &[&Value], i: usize, what: &str) -> Result<Option<Kernel>, KvCacheError> {
     let items = match get(args, i)? {
         Value::Tuple(t) => tuple_items(t),
@@ -130,13 +131,13 @@ fn backend(vm: &VirtualMachine, args: &[&Value], i: usize, what: &str) -> Result
         Value::Str(s) => String::from_utf8_lossy(s).into_owned(),
         v => return Err(arg_err(i, format!("expected the backend name first, got {}", v.kind()))),
     };
-    if backend != "tirx" {
+    if backend != "tirx" && backend != "tir" {
         return Err(KvCacheError::Unsupported(format!(
-            "the `{backend}` attention backend of the {what} (only TVM's TIR kernels, \"tirx\", run on the CPU)"
+            "the `{backend}` attention backend of the {what} (only TVM's TIR kernels, \"tirx\" or TVM 0.20-0.23's \"tir\", run on the CPU)"
         )));
     }
     if items.len() != 2 {
-        return Err(arg_err(i, format!("a \"tirx\" backend takes one function, got {}", items.len() - 1)));
+        return Err(arg_err(i, format!("a \"{backend}\" backend takes one function, got {}", items.len() - 1)));
     }
     let item: &Value = &items[1];
     kernel(vm, &[item], 0).map(Some).map_err(|e| match e {

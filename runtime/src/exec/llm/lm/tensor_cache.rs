@@ -8,8 +8,11 @@
 //! not read: on the CPU a weight whose bytes start 64-byte aligned in the shard (TVM's
 //! `kAllocAlignment`) stays a view of the mapping (copy-on-write, so a kernel writing to it
 //! never changes the file), and any other weight is copied once into its own tensor. Record
-//! formats: `raw`, and `f32-to-bf16` (bfloat16 bytes of a `float32` tensor, widened on load,
-//! as TVM does); others are refused by name.
+//! formats: `raw`, and `f32-to-bf16`: bfloat16 bytes of a `float32` tensor, widened on load,
+//! while a record of another dtype in that format holds its bytes as they are (TVM widens only
+//! `float32` records: MLC-LLM marks every record `f32-to-bf16`, the `uint32` and `float16`
+//! ones of its quantized weights too, and TVM 0.27's `dump_tensor_cache` takes a format per
+//! name, `"*"` for the rest, so one cache mixes both). Other formats are refused by name.
 //!
 //! TVM's cache is process-global: the functions named after the builtins
 //! ([`tensor_cache_load`], [`param_array_from_cache_by_name`], ...) use one [`TensorCache`]
@@ -102,7 +105,7 @@ pub enum TensorCacheError {
         nbytes: i64,
     },
     /// A record format mblob does not decode.
-    #[error("{}: parameter {name}: unsupported encode format {format:?} for {dtype} (supported: \"raw\", \"f32-to-bf16\" for float32)", path.display())]
+    #[error("{}: parameter {name}: unsupported encode format {format:?} for {dtype} (supported: \"raw\", \"f32-to-bf16\")", path.display())]
     Encoding {
         /// The shard.
         path: PathBuf,
@@ -270,7 +273,8 @@ fn load_shard(dir: &Path, shard: &FileRecord, device: Device) -> Result<Vec<(Str
         })?;
         let bf16 = match rec.format.as_str() {
             "raw" => false,
-            "f32-to-bf16" if dtype == DataType::F32 => true,
+            // TVM widens float32 records only and copies any other dtype's bytes as they are.
+            "f32-to-bf16" => dtype == DataType::F32,
             _ => {
                 return Err(TensorCacheError::Encoding {
                     path: path.clone(),

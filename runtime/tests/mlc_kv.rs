@@ -1,0 +1,179 @@
+//! The paged KV cache of model libraries MLC-LLM's own pipeline built (tests/fixtures/mlc,
+//! README there), driven through the VM as MLC-LLM's engine drives it, with the weights loaded
+//! by the tensor-cache builtins (`vm.builtin.tensor_cache.load`,
+//! `param_array_from_cache_by_name_unpacked` with the names of `_metadata`): after a prompt,
+//! `kv_state_fork_sequence(0 -> 1)` and three decodes of the child, then `kv_state_popn(0, 2)`
+//! and two decodes of the parent give TVM's greedy tokens and logits within 1e-4 of
+//! max(1, max |logit|) of what TVM 0.27's VM gave for the same calls (`reference.json`,
+//! `fork.logits.npy`).
+#![cfg(feature = "llm")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
+use mblob_runtime::format::DataType;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::{load_library, Device, LoadOptions, Registry};
+use serde_json::Value;
+
+/// The tensor cache builtins share one process-wide cache: one test at a time loads into it.
+static GLOBAL_CACHE: Mutex<()> = Mutex::new(());
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mlc").join(name)
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+fn npy_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = f.shape().to_vec();
+    (shape, f.into_vec::<f32>().unwrap())
+}
+
+fn ints(v: &Value) -> Vec<i32> {
+    v.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect()
+}
+
+struct Model {
+    vm: VirtualMachine,
+    params: VmValue,
+    settings: Value,
+}
+
+impl Model {
+    fn new(name: &str) -> Model {
+        let dir = fixture(name);
+        // SAFETY: the fixture is a library MLC-LLM's pipeline built for these tests.
+        let tree = unsafe { load_library(&dir.join("lib.so"), &Registry::default(), &LoadOptions::default()) }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+        let meta: Value = match vm.call_function("_metadata", &[]).unwrap() {
+            VmValue::Str(s) => serde_json::from_str(&s).unwrap(),
+            v => panic!("_metadata: {v:?}"),
+        };
+        let names: Vec<VmValue> = meta["params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| VmValue::Str(p["name"].as_str().unwrap().into()))
+            .collect();
+        let params = {
+            let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+            let dir_arg = VmValue::Str(dir.to_str().unwrap().into());
+            vm.call_function("vm.builtin.tensor_cache.load", &[dir_arg, VmValue::Int(1), VmValue::Int(0)]).unwrap();
+            let params = vm.call_function("vm.builtin.param_array_from_cache_by_name_unpacked", &names).unwrap();
+            vm.call_function("vm.builtin.tensor_cache.clear", &[]).unwrap();
+            params
+        };
+        match &params {
+            VmValue::Tuple(items) => assert_eq!(items.len(), names.len()),
+            v => panic!("param_array_from_cache_by_name_unpacked: {v:?}"),
+        }
+        let settings = json(&dir.join("reference.json"))["settings"].clone();
+        Model { vm, params, settings }
+    }
+
+    fn builtin(&self, name: &str, args: &[VmValue]) -> VmValue {
+        self.vm.call_function(&format!("vm.builtin.{name}"), args).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    /// `create_tir_paged_kv_cache` with TVM's settings, and sequence 0.
+    fn new_cache(&self) -> VmValue {
+        let s = |k: &str| VmValue::Shape(vec![self.settings[k].as_i64().unwrap()]);
+        let sliding = VmValue::Shape(vec![i64::from(self.settings["sliding_window_size"].as_i64().unwrap() != -1)]);
+        let kv = self
+            .vm
+            .call_function(
+                "create_tir_paged_kv_cache",
+                &[s("max_batch_size"), s("max_total_seq_len"), s("prefill_chunk_size"), s("page_size"), sliding],
+            )
+            .unwrap();
+        self.builtin("kv_state_add_sequence", &[kv.clone(), VmValue::Int(0)]);
+        kv
+    }
+
+    /// One forward step of `seq` over `ids` through `func`: the logits of the last position.
+    fn forward(&self, kv: &VmValue, seq: i64, ids: &[i32], func: &str) -> Vec<f32> {
+        let n = ids.len() as i64;
+        self.builtin("kv_state_begin_forward", &[kv.clone(), VmValue::Shape(vec![seq]), VmValue::Shape(vec![n])]);
+        let input =
+            Tensor::new(DataType::I32, vec![n], ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        let emb = match self.vm.call_function("embed", &[VmValue::Tensor(input), self.params.clone()]).unwrap() {
+            VmValue::Tensor(t) => t,
+            v => panic!("embed: {v:?}"),
+        };
+        let hidden = *emb.shape.last().unwrap();
+        let emb = Tensor { shape: vec![1, n, hidden], ..emb };
+        let out = self.vm.call_function(func, &[VmValue::Tensor(emb), kv.clone(), self.params.clone()]).unwrap();
+        self.builtin("kv_state_end_forward", std::slice::from_ref(kv));
+        let logits = match out {
+            VmValue::Tuple(items) => match items.into_iter().next() {
+                Some(VmValue::Tensor(t)) => t,
+                v => panic!("{func}: {v:?}"),
+            },
+            VmValue::Tensor(t) => t,
+            v => panic!("{func}: {v:?}"),
+        };
+        let vocab = *logits.shape.last().unwrap() as usize;
+        let all: Vec<f32> = logits.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        all[all.len() - vocab..].to_vec()
+    }
+}
+
+fn argmax(row: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
+/// Fork and popn as `reference.py` records them.
+fn fork_and_popn_as_tvm(name: &str) {
+    let m = Model::new(name);
+    let r = json(&fixture(name).join("reference.json"));
+    let f = &r["fork"];
+    let (shape, want) = npy_f32(&fixture(name).join(f["logits"].as_str().unwrap()));
+    let vocab = shape[1] as usize;
+    let mut rows = Vec::new();
+    let kv = m.new_cache();
+    let prompt = ints(&f["prompt"]);
+    let chunk = m.settings["prefill_chunk_size"].as_u64().unwrap() as usize;
+    let mut last = Vec::new();
+    for c in prompt.chunks(chunk) {
+        last = m.forward(&kv, 0, c, "prefill");
+    }
+    assert_eq!(argmax(&last), f["prefill_token"].as_i64().unwrap() as i32, "{name}: prefill token");
+    rows.push(last);
+    m.builtin("kv_state_fork_sequence", &[kv.clone(), VmValue::Int(0), VmValue::Int(1), VmValue::Int(-1)]);
+    for (fed, tok) in ints(&f["fork"]["decode_fed"]).into_iter().zip(ints(&f["fork"]["tokens"])) {
+        let row = m.forward(&kv, 1, &[fed], "decode");
+        assert_eq!(argmax(&row), tok, "{name}: decode of the forked sequence");
+        rows.push(row);
+    }
+    m.builtin("kv_state_popn", &[kv.clone(), VmValue::Int(0), VmValue::Int(2)]);
+    for (fed, tok) in ints(&f["popn"]["decode_fed"]).into_iter().zip(ints(&f["popn"]["tokens"])) {
+        let row = m.forward(&kv, 0, &[fed], "decode");
+        assert_eq!(argmax(&row), tok, "{name}: decode after popn");
+        rows.push(row);
+    }
+    assert_eq!(rows.len() as u64, shape[0]);
+    for (i, row) in rows.iter().enumerate() {
+        let want = &want[i * vocab..(i + 1) * vocab];
+        let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let diff = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4 * scale, "{name}, row {i}: logits differ by {diff}");
+    }
+}
+
+#[test]
+fn qwen2_q0f32_fork_and_popn_as_tvm() {
+    fork_and_popn_as_tvm("qwen2-q0f32");
+}

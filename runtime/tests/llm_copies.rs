@@ -8,8 +8,8 @@
 #![cfg(all(feature = "llm", feature = "opencl"))]
 
 use mblob_runtime::device::Device;
-use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 use mblob_runtime::device::{device_api, TransferStats};
+use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 
 #[path = "support/llm_fixture.rs"]
 mod llm_fixture;

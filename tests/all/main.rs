@@ -21,9 +21,9 @@ mod goldens;
 mod inspect;
 mod inspect_more;
 mod library;
-mod outputs;
 #[cfg(feature = "llm")]
 mod mlc;
+mod outputs;
 mod pack;
 mod packing;
 mod run;

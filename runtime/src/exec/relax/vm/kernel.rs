@@ -3,8 +3,8 @@
 
 use super::value::{Value, VmError};
 use crate::ffi::call::PackedFunction;
-use crate::ffi::value::Value as CallValue;
 use crate::ffi::dlpack::DLTensor;
+use crate::ffi::value::Value as CallValue;
 
 /// Calls a kernel with the VM values as arguments: tensors as `DLTensor`s of their storage
 /// (on whichever device they are), integers, floats and nulls, in the kernel's convention.

@@ -36,10 +36,10 @@
 use std::sync::Arc;
 
 use crate::array::NdArray;
-use crate::device::{Device, DeviceError};
-use crate::ffi::call::PackedFunction;
 use crate::device::api::DeviceApi;
 use crate::device::backends::device_api;
+use crate::device::{Device, DeviceError};
+use crate::ffi::call::PackedFunction;
 use crate::module::LoadedTree;
 use crate::payload::relax::executable::{Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable};
 

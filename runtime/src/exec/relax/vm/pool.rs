@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::device::DeviceError;
 use crate::device::api::DeviceApi;
 use crate::device::storage::Storage;
+use crate::device::DeviceError;
 
 /// The page TVM's pooled allocator rounds storage sizes up to (`kDefaultPageSize`).
 pub(crate) const POOL_PAGE: u64 = 4096;
@@ -88,8 +88,8 @@ impl StoragePool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Device;
     use crate::device::backends::device_api;
+    use crate::device::Device;
 
     /// An allocation site's bucket hint finds its bucket, a storage comes back only when no
     /// one else holds it, and a hint left stale by `clear` (its bucket gone, another in its

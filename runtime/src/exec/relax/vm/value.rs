@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::{ArrayError, NdArray};
-use crate::device::{Device, DeviceError};
 use crate::device::storage::Storage;
+use crate::device::{Device, DeviceError};
 use crate::format::DataType;
 use crate::payload::graph::Tensor;
 
@@ -450,9 +450,10 @@ impl<'a> Args<'a> {
 
     /// Argument `i`, else an error naming the callee and the count given.
     pub(crate) fn get(&self, i: usize) -> Result<&'a Value, VmError> {
-        self.args.get(i).copied().ok_or_else(|| {
-            crate::exec::relax::checks::missing_argument(self.callee, i, self.args.len())
-        })
+        self.args
+            .get(i)
+            .copied()
+            .ok_or_else(|| crate::exec::relax::checks::missing_argument(self.callee, i, self.args.len()))
     }
 
     /// The error for argument `index` being `got` where `expected` was wanted.

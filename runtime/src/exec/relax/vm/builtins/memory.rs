@@ -64,7 +64,9 @@ fn alloc_tensor(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize
     if !fits {
         return Err(crate::exec::relax::checks::alloc_tensor_overrun(needed, offset, storage.nbytes()));
     }
-    Ok(Value::Tensor(NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?.with_vm_offset(offset as usize)))
+    Ok(Value::Tensor(
+        NdArray::in_storage_shared(storage, offset as usize, shape, dtype)?.with_vm_offset(offset as usize),
+    ))
 }
 
 /// `vm.builtin.null_value`.

@@ -29,6 +29,7 @@ pub mod relax;
 pub mod relay_vm;
 
 pub mod model;
+pub(crate) mod pool;
 
 pub use crate::device::{Device, DeviceType};
 use crate::format::DataType;

@@ -10,7 +10,9 @@
 //! by its true or false offset; `InvokePacked` calls a primitive of the library with its
 //! arguments flattened (an ADT argument passes its fields), outputs last, and skips the call
 //! when its one output is empty; `AllocStorage` allocates its size register's value (or, with
-//! a shape, the shape's bytes), `AllocTensor`/`AllocTensorReg` view a storage at the offset
+//! a shape, the shape's bytes) from the VM's storage pool, as TVM's VM allocates from its pooled
+//! allocator (a storage handed out again once nothing holds it: the runs after the first
+//! allocate nothing new), `AllocTensor`/`AllocTensorReg` view a storage at the offset
 //! held in a register, `ReshapeTensor` views a tensor with the shape held in an `int64`
 //! tensor. Calls (`Invoke`, `InvokeClosure`) push frames on a heap stack, so deep recursion
 //! (a Relay loop) does not use the native stack.
@@ -20,6 +22,7 @@
 //! [`RelayVm::new`] refuses an executable that has them, as TVM refuses a VM made before they
 //! are loaded.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -29,6 +32,7 @@ use crate::device::api::DeviceApi;
 use crate::device::backends::device_api;
 use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
+use crate::exec::pool::StoragePool;
 use crate::ffi::call::PackedFunction;
 use crate::ffi::dlpack::DLTensor;
 use crate::format::DataType;
@@ -222,6 +226,11 @@ pub struct RelayVm {
     constants: Vec<NdArray>,
     api: Arc<dyn DeviceApi>,
     device: Device,
+    /// The storages of `AllocStorage` and of the inputs, kept across runs.
+    pool: StoragePool,
+    /// Per function, per instruction: the pool's bucket an `AllocStorage` there allocated from
+    /// last.
+    hints: Vec<Box<[AtomicUsize]>>,
 }
 
 struct Frame {
@@ -338,7 +347,21 @@ impl RelayVm {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let api = device_api(device)?;
-        Ok(RelayVm { _tree: tree.clone(), exec, primitives, constants, api, device })
+        let hints = exec
+            .functions
+            .iter()
+            .map(|f| f.instructions.iter().map(|_| AtomicUsize::new(usize::MAX)).collect())
+            .collect();
+        Ok(RelayVm {
+            _tree: tree.clone(),
+            exec,
+            primitives,
+            constants,
+            api,
+            device,
+            pool: StoragePool::default(),
+            hints,
+        })
     }
 
     /// The executable.
@@ -392,7 +415,10 @@ impl RelayVm {
                     detail: format!("{} bytes of data for shape {:?} and dtype {}", t.data.len(), t.shape, t.dtype),
                 });
             }
-            args.push(Value::Tensor(NdArray::from_tensor(t, self.device)?));
+            // In a storage of the pool (the same one on every run once the last run's is free).
+            let storage = self.pool.alloc(0, &self.api, t.data.len())?;
+            storage.write(0, &t.data)?;
+            args.push(Value::Tensor(NdArray::in_storage(&storage, 0, &t.shape, t.dtype)?));
         }
         self.run(index, args)
     }
@@ -464,6 +490,7 @@ impl RelayVm {
     }
 
     fn step(&self, ins: &Instruction, frame: &mut Frame) -> Result<Step, RelayVmError> {
+        let hint = self.hints[frame.func].get(frame.pc);
         let regs = &mut frame.regs;
         // Registers were checked against the file size by the reader.
         let get = |regs: &[Value], r: RegName| regs[r as usize].clone();
@@ -537,8 +564,10 @@ impl RelayVm {
                         .and_then(|n| i64::try_from(n).ok())
                         .ok_or_else(|| program(format!("storage of shape {shape:?} overflows")))?,
                 };
-                let size = usize::try_from(size).map_err(|_| program(format!("storage of {size} bytes")))?;
-                regs[*dst as usize] = Value::Storage(Storage::with_api(self.api.clone(), size)?);
+                // Of its own size (TVM's pooled allocator rounds it up to a 4096-byte page: a
+                // recursion holding a small storage per frame would then hold pages).
+                let len = usize::try_from(size).map_err(|_| program(format!("storage of {size} bytes")))?;
+                regs[*dst as usize] = Value::Storage(self.pool.alloc_at(hint, 0, &self.api, len)?);
             }
             Instruction::ShapeOf { tensor, dst } => {
                 let Value::Tensor(t) = &regs[*tensor as usize] else {

@@ -6,10 +6,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use super::kernel::call_kernel;
-use super::pool::POOL_PAGE;
 use super::value::{Value, VmError};
 use super::{Callee, VirtualMachine};
 use crate::array::{tensor_bytes, NdArray};
+use crate::exec::pool::POOL_PAGE;
 use crate::ffi::call::PackedFunction;
 use crate::format::DataType;
 use crate::payload::relax::executable::{Arg, Instruction, Reg};

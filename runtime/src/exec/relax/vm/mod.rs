@@ -47,7 +47,6 @@ mod builtins;
 mod decode;
 mod io;
 mod kernel;
-mod pool;
 mod run;
 pub mod value;
 
@@ -57,9 +56,9 @@ pub(crate) use kernel::call_kernel;
 pub use value::{numpy_dtype, ObjectRef, ParamKind, VmError, VmObject, VmOutput, VmValue};
 pub(crate) use value::{tuple_items, Value};
 
+use crate::exec::pool::StoragePool;
 use decode::{Op, Quick};
 use io::write_back;
-use pool::StoragePool;
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;

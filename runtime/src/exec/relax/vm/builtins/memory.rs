@@ -4,7 +4,7 @@
 use super::BuiltinFn;
 use crate::array::{tensor_bytes, NdArray};
 use crate::device::Device;
-use crate::exec::relax::vm::pool::POOL_PAGE;
+use crate::exec::pool::POOL_PAGE;
 use crate::exec::relax::vm::value::{check, Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::payload::relax::executable::dtype_name;

@@ -1,5 +1,6 @@
-//! The VM's storage pool: storages kept by device and size and handed out again once no one
-//! holds them, as TVM's pooled allocator does.
+//! The storage pool of the virtual machines (the Relax VM's and the Relay VM's): storages kept
+//! by device and size and handed out again once no one holds them, as TVM's pooled allocator
+//! (`PooledAllocator`, which both of TVM's VMs allocate through) does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,6 +11,12 @@ use crate::device::DeviceError;
 
 /// The page TVM's pooled allocator rounds storage sizes up to (`kDefaultPageSize`).
 pub(crate) const POOL_PAGE: u64 = 4096;
+
+/// The most storages a bucket keeps. A free one is found by a scan of the bucket, so a program
+/// that holds ever more storages of one size at once (a deep recursion of the Relay VM, each
+/// frame with its own) would make each allocation slower; past this many, an allocation that
+/// finds none free gets a storage the pool does not keep (freed when its last user drops it).
+pub(crate) const MAX_BUCKET: usize = 64;
 
 /// Storages by device and size, for the next allocation of the same size on the same device
 /// (a VM's storages have the same sizes on every run, as TVM's pooled allocator exploits). A
@@ -39,7 +46,8 @@ impl StoragePool {
     }
 
     /// `nbytes` bytes on device `device` (`api`): a free storage of that size (holding what its
-    /// last user wrote), or a new one.
+    /// last user wrote), or a new one (kept by the pool unless its bucket holds
+    /// [`MAX_BUCKET`] already).
     pub(crate) fn alloc(
         &self,
         device: usize,
@@ -75,12 +83,19 @@ impl StoragePool {
         }
         let bucket = &mut buckets[i];
         // `get_mut` succeeds only for the sole reference, and synchronises with the drop of the
-        // last other one (which may have been on another thread).
-        if let Some(free) = bucket.storages.iter_mut().find_map(|s| Arc::get_mut(s).is_some().then(|| s.clone())) {
+        // last other one (which may have been on another thread); the count, a plain load, rules
+        // out the held ones first.
+        let free = bucket
+            .storages
+            .iter_mut()
+            .find_map(|s| (Arc::strong_count(s) == 1 && Arc::get_mut(s).is_some()).then(|| s.clone()));
+        if let Some(free) = free {
             return Ok(free);
         }
         let s = Storage::with_api(api.clone(), nbytes)?;
-        bucket.storages.push(s.clone());
+        if bucket.storages.len() < MAX_BUCKET {
+            bucket.storages.push(s.clone());
+        }
         Ok(s)
     }
 }
@@ -119,5 +134,23 @@ mod tests {
         assert_eq!(t3.nbytes(), 8192);
         assert_eq!(b.load(Ordering::Relaxed), 0);
         assert_eq!(a.load(Ordering::Relaxed), 1);
+    }
+
+    /// A bucket keeps at most `MAX_BUCKET` storages: one more held at once is not kept, and
+    /// once all are free the kept ones come back.
+    #[test]
+    fn buckets_keep_at_most_max_bucket_storages() {
+        let api = device_api(Device::cpu(0)).unwrap();
+        let pool = StoragePool::default();
+        let held: Vec<_> = (0..MAX_BUCKET + 3).map(|_| pool.alloc(0, &api, 64).unwrap()).collect();
+        assert_eq!(pool.buckets.lock().unwrap()[0].storages.len(), MAX_BUCKET);
+        let kept: Vec<usize> = held[..MAX_BUCKET].iter().map(|s| s.ptr().0).collect();
+        drop(held);
+        let again: Vec<_> = (0..MAX_BUCKET).map(|_| pool.alloc(0, &api, 64).unwrap()).collect();
+        let mut got: Vec<usize> = again.iter().map(|s| s.ptr().0).collect();
+        let mut want = kept;
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 }

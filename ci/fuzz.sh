@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec relax_exec)
+[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec relax_exec container_macho container_pe container_wasm container_archive)
 G=${MBLOB_GOLDENS:-$PWD/../tests/fixtures/tvm-goldens}
 [ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -59,6 +59,11 @@ seed() { # target
       add "$1" 001 "$G/graph_dense_relu.params" ;;
     elf_lookup) mapfile -t f < <(find "$G" -name '*.so' -o -name '*.devc.o' | sort); add "$1" "" "${f[@]}" ;;
     relax_exec) mapfile -t f < <(find "$G" -name 'relax_add_mul.relax*.bin' | sort); add "$1" "" "${f[@]}" ;;
+    # The TVM-built containers beside the goldens (tests/fixtures/containers).
+    container_macho) mapfile -t f < <(find "$G/../containers" -name '*.dylib' | sort); add "$1" "" "${f[@]}" ;;
+    container_pe) mapfile -t f < <(find "$G/../containers" -name '*.dll' -o -name '*.obj' | sort); add "$1" "" "${f[@]}" ;;
+    container_wasm) mapfile -t f < <(find "$G/../containers" -name '*.wasm' -o -name 'tvm27-wasm.devc.o' | sort); add "$1" "" "${f[@]}" ;;
+    container_archive) mapfile -t f < <(find "$G/../containers" -name '*.a' | sort); add "$1" "" "${f[@]}" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }

@@ -39,6 +39,10 @@
 //! Paths are relative to the JSON file. A node may carry an `"id"`: nodes with the same id are
 //! one module (imported twice).
 //!
+//! The root may record how the tree was packed, as `mblob extract` writes it: `layout`
+//! (`classic`, `classic-0.21`, `ffi`), `symbol` (the blob symbol, which names the layout and
+//! the prefix too), `prefix` (TVM's `c_symbol_prefix`) and `system_lib`; see [`Packing`].
+//!
 //! Unknown fields are refused, and errors name the JSON path of the field
 //! (`tree.json at $.imports[0].functions.add.arg_types[1]: ...`). Every file the tree names is
 //! opened while it is read, so a missing file is reported before any work starts.

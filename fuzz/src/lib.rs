@@ -137,12 +137,13 @@ pub fn blob(data: &[u8], layout: Layout) {
 
 /// Factor of the bound for the container readers: a linked WebAssembly module's blob is rebuilt
 /// from its data segments, with the zeros binaryen left out (at most 32 bytes of blob for each
-/// byte of the file), then parsed.
-pub const CONTAINER_FACTOR: usize = 48;
+/// byte of the file).
+pub const CONTAINER_FACTOR: usize = 40;
 
 /// A container target: when `data` is one of `formats`, its blob is looked up (a typed error
-/// with an offset inside the input, or the blob), then parsed as `inspect` parses it and every
-/// module payload decoded by its loader, all under the bound.
+/// with an offset inside the input, or the blob) under the container bound, then parsed as
+/// `inspect` parses it and every module payload decoded by its loader, under the readers'
+/// bound for the blob's size.
 pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerFormat]) {
     use mblob_runtime::container::{find_blob, identify};
     let Some(identity) = identify(data) else { return };
@@ -152,25 +153,28 @@ pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerForm
     let registry = registry();
     let owned = Bytes::from_vec(data.to_vec());
     let n = data.len();
-    bounded(n, CONTAINER_FACTOR, "container::find_blob + parse_blob + loaders", || match find_blob(&owned, None) {
+    let found = bounded(n, CONTAINER_FACTOR, "container::find_blob", || find_blob(&owned, None));
+    let found = match found {
         Err(e) => {
             assert!(e.offset <= n as u64, "error offset {} past the input's {n} bytes: {e}", e.offset);
             drop(e.to_string());
+            return;
         }
-        Ok(None) => {}
-        Ok(Some(found)) => {
-            let blob = found.bytes;
-            if let Some(at) = found.file_offset {
-                let start = usize::try_from(at).expect("an offset in the input");
-                assert_eq!(data.get(start..start + blob.len()), Some(&blob[..]), "the blob is not the file's bytes");
-            }
-            let Ok(parsed) = parse_blob(&blob, found.layout, registry, UnknownKeys::KeepOpaque) else { return };
-            for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
-                if let Some(loader) = registry.get(e.type_key) {
-                    let payload = blob.slice_ref(e.payload).expect("the payload lies in the blob");
-                    if let Err(err) = loader.load(payload, parsed.layout) {
-                        drop(err.to_string());
-                    }
+        Ok(None) => return,
+        Ok(Some(found)) => found,
+    };
+    let blob = found.bytes;
+    if let Some(at) = found.file_offset {
+        let start = usize::try_from(at).expect("an offset in the input");
+        assert_eq!(data.get(start..start + blob.len()), Some(&blob[..]), "the blob is not the file's bytes");
+    }
+    bounded(blob.len(), READ_FACTOR, "parse_blob + loaders of a container's blob", || {
+        let Ok(parsed) = parse_blob(&blob, found.layout, registry, UnknownKeys::KeepOpaque) else { return };
+        for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
+            if let Some(loader) = registry.get(e.type_key) {
+                let payload = blob.slice_ref(e.payload).expect("the payload lies in the blob");
+                if let Err(err) = loader.load(payload, parsed.layout) {
+                    drop(err.to_string());
                 }
             }
         }

@@ -136,7 +136,7 @@ unsafe fn load_opened(
 ) -> Result<LoadedTree> {
     let (on_disk, pre) = {
         let file = map_file(path)?;
-        if let Some(identity) = crate::container::identify(&file).filter(|i| !i.runs_here()) {
+        if let Some(identity) = crate::container::identify_header(&file).filter(|i| !i.runs_here()) {
             return Err(Error::ForeignLibrary { path: path.to_owned(), identity });
         }
         let found = crate::elf::find_blob(&file, options.prefix.as_deref())

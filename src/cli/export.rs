@@ -16,6 +16,10 @@ use crate::Result;
                                           \"launch_param_tags\": [\"blockIdx.x\", \"threadIdx.x\"]}}}
   DSO parts:        {\"type_key\": \"llvm\" | \"c\" | \"static_library\",
                      \"objects\": [\"lib0.o\"], \"sources\": [\"host.c\"], \"ir\": [\"host.ll\"], \"imports\": [...]}
+The root may also say how the tree was packed (`mblob extract` writes it):
+  {\"layout\": \"ffi\", \"symbol\": \"p___tvm_ffi__library_bin\", \"prefix\": \"p_\", \"system_lib\": true, ...}
+which are the defaults of --layout, --prefix and --system-lib (so extract-then-export rebuilds
+the same library).
 Paths are relative to TREE.json. A payload file holds the module's bytes as TVM writes them in a
 classic blob; kinds mblob knows (graph factory, device kinds) are decoded and written again in
 the chosen --layout, others are copied as they are. Nodes with the same \"id\" are one module

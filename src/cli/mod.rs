@@ -36,8 +36,10 @@ Environment:
                      tracing-subscriber's syntax, e.g. `mblob=debug`); default `warn`
   RUST_LOG           the same, when MBLOB_LOG is unset
   CC                 C compiler for C sources and the C packer, and the link driver
-                     (default `cc`; for a --target, the cc crate's target-specific names such
-                     as CC_aarch64_unknown_linux_gnu and TARGET_CC come first)
+                     (default `cc`; for a target another machine runs, the cc crate's
+                     target-specific names such as CC_aarch64_unknown_linux_gnu and TARGET_CC,
+                     then <target>-gcc, link; else ld.lld links the objects directly; else the
+                     export is refused up front)
   CXX                C++ compiler for C++ sources (default `c++`)
   CFLAGS, CXXFLAGS   extra compiler flags, read by the cc crate (also CFLAGS_<target>,
                      TARGET_CFLAGS and the same for CXXFLAGS)

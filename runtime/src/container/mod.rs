@@ -13,11 +13,14 @@
 //! the linear memory rebuilt from the active data segments (zeros where no segment writes), and
 //! its length comes from its own 8-byte header.
 
+#[cfg(feature = "containers")]
 mod wasm;
 
 use std::borrow::Cow;
 
+#[cfg(feature = "containers")]
 use object::read::archive::ArchiveFile;
+#[cfg(feature = "containers")]
 use object::read::macho::{FatArch, MachOFatFile32, MachOFatFile64};
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
@@ -210,6 +213,7 @@ pub struct ContainerBlob {
 const MAX_NAME: usize = 4096;
 
 /// Nesting allowed: an archive of fat Mach-O files of objects.
+#[cfg(feature = "containers")]
 const MAX_DEPTH: u32 = 2;
 
 /// What `data` is: its container and machine; `None` when it is none of the containers this
@@ -219,20 +223,78 @@ pub fn identify(data: &[u8]) -> Option<Identity> {
     let kind = K::parse(data).ok()?;
     let format = match kind {
         K::Elf32 | K::Elf64 => ContainerFormat::Elf,
+        #[cfg(feature = "containers")]
         K::MachO32 | K::MachO64 => ContainerFormat::MachO,
+        #[cfg(feature = "containers")]
         K::MachOFat32 | K::MachOFat64 => ContainerFormat::MachOFat,
+        #[cfg(feature = "containers")]
         K::Pe32 | K::Pe64 => ContainerFormat::Pe,
+        #[cfg(feature = "containers")]
         K::Coff | K::CoffBig => ContainerFormat::Coff,
+        #[cfg(feature = "containers")]
         K::Wasm => ContainerFormat::Wasm,
+        #[cfg(feature = "containers")]
         K::Archive => ContainerFormat::Archive,
         _ => return None,
     };
     let machine = match format {
+        #[cfg(feature = "containers")]
         ContainerFormat::MachOFat => fat_arches(data).ok()?.first().map(|(n, _)| n.clone()).unwrap_or_default(),
         ContainerFormat::Archive => "unknown".to_owned(),
         _ => object::File::parse(data).ok().map(|f| machine_name(f.architecture()).to_owned()).unwrap_or_default(),
     };
     Some(Identity { format, machine: if machine.is_empty() { "unknown".into() } else { machine } })
+}
+
+/// What `data` is, told from its headers alone, as the loader needs it before opening a file:
+/// the container by its magic, the machine from the ELF or Mach-O header (`unknown` for the
+/// others). Unlike [`identify`] it does not read the whole file with every format's reader, so
+/// a program that only loads libraries (the C library) does not carry them.
+pub fn identify_header(data: &[u8]) -> Option<Identity> {
+    #[cfg(feature = "containers")]
+    use object::read::macho::MachHeader;
+    use object::FileKind as K;
+    let (format, machine) = match K::parse(data).ok()? {
+        K::Elf32 => {
+            (ContainerFormat::Elf, object::read::elf::ElfFile32::<object::Endianness>::parse(data).ok()?.architecture())
+        }
+        K::Elf64 => {
+            (ContainerFormat::Elf, object::read::elf::ElfFile64::<object::Endianness>::parse(data).ok()?.architecture())
+        }
+        #[cfg(feature = "containers")]
+        K::MachO32 => {
+            let h = object::macho::MachHeader32::<object::Endianness>::parse(data, 0).ok()?;
+            (ContainerFormat::MachO, macho_arch(h.cputype(h.endian().ok()?)))
+        }
+        #[cfg(feature = "containers")]
+        K::MachO64 => {
+            let h = object::macho::MachHeader64::<object::Endianness>::parse(data, 0).ok()?;
+            (ContainerFormat::MachO, macho_arch(h.cputype(h.endian().ok()?)))
+        }
+        #[cfg(feature = "containers")]
+        K::MachOFat32 | K::MachOFat64 => (ContainerFormat::MachOFat, object::Architecture::Unknown),
+        #[cfg(feature = "containers")]
+        K::Pe32 | K::Pe64 => (ContainerFormat::Pe, object::Architecture::Unknown),
+        #[cfg(feature = "containers")]
+        K::Coff | K::CoffBig => (ContainerFormat::Coff, object::Architecture::Unknown),
+        #[cfg(feature = "containers")]
+        K::Wasm => (ContainerFormat::Wasm, object::Architecture::Wasm32),
+        #[cfg(feature = "containers")]
+        K::Archive => (ContainerFormat::Archive, object::Architecture::Unknown),
+        _ => return None,
+    };
+    Some(Identity { format, machine: machine_name(machine).to_owned() })
+}
+
+#[cfg(feature = "containers")]
+fn macho_arch(cputype: object::macho::CpuType) -> object::Architecture {
+    match cputype {
+        object::macho::CPU_TYPE_ARM64 => object::Architecture::Aarch64,
+        object::macho::CPU_TYPE_X86_64 => object::Architecture::X86_64,
+        object::macho::CPU_TYPE_X86 => object::Architecture::I386,
+        object::macho::CPU_TYPE_ARM => object::Architecture::Arm,
+        _ => object::Architecture::Unknown,
+    }
 }
 
 /// Finds the blob symbol (any layout; with `prefix` when given, else preferring none) in the
@@ -276,12 +338,15 @@ fn find_in(data: &Bytes, base: u64, prefix: Option<&str>, depth: u32) -> Result<
         ContainerFormat::MachO | ContainerFormat::Pe | ContainerFormat::Coff => {
             find_by_symbols(data, base, prefix, identity)
         }
+        #[cfg(feature = "containers")]
         ContainerFormat::Wasm => wasm::find(data, base, prefix, identity),
+        #[cfg(feature = "containers")]
         ContainerFormat::MachOFat => {
             let arches = fat_arches(data).map_err(|d| err(base, ContainerErrorKind::Unreadable(d)))?;
             let parts = arches.into_iter().map(|(name, (start, size))| (name, start, size));
             find_in_parts(data, base, prefix, depth, format, parts)
         }
+        #[cfg(feature = "containers")]
         ContainerFormat::Archive => {
             let archive = ArchiveFile::parse(&data[..]).map_err(|e| err(base, unreadable(e)))?;
             let mut parts = Vec::new();
@@ -293,9 +358,17 @@ fn find_in(data: &Bytes, base: u64, prefix: Option<&str>, depth: u32) -> Result<
             }
             find_in_parts(data, base, prefix, depth, format, parts.into_iter())
         }
+        #[cfg(not(feature = "containers"))]
+        _ => {
+            let _ = depth;
+            let kind =
+                ContainerErrorKind::Unreadable("mblob-runtime was built without the `containers` feature".into());
+            Err(err(base, kind))
+        }
     }
 }
 
+#[cfg(feature = "containers")]
 /// The blob among the parts of a fat file or an archive: at most one may hold one. Parts that
 /// are no container (an archive's symbol index, a text file) hold none.
 fn find_in_parts(
@@ -337,9 +410,11 @@ fn find_in_parts(
 }
 
 /// A slice of a fat Mach-O file: architecture name and file range (offset, size).
+#[cfg(feature = "containers")]
 type FatSlice = (String, (u64, u64));
 
 /// The slices of a fat Mach-O file.
+#[cfg(feature = "containers")]
 fn fat_arches(data: &[u8]) -> Result<Vec<FatSlice>, String> {
     fn arches<A: FatArch>(list: &[A]) -> Vec<FatSlice> {
         list.iter().map(|a| (machine_name(a.architecture()).to_owned(), a.file_range())).collect()

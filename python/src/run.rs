@@ -8,11 +8,11 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use mblob_runtime::exec::call::{call, CallArg};
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
 use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
 use mblob_runtime::exec::{Device, Executor, Tensor};
-use mblob_runtime::exec::call::{call, CallArg};
 use mblob_runtime::format::DataType;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;

@@ -248,8 +248,10 @@ impl LibraryContext {
 
     /// The handle for `name`, once it resolves (see [`LibraryContext::resolve`]).
     fn lookup(&self, name: &str) -> Result<&'static FunctionHandle, String> {
-        self.resolve(name)?;
-        Ok(self.handle.function_handle(name))
+        let f = self.resolve(name)?;
+        let handle = self.handle.function_handle(name);
+        *handle.resolved.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&f);
+        Ok(handle)
     }
 }
 
@@ -671,5 +673,46 @@ mod tests {
         drop(ctx);
         assert_eq!(backend_get_func_from_env(h, set_device.as_ptr(), &mut out), -1);
         assert!(last_error().contains("unloaded"));
+    }
+
+    #[test]
+    fn a_handle_keeps_its_function_while_its_owner_does() {
+        use std::sync::atomic::AtomicUsize;
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        crate::ffi::globals::register_global(
+            "__mblob_test_handle_cache",
+            PackedFunction::from_fn(|args| {
+                CALLS.fetch_add(1, Ordering::Relaxed);
+                // Called directly on the decoded arguments.
+                assert_eq!(args, [Value::Int(7)]);
+                Ok(Value::Int(8))
+            }),
+        );
+        let ctx = LibraryContext::new("y.so".into(), ContextHandle::leak());
+        let h = ctx.context_handle() as *const ContextHandle as *mut c_void;
+        let name = CString::new("__mblob_test_handle_cache").unwrap();
+        let mut out = std::ptr::null_mut();
+        assert_eq!(backend_get_func_from_env(h, name.as_ptr(), &mut out), 0);
+        // SAFETY: `out` is the handle just given out.
+        let handle = unsafe { &*(out as *const FunctionHandle) };
+        let resolved = || handle.resolved.read().unwrap().upgrade();
+        assert!(resolved().is_some(), "kept from the lookup");
+        let mut vals = [TVMValue { v_int64: 7 }];
+        let mut codes = [0];
+        let (mut ret, mut rc) = (TVMValue { v_int64: 0 }, 0);
+        for _ in 0..3 {
+            assert_eq!(func_call(out, vals.as_mut_ptr(), codes.as_mut_ptr(), 1, &mut ret, &mut rc), 0);
+            // SAFETY: an int return.
+            assert_eq!((unsafe { ret.v_int64 }, rc), (8, 0));
+        }
+        assert_eq!(CALLS.load(Ordering::Relaxed), 3);
+        let kept = resolved().unwrap();
+        assert!(Arc::ptr_eq(&kept, &resolved().unwrap()), "the same function every call");
+        drop(kept);
+        // The context owned it: gone with the context, and the handle says so.
+        drop(ctx);
+        assert!(resolved().is_none());
+        assert_eq!(func_call(out, vals.as_mut_ptr(), codes.as_mut_ptr(), 1, &mut ret, &mut rc), -1);
+        assert!(last_error().contains("unloaded"), "{}", last_error());
     }
 }

@@ -177,3 +177,8 @@ fn fork_and_popn_as_tvm(name: &str) {
 fn qwen2_q0f32_fork_and_popn_as_tvm() {
     fork_and_popn_as_tvm("qwen2-q0f32");
 }
+
+#[test]
+fn qwen2_q4f32_1_fork_and_popn_as_tvm() {
+    fork_and_popn_as_tvm("qwen2-q4f32_1");
+}

@@ -94,6 +94,12 @@ fn qwen2_q0f32_gives_tvms_tokens_and_logits() {
     runs_as_tvm("qwen2-q0f32");
 }
 
+#[test]
+fn qwen2_q4f32_1_gives_tvms_tokens_and_logits() {
+    // q4f32_1: uint32 weights and float32 scales, every record `f32-to-bf16` as MLC-LLM writes.
+    runs_as_tvm("qwen2-q4f32_1");
+}
+
 // Libraries whose KV-cache features mblob does not implement yet: refused, naming the feature
 // (TVM's outputs for them are recorded in their folders for when it does).
 

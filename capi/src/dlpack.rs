@@ -13,15 +13,14 @@ use std::sync::Arc;
 
 use mblob_runtime::array::tensor_bytes;
 use mblob_runtime::exec::relax::VmError;
-use mblob_runtime::exec::ModelKind;
+use mblob_runtime::exec::{ModelKind, Value};
 use mblob_runtime::ffi::device_api::{device_api, DevicePtr, Storage};
 use mblob_runtime::format::DataType;
-use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{Bytes, Device, NdArray};
+use mblob_runtime::{Device, NdArray};
 
 use crate::{
     c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_model, mblob_status, mblob_tensor,
-    model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutput,
+    model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutputs,
 };
 
 /// DLPack's `DLDevice`: a device type (`kDLCPU` 1, `kDLCUDA` 2, `kDLCUDAHost` 3,
@@ -180,8 +179,9 @@ unsafe fn borrow(d: &Described, owner: Option<Box<dyn Send + Sync>>) -> Result<N
 
 /// Sets an input from a DLPack tensor, copied in: by `name` when it is not NULL, else by
 /// position `index`, as `mblob_model_set_input` does. The tensor may be on any device mblob
-/// opens (a device tensor is copied to the host, then to the model's device when it runs);
-/// it is only read during the call.
+/// opens: a graph or AOT model copies it into its input at once (within the device when it is
+/// the model's, with no stop on the host); a VM model keeps a copy on the tensor's device
+/// until it runs. It is only read during the call.
 ///
 /// # Safety
 /// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -198,13 +198,18 @@ pub unsafe extern "C" fn mblob_model_set_input_dltensor(
         check(Kind::Model, model, "model")?;
         // SAFETY: the caller passes NULL or a valid DLTensor.
         let d = unsafe { describe(tensor, "tensor") }?;
-        // SAFETY: the memory stays valid during the call, and the array dies in it.
-        let host = unsafe { borrow(&d, None) }?.to_tensor().map_err(device_failure)?;
+        // SAFETY: the memory stays valid during the call; the array is dropped in it (a graph
+        // or AOT model copies it into its input, a VM model gets a copy of its own).
+        let borrowed = unsafe { borrow(&d, None) }?;
         // SAFETY: checked above; one thread at a time per the API.
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
-        m.model.set_input(Some(&name), &host)?;
+        let array = match m.model.kind() {
+            ModelKind::Graph | ModelKind::Aot => borrowed,
+            ModelKind::Relax | ModelKind::RelayVm => borrowed.copy(d.device).map_err(device_failure)?,
+        };
+        m.model.set_input(Some(&name), Value::Tensor(array))?;
         Ok(())
     })
 }
@@ -229,37 +234,14 @@ impl Drop for Managed {
     }
 }
 
-/// The host bytes of a managed CPU tensor, as the `Bytes` of an input, without a copy.
-struct ManagedBytes {
-    /// Runs the deleter when the bytes are dropped.
-    _managed: Managed,
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: read-only view of memory the managed tensor keeps alive; see `Managed`.
-unsafe impl Send for ManagedBytes {}
-// SAFETY: as above.
-unsafe impl Sync for ManagedBytes {}
-
-impl AsRef<[u8]> for ManagedBytes {
-    fn as_ref(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `describe` checked `ptr` is not NULL for these `len` bytes, and the producer
-        // keeps them valid until the deleter, which runs when `_managed` drops, with `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
 /// Sets an input from a DLPack managed tensor, whose ownership passes to mblob in every case
 /// (also on an error, and with a NULL or invalid model): mblob calls `tensor->deleter` once,
 /// when it no longer needs the memory (from the thread that then drops it: the next
 /// `mblob_model_set_input*` of that input, `mblob_model_select_function`, `mblob_model_free`,
-/// or before returning). By `name` when it is not NULL, else by position `index`. A host
-/// tensor is used where it lies, with no copy, until then (a graph or AOT model copies it into
-/// its input at once); a device tensor is copied to the host.
+/// or before returning). By `name` when it is not NULL, else by position `index`. A graph or
+/// AOT model copies it into its input at once (within the device when it is the model's); a VM
+/// model uses it where it lies, with no copy, until then (one misaligned for TVM's kernels is
+/// copied on its device).
 ///
 /// # Safety
 /// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -279,22 +261,15 @@ pub unsafe extern "C" fn mblob_model_set_input_dlpack(
         check(Kind::Model, model, "model")?;
         // SAFETY: the caller passes a valid managed tensor; its `dl_tensor` is its first field.
         let d = unsafe { describe(&raw const (*tensor).dl_tensor, "tensor") }?;
-        let host = if d.device.is_cpu() {
-            let ptr = d.data.cast::<u8>().cast_const().wrapping_add(d.byte_offset);
-            let bytes = Bytes::from_owner(Arc::new(ManagedBytes { _managed: managed, ptr, len: d.nbytes }));
-            Tensor::new(d.dtype, d.shape.clone(), bytes)
-                .ok_or_else(|| invalid(format!("tensor: {} bytes do not fit shape {:?}", d.nbytes, d.shape)))?
-        } else {
-            // SAFETY: the producer keeps the memory valid until the deleter, which `managed`
-            // runs after the copy (it is dropped with the array).
-            let array = unsafe { borrow(&d, Some(Box::new(managed))) }?;
-            array.to_tensor().map_err(device_failure)?
-        };
+        // SAFETY: the producer keeps the memory valid until the deleter, which `managed` runs
+        // when the last array over it is dropped.
+        let borrowed = unsafe { borrow(&d, Some(Box::new(managed))) }?;
+        let array = if is_aligned(&d) { borrowed } else { borrowed.copy(d.device).map_err(device_failure)? };
         // SAFETY: checked above; one thread at a time per the API.
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
-        m.model.set_input(Some(&name), &host)?;
+        m.model.set_input(Some(&name), Value::Tensor(array))?;
         Ok(())
     })
 }
@@ -395,7 +370,7 @@ pub unsafe extern "C" fn mblob_model_invoke(
             // it): give every output memory of its own.
             outputs = outputs.iter().map(|a| a.copy(a.device())).collect::<Result<_, _>>().map_err(device_failure)?;
         }
-        m.outputs = Some(outputs.into_iter().map(RunOutput::Device).collect());
+        m.outputs = Some(RunOutputs { values: outputs.into_iter().map(Value::Tensor).collect(), shared: false });
         Ok(())
     })
 }

@@ -449,10 +449,10 @@ impl RelaxVm {
 }
 
 /// A language-model library as MLC-LLM exports them, ready to generate greedily
-/// ([`mblob_runtime::exec::relax::generate::LanguageModel`]).
+/// ([`mblob_runtime::exec::llm::generate::LanguageModel`]).
 #[pyclass(frozen, module = "mblob._native")]
 pub struct LanguageModel {
-    inner: Mutex<mblob_runtime::exec::relax::generate::LanguageModel>,
+    inner: Mutex<mblob_runtime::exec::llm::generate::LanguageModel>,
     metadata: String,
 }
 
@@ -468,7 +468,7 @@ impl LanguageModel {
         weights: Option<PathBuf>,
         page_size: i64,
     ) -> PyResult<LanguageModel> {
-        use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel as Lm};
+        use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel as Lm};
         let tree = library.tree.clone();
         let device = Device::from_dlpack(dev.0, dev.1);
         let lm = run(py, move || {
@@ -615,7 +615,7 @@ impl PyObjectRef {
     /// The weights of a module that `vm.builtin.param_module_from_cache*` made (what its
     /// function `get_params` returns), as tensors `(bytes, dtype, shape)`.
     fn get_params<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyTensor<'py>>> {
-        use mblob_runtime::exec::relax::lm::builtins::ParamModule;
+        use mblob_runtime::exec::llm::lm::builtins::ParamModule;
         let module = self
             .inner
             .downcast_ref::<ParamModule>()

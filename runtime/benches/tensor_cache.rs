@@ -18,8 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use mblob_runtime::exec::relax::lm::tensor_cache::TensorCacheMetadata;
-use mblob_runtime::exec::relax::lm::TensorCache;
+use mblob_runtime::exec::llm::lm::tensor_cache::TensorCacheMetadata;
+use mblob_runtime::exec::llm::lm::TensorCache;
 use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
 

@@ -90,3 +90,116 @@ fn runtime_modules_depend_on_lower_ranks_only() {
     }
     assert!(wrong.is_empty(), "dependencies against the order {RANKS:?}:\n{}", wrong.join("\n"));
 }
+
+/// The code of `text` without comments and without its unit tests (as [`uses`] reads it).
+fn code_lines(text: &str) -> Vec<&str> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    text.lines().map(|line| line.split("//").next().unwrap_or_default()).collect()
+}
+
+/// The module path (below `exec`) of a file of `exec/`: `llm/kv_cache/mod.rs` is
+/// `["llm", "kv_cache"]`, `llm/generate.rs` `["llm", "generate"]`.
+fn exec_module_path(exec: &Path, file: &Path) -> Vec<String> {
+    let mut parts: Vec<String> =
+        file.strip_prefix(exec).unwrap().components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let last = parts.pop().unwrap();
+    let stem = last.strip_suffix(".rs").unwrap();
+    if stem != "mod" {
+        parts.push(stem.to_owned());
+    }
+    parts
+}
+
+/// The paths below `exec` that the code of a file at module path `module` names: each
+/// `crate::exec::` path and each `super::` path resolved from the file's module, as the first
+/// three segments (a `{` segment, a group, ends the path).
+fn exec_paths(module: &[String], text: &str) -> Vec<String> {
+    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+    let mut out = Vec::new();
+    for code in code_lines(text) {
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::exec::") {
+            let after = &rest[at + "crate::exec::".len()..];
+            out.push(segments(after, &ident).join("::"));
+            rest = after;
+        }
+        let mut rest = code;
+        while let Some(at) = rest.find("super::") {
+            // Only a path's first `super`, not one inside an identifier.
+            if rest[..at].chars().last().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                rest = &rest[at + "super::".len()..];
+                continue;
+            }
+            let mut after = &rest[at..];
+            let mut base = module.to_vec();
+            while let Some(next) = after.strip_prefix("super::") {
+                base.pop();
+                after = next;
+            }
+            base.extend(segments(after, &ident));
+            out.push(base.iter().take(3).cloned().collect::<Vec<_>>().join("::"));
+            rest = after;
+        }
+    }
+    out
+}
+
+/// Up to three `::`-separated identifiers at the start of `s`.
+fn segments(s: &str, ident: &dyn Fn(&str) -> String) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while out.len() < 3 {
+        let id = ident(rest);
+        if id.is_empty() {
+            out.push(rest.chars().next().map(String::from).unwrap_or_default());
+            break;
+        }
+        rest = &rest[id.len()..];
+        out.push(id);
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    out
+}
+
+/// The LLM floor (`exec/llm`: the KV cache, the other LLM builtins, generation) stands on the
+/// Relax VM: of `exec` it uses its own modules and `exec::relax::vm` only (the VM's values and
+/// its public calls), and the VM (`exec/relax/vm`) never names the LLM floor.
+#[test]
+fn llm_uses_the_vm_only_and_the_vm_never_the_llm() {
+    let exec = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/exec");
+    let mut wrong = Vec::new();
+    let mut llm_files = Vec::new();
+    rust_files(&exec.join("llm"), &mut llm_files);
+    assert!(llm_files.len() > 5, "the LLM floor's files: {llm_files:?}");
+    for file in &llm_files {
+        let module = exec_module_path(&exec, file);
+        for path in exec_paths(&module, &std::fs::read_to_string(file).unwrap()) {
+            if !(path.starts_with("llm") || path == "relax::vm" || path.starts_with("relax::vm::")) {
+                wrong.push(format!("{} uses exec::{path}", file.display()));
+            }
+        }
+    }
+    let mut vm_files = Vec::new();
+    rust_files(&exec.join("relax/vm"), &mut vm_files);
+    assert!(vm_files.len() > 5, "the VM's files: {vm_files:?}");
+    for file in &vm_files {
+        let module = exec_module_path(&exec, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        for path in exec_paths(&module, &text) {
+            if path.starts_with("llm") {
+                wrong.push(format!("{} uses exec::{path}", file.display()));
+            }
+        }
+        for code in code_lines(&text) {
+            for name in ["llm::", "kv_cache::", "lm::"] {
+                if code.contains(name) {
+                    wrong.push(format!("{} names {name}: {}", file.display(), code.trim()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the LLM floor uses the VM only, never the other way round:\n{}", wrong.join("\n"));
+}

@@ -16,7 +16,7 @@
 #![cfg(feature = "llm")]
 #![allow(dead_code)]
 
-use mblob_runtime::exec::relax::lm::TensorCache;
+use mblob_runtime::exec::llm::lm::TensorCache;
 use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
@@ -239,7 +239,7 @@ fn every_global_function_of_the_device_libraries_is_served() {
 #[cfg(feature = "opencl")]
 mod opencl {
     use super::*;
-    use mblob_runtime::exec::relax::kv_cache::PagedKvCache;
+    use mblob_runtime::exec::llm::kv_cache::PagedKvCache;
 
     const LIB: &str = "device/llm_params_opencl.so";
 
@@ -354,12 +354,12 @@ mod opencl {
                 };
             }
             let err = result.expect_err(name);
-            match err.root() {
-                VmError::KvCache(mblob_runtime::exec::relax::kv_cache::KvCacheError::Check(m)) => {
+            match err.lm_error::<mblob_runtime::exec::llm::kv_cache::KvCacheError>() {
+                Some(mblob_runtime::exec::llm::kv_cache::KvCacheError::Check(m)) => {
                     assert_eq!(case["error"]["kind"], "InternalError", "{name}");
                     assert_eq!(m, case["error"]["message"].as_str().unwrap(), "{name}");
                 }
-                e => panic!("{name}: {e}"),
+                _ => panic!("{name}: {err}"),
             }
             let state = &case["state_after"];
             assert_eq!(llm.state(seqs_of(state)), *state, "{name}: state after the error");
@@ -373,7 +373,7 @@ mod opencl {
     /// bound of TVM's CPU record.
     #[test]
     fn language_model_generates_tvms_tokens() {
-        use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
+        use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
         let Some(d) = opencl() else { return };
         let scenarios = json("scenarios.json");
         let forwards: Vec<Json> = scenarios["scenarios"]["single"]["steps"]

@@ -406,12 +406,12 @@ fn kv_cache_errors_are_tvms() {
             if let Some(f) = case.get("failing_call") {
                 assert_eq!(failed_in, f.as_str().unwrap(), "{lib} {name}: {err}");
             }
-            match err.root() {
-                VmError::KvCache(mblob_runtime::exec::relax::kv_cache::KvCacheError::Check(m)) => {
+            match (err.lm_error::<mblob_runtime::exec::llm::kv_cache::KvCacheError>(), err.root()) {
+                (Some(mblob_runtime::exec::llm::kv_cache::KvCacheError::Check(m)), _) => {
                     assert_eq!(want["kind"], "InternalError", "{lib} {name}");
                     assert_eq!(m, want["message"].as_str().unwrap(), "{lib} {name}");
                 }
-                e => {
+                (_, e) => {
                     let text = e.to_string();
                     assert!(text.contains(want["check"].as_str().unwrap()), "{lib} {name}: {text}");
                     if let VmError::Check { kind, .. } = e {
@@ -437,7 +437,7 @@ fn refusals_and_bad_calls_are_errors() {
     let shapes = |v: &[i64]| v.iter().map(|&a| VmValue::Shape(vec![a])).collect::<Vec<_>>();
     let err = llm.vm.invoke_values("create_tir_paged_kv_cache", &shapes(&[4, 128, 64, 16, 1])).unwrap_err();
     assert!(
-        matches!(err.root(), VmError::KvCache(mblob_runtime::exec::relax::kv_cache::KvCacheError::Unsupported(m)) if m.contains("sliding window")),
+        matches!(err.lm_error(), Some(mblob_runtime::exec::llm::kv_cache::KvCacheError::Unsupported(m)) if m.contains("sliding window")),
         "{err}"
     );
 

@@ -1,4 +1,4 @@
-//! TVM's LLM builtins other than the paged KV cache (`exec::relax::lm`), called directly and
+//! TVM's LLM builtins other than the paged KV cache (`exec::llm::lm`), called directly and
 //! compared with what TVM 0.27 gave for the same calls (tests/fixtures/llm, see its README):
 //! the tensor cache of build A's weights against the shard bytes TVM wrote and the prompt
 //! embedding TVM's `embed` computed from them, and TVM's errors for bad caches; every case
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Mutex;
 
-use mblob_runtime::exec::relax::lm::{legacy_kv, sampling, tensor_cache, AttentionKvCacheLegacy, TensorCache};
+use mblob_runtime::exec::llm::lm::{legacy_kv, sampling, tensor_cache, AttentionKvCacheLegacy, TensorCache};
 use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
@@ -710,7 +710,7 @@ fn lm_builtins_through_the_vm() {
 
 #[test]
 fn every_lm_builtin_is_served_by_the_vm() {
-    use mblob_runtime::exec::relax::lm::BUILTINS;
+    use mblob_runtime::exec::llm::lm::BUILTINS;
     for name in BUILTINS {
         assert!(mblob_runtime::exec::relax::vm::is_served(name), "{name} is not dispatched");
     }

@@ -1,12 +1,12 @@
 //! `mblob generate`: greedy decoding with a language-model library as MLC-LLM exports them
 //! (`embed`, `prefill`, `decode`, `create_tir_paged_kv_cache`, `_metadata`), token ids in and
-//! out, with `mblob-runtime` alone ([`mblob_runtime::exec::relax::generate`]).
+//! out, with `mblob-runtime` alone ([`mblob_runtime::exec::llm::generate`]).
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
+use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 use mblob_runtime::exec::Device;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};

@@ -23,6 +23,8 @@
 
 pub mod aot;
 pub mod graph;
+#[cfg(feature = "llm")]
+pub mod llm;
 pub mod relax;
 #[cfg(feature = "relay-vm")]
 pub mod relay_vm;

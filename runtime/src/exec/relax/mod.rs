@@ -31,12 +31,6 @@
 //! [`NdArray`](crate::array::NdArray)s instead, copying only inputs that are elsewhere.
 
 pub mod calls;
-#[cfg(feature = "llm")]
-pub mod generate;
-#[cfg(feature = "llm")]
-pub mod kv_cache;
-#[cfg(feature = "llm")]
-pub mod lm;
 pub mod vm;
 
 pub use crate::payload::relax::{
@@ -45,5 +39,5 @@ pub use crate::payload::relax::{
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
 pub use vm::{
-    numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmError, VmObject, VmOutput, VmValue, REFUSED_BUILTINS,
+    numpy_dtype, Builtins, ObjectRef, ParamKind, VirtualMachine, VmError, VmObject, VmOutput, VmValue, REFUSED_BUILTINS,
 };

@@ -6,7 +6,8 @@ use crate::ffi::callconv::PackedFunction;
 use crate::format::DataType;
 
 use super::error::KvCacheError;
-use crate::exec::relax::vm::{tuple_items, Value, VirtualMachine};
+use crate::exec::relax::vm::value::{tuple_items, Value};
+use crate::exec::relax::vm::VirtualMachine;
 
 const CREATE: &str = "vm.builtin.paged_attention_kv_cache_create";
 

@@ -1,5 +1,7 @@
 //! The errors of the paged KV cache.
 
+use crate::exec::relax::vm::value::VmError;
+
 /// An error of the paged KV cache or of one of its builtins.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -22,6 +24,13 @@ pub enum KvCacheError {
         /// What is wrong.
         detail: String,
     },
+}
+
+impl From<KvCacheError> for VmError {
+    /// The cache's error as the source of [`VmError::Lm`].
+    fn from(e: KvCacheError) -> VmError {
+        VmError::Lm(Box::new(e))
+    }
 }
 
 /// A failed check of TVM's whose condition is a boolean: `Check failed: (cond) is false: text`.

@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! use mblob_runtime::device::Device;
-//! use mblob_runtime::exec::relax::generate::{GenerateOptions, LanguageModel};
+//! use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 //! use mblob_runtime::{load_library, LoadOptions, Registry};
 //!
 //! // SAFETY: the library is trusted to run (its initialisers run when it is opened).
@@ -32,9 +32,10 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::lm::{TensorCache, TensorCacheError};
-use super::vm::{VirtualMachine, VmError, VmValue};
 use crate::array::NdArray;
 use crate::device::Device;
+use crate::exec::relax::vm::value::{VmError, VmValue};
+use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::Tensor;

@@ -12,7 +12,7 @@
 
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::VmError;
+use crate::exec::relax::vm::value::VmError;
 use crate::format::DataType;
 
 use super::blocks::{Table, MAX_BLOCK_DEPTH};

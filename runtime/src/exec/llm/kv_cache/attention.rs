@@ -6,8 +6,8 @@ use smallvec::SmallVec;
 
 use crate::array::NdArray;
 use crate::device::DeviceType;
-use crate::exec::relax::vm::{call_kernel, Value};
-use crate::exec::relax::VmError;
+use crate::exec::relax::vm::call_kernel;
+use crate::exec::relax::vm::value::{Value, VmError};
 use crate::format::DataType;
 
 use super::aux::{int32_array, AuxArrays, Batch};

@@ -162,8 +162,8 @@ impl Table {
         parent_id: i64,
         child_id: i64,
         fork_pos: i64,
-        copy_page: &mut dyn FnMut(i32, i32, i64) -> Result<(), crate::exec::relax::VmError>,
-    ) -> Result<(), crate::exec::relax::VmError> {
+        copy_page: &mut dyn FnMut(i32, i32, i64) -> Result<(), crate::exec::relax::vm::value::VmError>,
+    ) -> Result<(), crate::exec::relax::vm::value::VmError> {
         let Some(parent) = self.seqs.get(&parent_id).cloned() else {
             return Err(check_false(
                 "parent_it != seq_map_.end()",
@@ -285,8 +285,8 @@ impl Table {
         &mut self,
         seq_id: i64,
         n: i64,
-        copy_page: &mut dyn FnMut(i32, i32, i64) -> Result<(), crate::exec::relax::VmError>,
-    ) -> Result<(), crate::exec::relax::VmError> {
+        copy_page: &mut dyn FnMut(i32, i32, i64) -> Result<(), crate::exec::relax::vm::value::VmError>,
+    ) -> Result<(), crate::exec::relax::vm::value::VmError> {
         let seq_length = self.seq(seq_id)?.seq_length;
         if n < 0 {
             return Err(check_cmp("n >= 0", n, 0, format!("The length of popping {n} cannot be negative.")).into());

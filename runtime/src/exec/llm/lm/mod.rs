@@ -19,6 +19,8 @@ pub mod legacy_kv;
 pub mod sampling;
 pub mod tensor_cache;
 
+use crate::exec::relax::vm::value::VmError;
+
 pub use legacy_kv::{AttentionKvCacheLegacy, LegacyKvError};
 pub use sampling::SamplingError;
 pub use tensor_cache::{TensorCache, TensorCacheError, TensorCacheMetadata};
@@ -49,9 +51,9 @@ impl LmError {
     }
 }
 
-impl From<LmError> for super::vm::VmError {
+impl From<LmError> for VmError {
     fn from(e: LmError) -> Self {
-        super::vm::VmError::Lm(Box::new(e))
+        VmError::Lm(Box::new(e))
     }
 }
 

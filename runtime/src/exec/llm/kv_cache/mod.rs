@@ -64,7 +64,8 @@ use crate::device::Device;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 
-use super::vm::{Args, ObjectRef, Value, VirtualMachine, VmError, VmObject};
+use crate::exec::relax::vm::value::{Args, ObjectRef, Value, VmError, VmObject};
+use crate::exec::relax::vm::{call_kernel, BuiltinFn, VirtualMachine};
 use aux::{AuxArrays, Batch};
 use blocks::Table;
 use config::Kernels;
@@ -192,7 +193,7 @@ impl PagedKvCache {
             let args =
                 [Value::Tensor(pages.clone()), Value::Int(i64::from(src)), Value::Int(i64::from(dst)), Value::Int(len)];
             let refs: Vec<&Value> = args.iter().collect();
-            super::vm::call_kernel(&k.name, &k.f, &refs)?;
+            call_kernel(&k.name, &k.f, &refs)?;
         }
         Ok(())
     }
@@ -236,69 +237,63 @@ impl PagedKvCache {
     }
 }
 
-/// A builtin on VM values: the VM (for its kernels), the builtin's name, the arguments.
-pub(crate) type BuiltinFn = fn(&VirtualMachine, &str, &[&Value]) -> Result<Value, VmError>;
-
-/// The KV cache builtin `name`.
-pub(crate) fn lookup(name: &str) -> Option<BuiltinFn> {
-    Some(match name {
-        "vm.builtin.paged_attention_kv_cache_create" => create,
-        "vm.builtin.kv_state_clear" => |_, n, a| {
-            cache(n, a)?.clear();
-            Ok(Value::Null)
-        },
-        "vm.builtin.kv_state_add_sequence" => {
-            |_, n, a| cache(n, a)?.add_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
-        }
-        "vm.builtin.kv_state_remove_sequence" => {
-            |_, n, a| cache(n, a)?.remove_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
-        }
-        "vm.builtin.kv_state_fork_sequence" => |_, n, a| {
-            let args = Args::new(n, a);
-            let fork_pos = if a.len() > 3 { args.int(3)? } else { -1 };
-            cache(n, a)?.fork_sequence(args.int(1)?, args.int(2)?, fork_pos).map(|_| Value::Null)
-        },
-        "vm.builtin.kv_state_popn" => |_, n, a| {
-            let args = Args::new(n, a);
-            cache(n, a)?.popn(args.int(1)?, args.int(2)?).map(|_| Value::Null)
-        },
-        "vm.builtin.kv_state_begin_forward" => begin_forward,
-        "vm.builtin.kv_state_end_forward" => |_, n, a| {
-            cache(n, a)?.end_forward();
-            Ok(Value::Null)
-        },
-        "vm.builtin.attention_kv_cache_get_num_available_pages" => {
-            |_, n, a| Ok(Value::Int(cache(n, a)?.num_available_pages()))
-        }
-        "vm.builtin.attention_kv_cache_get_total_sequence_length" => {
-            |_, n, a| Ok(Value::Int(cache(n, a)?.total_sequence_length()))
-        }
-        "vm.builtin.attention_kv_cache_get_sequence_length" => {
-            |_, n, a| cache(n, a)?.sequence_length(Args::new(n, a).int(1)?).map(Value::Int)
-        }
-        "vm.builtin.attention_kv_cache_empty" => |_, n, a| Ok(Value::Int(i64::from(cache(n, a)?.is_empty()))),
-        "vm.builtin.attention_kv_cache_get_query_positions" => {
-            |_, n, a| cache(n, a)?.query_positions().map(Value::Tensor)
-        }
-        "vm.builtin.attention_kv_cache_debug_get_kv" => |_, n, a| {
-            let args = Args::new(n, a);
-            let c = cache(n, a)?;
-            c.debug_get_kv(args.int(1)?, args.int(2)?, args.int(3)?, args.tensor(4)?, args.tensor(5)?)?;
-            Ok(Value::Null)
-        },
-        "vm.builtin.attention_kv_cache_attention_with_fused_qkv" => |_, n, a| {
-            let args = Args::new(n, a);
-            let sm_scale = match args.get(2)? {
-                Value::Float(f) => *f,
-                Value::Int(i) => *i as f64,
-                v => return Err(args.type_err(2, "a number (sm_scale)", v)),
-            };
-            cache(n, a)?.attention_with_fused_qkv(args.int(1)?, sm_scale, args.tensor(3)?, args.tensor(4)?)?;
-            Ok(Value::Null)
-        },
-        _ => return None,
-    })
-}
+/// The KV cache builtins, by TVM's name.
+pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
+    ("vm.builtin.paged_attention_kv_cache_create", create),
+    ("vm.builtin.kv_state_clear", |_, n, a, _| {
+        cache(n, a)?.clear();
+        Ok(Value::Null)
+    }),
+    ("vm.builtin.kv_state_add_sequence", |_, n, a, _| {
+        cache(n, a)?.add_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
+    }),
+    ("vm.builtin.kv_state_remove_sequence", |_, n, a, _| {
+        cache(n, a)?.remove_sequence(Args::new(n, a).int(1)?).map(|_| Value::Null)
+    }),
+    ("vm.builtin.kv_state_fork_sequence", |_, n, a, _| {
+        let args = Args::new(n, a);
+        let fork_pos = if a.len() > 3 { args.int(3)? } else { -1 };
+        cache(n, a)?.fork_sequence(args.int(1)?, args.int(2)?, fork_pos).map(|_| Value::Null)
+    }),
+    ("vm.builtin.kv_state_popn", |_, n, a, _| {
+        let args = Args::new(n, a);
+        cache(n, a)?.popn(args.int(1)?, args.int(2)?).map(|_| Value::Null)
+    }),
+    ("vm.builtin.kv_state_begin_forward", begin_forward),
+    ("vm.builtin.kv_state_end_forward", |_, n, a, _| {
+        cache(n, a)?.end_forward();
+        Ok(Value::Null)
+    }),
+    ("vm.builtin.attention_kv_cache_get_num_available_pages", |_, n, a, _| {
+        Ok(Value::Int(cache(n, a)?.num_available_pages()))
+    }),
+    ("vm.builtin.attention_kv_cache_get_total_sequence_length", |_, n, a, _| {
+        Ok(Value::Int(cache(n, a)?.total_sequence_length()))
+    }),
+    ("vm.builtin.attention_kv_cache_get_sequence_length", |_, n, a, _| {
+        cache(n, a)?.sequence_length(Args::new(n, a).int(1)?).map(Value::Int)
+    }),
+    ("vm.builtin.attention_kv_cache_empty", |_, n, a, _| Ok(Value::Int(i64::from(cache(n, a)?.is_empty())))),
+    ("vm.builtin.attention_kv_cache_get_query_positions", |_, n, a, _| {
+        cache(n, a)?.query_positions().map(Value::Tensor)
+    }),
+    ("vm.builtin.attention_kv_cache_debug_get_kv", |_, n, a, _| {
+        let args = Args::new(n, a);
+        let c = cache(n, a)?;
+        c.debug_get_kv(args.int(1)?, args.int(2)?, args.int(3)?, args.tensor(4)?, args.tensor(5)?)?;
+        Ok(Value::Null)
+    }),
+    ("vm.builtin.attention_kv_cache_attention_with_fused_qkv", |_, n, a, _| {
+        let args = Args::new(n, a);
+        let sm_scale = match args.get(2)? {
+            Value::Float(f) => *f,
+            Value::Int(i) => *i as f64,
+            v => return Err(args.type_err(2, "a number (sm_scale)", v)),
+        };
+        cache(n, a)?.attention_with_fused_qkv(args.int(1)?, sm_scale, args.tensor(3)?, args.tensor(4)?)?;
+        Ok(Value::Null)
+    }),
+];
 
 /// Argument 0: the cache.
 fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, VmError> {
@@ -311,14 +306,14 @@ fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, V
     }
 }
 
-fn create(vm: &VirtualMachine, _name: &str, args: &[&Value]) -> Result<Value, VmError> {
+fn create(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let _span = tracing::debug_span!("kv_cache_create").entered();
     let (config, kernels) = config::parse(vm, args)?;
     let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
     Ok(Value::Object(ObjectRef::new(cache)))
 }
 
-fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value]) -> Result<Value, VmError> {
+fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     if args.len() != 3 && args.len() != 4 {
         return Err(KvCacheError::Check(format!(
             "Check failed: (args.size() == 3 || args.size() == 4) is false: KVState BeginForward only accepts 3 or 4 arguments (got {})",

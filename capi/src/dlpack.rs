@@ -19,8 +19,8 @@ use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
 
 use crate::{
-    c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_model, mblob_status, mblob_tensor,
-    model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutputs,
+    c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_library, mblob_model, mblob_status,
+    mblob_tensor, model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutputs,
 };
 
 /// DLPack's `DLDevice`: a device type (`kDLCPU` 1, `kDLCUDA` 2, `kDLCUDAHost` 3,
@@ -371,6 +371,81 @@ pub unsafe extern "C" fn mblob_model_invoke(
             outputs = outputs.iter().map(|a| a.copy(a.device())).collect::<Result<_, _>>().map_err(device_failure)?;
         }
         m.outputs = Some(RunOutputs { values: outputs.into_iter().map(Value::Tensor).collect(), shared: false });
+        Ok(())
+    })
+}
+
+/// Calls host function `name` of a library (found from its root, through its imports; what
+/// TVM's `tvm.build` makes, such as `add_one`) with `num_args` DLPack tensors
+/// `args[0..num_args]`, the function's arguments in order, and writes what it returns to `*ret`
+/// when `ret` is not NULL (an integer; 0 when it returns none). A compiled function writes its
+/// outputs into its argument tensors: they are passed where they lie, on their devices, with
+/// no copy (one whose data is not aligned to 64 bytes, as TVM's kernels assume, goes through
+/// an aligned copy, written back after the call), and the devices are waited for before the
+/// call returns. No function of that name: `MBLOB_ERR_NO_MODEL`; the function's own error:
+/// `MBLOB_ERR_RUN`, with its message.
+///
+/// # Safety
+/// `lib` is NULL or a handle; `name` is NULL or a NUL-terminated string; `args` is NULL (with
+/// `num_args` 0) or points to `num_args` pointers to `DLTensor`s whose memory is valid for
+/// reading and writing, and used by no one else, during the call; `ret` is NULL or points to
+/// writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_library_call(
+    lib: *const mblob_library,
+    name: *const c_char,
+    args: *const *const mblob_dl_tensor,
+    num_args: usize,
+    ret: *mut i64,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Library, lib, "lib")?;
+        // SAFETY: checked above; a library is never changed, and the API forbids freeing it
+        // during a call on it.
+        let lib = unsafe { &*lib };
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        let name = unsafe { c_str(name, "name") }?;
+        let pointers: &[*const mblob_dl_tensor] = if num_args == 0 {
+            &[]
+        } else {
+            not_null(args, "args")?;
+            // SAFETY: not NULL, and the caller passes `num_args` readable pointers.
+            unsafe { std::slice::from_raw_parts(args, num_args) }
+        };
+        let described = pointers
+            .iter()
+            .enumerate()
+            // SAFETY: each is NULL or a readable DLTensor, per the API.
+            .map(|(i, &t)| unsafe { describe(t, &format!("args[{i}]")) })
+            .collect::<Result<Vec<_>>>()?;
+        let mut borrowed = Vec::with_capacity(described.len());
+        let mut values = Vec::with_capacity(described.len());
+        for d in &described {
+            // SAFETY: the caller keeps the memory valid during the call; the arrays are
+            // dropped in it.
+            let array = unsafe { borrow(d, None) }?;
+            let aligned = is_aligned(d);
+            values.push(Value::Tensor(if aligned {
+                array.clone()
+            } else {
+                array.copy(d.device).map_err(device_failure)?
+            }));
+            borrowed.push((array, aligned));
+        }
+        let result = mblob_runtime::exec::call(&lib.tree, name, &mut values)?;
+        for ((array, aligned), v) in borrowed.iter().zip(&values) {
+            if let (false, Value::Tensor(copy)) = (aligned, v) {
+                copy.copy_to(array).map_err(device_failure)?;
+            }
+        }
+        if !ret.is_null() {
+            let n = match result {
+                Value::Int(i) => i,
+                _ => 0,
+            };
+            // SAFETY: not NULL, and the caller passes writable storage.
+            unsafe { ret.write(n) };
+        }
         Ok(())
     })
 }

@@ -10,11 +10,10 @@ use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
-use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
-use mblob_runtime::exec::{Device, Executor, Tensor};
-use mblob_runtime::ffi::callconv::{PackedFunction, Value};
-use mblob_runtime::ffi::packed::DLTensor;
+use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
+use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
 use mblob_runtime::format::DataType;
+use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -109,15 +108,16 @@ impl Library {
     /// functions write their outputs into their arguments). Returns the function's return
     /// value (int, float, str or None).
     fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
-        let function = self
-            .tree
-            .packed_function(name)
-            .ok_or_else(|| crate::InputError::new_err(format!("no function `{name}` in the module or its imports")))?;
+        if self.tree.packed_function(name).is_none() {
+            return Err(crate::InputError::new_err(format!("no function `{name}` in the module or its imports")));
+        }
         let mut plain: Vec<Arg> = Vec::with_capacity(args.len());
         for a in args.iter() {
             plain.push(Arg::from_py(&a)?);
         }
-        let (ret, outs) = run(py, move || call_host(&function, plain))?;
+        let tree = self.tree.clone();
+        let name = name.to_owned();
+        let (ret, outs) = run(py, move || call_host(&tree, &name, plain))?;
         // Copy the tensors back into the caller's bytearrays.
         let mut outs = outs.into_iter();
         for a in args.iter() {
@@ -128,15 +128,15 @@ impl Library {
             }
         }
         Ok(match ret {
-            Arg::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
-            Arg::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
-            Arg::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+            Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
             _ => py.None(),
         })
     }
 }
 
-/// An argument or the result of a host call, owned (made with the GIL, used without it).
+/// An argument of a host call, owned (made with the GIL, used without it).
 enum Arg {
     Int(i64),
     Float(f64),
@@ -174,40 +174,28 @@ impl Arg {
     }
 }
 
-/// Makes the call with each tensor copied into a CPU `NdArray`; returns the value and each
-/// tensor's bytes after the call.
-#[allow(unsafe_code)]
-fn call_host(function: &PackedFunction, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
-    let mut arrays: Vec<NdArray> = Vec::new();
-    for a in &args {
-        if let Arg::Tensor { data, dtype, shape } = a {
-            arrays.push(NdArray::from_bytes(data, shape, *dtype, Device::cpu(0)).map_err(run_error)?);
-        }
-    }
-    let mut tensors: Vec<DLTensor> = arrays.iter().map(NdArray::dl_tensor).collect();
-    let mut next = tensors.iter_mut();
+/// Calls host function `name` with each tensor in a CPU `NdArray` (`exec::call`); returns the
+/// value and each tensor's bytes after the call.
+fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Value, Vec<Vec<u8>>), PyErrLater> {
     let mut values = Vec::with_capacity(args.len());
-    for a in &args {
+    for a in args {
         values.push(match a {
-            Arg::Int(v) => Value::Int(*v),
-            Arg::Float(v) => Value::Float(*v),
-            Arg::Str(s) => Value::Str(s.clone()),
-            Arg::None => Value::None,
-            Arg::Tensor { .. } => Value::Tensor(next.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor)),
+            Arg::Int(v) => Value::Int(v),
+            Arg::Float(v) => Value::Float(v),
+            Arg::Str(s) => Value::Str(s),
+            Arg::None => Value::Null,
+            Arg::Tensor { data, dtype, shape } => {
+                Value::Tensor(NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(run_error)?)
+            }
         });
     }
-    // SAFETY: the function comes from a library loaded by `load_library` (which installed its
-    // context); every tensor describes a live, 64-byte-aligned CPU array of the size its dtype
-    // and shape give, which outlives the call. A compiled function checks the dtype and shape
-    // it expects and reports a mismatch as an error rather than reading past the arrays.
-    let ret = match unsafe { function.call(&values) }.map_err(run_error)? {
-        Value::Int(v) => Arg::Int(v),
-        Value::Float(v) => Arg::Float(v),
-        Value::Str(s) => Arg::Str(s),
-        // Handles and objects mean nothing to Python here.
-        _ => Arg::None,
-    };
-    let outs = arrays.iter().map(NdArray::to_bytes).collect::<Result<_, _>>().map_err(run_error)?;
+    let ret = mblob_runtime::exec::call(tree, name, &mut values).map_err(run_error)?;
+    let outs = values
+        .iter()
+        .filter_map(Value::as_tensor)
+        .map(NdArray::to_bytes)
+        .collect::<Result<_, _>>()
+        .map_err(run_error)?;
     Ok((ret, outs))
 }
 
@@ -239,23 +227,25 @@ fn devices(devs: Vec<(i32, i32)>) -> Vec<Device> {
     devs.into_iter().map(|(device_type, device_id)| Device::from_dlpack(device_type, device_id)).collect()
 }
 
-/// A graph or AOT executor (`factory["default"](dev)`).
+/// A graph or AOT executor (`factory["default"](dev)`), as a [`Model`].
 #[pyclass(frozen, module = "mblob._native")]
 pub struct GraphExecutor {
-    inner: Mutex<Box<dyn Executor + Send>>,
+    inner: Mutex<Model>,
 }
 
 impl GraphExecutor {
-    fn with<T: Send>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut dyn Executor) -> Result<T, PyErrLater> + Send,
-    ) -> PyResult<T> {
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Model) -> Result<T, PyErrLater> + Send) -> PyResult<T> {
         run(py, || {
             let mut guard = self.inner.lock().map_err(|_| PyErrLater::Run("the executor failed earlier".into()))?;
-            f(guard.as_mut())
+            f(&mut guard)
         })
     }
+}
+
+/// A host tensor of Python's as a model input, on the CPU.
+fn input_value(data: &[u8], dtype: &str, shape: Vec<i64>) -> Result<Value, PyErrLater> {
+    let t = tensor_of(data, dtype, shape)?;
+    Ok(Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0)).map_err(run_error)?))
 }
 
 #[pymethods]
@@ -266,7 +256,21 @@ impl GraphExecutor {
     fn new(py: Python<'_>, library: &Library, devs: Vec<(i32, i32)>) -> PyResult<GraphExecutor> {
         let tree = library.tree.clone();
         let devs = devices(devs);
-        let inner = run(py, move || mblob_runtime::exec::executor(&tree, &devs).map_err(run_error))?;
+        let inner = run(py, move || {
+            let first = devs.first().copied().unwrap_or(Device::cpu(0));
+            let runner: Box<dyn mblob_runtime::exec::Runner + Send> = match Model::kind_of(&tree) {
+                Some(ModelKind::Graph) => Box::new(GraphFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?),
+                Some(ModelKind::Aot) => Box::new(
+                    mblob_runtime::exec::aot::AotFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?,
+                ),
+                _ => {
+                    let modules = tree.type_keys().into_iter().map(str::to_owned).collect();
+                    return Err(run_error(ExecError::NoFactory { kind: "GraphExecutorFactory or AotExecutorFactory", modules }));
+                }
+            };
+            let kind = Model::kind_of(&tree).expect("matched");
+            Ok(Model::with_runner(runner, kind, first))
+        })?;
         Ok(GraphExecutor { inner: Mutex::new(inner) })
     }
 
@@ -281,8 +285,8 @@ impl GraphExecutor {
         let inner = run(py, move || {
             let factory = GraphFactory::from_parts(&graph_json, &tree, Vec::new())
                 .map_err(|e| PyErrLater::Input(crate::message(&e)))?;
-            let exec: Box<dyn Executor + Send> = Box::new(factory.default(&devs).map_err(run_error)?);
-            Ok(exec)
+            let exec = factory.default(&devs).map_err(run_error)?;
+            Ok(Model::with_runner(Box::new(exec), ModelKind::Graph, devs.first().copied().unwrap_or(Device::cpu(0))))
         })?;
         Ok(GraphExecutor { inner: Mutex::new(inner) })
     }
@@ -295,18 +299,20 @@ impl GraphExecutor {
             let params = read_params(&mblob_runtime::Bytes::from_vec(data)).map_err(|err| {
                 PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err)))
             })?;
-            let taken: Vec<_> = params.iter().filter(|(n, _)| e.input_index(n).is_some()).collect();
-            for (name, t) in &taken {
-                let info = &e.inputs()[e.input_index(name).expect("filtered")];
-                if info.dtype != t.dtype || info.shape != t.shape {
-                    return Err(PyErrLater::Input(format!(
-                        "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
-                        t.dtype, t.shape, info.dtype, info.shape
-                    )));
+            let taken: Vec<_> = params.iter().filter_map(|(n, t)| Some((e.input_position(n)?, n, t))).collect();
+            for &(i, name, t) in &taken {
+                if let Some(info) = &e.params()[i].tensor {
+                    if info.dtype != t.dtype || info.shape != t.shape {
+                        return Err(PyErrLater::Input(format!(
+                            "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
+                            t.dtype, t.shape, info.dtype, info.shape
+                        )));
+                    }
                 }
             }
-            for (name, t) in taken {
-                e.set_input_by_name(name, t).map_err(run_error)?;
+            for (i, _, t) in taken {
+                let a = NdArray::from_tensor(t, Device::cpu(0)).map_err(run_error)?;
+                e.set_input_at(i, Value::Tensor(a)).map_err(run_error)?;
             }
             Ok(())
         })
@@ -315,8 +321,8 @@ impl GraphExecutor {
     /// Copies a tensor into the input `name`.
     fn set_input(&self, py: Python<'_>, name: String, data: Vec<u8>, dtype: String, shape: Vec<i64>) -> PyResult<()> {
         self.with(py, move |e| {
-            let t = tensor_of(&data, &dtype, shape)?;
-            e.set_input_by_name(&name, &t).map_err(run_error)
+            let v = input_value(&data, &dtype, shape)?;
+            e.set_input(Some(&name), v).map_err(run_error)
         })
     }
 
@@ -327,18 +333,29 @@ impl GraphExecutor {
 
     /// Output `index` as `(bytes, dtype, shape)`.
     fn get_output<'py>(&self, py: Python<'py>, index: usize) -> PyResult<PyTensor<'py>> {
-        let t = self.with(py, move |e| e.get_output(index).map_err(run_error))?;
+        let t = self.with(py, move |e| {
+            let outputs = e.outputs().map_err(run_error)?;
+            let count = outputs.len();
+            let v = outputs.get(index).ok_or_else(|| run_error(ExecError::Index { what: "output", index, count }))?;
+            v.as_tensor().ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?.to_tensor().map_err(run_error)
+        })?;
         Ok(to_py_tensor(py, &t))
     }
 
     /// The number of outputs.
     fn get_num_outputs(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |e| Ok(e.num_outputs()))
+        self.with(py, |e| Ok(e.output_info().len()))
     }
 
     /// The inputs a caller sets: `(name, shape, dtype)`.
     fn inputs(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<i64>, String)>> {
-        self.with(py, |e| Ok(e.inputs().into_iter().map(|i| (i.name, i.shape, i.dtype.to_string())).collect()))
+        self.with(py, |e| {
+            Ok(e.params()
+                .iter()
+                .filter_map(|p| p.tensor.as_ref())
+                .map(|i| (i.name.clone(), i.shape.clone(), i.dtype.to_string()))
+                .collect())
+        })
     }
 }
 
@@ -558,8 +575,12 @@ impl RelayVm {
     ) -> PyResult<Vec<PyTensor<'py>>> {
         let outs = run(py, || {
             let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            self.inner.invoke(&name, &inputs).map_err(run_error)
+                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
+            out.flatten()
+                .into_iter()
+                .map(|v| v.as_tensor().expect("Relay VM results are tensors").to_tensor().map_err(run_error))
+                .collect::<Result<Vec<_>, _>>()
         })?;
         Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
     }
@@ -574,18 +595,37 @@ impl RelayVm {
     ) -> PyResult<Py<PyAny>> {
         let out = run(py, || {
             let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            self.inner.invoke_nested(&name, &inputs).map_err(run_error)
+                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
+            relay_host(&out)
         })?;
         relay_vm_value(py, &out)
     }
 }
 
-/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
-fn relay_vm_value(py: Python<'_>, v: &RelayVmOutput) -> PyResult<Py<PyAny>> {
+/// A Relay VM result with its tensors on the host: a tensor, or an ADT's fields.
+enum RelayHost {
+    Tensor(Tensor),
+    Adt(Vec<RelayHost>),
+}
+
+fn relay_host(v: &Value) -> Result<RelayHost, PyErrLater> {
     Ok(match v {
-        RelayVmOutput::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
-        RelayVmOutput::Adt { fields, .. } => {
+        Value::Tensor(t) => RelayHost::Tensor(t.to_tensor().map_err(run_error)?),
+        Value::Tuple(fields) => RelayHost::Adt(fields.iter().map(relay_host).collect::<Result<_, _>>()?),
+        Value::Object(o) => match o.downcast_ref::<mblob_runtime::exec::relay_vm::Adt>() {
+            Some(adt) => RelayHost::Adt(adt.fields.iter().map(relay_host).collect::<Result<_, _>>()?),
+            None => return Err(PyErrLater::Run(format!("a Relay VM result of type {}", o.type_key()))),
+        },
+        v => return Err(PyErrLater::Run(format!("a Relay VM result of kind {}", v.kind()))),
+    })
+}
+
+/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
+fn relay_vm_value(py: Python<'_>, v: &RelayHost) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        RelayHost::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
+        RelayHost::Adt(fields) => {
             let items = fields.iter().map(|f| relay_vm_value(py, f)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }

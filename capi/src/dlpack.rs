@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mblob_runtime::array::tensor_bytes;
 use mblob_runtime::exec::relax::VmError;
-use mblob_runtime::exec::{ModelKind, Value};
+use mblob_runtime::exec::{ExecError, ModelKind, Value};
 use mblob_runtime::ffi::device_api::{device_api, DevicePtr, Storage};
 use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
@@ -332,9 +332,6 @@ pub unsafe extern "C" fn mblob_model_invoke(
                 Failure::new(mblob_status::MBLOB_ERR_NO_MODEL, "no function selected: name one, or select one first")
             })?,
         };
-        let Some(vm) = m.model.vm() else {
-            return Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "the model has no Relax VM"));
-        };
         // Each borrowed array holds a clone of `token`: after the call, more than one left
         // means an output still points into a caller's memory.
         let token = Arc::new(());
@@ -349,22 +346,35 @@ pub unsafe extern "C" fn mblob_model_invoke(
                 // TVM's kernels assume their tensors' data aligned to 64 bytes (TVM refuses a
                 // DLPack tensor that is not): a misaligned one is copied into memory of its own.
                 if is_aligned(d) {
-                    Ok(array)
+                    Ok(Value::Tensor(array))
                 } else {
-                    array.copy(d.device).map_err(device_failure)
+                    Ok(Value::Tensor(array.copy(d.device).map_err(device_failure)?))
                 }
             })
             .collect::<Result<Vec<_>>>()?;
         m.outputs = None;
-        let run = vm.invoke_arrays(&name, &arrays);
-        drop(arrays);
-        let mut outputs = run.map_err(|e| {
-            let status = match e {
-                VmError::UnknownFunction { .. } => mblob_status::MBLOB_ERR_NO_MODEL,
+        let run = m.model.call_function(&name, arrays);
+        let result = run.map_err(|e| {
+            let status = match &e {
+                ExecError::Relax(v) if matches!(v.root(), VmError::UnknownFunction { .. }) => {
+                    mblob_status::MBLOB_ERR_NO_MODEL
+                }
                 _ => mblob_status::MBLOB_ERR_RUN,
             };
             Failure::new(status, e.to_string())
         })?;
+        let mut outputs: Vec<NdArray> = Vec::new();
+        for (i, leaf) in result.flatten().into_iter().enumerate() {
+            match leaf {
+                Value::Tensor(a) => outputs.push(a.clone()),
+                v => {
+                    return Err(Failure::new(
+                        mblob_status::MBLOB_ERR_RUN,
+                        format!("`{name}` returned a {} (output {i}), not a tensor", v.kind()),
+                    ))
+                }
+            }
+        }
         if Arc::strong_count(&token) > 1 {
             // An output shares a caller's memory (a function returning its input, or a view of
             // it): give every output memory of its own.

@@ -1,12 +1,10 @@
 //! The VM models' [`Runner`]s: a selected function of a Relax VM ([`RelaxFunction`]) or of a
 //! Relay VM ([`RelayFunction`]), with its inputs and its last result.
 
-use super::relax::{VirtualMachine, VmValue};
+use super::relax::VirtualMachine;
 use super::runner::{Param, Runner};
 use super::value::{ParamKind, Value};
 use super::ExecError;
-use crate::array::NdArray;
-use crate::device::Device;
 
 /// A Relax VM and the function [`Runner::run`] calls.
 pub struct RelaxFunction {
@@ -19,35 +17,6 @@ pub struct RelaxFunction {
 
 fn relax_error(e: super::relax::VmError) -> ExecError {
     ExecError::Relax(Box::new(e))
-}
-
-/// A caller's value as the VM takes it: tensors by reference, on any device.
-fn to_vm(v: Value) -> VmValue {
-    match v {
-        Value::Tensor(a) => VmValue::Array(a),
-        Value::Shape(s) => VmValue::Shape(s.to_vec()),
-        Value::Int(i) => VmValue::Int(i),
-        Value::Float(f) => VmValue::Float(f),
-        Value::Str(s) => VmValue::Str(s),
-        Value::Tuple(items) => VmValue::Tuple(items.into_iter().map(to_vm).collect()),
-        Value::Object(o) => VmValue::Object(o),
-        Value::Null => VmValue::Null,
-    }
-}
-
-/// A VM result as a value (tensors the VM copied to the host, on the CPU).
-fn from_vm(v: VmValue) -> Result<Value, ExecError> {
-    Ok(match v {
-        VmValue::Tensor(t) => Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0))?),
-        VmValue::Array(a) => Value::Tensor(a),
-        VmValue::Shape(s) => Value::Shape(s.into()),
-        VmValue::Int(i) => Value::Int(i),
-        VmValue::Float(f) => Value::Float(f),
-        VmValue::Str(s) => Value::Str(s),
-        VmValue::Tuple(items) => Value::Tuple(items.into_iter().map(from_vm).collect::<Result<_, _>>()?),
-        VmValue::Object(o) => Value::Object(o),
-        VmValue::Null => Value::Null,
-    })
 }
 
 impl RelaxFunction {
@@ -84,10 +53,9 @@ impl Runner for RelaxFunction {
         if !missing.is_empty() {
             return Err(ExecError::MissingInputs { function: Some(self.function.clone()), inputs: missing });
         }
-        let inputs: Vec<VmValue> = self.inputs.iter().flatten().cloned().map(to_vm).collect();
+        let inputs: Vec<Value> = self.inputs.iter().flatten().cloned().collect();
         self.result = None;
-        let result = self.vm.invoke_values(&self.function, &inputs).map_err(relax_error)?;
-        self.result = Some(from_vm(result)?);
+        self.result = Some(self.vm.call_values(&self.function, &inputs).map_err(relax_error)?);
         Ok(())
     }
 
@@ -122,12 +90,7 @@ impl Runner for RelaxFunction {
     }
 
     fn call(&mut self, name: &str, args: Vec<Value>) -> Result<Value, ExecError> {
-        let args: Vec<VmValue> = args.into_iter().map(to_vm).collect();
-        from_vm(self.vm.invoke_values(name, &args).map_err(relax_error)?)
-    }
-
-    fn relax_vm(&mut self) -> Option<&mut VirtualMachine> {
-        Some(&mut self.vm)
+        self.vm.call_values(name, &args).map_err(relax_error)
     }
 }
 

@@ -130,11 +130,6 @@ impl Model {
         self.device
     }
 
-    /// The Relax VM, for a Relax model.
-    pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
-        self.runner.relax_vm()
-    }
-
     /// The VM function [`Model::run`] calls (`None` for graph and AOT models, and for a VM
     /// model without `main` and with several functions until one is selected).
     pub fn function(&self) -> Option<&str> {

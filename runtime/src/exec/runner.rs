@@ -76,9 +76,4 @@ pub trait Runner {
     fn call(&mut self, name: &str, _args: Vec<Value>) -> Result<Value, ExecError> {
         Err(ExecError::NoFunction { name: name.to_owned(), known: Vec::new() })
     }
-
-    /// The Relax VM, for a Relax model.
-    fn relax_vm(&mut self) -> Option<&mut super::relax::VirtualMachine> {
-        None
-    }
 }

@@ -182,7 +182,7 @@ impl From<ArrayError> for VmError {
     }
 }
 
-/// One output of a VM function, as [`VirtualMachine::invoke_outputs`] returns them (a returned
+/// One output of a VM function, as [`VirtualMachine::invoke_outputs`](super::VirtualMachine::invoke_outputs) returns them (a returned
 /// tuple flattened in order).
 #[derive(Debug, Clone)]
 pub enum VmOutput {
@@ -235,7 +235,7 @@ impl PartialEq for ObjectRef {
     }
 }
 
-/// A value passed to or returned by a VM function ([`VirtualMachine::invoke_values`]): what
+/// A value passed to or returned by a VM function ([`VirtualMachine::invoke_values`](super::VirtualMachine::invoke_values)): what
 /// TVM's `relax.VirtualMachine` takes and gives in Python.
 #[derive(Debug, Clone)]
 pub enum VmValue {

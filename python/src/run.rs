@@ -259,13 +259,21 @@ impl GraphExecutor {
         let inner = run(py, move || {
             let first = devs.first().copied().unwrap_or(Device::cpu(0));
             let runner: Box<dyn mblob_runtime::exec::Runner + Send> = match Model::kind_of(&tree) {
-                Some(ModelKind::Graph) => Box::new(GraphFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?),
+                Some(ModelKind::Graph) => {
+                    Box::new(GraphFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?)
+                }
                 Some(ModelKind::Aot) => Box::new(
-                    mblob_runtime::exec::aot::AotFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?,
+                    mblob_runtime::exec::aot::AotFactory::from_tree(&tree)
+                        .map_err(run_error)?
+                        .default(&devs)
+                        .map_err(run_error)?,
                 ),
                 _ => {
                     let modules = tree.type_keys().into_iter().map(str::to_owned).collect();
-                    return Err(run_error(ExecError::NoFactory { kind: "GraphExecutorFactory or AotExecutorFactory", modules }));
+                    return Err(run_error(ExecError::NoFactory {
+                        kind: "GraphExecutorFactory or AotExecutorFactory",
+                        modules,
+                    }));
                 }
             };
             let kind = Model::kind_of(&tree).expect("matched");
@@ -337,7 +345,10 @@ impl GraphExecutor {
             let outputs = e.outputs().map_err(run_error)?;
             let count = outputs.len();
             let v = outputs.get(index).ok_or_else(|| run_error(ExecError::Index { what: "output", index, count }))?;
-            v.as_tensor().ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?.to_tensor().map_err(run_error)
+            v.as_tensor()
+                .ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?
+                .to_tensor()
+                .map_err(run_error)
         })?;
         Ok(to_py_tensor(py, &t))
     }

@@ -315,8 +315,8 @@ mblob_status mblob_model_set_input(struct mblob_model *model,
 
 // Runs the model (the selected function of a Relax model) once; every input must be set
 // (`MBLOB_ERR_INPUT` names those that are not). Outputs of an earlier run are dropped. The
-// outputs are copied to the host (`mblob_model_invoke` leaves a Relax function's outputs on
-// the device).
+// outputs stay on the model's device: `mblob_model_output` copies one to the host,
+// `mblob_model_output_device` hands it out there.
 //
 // # Safety
 // `model` is NULL or a handle.
@@ -341,11 +341,12 @@ mblob_status mblob_model_output(const struct mblob_model *model,
                                 size_t index,
                                 struct mblob_tensor **out);
 
-// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
-// output of `mblob_model_invoke` stays on the model's device, uncopied (the tensor shares its
-// memory and keeps it alive after the model runs again or is freed); an output of
-// `mblob_model_run`, which copies its outputs to the host, comes as `mblob_model_output`
-// gives it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
+// Writes to `*out` a new tensor handle on output `index` of the last run where it lies, on
+// the model's device: an output of `mblob_model_invoke` or of a Relax or Relay VM function
+// run with `mblob_model_run`, uncopied (the tensor shares its memory and keeps it alive after
+// the model runs again or is freed); an output of a graph or AOT model, which the next run
+// overwrites, copied within the device. A shape or number comes as `mblob_model_output` gives
+// it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
 //
 // # Safety
 // `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.
@@ -410,8 +411,9 @@ mblob_status mblob_tensor_to_host(const struct mblob_tensor *tensor, struct mblo
 
 // Sets an input from a DLPack tensor, copied in: by `name` when it is not NULL, else by
 // position `index`, as `mblob_model_set_input` does. The tensor may be on any device mblob
-// opens (a device tensor is copied to the host, then to the model's device when it runs);
-// it is only read during the call.
+// opens: a graph or AOT model copies it into its input at once (within the device when it is
+// the model's, with no stop on the host); a VM model keeps a copy on the tensor's device
+// until it runs. It is only read during the call.
 //
 // # Safety
 // `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -426,9 +428,10 @@ mblob_status mblob_model_set_input_dltensor(struct mblob_model *model,
 // (also on an error, and with a NULL or invalid model): mblob calls `tensor->deleter` once,
 // when it no longer needs the memory (from the thread that then drops it: the next
 // `mblob_model_set_input*` of that input, `mblob_model_select_function`, `mblob_model_free`,
-// or before returning). By `name` when it is not NULL, else by position `index`. A host
-// tensor is used where it lies, with no copy, until then (a graph or AOT model copies it into
-// its input at once); a device tensor is copied to the host.
+// or before returning). By `name` when it is not NULL, else by position `index`. A graph or
+// AOT model copies it into its input at once (within the device when it is the model's); a VM
+// model uses it where it lies, with no copy, until then (one misaligned for TVM's kernels is
+// copied on its device).
 //
 // # Safety
 // `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -458,6 +461,27 @@ mblob_status mblob_model_invoke(struct mblob_model *model,
                                 const char *function,
                                 const struct mblob_dl_tensor *const *inputs,
                                 size_t num_inputs);
+
+// Calls host function `name` of a library (found from its root, through its imports; what
+// TVM's `tvm.build` makes, such as `add_one`) with `num_args` DLPack tensors
+// `args[0..num_args]`, the function's arguments in order, and writes what it returns to `*ret`
+// when `ret` is not NULL (an integer; 0 when it returns none). A compiled function writes its
+// outputs into its argument tensors: they are passed where they lie, on their devices, with
+// no copy (one whose data is not aligned to 64 bytes, as TVM's kernels assume, goes through
+// an aligned copy, written back after the call), and the devices are waited for before the
+// call returns. No function of that name: `MBLOB_ERR_NO_MODEL`; the function's own error:
+// `MBLOB_ERR_RUN`, with its message.
+//
+// # Safety
+// `lib` is NULL or a handle; `name` is NULL or a NUL-terminated string; `args` is NULL (with
+// `num_args` 0) or points to `num_args` pointers to `DLTensor`s whose memory is valid for
+// reading and writing, and used by no one else, during the call; `ret` is NULL or points to
+// writable storage.
+mblob_status mblob_library_call(const struct mblob_library *lib,
+                                const char *name,
+                                const struct mblob_dl_tensor *const *args,
+                                size_t num_args,
+                                int64_t *ret);
 
 // Hands a tensor out as a new DLPack `DLManagedTensor`, written to `*out`: it shares the
 // tensor's memory (no copy, on the tensor's device) and keeps it alive by itself, so the

@@ -14,14 +14,15 @@ use std::sync::Arc;
 use mblob_runtime::array::tensor_bytes;
 use mblob_runtime::device::{device_api, DevicePtr, Storage};
 use mblob_runtime::exec::relax::VmError;
-use mblob_runtime::exec::ModelKind;
+use mblob_runtime::exec::{ExecError, ModelKind, Value};
+use mblob_runtime::device::storage::Storage;
+use mblob_runtime::device::{device_api, DevicePtr};
 use mblob_runtime::format::DataType;
-use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{Bytes, Device, NdArray};
+use mblob_runtime::{Device, NdArray};
 
 use crate::{
-    c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_model, mblob_status, mblob_tensor,
-    model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutput,
+    c_str, call, check, checked, device_failure, input_name, mblob_dtype, mblob_library, mblob_model, mblob_status,
+    mblob_tensor, model_mut, not_null, tensor_get, Failure, Kind, Result, RunOutputs,
 };
 
 /// DLPack's `DLDevice`: a device type (`kDLCPU` 1, `kDLCUDA` 2, `kDLCUDAHost` 3,
@@ -180,8 +181,9 @@ unsafe fn borrow(d: &Described, owner: Option<Box<dyn Send + Sync>>) -> Result<N
 
 /// Sets an input from a DLPack tensor, copied in: by `name` when it is not NULL, else by
 /// position `index`, as `mblob_model_set_input` does. The tensor may be on any device mblob
-/// opens (a device tensor is copied to the host, then to the model's device when it runs);
-/// it is only read during the call.
+/// opens: a graph or AOT model copies it into its input at once (within the device when it is
+/// the model's, with no stop on the host); a VM model keeps a copy on the tensor's device
+/// until it runs. It is only read during the call.
 ///
 /// # Safety
 /// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -198,13 +200,18 @@ pub unsafe extern "C" fn mblob_model_set_input_dltensor(
         check(Kind::Model, model, "model")?;
         // SAFETY: the caller passes NULL or a valid DLTensor.
         let d = unsafe { describe(tensor, "tensor") }?;
-        // SAFETY: the memory stays valid during the call, and the array dies in it.
-        let host = unsafe { borrow(&d, None) }?.to_tensor().map_err(device_failure)?;
+        // SAFETY: the memory stays valid during the call; the array is dropped in it (a graph
+        // or AOT model copies it into its input, a VM model gets a copy of its own).
+        let borrowed = unsafe { borrow(&d, None) }?;
         // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
-        m.model.set_input(Some(&name), &host)?;
+        let array = match m.model.kind() {
+            ModelKind::Graph | ModelKind::Aot => borrowed,
+            ModelKind::Relax | ModelKind::RelayVm => borrowed.copy(d.device).map_err(device_failure)?,
+        };
+        m.model.set_input(Some(&name), Value::Tensor(array))?;
         Ok(())
     })
 }
@@ -229,37 +236,14 @@ impl Drop for Managed {
     }
 }
 
-/// The host bytes of a managed CPU tensor, as the `Bytes` of an input, without a copy.
-struct ManagedBytes {
-    /// Runs the deleter when the bytes are dropped.
-    _managed: Managed,
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: read-only view of memory the managed tensor keeps alive; see `Managed`.
-unsafe impl Send for ManagedBytes {}
-// SAFETY: as above.
-unsafe impl Sync for ManagedBytes {}
-
-impl AsRef<[u8]> for ManagedBytes {
-    fn as_ref(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `describe` checked `ptr` is not NULL for these `len` bytes, and the producer
-        // keeps them valid until the deleter, which runs when `_managed` drops, with `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
 /// Sets an input from a DLPack managed tensor, whose ownership passes to mblob in every case
 /// (also on an error, and with a NULL or invalid model): mblob calls `tensor->deleter` once,
 /// when it no longer needs the memory (from the thread that then drops it: the next
 /// `mblob_model_set_input*` of that input, `mblob_model_select_function`, `mblob_model_free`,
-/// or before returning). By `name` when it is not NULL, else by position `index`. A host
-/// tensor is used where it lies, with no copy, until then (a graph or AOT model copies it into
-/// its input at once); a device tensor is copied to the host.
+/// or before returning). By `name` when it is not NULL, else by position `index`. A graph or
+/// AOT model copies it into its input at once (within the device when it is the model's); a VM
+/// model uses it where it lies, with no copy, until then (one misaligned for TVM's kernels is
+/// copied on its device).
 ///
 /// # Safety
 /// `model` is NULL or a handle; `name` is NULL or a NUL-terminated string; `tensor` is NULL or
@@ -279,22 +263,15 @@ pub unsafe extern "C" fn mblob_model_set_input_dlpack(
         check(Kind::Model, model, "model")?;
         // SAFETY: the caller passes a valid managed tensor; its `dl_tensor` is its first field.
         let d = unsafe { describe(&raw const (*tensor).dl_tensor, "tensor") }?;
-        let host = if d.device.is_cpu() {
-            let ptr = d.data.cast::<u8>().cast_const().wrapping_add(d.byte_offset);
-            let bytes = Bytes::from_owner(Arc::new(ManagedBytes { _managed: managed, ptr, len: d.nbytes }));
-            Tensor::new(d.dtype, d.shape.clone(), bytes)
-                .ok_or_else(|| invalid(format!("tensor: {} bytes do not fit shape {:?}", d.nbytes, d.shape)))?
-        } else {
-            // SAFETY: the producer keeps the memory valid until the deleter, which `managed`
-            // runs after the copy (it is dropped with the array).
-            let array = unsafe { borrow(&d, Some(Box::new(managed))) }?;
-            array.to_tensor().map_err(device_failure)?
-        };
+        // SAFETY: the producer keeps the memory valid until the deleter, which `managed` runs
+        // when the last array over it is dropped.
+        let borrowed = unsafe { borrow(&d, Some(Box::new(managed))) }?;
+        let array = if is_aligned(&d) { borrowed } else { borrowed.copy(d.device).map_err(device_failure)? };
         // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
-        m.model.set_input(Some(&name), &host)?;
+        m.model.set_input(Some(&name), Value::Tensor(array))?;
         Ok(())
     })
 }
@@ -357,9 +334,6 @@ pub unsafe extern "C" fn mblob_model_invoke(
                 Failure::new(mblob_status::MBLOB_ERR_NO_MODEL, "no function selected: name one, or select one first")
             })?,
         };
-        let Some(vm) = m.model.vm() else {
-            return Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "the model has no Relax VM"));
-        };
         // Each borrowed array holds a clone of `token`: after the call, more than one left
         // means an output still points into a caller's memory.
         let token = Arc::new(());
@@ -374,28 +348,116 @@ pub unsafe extern "C" fn mblob_model_invoke(
                 // TVM's kernels assume their tensors' data aligned to 64 bytes (TVM refuses a
                 // DLPack tensor that is not): a misaligned one is copied into memory of its own.
                 if is_aligned(d) {
-                    Ok(array)
+                    Ok(Value::Tensor(array))
                 } else {
-                    array.copy(d.device).map_err(device_failure)
+                    Ok(Value::Tensor(array.copy(d.device).map_err(device_failure)?))
                 }
             })
             .collect::<Result<Vec<_>>>()?;
         m.outputs = None;
-        let run = vm.invoke_arrays(&name, &arrays);
-        drop(arrays);
-        let mut outputs = run.map_err(|e| {
-            let status = match e {
-                VmError::UnknownFunction { .. } => mblob_status::MBLOB_ERR_NO_MODEL,
+        let run = m.model.call_function(&name, arrays);
+        let result = run.map_err(|e| {
+            let status = match &e {
+                ExecError::Relax(v) if matches!(v.root(), VmError::UnknownFunction { .. }) => {
+                    mblob_status::MBLOB_ERR_NO_MODEL
+                }
                 _ => mblob_status::MBLOB_ERR_RUN,
             };
             Failure::new(status, e.to_string())
         })?;
+        let mut outputs: Vec<NdArray> = Vec::new();
+        for (i, leaf) in result.flatten().into_iter().enumerate() {
+            match leaf {
+                Value::Tensor(a) => outputs.push(a.clone()),
+                v => {
+                    return Err(Failure::new(
+                        mblob_status::MBLOB_ERR_RUN,
+                        format!("`{name}` returned a {} (output {i}), not a tensor", v.kind()),
+                    ))
+                }
+            }
+        }
         if Arc::strong_count(&token) > 1 {
             // An output shares a caller's memory (a function returning its input, or a view of
             // it): give every output memory of its own.
             outputs = outputs.iter().map(|a| a.copy(a.device())).collect::<Result<_, _>>().map_err(device_failure)?;
         }
-        m.outputs = Some(outputs.into_iter().map(RunOutput::Device).collect());
+        m.outputs = Some(RunOutputs { values: outputs.into_iter().map(Value::Tensor).collect(), shared: false });
+        Ok(())
+    })
+}
+
+/// Calls host function `name` of a library (found from its root, through its imports; what
+/// TVM's `tvm.build` makes, such as `add_one`) with `num_args` DLPack tensors
+/// `args[0..num_args]`, the function's arguments in order, and writes what it returns to `*ret`
+/// when `ret` is not NULL (an integer; 0 when it returns none). A compiled function writes its
+/// outputs into its argument tensors: they are passed where they lie, on their devices, with
+/// no copy (one whose data is not aligned to 64 bytes, as TVM's kernels assume, goes through
+/// an aligned copy, written back after the call), and the devices are waited for before the
+/// call returns. No function of that name: `MBLOB_ERR_NO_MODEL`; the function's own error:
+/// `MBLOB_ERR_RUN`, with its message.
+///
+/// # Safety
+/// `lib` is NULL or a handle; `name` is NULL or a NUL-terminated string; `args` is NULL (with
+/// `num_args` 0) or points to `num_args` pointers to `DLTensor`s whose memory is valid for
+/// reading and writing, and used by no one else, during the call; `ret` is NULL or points to
+/// writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_library_call(
+    lib: *const mblob_library,
+    name: *const c_char,
+    args: *const *const mblob_dl_tensor,
+    num_args: usize,
+    ret: *mut i64,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Library, lib, "lib")?;
+        // SAFETY: checked above; a library is never changed, and the API forbids freeing it
+        // during a call on it.
+        let lib = unsafe { &*lib };
+        // SAFETY: the caller passes NULL or a NUL-terminated string.
+        let name = unsafe { c_str(name, "name") }?;
+        let pointers: &[*const mblob_dl_tensor] = if num_args == 0 {
+            &[]
+        } else {
+            not_null(args, "args")?;
+            // SAFETY: not NULL, and the caller passes `num_args` readable pointers.
+            unsafe { std::slice::from_raw_parts(args, num_args) }
+        };
+        let described = pointers
+            .iter()
+            .enumerate()
+            // SAFETY: each is NULL or a readable DLTensor, per the API.
+            .map(|(i, &t)| unsafe { describe(t, &format!("args[{i}]")) })
+            .collect::<Result<Vec<_>>>()?;
+        let mut borrowed = Vec::with_capacity(described.len());
+        let mut values = Vec::with_capacity(described.len());
+        for d in &described {
+            // SAFETY: the caller keeps the memory valid during the call; the arrays are
+            // dropped in it.
+            let array = unsafe { borrow(d, None) }?;
+            let aligned = is_aligned(d);
+            values.push(Value::Tensor(if aligned {
+                array.clone()
+            } else {
+                array.copy(d.device).map_err(device_failure)?
+            }));
+            borrowed.push((array, aligned));
+        }
+        let result = mblob_runtime::exec::call(&lib.tree, name, &mut values)?;
+        for ((array, aligned), v) in borrowed.iter().zip(&values) {
+            if let (false, Value::Tensor(copy)) = (aligned, v) {
+                copy.copy_to(array).map_err(device_failure)?;
+            }
+        }
+        if !ret.is_null() {
+            let n = match result {
+                Value::Int(i) => i,
+                _ => 0,
+            };
+            // SAFETY: not NULL, and the caller passes writable storage.
+            unsafe { ret.write(n) };
+        }
         Ok(())
     })
 }

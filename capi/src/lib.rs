@@ -44,9 +44,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use mblob_runtime::exec::{ExecError, Model, ModelKind, Output};
+use mblob_runtime::exec::{ExecError, Model, ModelKind, Value};
 use mblob_runtime::format::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, load_library_bytes, Device, LoadOptions, LoadedTree, NdArray, Registry};
 
 mod dlpack;
@@ -147,7 +146,7 @@ pub struct mblob_model {
     /// The functions a caller can pick, as C strings (`mblob_model_function_name`).
     functions: Vec<CString>,
     /// The outputs of the last successful run, `None` before one.
-    outputs: Option<Vec<RunOutput>>,
+    outputs: Option<RunOutputs>,
 }
 
 /// A tensor owned by the caller, on the host (`mblob_model_output`, `mblob_tensor_to_host`)
@@ -157,11 +156,12 @@ pub struct mblob_tensor {
     array: NdArray,
 }
 
-/// One output of the last run: copied to the host by the run (`mblob_model_run`), or left on
-/// the model's device (`mblob_model_invoke`).
-enum RunOutput {
-    Host(Output),
-    Device(NdArray),
+/// The outputs of the last run, where they lie (on the model's device).
+struct RunOutputs {
+    values: Vec<Value>,
+    /// Whether the tensors are the model's own (`mblob_model_run` of a graph or AOT model:
+    /// the next run overwrites them), so that a tensor handed out must be a copy.
+    shared: bool,
 }
 
 /// An error on its way to the caller: a status and a message.
@@ -180,15 +180,21 @@ impl From<ExecError> for Failure {
     fn from(e: ExecError) -> Failure {
         use mblob_status::*;
         let status = match &e {
-            ExecError::NoFactory(_) | ExecError::NoFunction { .. } => MBLOB_ERR_NO_MODEL,
-            ExecError::UnknownInput { .. } | ExecError::MissingInputs { .. } | ExecError::InputMismatch { .. } => {
-                MBLOB_ERR_INPUT
-            }
+            ExecError::NoModel { .. }
+            | ExecError::NoFactory { .. }
+            | ExecError::NoFunction { .. }
+            | ExecError::NoFunctions { .. }
+            | ExecError::NoHostFunction { .. } => MBLOB_ERR_NO_MODEL,
+            ExecError::UnknownInput { .. }
+            | ExecError::MissingInputs { .. }
+            | ExecError::InputMismatch { .. }
+            | ExecError::InputKind { .. } => MBLOB_ERR_INPUT,
             // Inputs over the bounds the model was built for (a batch over its maximum).
             ExecError::Relax(v) if matches!(v.root(), mblob_runtime::exec::relax::VmError::InputBound { .. }) => {
                 MBLOB_ERR_INPUT
             }
-            ExecError::Index { .. } => MBLOB_ERR_INVALID_ARGUMENT,
+            ExecError::Index { .. } | ExecError::Argument { .. } => MBLOB_ERR_INVALID_ARGUMENT,
+            ExecError::FeatureOff { .. } => MBLOB_ERR_UNSUPPORTED,
             ExecError::UnsupportedDevice { .. } | ExecError::Device(_) => MBLOB_ERR_DEVICE,
             _ => MBLOB_ERR_RUN,
         };
@@ -569,7 +575,7 @@ pub unsafe extern "C" fn mblob_model_new(
 
 impl mblob_model {
     fn refresh_names(&mut self) {
-        self.names = self.model.inputs().into_iter().map(|(name, _)| c_string(&name)).collect();
+        self.names = self.model.params().iter().map(|p| c_string(&p.name)).collect();
     }
 }
 
@@ -811,37 +817,34 @@ pub unsafe extern "C" fn mblob_model_set_input(
             )));
         }
         let dtype = DataType { code: dtype_code, bits: dtype_bits, lanes: dtype_lanes };
-        let expected = shape
-            .iter()
-            .try_fold(dtype.element_bytes(), |acc, &d| acc.checked_mul(d as u64))
+        let expected = mblob_runtime::array::tensor_bytes(dtype, &shape)
             .ok_or_else(|| invalid(format!("shape {shape:?} of {dtype} overflows")))?;
         if expected != nbytes as u64 {
             return Err(invalid(format!(
                 "nbytes is {nbytes}, but a {dtype} tensor of shape {shape:?} takes {expected} bytes"
             )));
         }
-        let bytes: Vec<u8> = if nbytes == 0 {
-            Vec::new()
+        let bytes: &[u8] = if nbytes == 0 {
+            &[]
         } else {
             not_null(data, "data")?;
             // SAFETY: not NULL, and the caller passes `nbytes` readable bytes.
-            unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }.to_vec()
+            unsafe { std::slice::from_raw_parts(data.cast::<u8>(), nbytes) }
         };
         // SAFETY: checked above, and `check` took it for this call alone (in_use).
         let m = unsafe { model_mut(model) };
         // SAFETY: `name` is NULL or a NUL-terminated string, per the API.
         let name = unsafe { input_name(m, name, index) }?;
-        let tensor = Tensor::new(dtype, shape.clone(), bytes)
-            .ok_or_else(|| invalid(format!("a {dtype} tensor of shape {shape:?} does not fit {nbytes} bytes")))?;
-        m.model.set_input(Some(&name), &tensor)?;
+        let array = NdArray::from_bytes(bytes, &shape, dtype, Device::cpu(0)).map_err(|e| invalid(e.to_string()))?;
+        m.model.set_input(Some(&name), Value::Tensor(array))?;
         Ok(())
     })
 }
 
 /// Runs the model (the selected function of a Relax model) once; every input must be set
 /// (`MBLOB_ERR_INPUT` names those that are not). Outputs of an earlier run are dropped. The
-/// outputs are copied to the host (`mblob_model_invoke` leaves a Relax function's outputs on
-/// the device).
+/// outputs stay on the model's device: `mblob_model_output` copies one to the host,
+/// `mblob_model_output_device` hands it out there.
 ///
 /// # Safety
 /// `model` is NULL or a handle.
@@ -853,13 +856,14 @@ pub unsafe extern "C" fn mblob_model_run(model: *mut mblob_model) -> mblob_statu
         let m = unsafe { model_mut(model) };
         m.outputs = None;
         m.model.run()?;
-        m.outputs = Some(m.model.outputs()?.into_iter().map(RunOutput::Host).collect());
+        let shared = matches!(m.model.kind(), ModelKind::Graph | ModelKind::Aot);
+        m.outputs = Some(RunOutputs { values: m.model.outputs()?, shared });
         Ok(())
     })
 }
 
-fn outputs(m: &mblob_model) -> Result<&[RunOutput]> {
-    m.outputs.as_deref().ok_or_else(|| {
+fn outputs(m: &mblob_model) -> Result<&RunOutputs> {
+    m.outputs.as_ref().ok_or_else(|| {
         Failure::new(
             mblob_status::MBLOB_ERR_STATE,
             "the model has no outputs yet: call mblob_model_run first (or mblob_model_invoke)",
@@ -875,37 +879,31 @@ fn outputs(m: &mblob_model) -> Result<&[RunOutput]> {
 #[no_mangle]
 pub unsafe extern "C" fn mblob_model_num_outputs(model: *const mblob_model, out: *mut usize) -> mblob_status {
     // SAFETY: the caller's contract is `model_get`'s.
-    unsafe { model_get(model, out, |m| Ok(outputs(m)?.len())) }
+    unsafe { model_get(model, out, |m| Ok(outputs(m)?.values.len())) }
 }
 
 fn device_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(mblob_status::MBLOB_ERR_DEVICE, e.to_string())
 }
 
-/// A host tensor with `data`'s bytes.
-fn host_array(dtype: DataType, shape: &[i64], data: &[u8]) -> Result<NdArray> {
-    NdArray::from_bytes(data, shape, dtype, Device::cpu(0)).map_err(device_failure)
-}
-
-/// Output `index` of the last run, on the host (`to_host`) or where it lies.
+/// Output `index` of the last run, as a tensor of its own: on the host (`to_host`), or where
+/// it lies (a copy there when the model would overwrite it).
 fn output_array(m: &mblob_model, index: usize, to_host: bool) -> Result<NdArray> {
     let all = outputs(m)?;
-    match all.get(index).ok_or_else(|| out_of_range("output", index, all.len()))? {
-        RunOutput::Device(a) if to_host => a.copy(Device::cpu(0)).map_err(device_failure),
-        RunOutput::Device(a) => Ok(a.clone()),
-        RunOutput::Host(Output::Tensor(t)) => host_array(t.dtype, &t.shape, &t.data),
-        RunOutput::Host(Output::Shape(s)) => {
-            let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
-            host_array(DataType::I64, &[s.len() as i64], &data)
-        }
-        RunOutput::Host(Output::Int(i)) => host_array(DataType::I64, &[], &i.to_le_bytes()),
-        RunOutput::Host(Output::Float(f)) => {
-            host_array(DataType { code: 2, bits: 64, lanes: 1 }, &[], &f.to_le_bytes())
-        }
-        RunOutput::Host(Output::Str(s)) => Err(Failure::new(
+    let value = all.values.get(index).ok_or_else(|| out_of_range("output", index, all.values.len()))?;
+    if let Value::Str(s) = value {
+        return Err(Failure::new(
             mblob_status::MBLOB_ERR_UNSUPPORTED,
             format!("output {index} is a string ({s:?}), not a tensor"),
-        )),
+        ));
+    }
+    let array = value.to_array().map_err(device_failure)?.ok_or_else(|| {
+        Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, format!("output {index} is a {}", value.kind()))
+    })?;
+    match value {
+        Value::Tensor(a) if to_host => a.copy(Device::cpu(0)).map_err(device_failure),
+        Value::Tensor(a) if all.shared => a.copy(a.device()).map_err(device_failure),
+        _ => Ok(array),
     }
 }
 
@@ -947,11 +945,12 @@ pub unsafe extern "C" fn mblob_model_output(
     unsafe { publish_output(model, index, true, out) }
 }
 
-/// Writes to `*out` a new tensor handle on output `index` of the last run where it lies: an
-/// output of `mblob_model_invoke` stays on the model's device, uncopied (the tensor shares its
-/// memory and keeps it alive after the model runs again or is freed); an output of
-/// `mblob_model_run`, which copies its outputs to the host, comes as `mblob_model_output`
-/// gives it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
+/// Writes to `*out` a new tensor handle on output `index` of the last run where it lies, on
+/// the model's device: an output of `mblob_model_invoke` or of a Relax or Relay VM function
+/// run with `mblob_model_run`, uncopied (the tensor shares its memory and keeps it alive after
+/// the model runs again or is freed); an output of a graph or AOT model, which the next run
+/// overwrites, copied within the device. A shape or number comes as `mblob_model_output` gives
+/// it. `mblob_tensor_to_host` copies it to the host, `mblob_tensor_to_dlpack` hands it on.
 ///
 /// # Safety
 /// `model` is NULL or a handle; `out` is NULL or points to writable storage for one pointer.

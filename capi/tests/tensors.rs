@@ -487,3 +487,36 @@ fn inspect_reports_what_tvm_wrote() {
         }
     }
 }
+
+/// `mblob_library_call` calls a host function of a plain library (TVM's `dso_add_one`:
+/// `B = A + 1`) on the caller's DLTensors: the output lands in the caller's memory, equal to
+/// TVM's; a function the library lacks and a wrong dtype are typed errors.
+#[test]
+fn library_call_writes_the_callers_tensors() {
+    let _s = serial();
+    let g = repo().join("tests/fixtures/tvm-goldens");
+    let path = CString::new(g.join("dso_add_one.so").to_str().unwrap()).unwrap();
+    let mut a = npy(&g.join("dso_add_one.in.A.npy"));
+    let want = npy(&g.join("dso_add_one.out.B.npy"));
+    let mut b = Npy { code: want.code, bits: want.bits, shape: want.shape.clone(), data: vec![0u8; want.data.len()] };
+    let (ta, tb) = (dl(&mut a), dl(&mut b));
+    let args = [&ta as *const mblob_dl_tensor, &tb as *const mblob_dl_tensor];
+    let mut lib = null_mut();
+    // SAFETY: valid strings, tensors and out-pointers; the library freed once.
+    unsafe {
+        ok(mblob_library_load(path.as_ptr(), &mut lib), "load");
+        let mut ret = -1i64;
+        ok(mblob_library_call(lib, c"add_one".as_ptr(), args.as_ptr(), 2, &mut ret), "add_one");
+        assert_eq!(ret, 0);
+        assert!(b.data == want.data, "B differs from TVM's");
+        let s = mblob_library_call(lib, c"nope".as_ptr(), args.as_ptr(), 2, null_mut());
+        assert_eq!(s, mblob_status::MBLOB_ERR_NO_MODEL, "{}", common::last_error());
+        assert!(common::last_error().contains("nope"), "{}", common::last_error());
+        let mut wrong = tb;
+        wrong.dtype = mblob_dtype { code: 0, bits: 32, lanes: 1 };
+        let bad = [&ta as *const mblob_dl_tensor, &wrong as *const mblob_dl_tensor];
+        let s = mblob_library_call(lib, c"add_one".as_ptr(), bad.as_ptr(), 2, null_mut());
+        assert_eq!(s, mblob_status::MBLOB_ERR_RUN, "{}", common::last_error());
+        ok(mblob_library_free(lib), "free");
+    }
+}

@@ -11,9 +11,10 @@ use std::sync::Mutex;
 use mblob_runtime::exec::call::{call, CallArg};
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
-use mblob_runtime::exec::relay_vm::{RelayVm as RelayVirtualMachine, RelayVmOutput};
-use mblob_runtime::exec::{Device, Executor, Tensor};
+use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
+use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
 use mblob_runtime::format::DataType;
+use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -115,8 +116,9 @@ impl Library {
         for a in args.iter() {
             plain.push(Arg::from_py(&a)?);
         }
-        let tree = &self.tree;
-        let (ret, outs) = run(py, move || call_host(tree, name, plain))?;
+        let tree = self.tree.clone();
+        let name = name.to_owned();
+        let (ret, outs) = run(py, move || call_host(&tree, &name, plain))?;
         // Copy the tensors back into the caller's bytearrays.
         let mut outs = outs.into_iter();
         for a in args.iter() {
@@ -127,15 +129,15 @@ impl Library {
             }
         }
         Ok(match ret {
-            Arg::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
-            Arg::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
-            Arg::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+            Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
+            Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
             _ => py.None(),
         })
     }
 }
 
-/// An argument or the result of a host call, owned (made with the GIL, used without it).
+/// An argument of a host call, owned (made with the GIL, used without it).
 enum Arg {
     Int(i64),
     Float(f64),
@@ -173,34 +175,26 @@ impl Arg {
     }
 }
 
-/// Makes the call with each tensor copied into a CPU `NdArray`; returns the value and each
-/// tensor's bytes after the call.
-fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Arg, Vec<Vec<u8>>), PyErrLater> {
+/// Calls host function `name` with each tensor in a CPU `NdArray` (`exec::call`); returns the
+/// value and each tensor's bytes after the call.
+fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Value, Vec<Vec<u8>>), PyErrLater> {
     let mut values = Vec::with_capacity(args.len());
     for a in args {
         values.push(match a {
-            Arg::Int(v) => CallArg::Int(v),
-            Arg::Float(v) => CallArg::Float(v),
-            Arg::Str(s) => CallArg::Str(s),
-            Arg::None => CallArg::None,
+            Arg::Int(v) => Value::Int(v),
+            Arg::Float(v) => Value::Float(v),
+            Arg::Str(s) => Value::Str(s),
+            Arg::None => Value::Null,
             Arg::Tensor { data, dtype, shape } => {
-                CallArg::Tensor(NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(run_error)?)
+                Value::Tensor(NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(run_error)?)
             }
         });
     }
-    let ret = match call(tree, name, &mut values).map_err(run_error)? {
-        CallArg::Int(v) => Arg::Int(v),
-        CallArg::Float(v) => Arg::Float(v),
-        CallArg::Str(s) => Arg::Str(s),
-        // Handles and objects mean nothing to Python here.
-        _ => Arg::None,
-    };
+    let ret = mblob_runtime::exec::call(tree, name, &mut values).map_err(run_error)?;
     let outs = values
         .iter()
-        .filter_map(|v| match v {
-            CallArg::Tensor(t) => Some(t.to_bytes()),
-            _ => None,
-        })
+        .filter_map(Value::as_tensor)
+        .map(NdArray::to_bytes)
         .collect::<Result<_, _>>()
         .map_err(run_error)?;
     Ok((ret, outs))
@@ -248,23 +242,25 @@ fn take<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<std::sync::MutexGuard<'a, 
     }
 }
 
-/// A graph or AOT executor (`factory["default"](dev)`).
+/// A graph or AOT executor (`factory["default"](dev)`), as a [`Model`].
 #[pyclass(frozen, module = "mblob._native")]
 pub struct GraphExecutor {
-    inner: Mutex<Box<dyn Executor + Send>>,
+    inner: Mutex<Model>,
 }
 
 impl GraphExecutor {
-    fn with<T: Send>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut dyn Executor) -> Result<T, PyErrLater> + Send,
-    ) -> PyResult<T> {
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Model) -> Result<T, PyErrLater> + Send) -> PyResult<T> {
         run(py, || {
             let mut guard = take(&self.inner, "executor")?;
-            f(guard.as_mut())
+            f(&mut guard)
         })
     }
+}
+
+/// A host tensor of Python's as a model input, on the CPU.
+fn input_value(data: &[u8], dtype: &str, shape: Vec<i64>) -> Result<Value, PyErrLater> {
+    let t = tensor_of(data, dtype, shape)?;
+    Ok(Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0)).map_err(run_error)?))
 }
 
 #[pymethods]
@@ -275,7 +271,29 @@ impl GraphExecutor {
     fn new(py: Python<'_>, library: &Library, devs: Vec<(i32, i32)>) -> PyResult<GraphExecutor> {
         let tree = library.tree.clone();
         let devs = devices(devs);
-        let inner = run(py, move || mblob_runtime::exec::executor(&tree, &devs).map_err(run_error))?;
+        let inner = run(py, move || {
+            let first = devs.first().copied().unwrap_or(Device::cpu(0));
+            let runner: Box<dyn mblob_runtime::exec::Runner + Send> = match Model::kind_of(&tree) {
+                Some(ModelKind::Graph) => {
+                    Box::new(GraphFactory::from_tree(&tree).map_err(run_error)?.default(&devs).map_err(run_error)?)
+                }
+                Some(ModelKind::Aot) => Box::new(
+                    mblob_runtime::exec::aot::AotFactory::from_tree(&tree)
+                        .map_err(run_error)?
+                        .default(&devs)
+                        .map_err(run_error)?,
+                ),
+                _ => {
+                    let modules = tree.type_keys().into_iter().map(str::to_owned).collect();
+                    return Err(run_error(ExecError::NoFactory {
+                        kind: "GraphExecutorFactory or AotExecutorFactory",
+                        modules,
+                    }));
+                }
+            };
+            let kind = Model::kind_of(&tree).expect("matched");
+            Ok(Model::with_runner(runner, kind, first))
+        })?;
         Ok(GraphExecutor { inner: Mutex::new(inner) })
     }
 
@@ -290,8 +308,8 @@ impl GraphExecutor {
         let inner = run(py, move || {
             let factory = GraphFactory::from_parts(&graph_json, &tree, Vec::new())
                 .map_err(|e| PyErrLater::Input(crate::message(&e)))?;
-            let exec: Box<dyn Executor + Send> = Box::new(factory.default(&devs).map_err(run_error)?);
-            Ok(exec)
+            let exec = factory.default(&devs).map_err(run_error)?;
+            Ok(Model::with_runner(Box::new(exec), ModelKind::Graph, devs.first().copied().unwrap_or(Device::cpu(0))))
         })?;
         Ok(GraphExecutor { inner: Mutex::new(inner) })
     }
@@ -304,18 +322,20 @@ impl GraphExecutor {
             let params = read_params(&mblob_runtime::Bytes::from_vec(data)).map_err(|err| {
                 PyErrLater::Input(format!("not a params file (save_param_dict): {}", crate::message(&err)))
             })?;
-            let taken: Vec<_> = params.iter().filter(|(n, _)| e.input_index(n).is_some()).collect();
-            for (name, t) in &taken {
-                let info = &e.inputs()[e.input_index(name).expect("filtered")];
-                if info.dtype != t.dtype || info.shape != t.shape {
-                    return Err(PyErrLater::Input(format!(
-                        "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
-                        t.dtype, t.shape, info.dtype, info.shape
-                    )));
+            let taken: Vec<_> = params.iter().filter_map(|(n, t)| Some((e.input_position(n)?, n, t))).collect();
+            for &(i, name, t) in &taken {
+                if let Some(info) = &e.params()[i].tensor {
+                    if info.dtype != t.dtype || info.shape != t.shape {
+                        return Err(PyErrLater::Input(format!(
+                            "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
+                            t.dtype, t.shape, info.dtype, info.shape
+                        )));
+                    }
                 }
             }
-            for (name, t) in taken {
-                e.set_input_by_name(name, t).map_err(run_error)?;
+            for (i, _, t) in taken {
+                let a = NdArray::from_tensor(t, Device::cpu(0)).map_err(run_error)?;
+                e.set_input_at(i, Value::Tensor(a)).map_err(run_error)?;
             }
             Ok(())
         })
@@ -324,8 +344,8 @@ impl GraphExecutor {
     /// Copies a tensor into the input `name`.
     fn set_input(&self, py: Python<'_>, name: String, data: Vec<u8>, dtype: String, shape: Vec<i64>) -> PyResult<()> {
         self.with(py, move |e| {
-            let t = tensor_of(&data, &dtype, shape)?;
-            e.set_input_by_name(&name, &t).map_err(run_error)
+            let v = input_value(&data, &dtype, shape)?;
+            e.set_input(Some(&name), v).map_err(run_error)
         })
     }
 
@@ -336,18 +356,32 @@ impl GraphExecutor {
 
     /// Output `index` as `(bytes, dtype, shape)`.
     fn get_output<'py>(&self, py: Python<'py>, index: usize) -> PyResult<PyTensor<'py>> {
-        let t = self.with(py, move |e| e.get_output(index).map_err(run_error))?;
+        let t = self.with(py, move |e| {
+            let outputs = e.outputs().map_err(run_error)?;
+            let count = outputs.len();
+            let v = outputs.get(index).ok_or_else(|| run_error(ExecError::Index { what: "output", index, count }))?;
+            v.as_tensor()
+                .ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?
+                .to_tensor()
+                .map_err(run_error)
+        })?;
         Ok(to_py_tensor(py, &t))
     }
 
     /// The number of outputs.
     fn get_num_outputs(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |e| Ok(e.num_outputs()))
+        self.with(py, |e| Ok(e.output_info().len()))
     }
 
     /// The inputs a caller sets: `(name, shape, dtype)`.
     fn inputs(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<i64>, String)>> {
-        self.with(py, |e| Ok(e.inputs().into_iter().map(|i| (i.name, i.shape, i.dtype.to_string())).collect()))
+        self.with(py, |e| {
+            Ok(e.params()
+                .iter()
+                .filter_map(|p| p.tensor.as_ref())
+                .map(|i| (i.name.clone(), i.shape.clone(), i.dtype.to_string()))
+                .collect())
+        })
     }
 }
 
@@ -567,8 +601,12 @@ impl RelayVm {
     ) -> PyResult<Vec<PyTensor<'py>>> {
         let outs = run(py, || {
             let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            self.inner.invoke(&name, &inputs).map_err(run_error)
+                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
+            out.flatten()
+                .into_iter()
+                .map(|v| v.as_tensor().expect("Relay VM results are tensors").to_tensor().map_err(run_error))
+                .collect::<Result<Vec<_>, _>>()
         })?;
         Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
     }
@@ -583,18 +621,37 @@ impl RelayVm {
     ) -> PyResult<Py<PyAny>> {
         let out = run(py, || {
             let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            self.inner.invoke_nested(&name, &inputs).map_err(run_error)
+                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
+            relay_host(&out)
         })?;
         relay_vm_value(py, &out)
     }
 }
 
-/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
-fn relay_vm_value(py: Python<'_>, v: &RelayVmOutput) -> PyResult<Py<PyAny>> {
+/// A Relay VM result with its tensors on the host: a tensor, or an ADT's fields.
+enum RelayHost {
+    Tensor(Tensor),
+    Adt(Vec<RelayHost>),
+}
+
+fn relay_host(v: &Value) -> Result<RelayHost, PyErrLater> {
     Ok(match v {
-        RelayVmOutput::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
-        RelayVmOutput::Adt { fields, .. } => {
+        Value::Tensor(t) => RelayHost::Tensor(t.to_tensor().map_err(run_error)?),
+        Value::Tuple(fields) => RelayHost::Adt(fields.iter().map(relay_host).collect::<Result<_, _>>()?),
+        Value::Object(o) => match o.downcast_ref::<mblob_runtime::exec::relay_vm::Adt>() {
+            Some(adt) => RelayHost::Adt(adt.fields.iter().map(relay_host).collect::<Result<_, _>>()?),
+            None => return Err(PyErrLater::Run(format!("a Relay VM result of type {}", o.type_key()))),
+        },
+        v => return Err(PyErrLater::Run(format!("a Relay VM result of kind {}", v.kind()))),
+    })
+}
+
+/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
+fn relay_vm_value(py: Python<'_>, v: &RelayHost) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        RelayHost::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
+        RelayHost::Adt(fields) => {
             let items = fields.iter().map(|f| relay_vm_value(py, f)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }

@@ -6,9 +6,11 @@
 #[path = "support/device_run.rs"]
 mod device_run;
 
-use device_run::{assert_close, cases, fixtures, json, load, npy, opencl};
-use mblob_runtime::device::{device_api, TransferStats};
+use device_run::{assert_close, cases, fixtures, input_value, json, load, npy, opencl};
 use mblob_runtime::exec::Model;
+use mblob_runtime::exec::Value;
+use mblob_runtime::device::{device_api, TransferStats};
+use mblob_runtime::Device;
 
 /// One graph run and one Relax run move, between host and device, the inputs in and the
 /// outputs out and nothing else; the parameters and constants go up once, when the model is
@@ -32,12 +34,19 @@ fn device_runs_copy_inputs_in_outputs_out_and_params_once() {
         let in_bytes: u64 = ins.iter().map(|(_, f)| npy(f).data.len() as u64).sum();
         let out_bytes: u64 = outs.iter().map(|f| npy(f).data.len() as u64).sum();
         for run in 0..2 {
+            let inputs: Vec<_> = ins.iter().map(|(input, file)| (input, input_value(&npy(file)))).collect();
             let start = api.transfers();
-            for (input, file) in &ins {
-                m.set_input(Some(input), &npy(file)).unwrap();
+            for (input, value) in inputs {
+                m.set_input(Some(input), value).unwrap();
             }
             m.run().unwrap();
-            let got = m.outputs().unwrap();
+            // The outputs stay on the device until the caller copies them out.
+            let got: Vec<Value> = m
+                .outputs()
+                .unwrap()
+                .iter()
+                .map(|v| Value::Tensor(v.as_tensor().unwrap().copy(Device::cpu(0)).unwrap()))
+                .collect();
             let moved = api.transfers() - start;
             assert_eq!(
                 moved,

@@ -7,9 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::{ParamKind, VirtualMachine, VmError, VmValue};
-use mblob_runtime::exec::{Model, Output};
+use mblob_runtime::exec::{Model, Value};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::NdArray;
 use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, Registry};
 
 #[path = "support/npyfile.rs"]
@@ -41,6 +42,35 @@ fn ints(t: &Tensor) -> Vec<i64> {
 }
 
 /// A manifest value tree as a VM value.
+/// A host value as a model's input (host tensors on the CPU).
+fn input(v: VmValue) -> Value {
+    match v {
+        VmValue::Tensor(t) => Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0)).unwrap()),
+        VmValue::Array(a) => Value::Tensor(a),
+        VmValue::Shape(s) => Value::Shape(s.into()),
+        VmValue::Int(i) => Value::Int(i),
+        VmValue::Float(f) => Value::Float(f),
+        VmValue::Str(s) => Value::Str(s),
+        VmValue::Tuple(items) => Value::Tuple(items.into_iter().map(input).collect()),
+        VmValue::Object(o) => Value::Object(o),
+        VmValue::Null => Value::Null,
+    }
+}
+
+/// A model's value on the host, to compare with TVM's.
+fn host(v: &Value) -> VmValue {
+    match v {
+        Value::Tensor(a) => VmValue::Tensor(a.to_tensor().unwrap()),
+        Value::Shape(s) => VmValue::Shape(s.to_vec()),
+        Value::Int(i) => VmValue::Int(*i),
+        Value::Float(f) => VmValue::Float(*f),
+        Value::Str(s) => VmValue::Str(s.clone()),
+        Value::Tuple(items) => VmValue::Tuple(items.iter().map(host).collect()),
+        Value::Object(o) => VmValue::Object(o.clone()),
+        Value::Null => VmValue::Null,
+    }
+}
+
 fn value(tree: &serde_json::Value) -> VmValue {
     let file = |k: &str| tree[k].as_str().unwrap();
     if let Some(items) = tree["tuple"].as_array() {
@@ -145,7 +175,7 @@ fn model_takes_and_gives_values() {
     let mut m = Model::new(&tree, Device::cpu(0)).unwrap();
     m.select_function("prim_args").unwrap();
     assert_eq!(
-        m.input_kinds(),
+        m.params().iter().map(|p| p.kind).collect::<Vec<_>>(),
         [
             ParamKind::Tensor,
             ParamKind::Prim(Some(DataType::I64)),
@@ -153,24 +183,24 @@ fn model_takes_and_gives_values() {
         ]
     );
     m.select_function("tuples").unwrap();
-    assert_eq!(m.input_kinds(), [ParamKind::Tuple(2)]);
+    assert_eq!(m.params().iter().map(|p| p.kind).collect::<Vec<_>>(), [ParamKind::Tuple(2)]);
     m.select_function("shape_arg").unwrap();
-    assert_eq!(m.input_kinds(), [ParamKind::Tensor, ParamKind::Shape]);
+    assert_eq!(m.params().iter().map(|p| p.kind).collect::<Vec<_>>(), [ParamKind::Tensor, ParamKind::Shape]);
     m.select_function("str_arg").unwrap();
-    assert_eq!(m.input_kinds(), [ParamKind::Tensor, ParamKind::Any]);
+    assert_eq!(m.params().iter().map(|p| p.kind).collect::<Vec<_>>(), [ParamKind::Tensor, ParamKind::Any]);
 
     let case = cases("relax_vm_args").into_iter().find(|c| c["function"] == "tuples").unwrap();
     m.select_function("tuples").unwrap();
-    m.set_input_value(Some("t"), value(&case["inputs"][0])).unwrap();
+    m.set_input(Some("t"), input(value(&case["inputs"][0]))).unwrap();
     m.run().unwrap();
-    assert_eq!(m.result(), Some(&value(&case["outputs"])));
+    assert_eq!(m.result().unwrap().as_ref().map(host), Some(value(&case["outputs"])));
     let flat = m.outputs().unwrap();
     let expected = case["flat_outputs"].as_array().unwrap();
     assert_eq!(flat.len(), expected.len());
     for (o, e) in flat.iter().zip(expected) {
-        match (o, value(e)) {
-            (Output::Tensor(t), VmValue::Tensor(e)) => assert_eq!(*t, e),
-            (Output::Shape(s), VmValue::Shape(e)) => assert_eq!(*s, e),
+        match (host(o), value(e)) {
+            (VmValue::Tensor(t), VmValue::Tensor(e)) => assert_eq!(t, e),
+            (VmValue::Shape(s), VmValue::Shape(e)) => assert_eq!(s, e),
             (o, e) => panic!("{o:?} vs TVM's {e:?}"),
         }
     }
@@ -187,9 +217,10 @@ fn model_takes_and_gives_values() {
     .unwrap();
     let mut m = Model::new(&tree, Device::cpu(0)).unwrap();
     assert_eq!(m.function(), Some("forward"));
-    m.set_input(None, &npy("../device-run/dev_relax_mlp_opencl.in.x.npy")).unwrap();
+    m.set_input(None, input(VmValue::Tensor(npy("../device-run/dev_relax_mlp_opencl.in.x.npy")))).unwrap();
     m.run().unwrap();
-    let Output::Tensor(out) = &m.outputs().unwrap()[0] else { panic!("not a tensor") };
+    let Value::Tensor(out) = &m.outputs().unwrap()[0] else { panic!("not a tensor") };
+    let out = out.to_tensor().unwrap();
     let expected = npy("../device-run/dev_relax_mlp_opencl.out.0.npy");
     let (a, b) = (out.to_f32().unwrap(), expected.to_f32().unwrap());
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + y.abs())), "differs from TVM's");

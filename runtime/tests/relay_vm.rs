@@ -5,17 +5,30 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::relay_vm::{RelayVm, RelayVmError, RelayVmOutput};
+use mblob_runtime::exec::relay_vm::{RelayVm, RelayVmError};
+use mblob_runtime::exec::Value;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::payload::relay_vm::{FormatVersion, Instruction, RelayVmExecutable, VmConstant, VM_EXECUTABLE};
-use mblob_runtime::{load_library, Bytes, Device, DeviceType, Layout, LoadOptions, LoadedTree, Payload, Registry};
+use mblob_runtime::{
+    load_library, Bytes, Device, DeviceType, Layout, LoadOptions, LoadedTree, NdArray, Payload, Registry,
+};
 
 #[path = "support/npyfile.rs"]
 mod npyfile;
 use npyfile::tensor as npy;
 
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
+
+/// A host tensor as a VM input.
+fn v(t: Tensor) -> Value {
+    Value::Tensor(NdArray::from_tensor(&t, CPU).unwrap())
+}
+
+/// The tensors of a result, tuples flattened in order, on the host.
+fn flat(out: &Value) -> Vec<Tensor> {
+    out.flatten().iter().map(|l| l.as_tensor().expect("a tensor").to_tensor().unwrap()).collect()
+}
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/relay-vm")
@@ -54,9 +67,10 @@ fn outputs_match_tvm_bit_for_bit() {
         let name = case["case"].as_str().unwrap();
         let tree = load(case["library"].as_str().unwrap());
         let vm = RelayVm::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let inputs: Vec<Tensor> =
-            (0..case["inputs"].as_u64().unwrap()).map(|i| npy(&dir().join(format!("{name}.in.{i}.npy")))).collect();
-        let outs = vm.invoke(case["function"].as_str().unwrap(), &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs: Vec<Value> =
+            (0..case["inputs"].as_u64().unwrap()).map(|i| v(npy(&dir().join(format!("{name}.in.{i}.npy"))))).collect();
+        let outs =
+            flat(&vm.invoke(case["function"].as_str().unwrap(), &inputs).unwrap_or_else(|e| panic!("{name}: {e}")));
         let n = case["outputs"].as_u64().unwrap() as usize;
         assert_eq!(outs.len(), n, "{name}");
         for (i, got) in outs.iter().enumerate() {
@@ -67,25 +81,26 @@ fn outputs_match_tvm_bit_for_bit() {
     }
 }
 
-/// `invoke_nested` keeps the result's structure as TVM's VM returns it: `tuple_out` returns a
+/// `invoke` keeps the result's structure as TVM's VM returns it: `tuple_out` returns a
 /// flat 3-tuple (an ADT of tag 0, TVM's three outputs), `mlp` one tensor. (A nested tuple:
 /// `tests/fixtures/user-0.19/vm_nested`, in `python/tests/test_user_019.py`.)
 #[test]
 fn invoke_nested_keeps_tvms_structure() {
     let tree = load("tuple_out.so");
     let vm = RelayVm::new(&tree, CPU).unwrap();
-    let inputs: Vec<Tensor> = (0..2).map(|i| npy(&dir().join(format!("tuple_out.0.in.{i}.npy")))).collect();
-    let RelayVmOutput::Adt { tag: 0, fields } = vm.invoke_nested("main", &inputs).unwrap() else {
-        panic!("tuple_out returns a tuple")
-    };
+    let inputs: Vec<Value> = (0..2).map(|i| v(npy(&dir().join(format!("tuple_out.0.in.{i}.npy"))))).collect();
+    let Value::Tuple(fields) = vm.invoke("main", &inputs).unwrap() else { panic!("tuple_out returns a tuple") };
     assert_eq!(fields.len(), 3);
     for (i, f) in fields.iter().enumerate() {
-        assert_eq!(f, &RelayVmOutput::Tensor(npy(&dir().join(format!("tuple_out.0.out.{i}.npy")))), "field {i}");
+        let Value::Tensor(f) = f else { panic!("field {i} is a {}", f.kind()) };
+        assert_eq!(f.to_tensor().unwrap(), npy(&dir().join(format!("tuple_out.0.out.{i}.npy"))), "field {i}");
     }
     let tree = load("mlp.so");
     let vm = RelayVm::new(&tree, CPU).unwrap();
-    let out = vm.invoke_nested("main", &[npy(&dir().join("mlp.0.in.0.npy"))]).unwrap();
-    assert_eq!(out, RelayVmOutput::Tensor(npy(&dir().join("mlp.0.out.0.npy"))));
+    let Value::Tensor(out) = vm.invoke("main", &[v(npy(&dir().join("mlp.0.in.0.npy")))]).unwrap() else {
+        panic!("mlp returns a tensor")
+    };
+    assert_eq!(out.to_tensor().unwrap(), npy(&dir().join("mlp.0.out.0.npy")));
 }
 
 /// The same VM runs the dynamic-batch model at two batch sizes, one after the other.
@@ -95,7 +110,7 @@ fn one_vm_runs_two_batch_sizes() {
     let vm = RelayVm::new(&tree, CPU).unwrap();
     for k in [1, 0, 1] {
         let x = npy(&dir().join(format!("dyn_batch.{k}.in.0.npy")));
-        let out = vm.invoke("main", &[x]).unwrap();
+        let out = flat(&vm.invoke("main", &[v(x)]).unwrap());
         assert_eq!(out[0].data, npy(&dir().join(format!("dyn_batch.{k}.out.0.npy"))).data);
     }
 }
@@ -257,10 +272,9 @@ fn run_errors() {
     let e = vm.invoke("nope", &[]).unwrap_err();
     assert!(matches!(e, RelayVmError::UnknownFunction { .. }), "{e}");
     assert!(e.to_string().contains("main"), "{e}");
-    let e = vm.invoke("main", &[npy(&dir().join("loop.0.in.0.npy"))]).unwrap_err();
+    let e = vm.invoke("main", &[v(npy(&dir().join("loop.0.in.0.npy")))]).unwrap_err();
     assert!(matches!(e.root(), RelayVmError::ArgumentCount { expected: 2, got: 1, .. }), "{e}");
-    let bad = Tensor { dtype: DataType::F32, shape: vec![4], device: (1, 0), data: Bytes::from_vec(vec![0; 3]) };
-    let e = vm.invoke("main", &[bad.clone(), bad]).unwrap_err();
+    let e = vm.invoke("main", &[Value::Int(3), Value::Shape(vec![4].into())]).unwrap_err();
     assert!(matches!(e, RelayVmError::Input { index: 0, .. }), "{e}");
     let e = RelayVm::new(&tree, Device { device_type: DeviceType::Cuda, device_id: 0 }).unwrap_err();
     assert!(matches!(e, RelayVmError::UnsupportedDevice { .. }), "{e}");
@@ -292,7 +306,7 @@ fn late_bound_constants() {
     assert_eq!(consts.len(), late.len());
     let vm = RelayVm::with_late_bound(&tree, CPU, &consts).unwrap();
     let x = npy(&dir().join("mlp_late.0.in.0.npy"));
-    let out = vm.invoke("main", &[x]).unwrap();
+    let out = flat(&vm.invoke("main", &[v(x)]).unwrap());
     let want = npy(&dir().join("mlp_late.0.out.0.npy"));
     assert_eq!((out[0].dtype, &out[0].shape, &out[0].data), (want.dtype, &want.shape, &want.data));
     // A constant too many, or one missing, is an error.
@@ -312,8 +326,8 @@ fn runaway_recursion_is_an_error() {
     let vm = RelayVm::new(&tree, CPU).unwrap();
     let x = npy(&dir().join("loop.0.in.1.npy"));
     let n = Tensor::new(DataType::I32, vec![], 1_000_000i32.to_le_bytes().to_vec()).unwrap();
-    let e = vm.invoke("main", &[n, x.clone()]).unwrap_err();
+    let e = vm.invoke("main", &[v(n), v(x.clone())]).unwrap_err();
     assert!(matches!(e.root(), RelayVmError::Program(m) if m.contains("deeper") || m.contains("registers")), "{e}");
-    let out = vm.invoke("main", &[npy(&dir().join("loop.0.in.0.npy")), x]).unwrap();
+    let out = flat(&vm.invoke("main", &[v(npy(&dir().join("loop.0.in.0.npy"))), v(x)]).unwrap());
     assert_eq!(out[0].data, npy(&dir().join("loop.0.out.0.npy")).data);
 }

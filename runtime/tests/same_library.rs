@@ -22,8 +22,9 @@ mod cpu {
     use std::path::{Path, PathBuf};
 
     use super::device_run::load;
-    use mblob_runtime::exec::{Device, Model, Output};
+    use mblob_runtime::exec::{Device, Model, Value};
     use mblob_runtime::LoadedTree;
+    use mblob_runtime::NdArray;
 
     use super::npyfile::tensor as npy;
 
@@ -41,14 +42,16 @@ mod cpu {
         let mut model = Model::new(tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{name}: {e}"));
         for i in m["inputs"].as_array().unwrap() {
             let input = npy(&dir.join(i["file"].as_str().unwrap()));
-            model.set_input(Some(i["name"].as_str().unwrap()), &input).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let input = Value::Tensor(NdArray::from_tensor(&input, Device::cpu(0)).unwrap());
+            model.set_input(Some(i["name"].as_str().unwrap()), input).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         model.run().unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = model.outputs().unwrap();
         let want = m["outputs"].as_array().unwrap();
         assert_eq!(got.len(), want.len(), "{name}: number of outputs");
         for (k, (g, w)) in got.iter().zip(want).enumerate() {
-            let Output::Tensor(g) = g else { panic!("{name}: output {k} is not a tensor") };
+            let Value::Tensor(g) = g else { panic!("{name}: output {k} is not a tensor") };
+            let g = g.to_tensor().unwrap();
             let w = npy(&dir.join(w["file"].as_str().unwrap()));
             assert_eq!((g.dtype, &g.shape), (w.dtype, &w.shape), "{name}: output {k}");
             assert!(g.data[..] == w.data[..], "{name}: output {k} differs from TVM's");

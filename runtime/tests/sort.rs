@@ -7,7 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::{Device, Model, Output, Tensor};
+use mblob_runtime::exec::{Device, Model, Value};
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::NdArray;
 use mblob_runtime::{load_library, LoadOptions, Registry};
 
 #[path = "support/npyfile.rs"]
@@ -63,14 +65,15 @@ fn run(f: &Fixture) -> Result<Vec<Tensor>, String> {
         .map_err(|e| format!("{}: {e}", f.name))?;
     let mut model = Model::new(&tree, Device::cpu(0)).map_err(|e| format!("{}: {e}", f.name))?;
     for (name, file) in &f.inputs {
-        model.set_input(Some(name), &npy(file)).map_err(|e| format!("{} input {name}: {e}", f.name))?;
+        let a = NdArray::from_tensor(&npy(file), Device::cpu(0)).unwrap();
+        model.set_input(Some(name), Value::Tensor(a)).map_err(|e| format!("{} input {name}: {e}", f.name))?;
     }
     model.run().map_err(|e| format!("{}: {e}", f.name))?;
     let outs = model.outputs().map_err(|e| format!("{}: {e}", f.name))?;
     Ok(outs
         .into_iter()
         .map(|o| match o {
-            Output::Tensor(t) => t,
+            Value::Tensor(t) => t.to_tensor().unwrap(),
             other => panic!("{}: a non-tensor output {other:?}", f.name),
         })
         .collect())
@@ -183,7 +186,8 @@ fn relax_assert_op_fails_with_tvms_message() {
     for k in 0..2 {
         let want = String::from_utf8(read(&d.join(format!("relax_assert.fail.{k}.txt")))).unwrap();
         let mut model = Model::new(&tree, Device::cpu(0)).unwrap();
-        model.set_input(Some("x"), &npy(&d.join(format!("relax_assert.fail.{k}.npy")))).unwrap();
+        let x = NdArray::from_tensor(&npy(&d.join(format!("relax_assert.fail.{k}.npy"))), Device::cpu(0)).unwrap();
+        model.set_input(Some("x"), Value::Tensor(x)).unwrap();
         let e = model.run().unwrap_err().to_string();
         assert!(e.contains(want.trim()), "input {k}: {e} (TVM: {want})");
     }

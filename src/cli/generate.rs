@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
-use mblob_runtime::exec::{Device, Tensor};
+use mblob_runtime::exec::Device;
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::{load_library, LoadOptions, Registry};
+use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
 
 use super::output::print_labelled_times;
 use super::run::{set_threads, thread_count, write_npy};
@@ -96,8 +96,8 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     if let Some(path) = &args.logits {
         let vocab = first.logits.first().map_or(0, Vec::len);
         let data: Vec<u8> = first.logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-        let t = Tensor::new(DataType::F32, vec![first.logits.len() as i64, vocab as i64], data)
-            .ok_or_else(|| invalid("logits of unequal lengths".into()))?;
+        let t = NdArray::from_bytes(&data, &[first.logits.len() as i64, vocab as i64], DataType::F32, Device::cpu(0))
+            .map_err(|_| invalid("logits of unequal lengths".into()))?;
         write_npy(path, &t)?;
     }
     if let Some(n) = args.repeat {

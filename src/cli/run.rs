@@ -9,11 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use mblob_runtime::exec::call::CallArg;
-use mblob_runtime::exec::relax::{ParamKind, VmValue};
-use mblob_runtime::exec::{self, Device, Model, ModelKind, Output, Tensor};
+use mblob_runtime::exec::{self, Device, Model, ModelKind, Value};
 use mblob_runtime::ffi::threadpool;
-use mblob_runtime::format::stream::DataType;
+use mblob_runtime::format::DataType;
 use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
 
 use crate::{Error, Result};
@@ -203,7 +201,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         check_output_dir(dir)?;
         super::output::check_run_dir(dir)?;
     }
-    let inputs: Vec<(Option<String>, Tensor)> =
+    let inputs: Vec<(Option<String>, NdArray)> =
         specs.into_iter().map(|(name, file)| Ok((name, read_npy(&file)?))).collect::<Result<_>>()?;
     let device = pick_device(&tree, args.device);
     let (outputs, times) = match (&args.function, kind) {
@@ -262,7 +260,9 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
     let factory = exec::graph::GraphFactory::from_parts(&json, lib, params).map_err(|e| {
         let what = match (&e, params_path) {
             (exec::ExecError::MissingFunction { .. }, _) => format!("{graph_name} does not match {model}"),
-            (exec::ExecError::Params(_), Some(p)) => format!("{} does not match {graph_name}", p.display()),
+            (exec::ExecError::Params(_) | exec::ExecError::ParamMismatch { .. }, Some(p)) => {
+                format!("{} does not match {graph_name}", p.display())
+            }
             _ => graph_name.clone(),
         };
         invalid(what, e.to_string())
@@ -272,7 +272,7 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
 
 /// Writes `DIR/out.0.npy`, `out.1.npy`, ... in output order, whole or not at all (nothing
 /// without a directory; see [`super::output`]).
-pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[Tensor]) -> Result<()> {
+pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[NdArray]) -> Result<()> {
     let Some(dir) = dir else { return Ok(()) };
     let files = outputs.iter().enumerate().map(|(i, t)| npy_bytes(&dir.join(format!("out.{i}.npy")), t));
     super::output::write_run_outputs(dir, &files.collect::<Result<Vec<_>>>()?)
@@ -297,14 +297,14 @@ pub(crate) fn print_times(times: &[f64]) {
     );
 }
 
-type Outcome = (Vec<Tensor>, Vec<f64>);
+type Outcome = (Vec<NdArray>, Vec<f64>);
 
 fn run_model(
     tree: &LoadedTree,
     model: &str,
     device: Device,
     function: Option<&str>,
-    inputs: &[(Option<String>, Tensor)],
+    inputs: &[(Option<String>, NdArray)],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
     let fail = |e: exec::ExecError| invalid(model, e.to_string());
@@ -321,131 +321,60 @@ fn run_model(
     } else if function.is_some() {
         return Err(invalid("--function", format!("a {kind:?} model has no functions to choose from")));
     }
-    // Every input is checked (names, shapes, dtypes) and every one the model needs is given,
-    // before anything runs.
-    let function_name = m.function().unwrap_or("main").to_owned();
-    let names: Vec<String> = m.inputs().into_iter().map(|(n, _)| n).collect();
-    for (name, t) in inputs {
-        let spec = |n: &str| format!("--input {n}");
-        if let Some(n) = name {
-            // Graph and AOT models answer unknown names themselves (AOT ones also take the
-            // names the model was built with).
-            if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
-                match m.input_position(n) {
-                    None => {
-                        return Err(invalid(spec(n), format!("`{function_name}` has parameters {}", names.join(", "))))
-                    }
-                    Some(i) if m.is_set(i) => return Err(invalid(spec(n), format!("`{n}` is given twice"))),
-                    Some(_) => {}
-                }
-            }
-        } else if m.missing_inputs().is_empty() {
-            return Err(invalid("--input", format!("the model takes {} inputs", names.len())));
-        }
-        if kind == ModelKind::Relax {
-            // A parameter the function checks as a shape or a prim value takes a .npy that
-            // says one (a 1-d integer array, a 0-d number); anything else goes as a tensor,
-            // for the function's own check to refuse.
-            let index = match name {
-                Some(n) => m.input_position(n),
-                None => (0..names.len()).find(|&i| !m.is_set(i)),
-            };
-            let param = index.and_then(|i| m.input_kinds().get(i).copied()).unwrap_or(ParamKind::Any);
-            m.set_input_value(name.as_deref(), relax_value(t, param)).map_err(fail)?;
-        } else {
-            m.set_input(name.as_deref(), t).map_err(fail)?;
-        }
-    }
-    let missing = m.missing_inputs();
-    if !missing.is_empty() {
-        let described: Vec<String> = m
-            .inputs()
-            .into_iter()
-            .filter(|(n, _)| missing.contains(n))
-            .map(|(n, info)| match info {
-                Some(i) => format!("{n} ({} {:?})", i.dtype, i.shape),
-                None => n,
-            })
-            .collect();
-        let of = if matches!(kind, ModelKind::Relax | ModelKind::RelayVm) {
-            format!(" of `{function_name}`")
-        } else {
-            String::new()
+    // The model checks every input (names, shapes and dtypes of graph and AOT models) as it
+    // is set, and that every one it needs was given, before anything runs.
+    for (name, a) in inputs {
+        let index = match name {
+            Some(n) => m.input_position(n),
+            None => (0..m.params().len()).find(|&i| !m.is_set(i)),
         };
-        return Err(invalid(
-            model,
-            format!("missing inputs{of}: {} (give them with --input NAME=FILE.npy)", described.join(", ")),
-        ));
+        if let (Some(n), Some(i)) = (name, index) {
+            if m.is_set(i) {
+                return Err(invalid(format!("--input {n}"), format!("`{n}` is given twice")));
+            }
+        }
+        // A parameter a Relax function checks as a shape or a prim value takes a .npy that
+        // says one (a 1-d integer array, a 0-d number).
+        let param = index.and_then(|i| m.params().get(i)).map(|p| p.kind);
+        let value = match param {
+            Some(kind) => Value::for_param(a.clone(), kind).map_err(|e| invalid(model, e.to_string()))?,
+            None => Value::Tensor(a.clone()),
+        };
+        m.set_input(name.as_deref(), value).map_err(fail)?;
     }
-    m.run().map_err(fail)?;
+    m.run().map_err(|e| match e {
+        exec::ExecError::MissingInputs { .. } => invalid(model, format!("{e} (give them with --input NAME=FILE.npy)")),
+        e => fail(e),
+    })?;
     let mut times = Vec::new();
     for _ in 0..repeat.unwrap_or(0) {
         let start = Instant::now();
         m.run().map_err(fail)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let host = |dtype, shape, data| {
-        Tensor::new(dtype, shape, data).ok_or_else(|| invalid(model, "an output too large to write"))
-    };
     let mut outputs = Vec::new();
     for (i, o) in m.outputs().map_err(fail)?.into_iter().enumerate() {
-        match o {
-            Output::Tensor(t) => {
-                println!("out.{i}: {} {:?}", t.dtype, t.shape);
-                outputs.push(t);
-            }
-            // A shape is written as a 1-d int64 array, as numpy sees a TVM shape.
-            Output::Shape(s) => {
-                println!("out.{i}: shape {s:?}");
-                let data: Vec<u8> = s.iter().flat_map(|d| d.to_le_bytes()).collect();
-                let t = Tensor::new(DataType::I64, vec![s.len() as i64], data)
-                    .ok_or_else(|| invalid(model, format!("output {i}: shape {s:?} too long")))?;
-                outputs.push(t);
-            }
-            // Prim values as 0-d int64 / float64 arrays, a string as its UTF-8 bytes (1-d uint8).
-            Output::Int(v) => {
-                println!("out.{i}: int {v}");
-                outputs.push(host(DataType::I64, vec![], v.to_le_bytes().to_vec())?);
-            }
-            Output::Float(v) => {
-                println!("out.{i}: float {v}");
-                let dtype = DataType { code: 2, bits: 64, lanes: 1 };
-                outputs.push(host(dtype, vec![], v.to_le_bytes().to_vec())?);
-            }
-            Output::Str(v) => {
-                println!("out.{i}: str {v:?}");
-                let dtype = DataType { code: 1, bits: 8, lanes: 1 };
-                outputs.push(host(dtype, vec![v.len() as i64], v.into_bytes())?);
-            }
+        match &o {
+            Value::Tensor(t) => println!("out.{i}: {} {:?}", t.dtype(), t.shape()),
+            Value::Shape(s) => println!("out.{i}: shape {s:?}"),
+            Value::Int(v) => println!("out.{i}: int {v}"),
+            Value::Float(v) => println!("out.{i}: float {v}"),
+            Value::Str(v) => println!("out.{i}: str {v:?}"),
+            _ => {}
         }
+        // A shape is written as a 1-d int64 array, as numpy sees a TVM shape, a prim value as
+        // a 0-d int64 / float64 array, a string as its UTF-8 bytes (1-d uint8).
+        let array = match &o {
+            Value::Str(v) => {
+                let dtype = DataType { code: 1, bits: 8, lanes: 1 };
+                NdArray::from_bytes(v.as_bytes(), &[v.len() as i64], dtype, Device::cpu(0)).map(Some)
+            }
+            o => o.to_array(),
+        }
+        .map_err(|e| invalid(model, format!("output {i}: {e}")))?;
+        outputs.extend(array);
     }
     Ok((outputs, times))
-}
-
-/// A `.npy` input of a Relax function as the value its parameter takes: a shape from a 1-d
-/// integer array, a prim value from a 0-d number; else the tensor.
-fn relax_value(t: &Tensor, param: ParamKind) -> VmValue {
-    let ints = || -> Option<Vec<i64>> {
-        match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
-            (0, 64, 1) => {
-                Some(t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
-            }
-            (0, 32, 1) => Some(
-                t.data.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
-            ),
-            _ => None,
-        }
-    };
-    match param {
-        ParamKind::Shape if t.shape.len() == 1 => ints().map_or_else(|| VmValue::Tensor(t.clone()), VmValue::Shape),
-        ParamKind::Prim(_) if t.shape.is_empty() => match (t.dtype.code, t.dtype.bits) {
-            (2, 64) => VmValue::Float(f64::from_le_bytes(t.data[..8].try_into().unwrap_or([0; 8]))),
-            (2, 32) => VmValue::Float(f64::from(f32::from_le_bytes(t.data[..4].try_into().unwrap_or([0; 4])))),
-            (1, 1) | (1, 8) | (6, 8) => VmValue::Int(i64::from(t.data.first().is_some_and(|&b| b != 0))),
-            _ => ints().and_then(|v| v.first().copied()).map_or_else(|| VmValue::Tensor(t.clone()), VmValue::Int),
-        },
-        _ => VmValue::Tensor(t.clone()),
-    }
 }
 
 /// Parses `NAME=DTYPE[d0,d1,...]`.
@@ -467,47 +396,31 @@ fn run_function(
     model: &str,
     name: &str,
     device: Device,
-    inputs: &[(Option<String>, Tensor)],
+    inputs: &[(Option<String>, NdArray)],
     outputs: &[String],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
-    if tree.packed_function(name).is_none() {
-        return Err(invalid(model, format!("no function `{name}`")));
-    }
-    let fail = |e: mblob_runtime::array::ArrayError| invalid(model, e.to_string());
-    let mut args: Vec<CallArg> = Vec::new();
-    for (_, t) in inputs {
-        args.push(CallArg::Tensor(NdArray::from_tensor(t, device).map_err(fail)?));
+    let fail = |e: exec::ExecError| invalid(model, e.to_string());
+    let mut args: Vec<Value> = Vec::new();
+    for (_, a) in inputs {
+        args.push(Value::Tensor(a.to_device(device).map_err(|e| invalid(model, e.to_string()))?));
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;
-        args.push(CallArg::Tensor(
+        args.push(Value::Tensor(
             NdArray::empty(&shape, dtype, device).map_err(|e| invalid(format!("--output {spec}"), e.to_string()))?,
         ));
     }
-    let mut call = || -> Result<()> {
-        // The tensors are NdArrays (live, aligned allocations of exactly their shapes and dtypes
-        // on `device`); a compiled function checks each before it touches the data. `call`
-        // waits for the device.
-        exec::call::call(tree, name, &mut args).map(|_| ()).map_err(|e| invalid(model, e.to_string()))
-    };
-    call()?;
+    exec::call(tree, name, &mut args).map_err(fail)?;
     let mut times = Vec::new();
     for _ in 0..repeat.unwrap_or(0) {
         let start = Instant::now();
-        call()?;
+        exec::call(tree, name, &mut args).map_err(fail)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let outs: Vec<Tensor> = args[inputs.len()..]
-        .iter()
-        .filter_map(|a| match a {
-            CallArg::Tensor(t) => Some(t.to_tensor()),
-            _ => None,
-        })
-        .collect::<std::result::Result<_, _>>()
-        .map_err(fail)?;
+    let outs: Vec<NdArray> = args[inputs.len()..].iter().filter_map(Value::as_tensor).cloned().collect();
     for (i, t) in outs.iter().enumerate() {
-        println!("out.{i}: {} {:?}", t.dtype, t.shape);
+        println!("out.{i}: {} {:?}", t.dtype(), t.shape());
     }
     Ok((outs, times))
 }
@@ -515,7 +428,7 @@ fn run_function(
 macro_rules! npy_types {
     ($m:ident) => {
         $m! {
-            ("f", 4, f32, 2, 32), ("f", 8, f64, 2, 64),
+            ("f", 2, half::f16, 2, 16), ("f", 4, f32, 2, 32), ("f", 8, f64, 2, 64),
             ("i", 1, i8, 0, 8), ("i", 2, i16, 0, 16), ("i", 4, i32, 0, 32), ("i", 8, i64, 0, 64),
             ("u", 1, u8, 1, 8), ("u", 2, u16, 1, 16), ("u", 4, u32, 1, 32), ("u", 8, u64, 1, 64)
         }
@@ -523,8 +436,8 @@ macro_rules! npy_types {
 }
 
 /// Reads a `.npy` file (C order; float (16, 32, 64 bits), signed and unsigned integers and
-/// bools, of any byte order).
-pub fn read_npy(path: &Path) -> Result<Tensor> {
+/// bools, of any byte order) into a tensor on the CPU.
+pub fn read_npy(path: &Path) -> Result<NdArray> {
     let bytes =
         std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), action: "cannot read", source })?;
     let what = path.display().to_string();
@@ -537,22 +450,6 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         return Err(invalid(&what, "structured arrays are not supported"));
     };
     let ts = ts.to_string();
-    if let Some(order) = ts.strip_suffix("f2") {
-        // float16: npyz has no f16 type without the `half` crate; the payload is 2-byte words
-        // right after the header, in the order the type string names.
-        let count = usize::try_from(npy.len()).map_err(|_| invalid(&what, "too many elements"))?;
-        let mut data = Vec::new();
-        std::io::Read::read_to_end(&mut npy.into_inner(), &mut data)
-            .map_err(|e| invalid(&what, format!("cannot read the data: {e}")))?;
-        if count.checked_mul(2) != Some(data.len()) {
-            return Err(invalid(&what, format!("{} data bytes for {count} float16 elements", data.len())));
-        }
-        if order == ">" {
-            data.chunks_exact_mut(2).for_each(|c| c.swap(0, 1));
-        }
-        let dtype = DataType { code: 2, bits: 16, lanes: 1 };
-        return Tensor::new(dtype, shape, data).ok_or_else(|| invalid(&what, "data length does not match the shape"));
-    }
     let (kind, size) = (ts.get(1..2).unwrap_or(""), ts.get(2..).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0));
     macro_rules! read {
         ($(($k:expr, $s:expr, $t:ty, $code:expr, $bits:expr)),*) => {
@@ -570,45 +467,38 @@ pub fn read_npy(path: &Path) -> Result<Tensor> {
         };
     }
     let (dtype, data) = npy_types!(read);
-    Tensor::new(dtype, shape, data).ok_or_else(|| invalid(&what, "data length does not match the shape"))
+    NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(|e| invalid(&what, e.to_string()))
 }
 
-/// Writes `t` as a `.npy` file, atomically (a temporary file renamed into place).
-pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+/// Writes `t` (copied from its device) as a `.npy` file, atomically (a temporary file renamed
+/// into place).
+pub fn write_npy(path: &Path, t: &NdArray) -> Result<()> {
     super::output::write_file(path, &npy_bytes(path, t)?)
 }
 
 /// `t` as the bytes of a `.npy` file (`path` names it in errors).
-fn npy_bytes(path: &Path, t: &Tensor) -> Result<Vec<u8>> {
-    let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+fn npy_bytes(path: &Path, t: &NdArray) -> Result<Vec<u8>> {
+    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
     let io = |action: &'static str| move |source| Error::Io { path: path.to_owned(), action, source };
+    let data = t.to_bytes().map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
+    let dtype = t.dtype();
     let mut buf: Vec<u8> = Vec::new();
     macro_rules! write {
         ($(($k:expr, $s:expr, $ty:ty, $code:expr, $bits:expr)),*) => {
-            match (t.dtype.code, t.dtype.bits, t.dtype.lanes) {
+            match (dtype.code, dtype.bits, dtype.lanes) {
                 $(($code, $bits, 1) => {
                     use npyz::WriterBuilder;
                     let mut w = npyz::WriteOptions::<$ty>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
-                    w.extend(t.data.chunks_exact($bits / 8).map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk size")))).map_err(io("cannot encode"))?;
+                    w.extend(data.chunks_exact($bits / 8).map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk size")))).map_err(io("cannot encode"))?;
                     w.finish().map_err(io("cannot encode"))?;
                 })*
-                (2, 16, 1) => {
-                    // float16: written as `<u2` words by npyz, then the header's type string
-                    // (same length, so the padding holds) says `<f2`.
-                    use npyz::WriterBuilder;
-                    let mut w = npyz::WriteOptions::<u16>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
-                    w.extend(t.data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))).map_err(io("cannot encode"))?;
-                    w.finish().map_err(io("cannot encode"))?;
-                    let at = buf.windows(5).position(|w| w == b"'<u2'").ok_or_else(|| invalid(path.display().to_string(), "npyz wrote no '<u2' type string"))?;
-                    buf[at..at + 5].copy_from_slice(b"'<f2'");
-                }
                 (1, 1, 1) => {
                     use npyz::WriterBuilder;
                     let mut w = npyz::WriteOptions::<bool>::new().default_dtype().shape(&shape).writer(&mut buf).begin_nd().map_err(io("cannot encode"))?;
-                    w.extend(t.data.iter().map(|&b| b != 0)).map_err(io("cannot encode"))?;
+                    w.extend(data.iter().map(|&b| b != 0)).map_err(io("cannot encode"))?;
                     w.finish().map_err(io("cannot encode"))?;
                 }
-                _ => return Err(invalid(path.display().to_string(), format!("dtype {} cannot be written as .npy", t.dtype))),
+                _ => return Err(invalid(path.display().to_string(), format!("dtype {dtype} cannot be written as .npy"))),
             }
         };
     }
@@ -627,11 +517,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> =
             [0x3c00u16, 0xc000, 0x7bff, 0x0001, 0x8000, 0x3555].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let t = Tensor::new(DataType { code: 2, bits: 16, lanes: 1 }, vec![2, 3], data.clone()).unwrap();
+        let t = NdArray::from_bytes(&data, &[2, 3], DataType { code: 2, bits: 16, lanes: 1 }, Device::cpu(0)).unwrap();
         let le = dir.path().join("le.npy");
         write_npy(&le, &t).unwrap();
         let back = read_npy(&le).unwrap();
-        assert_eq!((back.dtype, &back.shape, &back.data), (t.dtype, &t.shape, &t.data));
+        assert_eq!((back.dtype(), back.shape(), back.to_bytes().unwrap()), (t.dtype(), t.shape(), data.clone()));
+        assert!(std::fs::read(&le).unwrap().windows(5).any(|w| w == b"'<f2'"), "float16 type string");
         let written = std::fs::read(&le).unwrap();
         assert_eq!((written.len() - data.len()) % 64, 0, "header padded to 64 bytes");
 
@@ -646,7 +537,7 @@ mod tests {
         be.extend(data.chunks_exact(2).flat_map(|c| [c[1], c[0]]));
         let path = dir.path().join("be.npy");
         std::fs::write(&path, &be).unwrap();
-        assert_eq!(read_npy(&path).unwrap().data[..], data[..]);
+        assert_eq!(read_npy(&path).unwrap().to_bytes().unwrap(), data);
 
         // Fewer data bytes than the shape needs: an error, not a panic.
         std::fs::write(&path, &be[..be.len() - 3]).unwrap();

@@ -80,8 +80,20 @@ fn add_is_found_and_called_on_every_version() {
 
 // ---- models against TVM's outputs -------------------------------------------------------
 
-use mblob_runtime::exec::{self, Device, ExecError, Tensor};
+use mblob_runtime::exec::{Device, ExecError, Model as RunModel, Value as RunValue};
 use mblob_runtime::format::stream::DataType;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::NdArray;
+
+/// A host tensor as a model's input value (on the CPU).
+fn value(t: &Tensor) -> RunValue {
+    RunValue::Tensor(NdArray::from_tensor(t, Device::cpu(0)).unwrap())
+}
+
+/// Output `i` of the last run, copied to the host.
+fn output(m: &RunModel, i: usize) -> Tensor {
+    m.outputs().unwrap()[i].as_tensor().expect("a tensor").to_tensor().unwrap()
+}
 
 /// Reads a `.npy` file (little-endian float32 / int8, what the goldens hold) into a tensor.
 fn npy(path: &Path) -> Tensor {
@@ -139,19 +151,19 @@ fn models_give_tvms_outputs_bit_for_bit_at_1_and_4_threads() {
         let tree = load(&so);
         for threads in [1, 4] {
             mblob_runtime::ffi::threadpool::set_num_threads(threads);
-            let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap_or_else(|e| panic!("{}: {e}", so.display()));
-            assert_eq!(m.num_outputs(), outputs.len(), "{}", so.display());
+            let mut m = RunModel::new(&tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{}: {e}", so.display()));
+            assert_eq!(m.output_info().len(), outputs.len(), "{}", so.display());
             assert_eq!(
-                m.inputs().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
+                m.params().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
                 inputs.iter().map(|i| i.0.clone()).collect::<Vec<_>>()
             );
             for (name, file) in &inputs {
-                m.set_input_by_name(name, &npy(file)).unwrap();
+                m.set_input(Some(name), value(&npy(file))).unwrap();
             }
             for round in 0..2 {
                 m.run().unwrap_or_else(|e| panic!("{} at {threads} threads: {e}", so.display()));
                 for (i, file) in outputs.iter().enumerate() {
-                    let got = m.get_output(i).unwrap();
+                    let got = output(&m, i);
                     let want = npy(file);
                     assert_eq!((got.dtype, &got.shape), (want.dtype, &want.shape), "{} output {i}", so.display());
                     assert!(
@@ -174,25 +186,30 @@ fn wrong_inputs_are_typed_errors() {
     let run = goldens().join("run");
     for so in ["graph_mlp.so", "aot_mlp.so"] {
         let tree = load(&run.join(so));
-        let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap();
+        let mut m = RunModel::new(&tree, Device::cpu(0)).unwrap();
         let x = npy(&run.join("graph_mlp.in.x.npy"));
-        match m.set_input_by_name("y", &x).unwrap_err() {
-            ExecError::UnknownInput { name, known } => assert_eq!((name.as_str(), known), ("y", vec!["x".to_owned()])),
+        match m.set_input(Some("y"), value(&x)).unwrap_err() {
+            ExecError::UnknownInput { name, known, function: None } => {
+                assert_eq!((name.as_str(), known), ("y", vec!["x".to_owned()]))
+            }
             e => panic!("{so}: {e}"),
         }
         let int8 = npy(&run.join("graph_int8.in.x.npy"));
-        let err = m.set_input_by_name("x", &int8).unwrap_err();
+        let err = m.set_input(Some("x"), value(&int8)).unwrap_err();
         assert!(matches!(err, ExecError::InputMismatch { .. }), "{so}: {err}");
         assert!(err.to_string().contains("expected float32 [2, 64], got int8 [4, 32]"), "{so}: {err}");
         let reshaped = Tensor::new(DataType::F32, vec![64, 2], x.data.clone()).unwrap();
-        let err = m.set_input_by_name("x", &reshaped).unwrap_err();
+        let err = m.set_input(Some("x"), value(&reshaped)).unwrap_err();
         assert!(err.to_string().contains("[64, 2]"), "{so}: {err}");
-        assert!(matches!(m.get_output(5), Err(ExecError::Index { what: "output", index: 5, count: 1 })));
-        assert!(exec::executor(&tree, &[Device::cuda(0)]).is_err(), "{so}: CUDA device refused");
+        let err = m.set_input(Some("x"), RunValue::Int(1)).unwrap_err();
+        assert!(matches!(err, ExecError::InputKind { expected: "tensor", got: "int", .. }), "{so}: {err}");
+        assert!(matches!(m.set_input_at(3, value(&x)), Err(ExecError::Index { what: "input", index: 3, count: 1 })));
+        assert!(matches!(m.select_function("main"), Err(ExecError::NoFunctions { .. })), "{so}");
+        assert!(RunModel::new(&tree, Device::cuda(0)).is_err(), "{so}: CUDA device refused");
     }
-    // A library with no factory has no executor.
-    let err = exec::executor(&load(&goldens().join("dso_add_one.so")), &[Device::cpu(0)]).err().unwrap();
-    assert!(matches!(err, ExecError::NoFactory(_)), "{err}");
+    // A library with no model has no executor.
+    let err = RunModel::new(&load(&goldens().join("dso_add_one.so")), Device::cpu(0)).err().unwrap();
+    assert!(matches!(err, ExecError::NoModel { .. }), "{err}");
 }
 
 /// A kernel's own argument check reaches the caller as an error naming the node, the
@@ -218,9 +235,9 @@ fn a_failing_kernel_names_its_node_function_and_assert_text() {
     e.object(g.join("graph_dense_relu.lib0.o"));
     e.write(&so).unwrap();
     let tree = load(&so);
-    let mut m = exec::executor(&tree, &[Device::cpu(0)]).unwrap();
+    let mut m = RunModel::new(&tree, Device::cpu(0)).unwrap();
     let x = Tensor::new(DataType::F32, vec![1, 5], vec![0u8; 20]).unwrap();
-    m.set_input_by_name("x", &x).unwrap();
+    m.set_input(Some("x"), value(&x)).unwrap();
     let err = m.run().unwrap_err();
     match &err {
         ExecError::Kernel { node, function, message } => {

@@ -11,8 +11,10 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::{self, Device, Tensor};
+use mblob_runtime::exec::{Device, Model as RunModel, Value};
 use mblob_runtime::format::stream::DataType;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::NdArray;
 use mblob_runtime::{load_library, LoadOptions, Registry};
 
 use crate::goldens::goldens;
@@ -129,7 +131,7 @@ fn unseen_models_through_the_library_give_tvms_outputs_at_1_and_4_threads() {
             .unwrap_or_else(|e| panic!("{}: {e}", m.name));
         for threads in [1, 4] {
             mblob_runtime::ffi::threadpool::set_num_threads(threads);
-            let mut e = exec::executor(&tree, &[Device::cpu(0)]).unwrap_or_else(|e| panic!("{}: {e}", m.name));
+            let mut e = RunModel::new(&tree, Device::cpu(0)).unwrap_or_else(|e| panic!("{}: {e}", m.name));
             // TVM's AOT metadata holds the names sanitized (every character other than an
             // ASCII letter or digit made `_`); its executor takes the original names too.
             let aot = m.name.starts_with("aot");
@@ -140,7 +142,7 @@ fn unseen_models_through_the_library_give_tvms_outputs_at_1_and_4_threads() {
                     n.to_owned()
                 }
             };
-            let infos = e.inputs();
+            let infos: Vec<_> = e.params().iter().map(|p| p.tensor.clone().expect("a tensor input")).collect();
             assert_eq!(
                 infos.iter().map(|i| (i.name.clone(), i.dtype.to_string(), i.shape.clone())).collect::<Vec<_>>(),
                 m.inputs.iter().map(|(n, d, s, _)| (tvm_name(n), d.clone(), s.clone())).collect::<Vec<_>>(),
@@ -148,16 +150,18 @@ fn unseen_models_through_the_library_give_tvms_outputs_at_1_and_4_threads() {
                 m.name
             );
             for (k, (n, ..)) in m.inputs.iter().enumerate() {
-                assert_eq!(e.input_index(n), Some(k), "{}: input_index({n})", m.name);
+                assert_eq!(e.input_position(n), Some(k), "{}: input_position({n})", m.name);
             }
-            assert_eq!(e.num_outputs(), m.outputs.len(), "{}", m.name);
+            assert_eq!(e.output_info().len(), m.outputs.len(), "{}", m.name);
             for (name, _, _, file) in &m.inputs {
-                e.set_input_by_name(name, &npy(file)).unwrap_or_else(|err| panic!("{} {name}: {err}", m.name));
+                let a = NdArray::from_tensor(&npy(file), Device::cpu(0)).unwrap();
+                e.set_input(Some(name), Value::Tensor(a)).unwrap_or_else(|err| panic!("{} {name}: {err}", m.name));
             }
             for round in 0..2 {
                 e.run().unwrap_or_else(|err| panic!("{} at {threads} threads: {err}", m.name));
                 for (i, (file, bit)) in m.outputs.iter().enumerate() {
-                    let got = e.get_output(i).unwrap_or_else(|err| panic!("{} output {i}: {err}", m.name));
+                    let outputs = e.outputs().unwrap_or_else(|err| panic!("{} outputs: {err}", m.name));
+                    let got = outputs[i].as_tensor().expect("a tensor").to_tensor().unwrap();
                     check(&format!("{} output {i} at {threads} threads, run {round}", m.name), &got, &npy(file), *bit);
                 }
             }
@@ -199,7 +203,7 @@ fn a_librarys_own_system_lib_registrar_is_not_taken_over() {
     let opts = LoadOptions::keep_unknown();
     // SAFETY: TVM's own export (make.py); loading it puts mblob's registrar in global scope.
     let syslib = unsafe { load_library(&dir().join("graph_ints_system_lib.so"), &Registry::default(), &opts) }.unwrap();
-    assert!(exec::executor(&syslib, &[Device::cpu(0)]).is_ok());
+    assert!(RunModel::new(&syslib, Device::cpu(0)).is_ok());
     let tmp = tempfile::tempdir().unwrap();
     let (c, so) = (tmp.path().join("own.c"), tmp.path().join("own.so"));
     std::fs::write(

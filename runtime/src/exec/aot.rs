@@ -16,7 +16,9 @@
 //! merged into one byte tensor, then one byte tensor per workspace pool, which the executor
 //! allocates (zeroed, 64-byte aligned) and fills as TVM's does.
 
-use super::{check_devices, Device, ExecError, Executor, Tensor, TensorInfo};
+use super::runner::{Param, Runner};
+use super::value::Value as ExecValue;
+use super::{check_devices, Device, ExecError, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
 use crate::ffi::call::PreparedCall;
 use crate::ffi::dlpack::DLTensor;
@@ -46,15 +48,18 @@ pub struct AotFactoryPayload {
 impl AotFactoryPayload {
     /// Reads the payload (exactly its bytes).
     pub fn read(bytes: &crate::bytes::Bytes) -> Result<AotFactoryPayload, ExecError> {
-        let fail =
-            |e: crate::format::FormatError| ExecError::NoFactory(format!("malformed AotExecutorFactory payload: {e}"));
+        let fail = |source: crate::format::FormatError| ExecError::Payload { kind: AOT_EXECUTOR_FACTORY, source };
         let mut r = Reader::new(bytes, 0);
         let count = r.read_count("param count", 40).map_err(fail)?;
+        let at = r.offset();
         let names = r.read_vec_str("param names").map_err(fail)?;
         if names.len() != count {
-            return Err(ExecError::NoFactory(format!(
-                "malformed AotExecutorFactory payload: {count} params but {} names",
-                names.len()
+            return Err(fail(crate::format::FormatError::new(
+                at,
+                crate::format::FormatErrorKind::Invalid {
+                    what: "param names",
+                    detail: format!("{count} params but {} names", names.len()),
+                },
             )));
         }
         let mut params = Vec::with_capacity(count);
@@ -81,11 +86,13 @@ impl AotFactory {
     pub fn from_tree(tree: &LoadedTree) -> Result<AotFactory, ExecError> {
         let (index, m) =
             tree.modules().iter().enumerate().find(|(_, m)| m.module.type_key() == AOT_EXECUTOR_FACTORY).ok_or_else(
-                || ExecError::NoFactory(format!("no AotExecutorFactory in the tree ({})", tree.type_keys().join(", "))),
+                || ExecError::NoFactory {
+                    kind: AOT_EXECUTOR_FACTORY,
+                    modules: tree.type_keys().into_iter().map(str::to_owned).collect(),
+                },
             )?;
-        let opaque = m.module.as_any().downcast_ref::<Opaque>().ok_or_else(|| {
-            ExecError::NoFactory("the AotExecutorFactory module is not the opaque payload kind".into())
-        })?;
+        let opaque =
+            m.module.as_any().downcast_ref::<Opaque>().ok_or(ExecError::PayloadKind { kind: AOT_EXECUTOR_FACTORY })?;
         let payload = AotFactoryPayload::read(&opaque.bytes)?;
         Ok(AotFactory { tree: tree.clone(), index, payload })
     }
@@ -177,6 +184,7 @@ pub struct AotExecutor {
     arrays: Vec<NdArray>,
     entry: String,
     call: PreparedCall,
+    params: Vec<Param>,
     _tensors: Box<[DLTensor]>,
     _tree: LoadedTree,
 }
@@ -249,12 +257,15 @@ impl AotExecutor {
             function: entry.clone(),
             message: e.message,
         })?;
-        let mut exec = AotExecutor { metadata, arrays, entry, call, _tensors: tensors, _tree: tree.clone() };
+        let params = metadata.inputs.iter().cloned().map(Param::tensor).collect();
+        let exec = AotExecutor { metadata, arrays, entry, call, params, _tensors: tensors, _tree: tree.clone() };
         let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
-            if exec.metadata.input_index(name).is_some() {
-                exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
+            if let Some(index) = exec.metadata.input_index(name) {
+                exec.check_input(index, t.dtype, &t.shape, t.data.len())
+                    .and_then(|()| Ok(exec.arrays[index].copy_from_bytes(&t.data)?))
+                    .map_err(|e| ExecError::Param { name: name.clone(), source: Box::new(e) })?;
             }
         }
         Ok(exec)
@@ -265,24 +276,22 @@ impl AotExecutor {
         &self.metadata
     }
 
-    /// Copies `tensor` into input `index`.
-    pub fn set_input(&mut self, index: usize, tensor: &Tensor) -> Result<(), ExecError> {
+    fn check_input(&self, index: usize, dtype: DataType, shape: &[i64], nbytes: usize) -> Result<(), ExecError> {
         let info = self.metadata.inputs.get(index).ok_or(ExecError::Index {
             what: "input",
             index,
             count: self.metadata.inputs.len(),
         })?;
-        let n = self.arrays[index].nbytes();
-        if tensor.dtype != info.dtype || tensor.shape != info.shape || tensor.data.len() != n {
+        if dtype != info.dtype || shape != info.shape.as_slice() || nbytes != self.arrays[index].nbytes() {
             return Err(ExecError::InputMismatch {
                 name: info.name.clone(),
                 expected_dtype: info.dtype,
                 expected_shape: info.shape.clone(),
-                dtype: tensor.dtype,
-                shape: tensor.shape.clone(),
+                dtype,
+                shape: shape.to_vec(),
             });
         }
-        Ok(self.arrays[index].copy_from_bytes(&tensor.data)?)
+        Ok(())
     }
 }
 
@@ -297,28 +306,30 @@ impl Metadata {
     }
 }
 
-impl Executor for AotExecutor {
-    fn inputs(&self) -> Vec<TensorInfo> {
-        self.metadata.inputs.clone()
+impl Runner for AotExecutor {
+    fn params(&self) -> &[Param] {
+        &self.params
     }
 
-    fn outputs(&self) -> Vec<TensorInfo> {
+    fn output_info(&self) -> Vec<TensorInfo> {
         self.metadata.outputs.clone()
-    }
-
-    fn input_index(&self, name: &str) -> Option<usize> {
-        self.metadata.input_index(name)
     }
 
     /// The input named `name`: its name in the metadata, or the name the model was built with
     /// (`input.1`, `x:0`), which TVM's AOT codegen wrote sanitized (`input_1`, `x_0`) and which
     /// TVM's `AotExecutor` accepts by sanitizing it the same way.
-    fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
-        let index = self.metadata.input_index(name).ok_or_else(|| ExecError::UnknownInput {
-            name: name.to_owned(),
-            known: self.metadata.inputs.iter().map(|i| i.name.clone()).collect(),
-        })?;
-        self.set_input(index, tensor)
+    fn param_index(&self, name: &str) -> Option<usize> {
+        self.metadata.input_index(name)
+    }
+
+    /// Copies a tensor (from any device) into input `index`, its shape and dtype checked.
+    fn set_input(&mut self, index: usize, value: ExecValue) -> Result<(), ExecError> {
+        let ExecValue::Tensor(array) = value else {
+            let name = self.metadata.inputs.get(index).map_or_else(|| index.to_string(), |i| i.name.clone());
+            return Err(ExecError::InputKind { name, expected: "tensor", got: value.kind() });
+        };
+        self.check_input(index, array.dtype(), array.shape(), array.nbytes())?;
+        Ok(array.copy_to(&self.arrays[index])?)
     }
 
     fn run(&mut self) -> Result<(), ExecError> {
@@ -334,12 +345,8 @@ impl Executor for AotExecutor {
         })
     }
 
-    fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
-        self.metadata.outputs.get(index).ok_or(ExecError::Index {
-            what: "output",
-            index,
-            count: self.metadata.outputs.len(),
-        })?;
-        Ok(self.arrays[self.metadata.inputs.len() + index].to_tensor()?)
+    fn outputs(&self) -> Result<Vec<ExecValue>, ExecError> {
+        let k = self.metadata.inputs.len();
+        Ok(self.arrays[k..k + self.metadata.outputs.len()].iter().cloned().map(ExecValue::Tensor).collect())
     }
 }

@@ -1,107 +1,90 @@
-//! Calling a function of a loaded tree by name, safely: [`call`] takes tensors as
-//! [`NdArray`]s (which own live, aligned allocations of exactly their shape and dtype), so the
-//! caller hands no raw pointer over. The trust in the library's code was taken once, at
-//! `unsafe load_library` (the trust boundary); a compiled function checks the ndim, dtype,
-//! shape and device of each tensor before it touches the data. This is the one call of loaded
-//! code outside the FFI edge that needs no `unsafe` from its caller.
-#![allow(unsafe_code)]
+//! [`call()`]: one host function of a loaded library, called with [`Value`]s (what `mblob run
+//! --function`, Python's `Library.call` and the C API's `mblob_library_call` do).
 
-use smallvec::SmallVec;
-
-use crate::array::NdArray;
-use crate::device::backends::device_api;
-use crate::device::{Device, DeviceError};
+use super::value::Value;
+use super::ExecError;
+use crate::ffi::value::Value as FfiValue;
 use crate::ffi::dlpack::DLTensor;
-use crate::ffi::last_error::CallError;
-use crate::ffi::value::Value;
 use crate::module::LoadedTree;
 
-/// An argument of [`call`], or what a call returns.
-#[derive(Debug, Clone)]
-pub enum CallArg {
-    /// No value.
-    None,
-    /// An integer.
-    Int(i64),
-    /// A float.
-    Float(f64),
-    /// A string.
-    Str(String),
-    /// A tensor, passed as a `DLTensor*` (what compiled host functions take); the function
-    /// may write into it.
-    Tensor(NdArray),
-    /// A tensor's data pointer, passed as a handle (what host code passes a device kernel).
-    Data(NdArray),
+/// Calls host function `name` of `tree` (found from the root, through the imports) with
+/// `args`, and returns what it returns (an int, a float, a string, or `Null`; handles and
+/// objects come back as `Null`). Tensors are passed as `DLTensor`s over their own memory, on
+/// their own devices: a compiled function writes its outputs into them, so the caller's
+/// tensors hold the results after the call (devices are waited for before it returns).
+/// Ints, floats, strings and `Null` pass as themselves; shapes, tuples and objects cannot be
+/// passed ([`ExecError::Argument`]).
+///
+/// The call is safe to make: the trust in the library's code was given when it was loaded
+/// ([`crate::load_library`] is `unsafe`), and every tensor describes live memory of exactly
+/// its shape and dtype (64-byte aligned where mblob allocated it), which a compiled function
+/// checks (ndim, dtype, shape, device) before it touches the data.
+pub fn call(tree: &LoadedTree, name: &str, args: &mut [Value]) -> Result<Value, ExecError> {
+    call_as(tree, name, args, TensorsAs::DlTensors)
 }
 
-/// Why [`call`] failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CallFailed {
-    /// The tree has no function of that name.
-    #[error("no function `{0}`")]
-    NoFunction(String),
-    /// The function reported an error.
-    #[error("`{name}` failed: {}", source.message)]
-    Call {
-        /// The function.
-        name: String,
-        /// Its error.
-        #[source]
-        source: CallError,
-    },
-    /// Waiting for a device the call used failed.
-    #[error(transparent)]
-    Device(#[from] DeviceError),
+/// Calls a device kernel `name` of `tree` as host code calls it: each tensor is passed as the
+/// handle of its data (the device pointer), then the kernel's scalar arguments and launch
+/// extents as ints, on the device the tensors live on. Otherwise as [`call()`].
+pub fn call_device_kernel(tree: &LoadedTree, name: &str, args: &mut [Value]) -> Result<Value, ExecError> {
+    call_as(tree, name, args, TensorsAs::DataHandles)
 }
 
-/// Calls function `name` of `tree` (found from the root as TVM's `GetFunction(name,
-/// query_imports = true)` does) with `args`, and waits for the devices its tensors live on.
-/// Tensors are lent to the function (its writes land in them); the return value comes back as
-/// a scalar or string (handles and objects mean nothing to the caller: `None`).
-pub fn call(tree: &LoadedTree, name: &str, args: &mut [CallArg]) -> Result<CallArg, CallFailed> {
-    let _span = tracing::debug_span!("call", function = name).entered();
-    let f = tree.packed_function(name).ok_or_else(|| CallFailed::NoFunction(name.to_owned()))?;
-    let mut tensors: SmallVec<[DLTensor; 8]> = args
-        .iter()
-        .filter_map(|a| match a {
-            CallArg::Tensor(t) => Some(t.dl_tensor()),
-            _ => None,
-        })
-        .collect();
+/// How [`call_as`] passes tensors.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TensorsAs {
+    /// `DLTensor*`s (host functions).
+    DlTensors,
+    /// Their data pointers (device kernels).
+    DataHandles,
+}
+
+fn call_as(tree: &LoadedTree, name: &str, args: &mut [Value], tensors_as: TensorsAs) -> Result<Value, ExecError> {
+    let _span = tracing::debug_span!("host_call", function = name, args = args.len()).entered();
+    let f = tree.packed_function(name).ok_or_else(|| ExecError::NoHostFunction { name: name.to_owned() })?;
+    let mut tensors: Vec<DLTensor> = args.iter().filter_map(Value::as_tensor).map(|a| a.dl_tensor()).collect();
     let mut next = tensors.iter_mut();
-    let mut values: SmallVec<[Value; 8]> = SmallVec::with_capacity(args.len());
-    let mut devices: SmallVec<[Device; 2]> = SmallVec::new();
-    for a in args.iter() {
-        let device = match a {
-            CallArg::Tensor(t) | CallArg::Data(t) => Some(t.device()),
-            _ => None,
-        };
-        if let Some(d) = device.filter(|d| !d.is_cpu() && !devices.contains(d)) {
-            devices.push(d);
-        }
+    let mut values = Vec::with_capacity(args.len());
+    for (index, a) in args.iter().enumerate() {
         values.push(match a {
-            CallArg::None => Value::None,
-            CallArg::Int(v) => Value::Int(*v),
-            CallArg::Float(v) => Value::Float(*v),
-            CallArg::Str(s) => Value::Str(s.clone()),
-            CallArg::Tensor(_) => Value::Tensor(next.next().map_or(std::ptr::null_mut(), |t| t as *mut DLTensor)),
-            CallArg::Data(t) => Value::Handle(t.dl_tensor().data),
+            Value::Tensor(_) => match (tensors_as, next.next()) {
+                (TensorsAs::DlTensors, t) => FfiValue::Tensor(t.map_or(std::ptr::null_mut(), |t| t as *mut DLTensor)),
+                (TensorsAs::DataHandles, t) => FfiValue::Handle(t.map_or(std::ptr::null_mut(), |t| t.data)),
+            },
+            Value::Int(i) => FfiValue::Int(*i),
+            Value::Float(x) => FfiValue::Float(*x),
+            Value::Str(s) => FfiValue::Str(s.clone()),
+            Value::Null => FfiValue::None,
+            v @ (Value::Shape(_) | Value::Tuple(_) | Value::Object(_)) => {
+                return Err(ExecError::Argument {
+                    index,
+                    detail: format!("a {} cannot be passed to a host function", v.kind()),
+                })
+            }
         });
     }
-    // SAFETY: the function comes from a tree loaded by `load_library` or `load_blob`, whose
-    // caller took the trust in its code (the loading entry points are `unsafe` for this); it is
-    // called in the convention it carries. Every tensor argument describes a live `NdArray`
-    // allocation of exactly its shape and dtype on its device (64-byte aligned on the CPU),
-    // borrowed from `args` for the whole call, and a data handle points to the start of one.
-    let ret = unsafe { f.call(&values) }.map_err(|source| CallFailed::Call { name: name.to_owned(), source })?;
-    for d in devices {
-        device_api(d)?.synchronize()?;
+    // SAFETY: `f` comes from a library loaded by `load_library` (which installed its context;
+    // the caller took the trust in its code there). Every tensor argument points at a live
+    // `NdArray` of `args` (its storage, shape and dtype), which outlives the call: `args` is
+    // borrowed for all of it. A compiled function checks the ndim, dtype, shape and device of
+    // each before it touches the data.
+    #[allow(unsafe_code)]
+    let ret =
+        unsafe { f.call(&values) }.map_err(|e| ExecError::Call { function: name.to_owned(), message: e.message })?;
+    drop(values);
+    // Kernels launched on a device are queued: the results are there once it is done.
+    let mut waited = Vec::new();
+    for a in args.iter().filter_map(Value::as_tensor) {
+        let d = a.device();
+        if !d.is_cpu() && !waited.contains(&d) {
+            a.storage().api().synchronize()?;
+            waited.push(d);
+        }
     }
     Ok(match ret {
-        Value::Int(v) => CallArg::Int(v),
-        Value::Float(v) => CallArg::Float(v),
-        Value::Str(s) => CallArg::Str(s),
-        _ => CallArg::None,
+        FfiValue::Int(i) => Value::Int(i),
+        FfiValue::Float(x) => Value::Float(x),
+        FfiValue::Str(s) => Value::Str(s),
+        _ => Value::Null,
     })
 }

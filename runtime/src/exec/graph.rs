@@ -22,7 +22,9 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use super::{ExecError, Executor, Tensor, TensorInfo};
+use super::runner::{Param, Runner};
+use super::value::Value as ExecValue;
+use super::{ExecError, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
 use crate::bytes::Bytes;
 use crate::device::api::DeviceApi;
@@ -316,10 +318,13 @@ impl Graph {
             let Some(&nid) = self.arg_nodes.iter().find(|&&nid| self.nodes[nid].name == *name) else { continue };
             let e = self.entry_id(NodeEntry { node: nid, index: 0 });
             if self.dltype[e] != t.dtype || self.shape[e] != t.shape {
-                return Err(ExecError::Params(format!(
-                    "param `{name}` is {} {:?}, the graph's input `{name}` is {} {:?}",
-                    t.dtype, t.shape, self.dltype[e], self.shape[e]
-                )));
+                return Err(ExecError::ParamMismatch {
+                    name: name.clone(),
+                    expected_dtype: self.dltype[e],
+                    expected_shape: self.shape[e].clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                });
             }
         }
         Ok(())
@@ -388,8 +393,9 @@ impl GraphFactory {
             .modules()
             .iter()
             .position(|m| m.module.as_any().downcast_ref::<GraphExecutorFactory>().is_some())
-            .ok_or_else(|| {
-                ExecError::NoFactory(format!("no GraphExecutorFactory in the tree ({})", tree.type_keys().join(", ")))
+            .ok_or_else(|| ExecError::NoFactory {
+                kind: "GraphExecutorFactory",
+                modules: tree.type_keys().into_iter().map(str::to_owned).collect(),
             })?;
         Ok(GraphFactory { tree: tree.clone(), index })
     }
@@ -478,6 +484,9 @@ pub struct GraphExecutor {
     /// Input node ids by name.
     input_index: HashMap<String, usize>,
     params: std::collections::HashSet<String>,
+    /// The inputs a caller sets (params excluded), in order, and their node ids.
+    runner_params: Vec<Param>,
+    runner_nids: Vec<usize>,
     /// The devices it runs on: the first one holds every entry unless the graph places it.
     devices: Vec<Device>,
     /// A device off the CPU that the kernels are queued on, waited for after each run.
@@ -510,7 +519,7 @@ impl GraphExecutor {
             .module
             .as_any()
             .downcast_ref()
-            .ok_or_else(|| ExecError::NoFactory("not a graph factory".into()))?;
+            .ok_or(ExecError::PayloadKind { kind: "GraphExecutorFactory" })?;
         let graph = Graph::parse(&factory.graph_json)?;
         super::check_device_code(tree, index, first)?;
         // The device of each entry: the first device, or the one of the type the graph's
@@ -628,6 +637,8 @@ impl GraphExecutor {
             ops,
             input_index,
             params: Default::default(),
+            runner_params: Vec::new(),
+            runner_nids: Vec::new(),
             devices: devices.to_vec(),
             queued,
             _tree: tree.clone(),
@@ -637,11 +648,20 @@ impl GraphExecutor {
         let mut params: Vec<&(String, PayloadTensor)> = factory.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
-            if exec.input_index.contains_key(name) {
-                exec.set_input_by_name(name, t).map_err(|e| ExecError::Params(format!("param `{name}`: {e}")))?;
+            if let Some(&nid) = exec.input_index.get(name) {
+                exec.set_node_input(nid, t)
+                    .map_err(|e| ExecError::Param { name: name.clone(), source: Box::new(e) })?;
                 exec.params.insert(name.clone());
             }
         }
+        exec.runner_nids = exec
+            .graph
+            .arg_nodes
+            .iter()
+            .copied()
+            .filter(|&nid| !exec.params.contains(&exec.graph.nodes[nid].name))
+            .collect();
+        exec.runner_params = exec.runner_nids.iter().map(|&nid| Param::tensor(exec.input_info(nid))).collect();
         tracing::debug!(ops = exec.ops.len(), pools = exec.pools.len(), device = %first, "graph executor ready");
         Ok(exec)
     }
@@ -665,17 +685,6 @@ impl GraphExecutor {
         }
     }
 
-    /// Copies `tensor` into input `index` (an index into the graph's `arg_nodes`, params
-    /// included, as TVM's `set_input(int, ...)`).
-    pub fn set_input(&mut self, index: usize, tensor: &Tensor) -> Result<(), ExecError> {
-        let nid = *self.graph.arg_nodes.get(index).ok_or(ExecError::Index {
-            what: "input",
-            index,
-            count: self.graph.arg_nodes.len(),
-        })?;
-        self.set_node_input(nid, tensor)
-    }
-
     fn check_input(&self, nid: usize, dtype: DataType, shape: &[i64], nbytes: usize) -> Result<usize, ExecError> {
         let info = self.input_info(nid);
         let e = self.graph.entry_id(NodeEntry { node: nid, index: 0 });
@@ -691,21 +700,10 @@ impl GraphExecutor {
         Ok(e)
     }
 
-    fn set_node_input(&mut self, nid: usize, tensor: &Tensor) -> Result<(), ExecError> {
+    fn set_node_input(&mut self, nid: usize, tensor: &PayloadTensor) -> Result<(), ExecError> {
         let e = self.check_input(nid, tensor.dtype, &tensor.shape, tensor.data.len())?;
         // A param in the library (or a mapped params file) is then held once, in its entry.
         Ok(self.entries[e].copy_from_mapped(&tensor.data)?)
-    }
-
-    /// Copies `array` (on any device) into the input called `name`: within the device when it
-    /// is already there.
-    pub fn set_input_array(&mut self, name: &str, array: &NdArray) -> Result<(), ExecError> {
-        let nid = *self.input_index.get(name).ok_or_else(|| ExecError::UnknownInput {
-            name: name.to_owned(),
-            known: self.inputs().into_iter().map(|i| i.name).collect(),
-        })?;
-        let e = self.check_input(nid, array.dtype(), array.shape(), array.nbytes())?;
-        Ok(array.copy_to(&self.entries[e])?)
     }
 
     /// Output `index` as the executor holds it, on its device (shared: the next run
@@ -720,17 +718,12 @@ impl GraphExecutor {
     }
 }
 
-impl Executor for GraphExecutor {
-    fn inputs(&self) -> Vec<TensorInfo> {
-        self.graph
-            .arg_nodes
-            .iter()
-            .filter(|&&nid| !self.params.contains(&self.graph.nodes[nid].name))
-            .map(|&nid| self.input_info(nid))
-            .collect()
+impl Runner for GraphExecutor {
+    fn params(&self) -> &[Param] {
+        &self.runner_params
     }
 
-    fn outputs(&self) -> Vec<TensorInfo> {
+    fn output_info(&self) -> Vec<TensorInfo> {
         self.graph
             .heads
             .iter()
@@ -746,12 +739,23 @@ impl Executor for GraphExecutor {
             .collect()
     }
 
-    fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError> {
-        let nid = *self.input_index.get(name).ok_or_else(|| ExecError::UnknownInput {
-            name: name.to_owned(),
-            known: self.inputs().into_iter().map(|i| i.name).collect(),
+    /// Copies a tensor (on any device: within the device when it is already there) into
+    /// input `index`, its shape and dtype checked.
+    fn set_input(&mut self, index: usize, value: ExecValue) -> Result<(), ExecError> {
+        let nid = *self.runner_nids.get(index).ok_or(ExecError::Index {
+            what: "input",
+            index,
+            count: self.runner_nids.len(),
         })?;
-        self.set_node_input(nid, tensor)
+        let ExecValue::Tensor(array) = value else {
+            return Err(ExecError::InputKind {
+                name: self.graph.nodes[nid].name.clone(),
+                expected: "tensor",
+                got: value.kind(),
+            });
+        };
+        let e = self.check_input(nid, array.dtype(), array.shape(), array.nbytes())?;
+        Ok(array.copy_to(&self.entries[e])?)
     }
 
     fn run(&mut self) -> Result<(), ExecError> {
@@ -787,8 +791,8 @@ impl Executor for GraphExecutor {
         Ok(())
     }
 
-    fn get_output(&self, index: usize) -> Result<Tensor, ExecError> {
-        Ok(self.output_array(index)?.to_tensor()?)
+    fn outputs(&self) -> Result<Vec<ExecValue>, ExecError> {
+        (0..self.graph.heads.len()).map(|i| Ok(ExecValue::Tensor(self.output_array(i)?.clone()))).collect()
     }
 }
 

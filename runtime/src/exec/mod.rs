@@ -1,18 +1,20 @@
-//! Executors: run a loaded model. [`graph`] is TVM's graph executor, [`aot`] its AOT executor
-//! (packed interface); both take and give [`Tensor`]s, and implement [`Executor`]. [`relax`] is
-//! TVM's Relax VM (functions called with tensors, tensors returned).
+//! Running a loaded model. [`Model`] is the one handle: it holds a [`Runner`] (the graph
+//! executor [`graph`], the AOT executor [`aot`], a Relax function run by [`relax`]'s VM, or a
+//! Relay VM function [`relay_vm`]) on one device, and takes and gives [`Value`]s, whose
+//! tensors are [`NdArray`](crate::NdArray)s. [`call()`] calls one host function of a plain
+//! library.
 //!
 //! ```no_run
-//! use mblob_runtime::exec::{graph::GraphFactory, Device, Executor};
-//! use mblob_runtime::{load_library, LoadOptions, Registry};
-//! # fn input() -> mblob_runtime::payload::graph::Tensor { unimplemented!() }
+//! use mblob_runtime::exec::{Device, Model, Value};
+//! use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
 //!
 //! // SAFETY: a library we trust to run.
 //! let tree = unsafe { load_library("deploy.so".as_ref(), &Registry::default(), &LoadOptions::default())? };
-//! let mut m = GraphFactory::from_tree(&tree)?.default(&[Device::cpu(0)])?;
-//! m.set_input_by_name("x", &input())?;
+//! let mut m = Model::new(&tree, Device::cpu(0))?;
+//! let x = NdArray::from_f32(&[0.0; 4], &[1, 4], Device::cpu(0))?;
+//! m.set_input(Some("x"), Value::Tensor(x))?;
 //! m.run()?;
-//! let y = m.get_output(0)?;
+//! let y = m.outputs()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -28,13 +30,19 @@ pub mod relax;
 #[cfg(feature = "relay-vm")]
 pub mod relay_vm;
 
+pub mod call;
+pub mod function;
 pub mod model;
 pub(crate) mod pool;
+pub mod runner;
+pub mod value;
 
 pub use crate::device::{Device, DeviceType};
 use crate::format::DataType;
-pub use crate::payload::graph::Tensor;
-pub use model::{Model, ModelKind, Output};
+pub use call::call;
+pub use model::{Model, ModelKind};
+pub use runner::{Param, Runner};
+pub use value::{ObjectRef, ParamKind, Value};
 
 /// Name, shape and dtype of an input or output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,15 +59,109 @@ pub struct TensorInfo {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecError {
-    /// The graph JSON is malformed or inconsistent.
+    /// The graph JSON is malformed or inconsistent (what, where).
     #[error("graph JSON: {0}")]
     Graph(String),
-    /// A params file or factory param is malformed.
+    /// A params file is malformed (what, where).
     #[error("params: {0}")]
     Params(String),
-    /// The loaded tree has no module of the kind asked for.
-    #[error("{0}")]
-    NoFactory(String),
+    /// A param of a graph's params differs from the graph's input of that name.
+    #[error("params: param `{name}` is {dtype} {shape:?}, the graph's input `{name}` is {expected_dtype} {expected_shape:?}")]
+    ParamMismatch {
+        /// The param.
+        name: String,
+        /// What the graph takes.
+        expected_dtype: DataType,
+        /// What the graph takes.
+        expected_shape: Vec<i64>,
+        /// What the params hold.
+        dtype: DataType,
+        /// What the params hold.
+        shape: Vec<i64>,
+    },
+    /// A param of the factory could not be set.
+    #[error("params: param `{name}`: {source}")]
+    Param {
+        /// The param.
+        name: String,
+        /// Why.
+        source: Box<ExecError>,
+    },
+    /// The library holds no model (no graph or AOT factory, Relax or Relay VM executable).
+    #[error("the library holds no GraphExecutorFactory, AotExecutorFactory, Relax executable or Relay VM executable (modules: {})", modules.join(", "))]
+    NoModel {
+        /// The type keys of the library's modules.
+        modules: Vec<String>,
+    },
+    /// The loaded tree has no factory of the kind asked for.
+    #[error("no {kind} in the tree ({})", modules.join(", "))]
+    NoFactory {
+        /// The factory's type key.
+        kind: &'static str,
+        /// The type keys of the tree's modules.
+        modules: Vec<String>,
+    },
+    /// A factory's payload is malformed.
+    #[error("malformed {kind} payload: {source}")]
+    Payload {
+        /// The factory's type key.
+        kind: &'static str,
+        /// What is wrong.
+        source: crate::format::FormatError,
+    },
+    /// A factory's payload is not the kind its loader makes (a registry that reads it
+    /// another way).
+    #[error("the {kind} module is not the payload kind mblob runs")]
+    PayloadKind {
+        /// The factory's type key.
+        kind: &'static str,
+    },
+    /// A kind of model this build of mblob-runtime does not run.
+    #[error("a {what}: mblob-runtime was built without its `{feature}` feature")]
+    FeatureOff {
+        /// The model.
+        what: &'static str,
+        /// The feature it needs.
+        feature: &'static str,
+    },
+    /// A model that has no functions to choose from (graph and AOT models).
+    #[error("a {kind:?} model has no functions to choose from (only Relax and Relay VM models do)")]
+    NoFunctions {
+        /// The model's kind.
+        kind: ModelKind,
+    },
+    /// A value of a kind the input does not take (a graph or AOT model takes tensors only).
+    #[error("input `{name}` takes a {expected}, not a {got}")]
+    InputKind {
+        /// The input.
+        name: String,
+        /// What it takes.
+        expected: &'static str,
+        /// What was given.
+        got: &'static str,
+    },
+    /// [`call()`]: the library has no host function of that name.
+    #[error("no function `{name}` in the library")]
+    NoHostFunction {
+        /// The name.
+        name: String,
+    },
+    /// [`call()`]: an argument that cannot be passed to a host function.
+    #[error("argument {index}: {detail}")]
+    Argument {
+        /// Its position.
+        index: usize,
+        /// Why.
+        detail: String,
+    },
+    /// [`call()`]: the host function returned an error.
+    #[error("`{function}` failed: {message}")]
+    Call {
+        /// The function.
+        function: String,
+        /// What it reported.
+        message: String,
+    },
     /// The model cannot run on this device: built for another, or an executor or kernel kind
     /// mblob runs on the CPU only.
     #[error("not supported on {device}: {detail}")]
@@ -76,18 +178,26 @@ pub enum ExecError {
     #[error(transparent)]
     Array(#[from] crate::array::ArrayError),
     /// An input name the model does not have.
-    #[error("no input named `{name}` (inputs: {})", known.join(", "))]
+    #[error("{}", match function {
+        Some(f) => format!("no input named `{name}`: `{f}` has parameters {}", known.join(", ")),
+        None => format!("no input named `{name}` (inputs: {})", known.join(", ")),
+    })]
     UnknownInput {
         /// The name given.
         name: String,
+        /// The VM function whose parameters these are, for a VM model.
+        function: Option<String>,
         /// The model's inputs.
         known: Vec<String>,
     },
     /// Inputs a run needs that were not given.
-    #[error("missing inputs: {}", names.join(", "))]
+    #[error("missing inputs{}: {}", function.as_ref().map(|f| format!(" of `{f}`")).unwrap_or_default(), inputs.join(", "))]
     MissingInputs {
-        /// Their names.
-        names: Vec<String>,
+        /// The VM function whose parameters these are, for a VM model.
+        function: Option<String>,
+        /// Each input: its name, and for graph and AOT models its dtype and shape
+        /// (`x (float32 [2, 64])`).
+        inputs: Vec<String>,
     },
     /// A Relax model has no function of that name.
     #[error("no VM function `{name}` (functions: {})", known.join(", "))]
@@ -157,49 +267,6 @@ pub enum ExecError {
     /// The AOT metadata the library returns is unusable.
     #[error("AOT metadata: {0}")]
     Metadata(String),
-}
-
-/// What both executors offer (TVM's module-based model interface).
-pub trait Executor {
-    /// The inputs a caller sets (parameters excluded), in order.
-    fn inputs(&self) -> Vec<TensorInfo>;
-    /// The outputs, in order.
-    fn outputs(&self) -> Vec<TensorInfo>;
-    /// Copies `tensor` into the input called `name`; an unknown name, or a shape or dtype that
-    /// differs from the model's, is an error.
-    fn set_input_by_name(&mut self, name: &str, tensor: &Tensor) -> Result<(), ExecError>;
-    /// Runs the model once.
-    fn run(&mut self) -> Result<(), ExecError>;
-    /// A copy of output `index`.
-    fn get_output(&self, index: usize) -> Result<Tensor, ExecError>;
-    /// The number of outputs.
-    fn num_outputs(&self) -> usize {
-        self.outputs().len()
-    }
-    /// The number of inputs a caller sets.
-    fn num_inputs(&self) -> usize {
-        self.inputs().len()
-    }
-    /// The position in [`Executor::inputs`] of the input that [`Executor::set_input_by_name`]
-    /// sets for `name` (an AOT model also answers to the names it was built with, before TVM
-    /// sanitized them), or `None`.
-    fn input_index(&self, name: &str) -> Option<usize> {
-        self.inputs().iter().position(|i| i.name == name)
-    }
-}
-
-/// Builds the executor for what `tree` holds: a graph factory or an AOT factory.
-pub fn executor(tree: &crate::module::LoadedTree, devices: &[Device]) -> Result<Box<dyn Executor + Send>, ExecError> {
-    if tree.find::<crate::payload::graph::GraphExecutorFactory>().is_some() {
-        return Ok(Box::new(graph::GraphFactory::from_tree(tree)?.default(devices)?));
-    }
-    if tree.modules().iter().any(|m| m.module.type_key() == aot::AOT_EXECUTOR_FACTORY) {
-        return Ok(Box::new(aot::AotFactory::from_tree(tree)?.default(devices)?));
-    }
-    Err(ExecError::NoFactory(format!(
-        "the library holds no GraphExecutorFactory or AotExecutorFactory (modules: {})",
-        tree.type_keys().join(", ")
-    )))
 }
 
 /// Checks that executors that run on the CPU alone (AOT) were asked for the CPU.

@@ -1,25 +1,30 @@
-//! [`Model`]: one handle on whatever a library holds (a graph factory, an AOT factory or a
-//! Relax executable), on one device, for the CLI, Python and a C API: set inputs by name or
-//! in order, run, read the outputs.
+//! [`Model`]: one handle on whatever a library holds (a graph factory, an AOT factory, a
+//! Relax or Relay VM executable), on one device, for the CLI, Python and the C API: set inputs
+//! by name or in order, run, read the outputs, all as [`Value`]s.
 //!
 //! ```no_run
-//! use mblob_runtime::exec::{Device, Model};
-//! use mblob_runtime::{load_library, LoadOptions, Registry};
-//! # fn input() -> mblob_runtime::payload::graph::Tensor { unimplemented!() }
+//! use mblob_runtime::exec::{Device, Model, Value};
+//! use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
 //!
 //! // SAFETY: a library we trust to run.
 //! let tree = unsafe { load_library("deploy.so".as_ref(), &Registry::default(), &LoadOptions::default())? };
 //! let mut m = Model::new(&tree, Device::opencl(0))?;
-//! m.set_input(Some("x"), &input())?;
+//! let x = NdArray::from_f32(&[0.0; 4], &[1, 4], Device::cpu(0))?;
+//! m.set_input(Some("x"), Value::Tensor(x))?;
 //! m.run()?;
 //! let outputs = m.outputs()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::relax::{ParamKind, RelaxExecutable, VirtualMachine, VmValue};
+use super::function::RelaxFunction;
+#[cfg(feature = "relay-vm")]
+use super::function::RelayFunction;
+use super::relax::{RelaxExecutable, VirtualMachine};
 #[cfg(feature = "relay-vm")]
 use super::relay_vm::RelayVm;
-use super::{aot, graph, Device, ExecError, Executor, Tensor, TensorInfo};
+use super::runner::{Param, Runner};
+use super::value::Value;
+use super::{aot, graph, Device, ExecError, TensorInfo};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
 #[cfg(feature = "relay-vm")]
@@ -38,59 +43,17 @@ pub enum ModelKind {
     RelayVm,
 }
 
-/// One output of a run.
-#[derive(Debug, Clone)]
-pub enum Output {
-    /// A tensor, copied to the host.
-    Tensor(Tensor),
-    /// A shape (a Relax function can return one).
-    Shape(Vec<i64>),
-    /// An integer (or bool) `R.Prim` value a Relax function returned.
-    Int(i64),
-    /// A float `R.Prim` value a Relax function returned.
-    Float(f64),
-    /// A string a Relax function returned.
-    Str(String),
-}
-
-/// A model ready to run on a device.
+/// A model ready to run on a device: a [`Runner`] and which inputs were given.
 pub struct Model {
     device: Device,
-    inner: Inner,
-}
-
-enum Inner {
-    Executor {
-        exec: Box<dyn Executor + Send>,
-        kind: ModelKind,
-        given: Vec<bool>,
-    },
-    Relax(Box<RelaxState>),
-    #[cfg(feature = "relay-vm")]
-    RelayVm(Box<RelayState>),
-}
-
-#[cfg(feature = "relay-vm")]
-struct RelayState {
-    vm: RelayVm,
-    function: String,
-    params: Vec<String>,
-    inputs: Vec<Option<Tensor>>,
-    outputs: Vec<Tensor>,
-}
-
-struct RelaxState {
-    vm: VirtualMachine,
-    function: String,
-    params: Vec<String>,
-    kinds: Vec<ParamKind>,
-    inputs: Vec<Option<VmValue>>,
-    result: Option<VmValue>,
+    kind: ModelKind,
+    runner: Box<dyn Runner + Send>,
+    given: Vec<bool>,
 }
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("kind", &self.kind()).field("device", &self.device).finish()
+        f.debug_struct("Model").field("kind", &self.kind).field("device", &self.device).finish()
     }
 }
 
@@ -123,80 +86,43 @@ impl Model {
         }
     }
 
-    /// Builds the executor for what `tree` holds on `device` (a Relax model calls `main`, or
-    /// its only function when it has one and no `main`, until [`Model::select_function`]
-    /// picks another). Parameters and constants are copied
-    /// to the device here, once.
+    /// Builds the runner for what `tree` holds on `device` (a VM model calls `main`, or a
+    /// Relax library's only function when it has one and no `main`, until
+    /// [`Model::select_function`] picks another). Parameters and constants are copied to the
+    /// device here, once.
     pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
-        let kind = Model::kind_of(tree).ok_or_else(|| {
-            ExecError::NoFactory(format!(
-                "the library holds no GraphExecutorFactory, AotExecutorFactory, Relax executable or Relay VM executable (modules: {})",
-                tree.type_keys().join(", ")
-            ))
-        })?;
+        let kind = Model::kind_of(tree)
+            .ok_or_else(|| ExecError::NoModel { modules: tree.type_keys().into_iter().map(str::to_owned).collect() })?;
         super::check_device_code(tree, 0, device)?;
-        let inner = match kind {
-            ModelKind::Relax => {
-                let vm = VirtualMachine::new(tree, device).map_err(|e| ExecError::Relax(Box::new(e)))?;
-                let mut state = RelaxState {
-                    vm,
-                    function: String::new(),
-                    params: Vec::new(),
-                    kinds: Vec::new(),
-                    inputs: Vec::new(),
-                    result: None,
-                };
-                let functions = state.vm.functions();
-                let default = match functions.as_slice() {
-                    [only] => only.name.clone(),
-                    _ => "main".to_owned(),
-                };
-                state.select(&default, false)?;
-                Inner::Relax(Box::new(state))
-            }
+        let runner: Box<dyn Runner + Send> = match kind {
+            ModelKind::Relax => Box::new(RelaxFunction::new(
+                VirtualMachine::new(tree, device).map_err(|e| ExecError::Relax(Box::new(e)))?,
+            )),
             // Without the feature the executable was kept as raw bytes, and is not run.
             #[cfg(not(feature = "relay-vm"))]
             ModelKind::RelayVm => {
-                return Err(ExecError::NoFactory(
-                    "a Relay VM executable: mblob-runtime was built without its `relay-vm` feature".into(),
-                ))
+                return Err(ExecError::FeatureOff { what: "Relay VM executable", feature: "relay-vm" })
             }
             #[cfg(feature = "relay-vm")]
             ModelKind::RelayVm => {
-                let vm = RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
-                let mut state = RelayState {
-                    vm,
-                    function: String::new(),
-                    params: Vec::new(),
-                    inputs: Vec::new(),
-                    outputs: Vec::new(),
-                };
-                state.select("main", false)?;
-                #[cfg(feature = "relay-vm")]
-                Inner::RelayVm(Box::new(state))
+                Box::new(RelayFunction::new(RelayVm::new(tree, device).map_err(|e| ExecError::RelayVm(Box::new(e)))?))
             }
-            ModelKind::Graph => {
-                let exec = graph::GraphFactory::from_tree(tree)?.default(&[device])?;
-                let given = vec![false; exec.inputs().len()];
-                Inner::Executor { exec: Box::new(exec), kind, given }
-            }
-            ModelKind::Aot => {
-                let exec = aot::AotFactory::from_tree(tree)?.default(&[device])?;
-                let given = vec![false; exec.inputs().len()];
-                Inner::Executor { exec: Box::new(exec), kind, given }
-            }
+            ModelKind::Graph => Box::new(graph::GraphFactory::from_tree(tree)?.default(&[device])?),
+            ModelKind::Aot => Box::new(aot::AotFactory::from_tree(tree)?.default(&[device])?),
         };
-        Ok(Model { device, inner })
+        Ok(Model::with_runner(runner, kind, device))
+    }
+
+    /// A model over a runner made by hand (an executor built with other devices, a graph
+    /// factory made of parts).
+    pub fn with_runner(runner: Box<dyn Runner + Send>, kind: ModelKind, device: Device) -> Model {
+        let given = vec![false; runner.params().len()];
+        Model { device, kind, runner, given }
     }
 
     /// The kind of model.
     pub fn kind(&self) -> ModelKind {
-        match &self.inner {
-            Inner::Executor { kind, .. } => *kind,
-            Inner::Relax(_) => ModelKind::Relax,
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(_) => ModelKind::RelayVm,
-        }
+        self.kind
     }
 
     /// The device it runs on.
@@ -204,253 +130,137 @@ impl Model {
         self.device
     }
 
-    /// The Relax VM, for a Relax model.
-    pub fn vm(&mut self) -> Option<&mut VirtualMachine> {
-        match &mut self.inner {
-            Inner::Relax(r) => Some(&mut r.vm),
-            _ => None,
-        }
-    }
-
-    /// The Relax function [`Model::run`] calls (`None` for graph and AOT models, and for a
-    /// Relax model without `main` and with several functions until one is selected).
+    /// The VM function [`Model::run`] calls (`None` for graph and AOT models, and for a VM
+    /// model without `main` and with several functions until one is selected).
     pub fn function(&self) -> Option<&str> {
-        match &self.inner {
-            Inner::Relax(r) if !r.function.is_empty() => Some(&r.function),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) if !r.function.is_empty() => Some(&r.function),
-            _ => None,
-        }
+        self.runner.function()
     }
 
-    /// The functions a caller can pick: the Relax VM's, or none for graph and AOT models.
+    /// The functions a caller can pick: the VM's, or none for graph and AOT models.
     pub fn functions(&self) -> Vec<String> {
-        match &self.inner {
-            Inner::Relax(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.vm.functions().into_iter().map(|f| f.name).collect(),
-            Inner::Executor { .. } => Vec::new(),
-        }
+        self.runner.functions()
     }
 
-    /// Makes `name` the function [`Model::run`] calls (Relax models); the inputs given so
-    /// far are dropped.
+    /// Makes `name` the function [`Model::run`] calls (VM models); the inputs given so far
+    /// are dropped.
     pub fn select_function(&mut self, name: &str) -> Result<(), ExecError> {
-        match &mut self.inner {
-            Inner::Relax(r) => r.select(name, true),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.select(name, true),
-            Inner::Executor { kind, .. } => Err(ExecError::NoFactory(format!(
-                "a {} model has no functions to choose from (only Relax models do)",
-                if *kind == ModelKind::Graph { "graph" } else { "AOT" }
-            ))),
+        if matches!(self.kind, ModelKind::Graph | ModelKind::Aot) {
+            return Err(ExecError::NoFunctions { kind: self.kind });
         }
+        self.runner.select(name)?;
+        self.given = vec![false; self.runner.params().len()];
+        Ok(())
     }
 
-    /// The inputs a caller sets, in order: names, and for graph and AOT models their shapes and
-    /// dtypes (a Relax function's parameters are checked by the function itself).
-    pub fn inputs(&self) -> Vec<(String, Option<TensorInfo>)> {
-        match &self.inner {
-            Inner::Executor { exec, .. } => exec.inputs().into_iter().map(|i| (i.name.clone(), Some(i))).collect(),
-            Inner::Relax(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.params.iter().map(|p| (p.clone(), None)).collect(),
+    /// Calls VM function `name` with `args`, apart from the selected function and its inputs;
+    /// graph and AOT models have no functions ([`ExecError::NoFunctions`]).
+    pub fn call_function(&mut self, name: &str, args: Vec<Value>) -> Result<Value, ExecError> {
+        if matches!(self.kind, ModelKind::Graph | ModelKind::Aot) {
+            return Err(ExecError::NoFunctions { kind: self.kind });
         }
+        self.runner.call(name, args)
     }
 
-    /// What each input of the selected Relax function takes (tensor, shape, prim value,
-    /// tuple...), as the function checks its parameters; empty for graph and AOT models.
-    pub fn input_kinds(&self) -> Vec<ParamKind> {
-        match &self.inner {
-            Inner::Relax(r) => r.kinds.clone(),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => vec![ParamKind::Tensor; r.params.len()],
-            Inner::Executor { .. } => Vec::new(),
-        }
+    /// The inputs a caller sets, in order: names, what each takes, and for graph and AOT
+    /// models their shapes and dtypes (a VM function checks its parameters itself).
+    pub fn params(&self) -> &[Param] {
+        self.runner.params()
     }
 
-    /// Sets an input of a Relax function to any value (a shape, a prim value, a tuple, ...),
-    /// by name or with `None` the first one not set yet; the function checks it when it runs.
-    /// Graph and AOT models take tensors only.
-    pub fn set_input_value(&mut self, name: Option<&str>, value: VmValue) -> Result<(), ExecError> {
-        match value {
-            VmValue::Tensor(t) => self.set_input(name, &t),
-            v => {
-                if !matches!(self.inner, Inner::Relax(_)) {
-                    return Err(ExecError::NoFactory("a graph or AOT model takes tensors only".into()));
-                }
-                let index = self.input_index(name)?;
-                if let Inner::Relax(r) = &mut self.inner {
-                    r.inputs[index] = Some(v);
-                }
-                Ok(())
-            }
-        }
+    /// The outputs' names, shapes and dtypes, for graph and AOT models (empty for VM models,
+    /// whose results say themselves).
+    pub fn output_info(&self) -> Vec<TensorInfo> {
+        self.runner.output_info()
     }
 
     fn input_index(&self, name: Option<&str>) -> Result<usize, ExecError> {
-        let known = || self.inputs().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let known = || self.params().iter().map(|p| p.name.clone()).collect::<Vec<_>>();
         match name {
-            Some(n) => {
-                self.input_position(n).ok_or_else(|| ExecError::UnknownInput { name: n.to_owned(), known: known() })
-            }
-            None => {
-                self.next_unset().ok_or(ExecError::Index { what: "input", index: known().len(), count: known().len() })
-            }
+            Some(n) => self.input_position(n).ok_or_else(|| ExecError::UnknownInput {
+                name: n.to_owned(),
+                function: self.function().map(str::to_owned),
+                known: known(),
+            }),
+            None => self.given.iter().position(|g| !g).ok_or(ExecError::Index {
+                what: "input",
+                index: self.given.len(),
+                count: self.given.len(),
+            }),
         }
     }
 
     /// Sets an input by name, or with `None` the first one not set yet (parameter order).
-    /// Names, shapes and dtypes are checked (graph and AOT) before anything runs.
-    pub fn set_input(&mut self, name: Option<&str>, tensor: &Tensor) -> Result<(), ExecError> {
+    /// A graph or AOT model copies a tensor (from any device) into its input at once, its
+    /// shape and dtype checked; a VM function keeps the value and checks it when it runs.
+    pub fn set_input(&mut self, name: Option<&str>, value: Value) -> Result<(), ExecError> {
         let index = self.input_index(name)?;
-        match &mut self.inner {
-            Inner::Executor { exec, given, .. } => {
-                let name = exec.inputs()[index].name.clone();
-                exec.set_input_by_name(name.as_str(), tensor)?;
-                given[index] = true;
-            }
-            // The VM passes a bool in the spelling of the executable's TVM.
-            Inner::Relax(r) => r.inputs[index] = Some(VmValue::Tensor(tensor.clone())),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.inputs[index] = Some(tensor.clone()),
+        self.set_input_at(index, value)
+    }
+
+    /// Sets input `index` (a position in [`Model::params`]).
+    pub fn set_input_at(&mut self, index: usize, value: Value) -> Result<(), ExecError> {
+        self.runner.set_input(index, value)?;
+        if let Some(g) = self.given.get_mut(index) {
+            *g = true;
         }
         Ok(())
     }
 
-    /// The position in [`Model::inputs`] of the input called `name` (an AOT model also
+    /// The position in [`Model::params`] of the input called `name` (an AOT model also
     /// answers to the names it was built with).
     pub fn input_position(&self, name: &str) -> Option<usize> {
-        match &self.inner {
-            Inner::Executor { exec, .. } => exec.input_index(name),
-            Inner::Relax(r) => r.params.iter().position(|p| p == name),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.params.iter().position(|p| p == name),
-        }
-    }
-
-    fn next_unset(&self) -> Option<usize> {
-        match &self.inner {
-            Inner::Executor { given, .. } => given.iter().position(|g| !g),
-            Inner::Relax(r) => r.inputs.iter().position(Option::is_none),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.inputs.iter().position(Option::is_none),
-        }
+        self.runner.param_index(name)
     }
 
     /// Whether input `index` was set.
     pub fn is_set(&self, index: usize) -> bool {
-        match &self.inner {
-            Inner::Executor { given, .. } => given.get(index).copied().unwrap_or(false),
-            Inner::Relax(r) => r.inputs.get(index).is_some_and(Option::is_some),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => r.inputs.get(index).is_some_and(Option::is_some),
-        }
+        self.given.get(index).copied().unwrap_or(false)
     }
 
     /// The inputs not set yet, by name.
     pub fn missing_inputs(&self) -> Vec<String> {
-        self.inputs().into_iter().enumerate().filter(|(i, _)| !self.is_set(*i)).map(|(_, (n, _))| n).collect()
+        self.params().iter().zip(&self.given).filter(|(_, g)| !**g).map(|(p, _)| p.name.clone()).collect()
     }
 
-    /// Runs the model (the selected function of a Relax model) once. Every input must be set.
+    /// Runs the model (the selected function of a VM model) once. Every input must be set.
     pub fn run(&mut self) -> Result<(), ExecError> {
-        let missing = self.missing_inputs();
-        if !missing.is_empty() {
-            return Err(ExecError::MissingInputs { names: missing });
-        }
-        match &mut self.inner {
-            Inner::Executor { exec, .. } => exec.run(),
-            Inner::Relax(r) => {
-                let inputs: Vec<VmValue> = r.inputs.iter().flatten().cloned().collect();
-                r.result = None;
-                r.result = Some(r.vm.invoke_values(&r.function, &inputs).map_err(|e| ExecError::Relax(Box::new(e)))?);
-                Ok(())
-            }
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => {
-                let inputs: Vec<Tensor> = r.inputs.iter().flatten().cloned().collect();
-                r.outputs = r.vm.invoke(&r.function, &inputs).map_err(|e| ExecError::RelayVm(Box::new(e)))?;
-                Ok(())
-            }
-        }
-    }
-
-    /// The result of the last run of a Relax function, with its structure (nested tuples,
-    /// shapes, prim values); `None` for graph and AOT models or before a run.
-    pub fn result(&self) -> Option<&VmValue> {
-        match &self.inner {
-            Inner::Relax(r) => r.result.as_ref(),
-            _ => None,
-        }
-    }
-
-    /// The outputs of the last run, copied to the host, in order (a Relax function's returned
-    /// tuple flattened depth first; a `None` in it is left out).
-    pub fn outputs(&self) -> Result<Vec<Output>, ExecError> {
-        match &self.inner {
-            Inner::Executor { exec, .. } => {
-                (0..exec.num_outputs()).map(|i| exec.get_output(i).map(Output::Tensor)).collect()
-            }
-            Inner::Relax(r) => Ok(r
-                .result
-                .as_ref()
-                .map(|v| v.flatten())
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|o| match o {
-                    VmValue::Tensor(t) => Some(Output::Tensor(t.clone())),
-                    VmValue::Shape(s) => Some(Output::Shape(s.clone())),
-                    VmValue::Int(i) => Some(Output::Int(*i)),
-                    VmValue::Float(f) => Some(Output::Float(*f)),
-                    VmValue::Str(s) => Some(Output::Str(s.clone())),
-                    VmValue::Null | VmValue::Tuple(_) | VmValue::Object(_) | VmValue::Array(_) => None,
+        if self.given.iter().any(|g| !g) {
+            let inputs = self
+                .params()
+                .iter()
+                .zip(&self.given)
+                .filter(|(_, g)| !**g)
+                .map(|(p, _)| match &p.tensor {
+                    Some(t) => format!("{} ({} {:?})", p.name, t.dtype, t.shape),
+                    None => p.name.clone(),
                 })
-                .collect()),
-            #[cfg(feature = "relay-vm")]
-            Inner::RelayVm(r) => Ok(r.outputs.iter().cloned().map(Output::Tensor).collect()),
+                .collect();
+            return Err(ExecError::MissingInputs { function: self.function().map(str::to_owned), inputs });
         }
+        self.runner.run()
     }
-}
 
-impl RelaxState {
-    fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
-        let functions = self.vm.functions();
-        match functions.iter().find(|f| f.name == name) {
-            Some(f) => {
-                self.function = f.name.clone();
-                self.params = f.params.clone();
-                self.kinds = f.kinds.clone();
-                self.inputs = vec![None; f.params.len()];
-                self.result = None;
-                Ok(())
-            }
-            None if !strict => Ok(()),
-            None => Err(ExecError::NoFunction {
-                name: name.to_owned(),
-                known: functions.into_iter().map(|f| f.name).collect(),
-            }),
-        }
+    /// The result of the last run with its structure: a VM function's returned value, a
+    /// graph or AOT model's outputs as a tuple; `None` before a VM model's first run.
+    pub fn result(&self) -> Result<Option<Value>, ExecError> {
+        let mut outputs = self.runner.outputs()?;
+        Ok(match self.kind {
+            ModelKind::Relax | ModelKind::RelayVm => outputs.pop(),
+            ModelKind::Graph | ModelKind::Aot => Some(Value::Tuple(outputs)),
+        })
     }
-}
 
-#[cfg(feature = "relay-vm")]
-impl RelayState {
-    fn select(&mut self, name: &str, strict: bool) -> Result<(), ExecError> {
-        let functions = self.vm.functions();
-        match functions.iter().find(|f| f.name == name) {
-            Some(f) => {
-                self.function = f.name.clone();
-                self.params = f.params.clone();
-                self.inputs = vec![None; f.params.len()];
-                self.outputs.clear();
-                Ok(())
-            }
-            None if !strict => Ok(()),
-            None => Err(ExecError::NoFunction {
-                name: name.to_owned(),
-                known: functions.into_iter().map(|f| f.name).collect(),
-            }),
-        }
+    /// The outputs of the last run, in order: a graph's or AOT model's outputs, a VM
+    /// function's result flattened depth first (a `None` or an object in it left out). The
+    /// tensors are the model's own, on its device: a graph's are overwritten by the next run
+    /// (copy them to keep them).
+    pub fn outputs(&self) -> Result<Vec<Value>, ExecError> {
+        let outputs = self.runner.outputs()?;
+        Ok(outputs
+            .iter()
+            .flat_map(Value::flatten)
+            .filter(|v| !matches!(v, Value::Null | Value::Object(_)))
+            .cloned()
+            .collect())
     }
 }

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::value::{ObjectRef, Value as ExecValue};
 use crate::array::{tensor_bytes, ArrayError, NdArray};
 use crate::device::api::DeviceApi;
 use crate::device::backends::device_api;
@@ -383,44 +384,29 @@ impl RelayVm {
             .collect()
     }
 
-    /// Calls the VM function `name` with `inputs` (in parameter order) and returns its result
-    /// as host tensors: one tensor, or the fields of a returned tuple (ADT), flattened in order.
-    pub fn invoke(&self, name: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, RelayVmError> {
-        let result = self.call(name, inputs)?;
-        let mut out = Vec::new();
-        flatten(&result, name, 0, &mut out)?;
-        out.into_iter().map(|t| Ok(t.to_tensor()?)).collect()
-    }
-
-    /// Calls the VM function `name` as [`RelayVm::invoke`] does, and returns its result with
-    /// TVM's structure: a tensor, or an ADT (a tuple: tag 0) holding its fields, nested as the
-    /// function built them (`((a, (b,)), c)` stays so; a one-field tuple is not a tensor).
-    pub fn invoke_nested(&self, name: &str, inputs: &[Tensor]) -> Result<RelayVmOutput, RelayVmError> {
-        let result = self.call(name, inputs)?;
-        nested(&result, name, 0)
-    }
-
-    fn call(&self, name: &str, inputs: &[Tensor]) -> Result<Value, RelayVmError> {
+    /// Calls the VM function `name` with `inputs` (tensors, in parameter order; one on
+    /// another device is copied to the VM's) and returns its result with TVM's structure: a
+    /// tensor, or a tuple (an ADT of tag 0) of its fields, nested as the function built them
+    /// (`((a, (b,)), c)` stays so; a one-field tuple is not a tensor); an ADT of another tag (a
+    /// constructor's value) is an [`Adt`] object. The tensors are the VM's, on its device.
+    pub fn invoke(&self, name: &str, inputs: &[ExecValue]) -> Result<ExecValue, RelayVmError> {
         let _span = tracing::debug_span!("relay_vm_invoke", function = name, inputs = inputs.len()).entered();
         let index = self.exec.function_index(name).ok_or_else(|| RelayVmError::UnknownFunction {
             name: name.to_owned(),
             available: self.exec.functions.iter().map(|f| f.name.clone()).collect(),
         })?;
         let mut args = Vec::with_capacity(inputs.len());
-        for (i, t) in inputs.iter().enumerate() {
-            let ok = tensor_bytes(t.dtype, &t.shape).is_some_and(|n| n == t.data.len() as u64);
-            if !ok {
+        for (i, v) in inputs.iter().enumerate() {
+            let ExecValue::Tensor(t) = v else {
                 return Err(RelayVmError::Input {
                     index: i,
-                    detail: format!("{} bytes of data for shape {:?} and dtype {}", t.data.len(), t.shape, t.dtype),
+                    detail: format!("a {}: a Relay VM function takes tensors", v.kind()),
                 });
-            }
-            // In a storage of the pool (the same one on every run once the last run's is free).
-            let storage = self.pool.alloc(0, &self.api, t.data.len())?;
-            storage.write(0, &t.data)?;
-            args.push(Value::Tensor(NdArray::in_storage(&storage, 0, &t.shape, t.dtype)?));
+            };
+            args.push(Value::Tensor(t.to_device(self.device)?));
         }
-        self.run(index, args)
+        let result = self.run(index, args)?;
+        nested(&result, name, 0)
     }
 
     fn frame(&self, func: usize, args: Vec<Value>, ret_dst: RegName) -> Result<Frame, RelayVmError> {
@@ -723,48 +709,41 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
 /// ADTs nested deeper than this in a result are refused (a Relay list is a chain of ADTs).
 const MAX_OUTPUT_DEPTH: usize = 1024;
 
-/// A VM function's result with its structure ([`RelayVm::invoke_nested`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum RelayVmOutput {
-    /// A tensor, on the host.
-    Tensor(Tensor),
-    /// An ADT: a tuple (tag 0) or a constructor's value (its tag), with its fields.
-    Adt {
-        /// The constructor tag (0 for a tuple).
-        tag: i64,
-        /// The fields, in order.
-        fields: Vec<RelayVmOutput>,
-    },
+/// A Relay ADT of a constructor other than the tuple (tag 0), as a VM function returns it: a
+/// [`Value::Object`](ExecValue::Object) of type `runtime.ADT`.
+#[derive(Debug, Clone)]
+pub struct Adt {
+    /// The constructor tag.
+    pub tag: i64,
+    /// The fields, in order.
+    pub fields: Vec<ExecValue>,
 }
 
-/// A result as a [`RelayVmOutput`], as deep as [`flatten`] allows.
-fn nested(v: &Value, function: &str, depth: usize) -> Result<RelayVmOutput, RelayVmError> {
+impl super::relax::VmObject for Adt {
+    fn type_key(&self) -> &'static str {
+        "runtime.ADT"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A result as an [`ExecValue`], ADTs nested at most [`MAX_OUTPUT_DEPTH`] deep.
+fn nested(v: &Value, function: &str, depth: usize) -> Result<ExecValue, RelayVmError> {
     match v {
-        Value::Tensor(t) => Ok(RelayVmOutput::Tensor(t.to_tensor()?)),
+        Value::Tensor(t) => Ok(ExecValue::Tensor(t.clone())),
         Value::Adt { .. } if depth >= MAX_OUTPUT_DEPTH => {
             Err(program(format!("`{function}` returned ADTs nested deeper than {MAX_OUTPUT_DEPTH}")))
         }
-        Value::Adt { tag, fields } => Ok(RelayVmOutput::Adt {
-            tag: *tag,
-            fields: fields.iter().map(|f| nested(f, function, depth + 1)).collect::<Result<_, _>>()?,
-        }),
+        Value::Adt { tag, fields } => {
+            let fields = fields.iter().map(|f| nested(f, function, depth + 1)).collect::<Result<Vec<_>, _>>()?;
+            Ok(if *tag == 0 {
+                ExecValue::Tuple(fields)
+            } else {
+                ExecValue::Object(ObjectRef::new(Adt { tag: *tag, fields }))
+            })
+        }
         v => Err(RelayVmError::Output { function: function.to_owned(), got: v.kind() }),
     }
-}
-
-/// The tensors of a result, an ADT's fields flattened in order.
-fn flatten<'a>(v: &'a Value, function: &str, depth: usize, out: &mut Vec<&'a NdArray>) -> Result<(), RelayVmError> {
-    match v {
-        Value::Tensor(t) => out.push(t),
-        Value::Adt { .. } if depth >= MAX_OUTPUT_DEPTH => {
-            return Err(program(format!("`{function}` returned ADTs nested deeper than {MAX_OUTPUT_DEPTH}")))
-        }
-        Value::Adt { fields, .. } => {
-            for f in fields.iter() {
-                flatten(f, function, depth + 1, out)?;
-            }
-        }
-        v => return Err(RelayVmError::Output { function: function.to_owned(), got: v.kind() }),
-    }
-    Ok(())
 }

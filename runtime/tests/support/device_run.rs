@@ -5,9 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
+use mblob_runtime::exec::{Device, Model, Value as ExecValue};
 use mblob_runtime::device::device_api;
-use mblob_runtime::exec::{Device, Model, Output, Tensor};
 use mblob_runtime::format::DataType;
+use mblob_runtime::payload::graph::Tensor;
+use mblob_runtime::NdArray;
 use mblob_runtime::{load_library, LoadOptions, LoadedTree, Registry};
 use serde_json::Value;
 
@@ -62,10 +64,11 @@ pub fn cases(meta: &Value) -> Vec<Case> {
 }
 
 /// Every output within `rtol * max(1, max|ref|)` of TVM's.
-pub fn assert_close(name: &str, got: &[Output], want: &[PathBuf], rtol: f64) {
+pub fn assert_close(name: &str, got: &[ExecValue], want: &[PathBuf], rtol: f64) {
     assert_eq!(got.len(), want.len(), "{name}: number of outputs");
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
-        let Output::Tensor(g) = g else { panic!("{name}: output {k} is a shape") };
+        let ExecValue::Tensor(g) = g else { panic!("{name}: output {k} is a {}", g.kind()) };
+        let g = g.to_tensor().unwrap();
         let w = npy(w);
         assert_eq!((g.dtype, &g.shape), (w.dtype, &w.shape), "{name}: output {k}");
         let (g, w) = (g.to_f32().unwrap(), w.to_f32().unwrap());
@@ -93,13 +96,18 @@ pub fn run_tree(name: &str, tree: &LoadedTree, device: Device) {
     }
     for (ins, outs) in cases(&meta) {
         for (input, file) in &ins {
-            m.set_input(Some(input), &npy(file)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            m.set_input(Some(input), input_value(&npy(file))).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         for _ in 0..2 {
             m.run().unwrap_or_else(|e| panic!("{name} on {device}: {e}"));
             assert_close(name, &m.outputs().unwrap(), &outs, meta["rtol"].as_f64().unwrap());
         }
     }
+}
+
+/// A host tensor as an input value, on the CPU (the model copies it to its device).
+pub fn input_value(t: &Tensor) -> ExecValue {
+    ExecValue::Tensor(NdArray::from_tensor(t, Device::cpu(0)).unwrap())
 }
 
 /// The OpenCL device of these tests: pocl here and in CI.

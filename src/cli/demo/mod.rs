@@ -183,7 +183,8 @@ fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expected: &[f32]) -> Result<()> {
     use mblob_runtime::cuda::CudaModule;
-    use mblob_runtime::exec::call::{call, CallArg};
+    use mblob_runtime::exec::call::call_device_kernel;
+    use mblob_runtime::exec::Value;
     use mblob_runtime::{Device, NdArray};
     let cuda = loaded.find::<CudaModule>().ok_or_else(|| check_failed("no cuda module in the loaded tree"))?;
     if !CudaModule::driver_present() {
@@ -204,14 +205,14 @@ fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expec
     mblob_runtime::device::api::set_current_device(gpu);
     let grid = (N as u64).div_ceil(BLOCK);
     let mut args = [
-        CallArg::Data(da),
-        CallArg::Data(db),
-        CallArg::Data(dout.clone()),
-        CallArg::Int(N as i64),
-        CallArg::Int(grid as i64),
-        CallArg::Int(BLOCK as i64),
+        Value::Tensor(da),
+        Value::Tensor(db),
+        Value::Tensor(dout.clone()),
+        Value::Int(N as i64),
+        Value::Int(grid as i64),
+        Value::Int(BLOCK as i64),
     ];
-    call(loaded, KERNEL_NAME, &mut args).map_err(|e| check_failed(&e.to_string()))?;
+    call_device_kernel(loaded, KERNEL_NAME, &mut args).map_err(|e| check_failed(&e.to_string()))?;
     let got = dout.to_f32().map_err(fail)?.unwrap_or_default();
     if got != expected {
         return Err(check_failed("GPU results differ from the host's"));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::value::{bool_for_dialect, numpy_dtype, tuple_items, Value, VmError, VmOutput, VmValue};
 use super::VirtualMachine;
 use crate::array::{tensor_bytes, NdArray};
+use crate::exec::value::Value as ExecValue;
 use crate::payload::graph::Tensor;
 use crate::payload::relax::executable::{Dialect, FuncKind};
 
@@ -102,6 +103,56 @@ impl VirtualMachine {
             inputs.iter().map(|v| vm.upload_value(&mut next, v, ffi_bool)).collect()
         })?;
         self.download_value(&result, name)
+    }
+
+    /// Calls the VM function `name` with the caller's values (tensors on any device, shapes,
+    /// numbers, strings, tuples, objects), as TVM's `relax.VirtualMachine` does from Python, and
+    /// returns its result with its structure (nested tuples stay nested). Tensors are passed by
+    /// reference: one on the VM's device as it is, one elsewhere as a copy there (as TVM's
+    /// VM copies an argument on another device). The result's tensors stay where the
+    /// program left them (on the VM's device), uncopied, a bool as numpy spells it; an output
+    /// shares its storage with nothing the VM uses again while the caller holds it.
+    pub fn call_values(&mut self, name: &str, inputs: &[ExecValue]) -> Result<ExecValue, VmError> {
+        let result = self.invoke_value(name, inputs.len(), |vm, ffi_bool| {
+            inputs.iter().map(|v| vm.upload_exec(v, ffi_bool)).collect()
+        })?;
+        self.exec_value(&result, name)
+    }
+
+    /// A caller's value as a register value.
+    fn upload_exec(&self, v: &ExecValue, ffi_bool: bool) -> Result<Value, VmError> {
+        Ok(match v {
+            ExecValue::Tensor(a) => self.upload_array(a, ffi_bool)?,
+            ExecValue::Shape(s) => Value::Shape(s.clone()),
+            ExecValue::Int(i) => Value::Int(*i),
+            ExecValue::Float(f) => Value::Float(*f),
+            ExecValue::Str(s) => Value::Str(s.as_bytes().into()),
+            ExecValue::Null => Value::Null,
+            ExecValue::Object(o) => Value::Object(o.clone()),
+            ExecValue::Tuple(items) => {
+                Value::tuple(items.iter().map(|i| self.upload_exec(i, ffi_bool)).collect::<Result<Vec<_>, _>>()?)
+            }
+        })
+    }
+
+    /// A result as the caller's value: tensors where they lie, bools as numpy spells them.
+    fn exec_value(&self, v: &Value, function: &str) -> Result<ExecValue, VmError> {
+        Ok(match v {
+            Value::Tensor(t) => {
+                let dtype = numpy_dtype(t.dtype());
+                ExecValue::Tensor(if dtype == t.dtype() { t.clone() } else { t.view(t.shape(), dtype)? })
+            }
+            Value::Shape(s) => ExecValue::Shape(s.clone()),
+            Value::Int(i) => ExecValue::Int(*i),
+            Value::Float(f) => ExecValue::Float(*f),
+            Value::Str(s) => ExecValue::Str(String::from_utf8_lossy(s).into_owned()),
+            Value::Null => ExecValue::Null,
+            Value::Object(o) => ExecValue::Object(o.clone()),
+            Value::Tuple(items) => ExecValue::Tuple(
+                tuple_items(items).iter().map(|i| self.exec_value(i, function)).collect::<Result<_, _>>()?,
+            ),
+            v => return Err(VmError::Output { function: function.to_owned(), got: v.kind() }),
+        })
     }
 
     /// A value of the caller's as a register value; `next` numbers the tensors (for errors).

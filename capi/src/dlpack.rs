@@ -15,8 +15,6 @@ use mblob_runtime::array::tensor_bytes;
 use mblob_runtime::device::{device_api, DevicePtr, Storage};
 use mblob_runtime::exec::relax::VmError;
 use mblob_runtime::exec::{ExecError, ModelKind, Value};
-use mblob_runtime::device::storage::Storage;
-use mblob_runtime::device::{device_api, DevicePtr};
 use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
 

@@ -1133,7 +1133,9 @@ mod tests {
     #[test]
     fn a_handle_in_use_is_refused_to_other_threads() {
         use std::sync::Barrier;
-        let Ok(array) = host_array(DataType::I64, &[1], &7i64.to_le_bytes()) else { panic!("a host array") };
+        let Ok(array) = NdArray::from_bytes(&7i64.to_le_bytes(), &[1], DataType::I64, Device::cpu(0)) else {
+            panic!("a host array")
+        };
         let mut tensor: *mut mblob_tensor = std::ptr::null_mut();
         publish(Kind::Tensor, mblob_tensor { array }, &mut tensor);
         let tensor_addr = tensor as usize;

@@ -11,7 +11,7 @@ use std::ptr::{null, null_mut};
 
 use mblob_capi::mblob_status::*;
 use mblob_capi::*;
-use mblob_runtime::ffi::device_api::device_api;
+use mblob_runtime::device::device_api;
 use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
 

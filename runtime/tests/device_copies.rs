@@ -7,9 +7,9 @@
 mod device_run;
 
 use device_run::{assert_close, cases, fixtures, input_value, json, load, npy, opencl};
+use mblob_runtime::device::{device_api, TransferStats};
 use mblob_runtime::exec::Model;
 use mblob_runtime::exec::Value;
-use mblob_runtime::device::{device_api, TransferStats};
 use mblob_runtime::Device;
 
 /// One graph run and one Relax run move, between host and device, the inputs in and the

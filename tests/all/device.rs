@@ -380,7 +380,8 @@ fn corrupt_payload_errors_name_the_field_and_offset() {
 #[cfg(feature = "cuda")]
 mod cuda {
     use mblob_runtime::cuda::CudaModule;
-    use mblob_runtime::exec::call::{call, CallArg};
+    use mblob_runtime::exec::call::call_device_kernel as call;
+    use mblob_runtime::exec::Value as CallArg;
     use mblob_runtime::format::DataType;
     use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
     use mblob_runtime::{
@@ -453,9 +454,9 @@ mod cuda {
         let shape = [n as i64];
         let dc = NdArray::empty(&shape, DataType::F32, gpu).unwrap();
         let mut args = vec![
-            CallArg::Data(NdArray::from_f32(&a, &shape, gpu).unwrap()),
-            CallArg::Data(NdArray::from_f32(&b, &shape, gpu).unwrap()),
-            CallArg::Data(dc.clone()),
+            CallArg::Tensor(NdArray::from_f32(&a, &shape, gpu).unwrap()),
+            CallArg::Tensor(NdArray::from_f32(&b, &shape, gpu).unwrap()),
+            CallArg::Tensor(dc.clone()),
         ];
         args.extend_from_slice(extra);
         args.extend(extents.iter().map(|&e| CallArg::Int(e as i64)));
@@ -500,7 +501,7 @@ mod cuda {
         let n = 1024;
         // Wrong calls are refused before the driver sees them.
         let gpu = Device::cuda(0);
-        let buf = || CallArg::Data(NdArray::empty(&[n as i64], DataType::F32, gpu).unwrap());
+        let buf = || CallArg::Tensor(NdArray::empty(&[n as i64], DataType::F32, gpu).unwrap());
         let mut short = [buf(), buf(), buf(), CallArg::Int(16)];
         let e = call(&tree, KERNEL, &mut short).unwrap_err().to_string();
         assert!(e.contains("takes 3 arguments"), "{e}");

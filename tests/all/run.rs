@@ -83,7 +83,6 @@ fn add_is_found_and_called_on_every_version() {
 use mblob_runtime::exec::{Device, ExecError, Model as RunModel, Value as RunValue};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::NdArray;
 
 /// A host tensor as a model's input value (on the CPU).
 fn value(t: &Tensor) -> RunValue {

@@ -3,8 +3,8 @@
 
 use super::value::Value;
 use super::ExecError;
-use crate::ffi::value::Value as FfiValue;
 use crate::ffi::dlpack::DLTensor;
+use crate::ffi::value::Value as FfiValue;
 use crate::module::LoadedTree;
 
 /// Calls host function `name` of `tree` (found from the root, through the imports) with

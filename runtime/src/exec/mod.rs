@@ -30,7 +30,6 @@ pub mod relax;
 #[cfg(feature = "relay-vm")]
 pub mod relay_vm;
 
-pub mod call;
 pub mod function;
 pub mod model;
 pub(crate) mod pool;

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::{Device, Model, Value as ExecValue};
 use mblob_runtime::device::device_api;
+use mblob_runtime::exec::{Device, Model, Value as ExecValue};
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::NdArray;

@@ -359,13 +359,13 @@ impl LanguageModel {
         let n = ids.len() as i64;
         let cache = Value::Object(cache.clone());
         let shape = |v: i64| Value::Shape([v].into());
-        self.vm.call_values("vm.builtin.kv_state_begin_forward", &[&cache, &shape(SEQUENCE_ID), &shape(n)])?;
+        self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[&cache, &shape(SEQUENCE_ID), &shape(n)])?;
         let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
         let input = NdArray::from_bytes(&bytes, &[n], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
         let input = Value::Tensor(input);
         let mut args = vec![&input];
         args.extend(self.packed.as_ref());
-        let embedded = match self.vm.call_values("embed", &args)? {
+        let embedded = match self.vm.call_vm_values("embed", &args)? {
             Value::Tensor(t) => t,
             v => {
                 return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
@@ -383,8 +383,8 @@ impl LanguageModel {
         let embedded = Value::Tensor(embedded.view(&[1, n, hidden], embedded.dtype()).map_err(VmError::from)?);
         let mut args = vec![&embedded, &cache];
         args.extend(self.packed.as_ref());
-        let result = self.vm.call_values(func, &args)?;
-        self.vm.call_values("vm.builtin.kv_state_end_forward", &[&cache])?;
+        let result = self.vm.call_vm_values(func, &args)?;
+        self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[&cache])?;
         let logits = match result {
             Value::Tuple(items) => match tuple_item(&items, 0) {
                 Some(Value::Tensor(t)) => t,

@@ -447,7 +447,7 @@ impl VirtualMachine {
     /// device. For callers inside the crate that keep values on the device between calls (the
     /// LLM floor's generation).
     #[cfg(feature = "llm")]
-    pub(crate) fn call_values(&self, name: &str, args: &[&Value]) -> Result<Value, VmError> {
+    pub(crate) fn call_vm_values(&self, name: &str, args: &[&Value]) -> Result<Value, VmError> {
         let _span = tracing::trace_span!("relax_vm_call_values", function = name, args = args.len()).entered();
         self.dispatch(&self.callee(name)?, name, args, 0)
     }

@@ -253,6 +253,13 @@ class Crate:
         return None
 
 
+def known_lines():
+    """The lines of ci/checks-known.txt: the violations recorded there, each to be fixed."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checks-known.txt")
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
 def main():
     quiet = "--quiet" in sys.argv
     nodes, edges = set(), defaultdict(set)
@@ -368,11 +375,18 @@ def main():
     for v in sorted(nodes):
         if v not in index:
             strong(v)
+    # Circles the known list (ci/checks-known.txt) records, being taken apart: reported, not
+    # failed. A circle is known when all its files lie in one known circle's files.
+    known = [set(line.split()[1:]) for line in known_lines() if line.startswith("cycle ")]
+    old = [c for c in comps if any(set(c) <= k for k in known)]
+    comps = [c for c in comps if c not in old]
+    for comp in sorted(old):
+        print(f"import circle (known, in ci/checks-known.txt): {', '.join(comp)}")
     if not comps:
         if not quiet:
-            print(f"import circles: none among {len(nodes)} files")
+            print(f"import circles: none new among {len(nodes)} files")
         return 0
-    print(f"import circles: {len(comps)} among {len(nodes)} files")
+    print(f"import circles: {len(comps)} new among {len(nodes)} files")
     for comp in sorted(comps):
         members = set(comp)
         print(f"- {len(comp)} files: {', '.join(comp)}")

@@ -170,12 +170,11 @@ fn kill_group(child: &mut Child) {
     let _ = child.kill();
 }
 
-#[allow(unsafe_code)]
 fn kill_process_group(pgid: libc::pid_t) {
-    // SAFETY: killpg only sends a signal; `pgid` is a group this process created for a child
-    // it has not reaped yet, so the id cannot name anyone else's group.
-    unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
+    // The group this process created for a child it has not reaped yet: the id names no one
+    // else's group.
+    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
 }
 

@@ -23,6 +23,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use mblob_runtime::ffi::threadpool;
+
 use crate::{Error, Result};
 
 /// The flags SIGINT and SIGTERM set while outputs are written: (any signal, SIGTERM).
@@ -211,19 +213,8 @@ impl Drop for StagedDir {
 
 /// Swaps the directories `a` and `b` atomically (Linux `renameat2(RENAME_EXCHANGE)`).
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput);
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: FFI call with two NUL-terminated paths that live across the call; renameat2
-    // reads them and keeps no reference.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE).map_err(std::io::Error::from)
 }
 
 /// Creates `path` (it must not exist) with the umask's mode and writes `bytes`; on failure the
@@ -304,11 +295,30 @@ pub(crate) fn write_run_outputs(dir: &Path, files: &[Vec<u8>]) -> Result<()> {
     staged.commit(check_run_dir)
 }
 
-/// Prints `label: ` and the times as [`super::run::print_times`] does, or nothing when there
+/// Prints `label: ` and the times as [`print_times`] does, or nothing when there
 /// are none (the last line of `generate` stays the token ids).
 pub(crate) fn print_labelled_times(label: &str, times: &[f64]) {
     if !times.is_empty() {
         print!("{label}: ");
-        super::run::print_times(times);
+        print_times(times);
     }
+}
+
+/// Prints the time per run as TVM's `time_evaluator` reports it: mean, median and min.
+pub(crate) fn print_times(times: &[f64]) {
+    if times.is_empty() {
+        return;
+    }
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let mean = times.iter().sum::<f64>() / n as f64;
+    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+    println!(
+        "{n} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
+        threadpool::num_threads(),
+        mean * 1e6,
+        median * 1e6,
+        sorted[0] * 1e6
+    );
 }

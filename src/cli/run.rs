@@ -225,7 +225,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
     };
     write_outputs(args.output_dir.as_deref(), &outputs)?;
-    print_times(&times);
+    super::output::print_times(&times);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,25 +276,6 @@ pub(crate) fn write_outputs(dir: Option<&Path>, outputs: &[NdArray]) -> Result<(
     let Some(dir) = dir else { return Ok(()) };
     let files = outputs.iter().enumerate().map(|(i, t)| npy_bytes(&dir.join(format!("out.{i}.npy")), t));
     super::output::write_run_outputs(dir, &files.collect::<Result<Vec<_>>>()?)
-}
-
-/// Prints the time per run as TVM's `time_evaluator` reports it: mean, median and min.
-pub(crate) fn print_times(times: &[f64]) {
-    if times.is_empty() {
-        return;
-    }
-    let mut sorted = times.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let mean = times.iter().sum::<f64>() / n as f64;
-    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    println!(
-        "{n} runs, {} threads: mean {:.3} us, median {:.3} us, min {:.3} us",
-        threadpool::num_threads(),
-        mean * 1e6,
-        median * 1e6,
-        sorted[0] * 1e6
-    );
 }
 
 type Outcome = (Vec<NdArray>, Vec<f64>);

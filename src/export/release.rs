@@ -97,10 +97,7 @@ fn read_only_file_mapping(range: &Range<usize>) -> Option<Range<usize>> {
 }
 
 fn page_size() -> usize {
-    #[allow(unsafe_code)]
-    // SAFETY: `sysconf` reads a constant of the system; no memory is involved.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).ok().filter(|s| s.is_power_of_two()).unwrap_or(4096)
+    rustix::param::page_size()
 }
 
 fn drop_pages(start: usize, len: usize) {

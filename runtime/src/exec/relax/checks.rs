@@ -30,15 +30,6 @@ pub(crate) fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
     t
 }
 
-/// `callee` was given `given` arguments, too few to have argument `index` (counting from 0).
-pub(crate) fn missing_argument(callee: &str, index: usize, given: usize) -> VmError {
-    VmError::Program(format!(
-        "`{callee}` needs at least {} argument{} (argument {index}, counting from 0, is missing), but was given {given}",
-        index + 1,
-        if index == 0 { "" } else { "s" }
-    ))
-}
-
 /// A tensor of `needed` bytes (`None`: a size that overflows) at `offset` does not fit the
 /// storage of `size` bytes the program planned: TVM's check (`StorageObj::AllocTensor`), which
 /// inputs over the upper bounds the program was built for fail (a batch over its maximum, a

@@ -37,6 +37,7 @@
 
 use std::io::{self, Write};
 
+use super::const_kind::ConstKind;
 use super::{v019, v021};
 use crate::bytes::Bytes;
 use crate::error::{FormatError, FormatErrorKind};
@@ -183,17 +184,6 @@ pub enum Constant {
     Int(i64),
     /// A float.
     Float(f64),
-}
-
-/// The kinds of constants (what a tag names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConstKind {
-    Tensor,
-    DataType,
-    Shape,
-    Str,
-    Int,
-    Float,
 }
 
 impl PartialEq for Constant {

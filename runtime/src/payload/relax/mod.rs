@@ -3,6 +3,7 @@
 //! tags of each TVM version ([`v019`], [`v021`]). The interpreter is
 //! [`crate::exec::relax`].
 
+mod const_kind;
 pub mod executable;
 pub mod v019;
 pub mod v021;

@@ -8,7 +8,7 @@
 //! 0 tensor   1 data type   2 shape tuple   3 string   4 int64   5 float64
 //! ```
 
-use super::executable::ConstKind;
+use super::const_kind::ConstKind;
 
 /// The kind a tag names.
 pub(crate) fn kind(tag: i32) -> Option<ConstKind> {

@@ -13,7 +13,7 @@
 //! table, a memory-scope section (`u64 count`, then `i64 constant index, str scope` each);
 //! with the older magic `...151D` that section is absent.
 
-use super::executable::ConstKind;
+use super::const_kind::ConstKind;
 
 /// Which tvm-ffi numbering of the object type indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

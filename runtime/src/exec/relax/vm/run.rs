@@ -39,7 +39,7 @@ fn host_tensor(name: &str, args: &[&Value], i: usize) -> Result<crate::payload::
     match args.get(i) {
         Some(Value::Tensor(t)) => Ok(t.to_tensor()?),
         Some(v) => Err(VmError::Type { callee: name.to_owned(), index: i, expected: "a tensor", got: v.kind() }),
-        None => Err(super::super::checks::missing_argument(name, i, args.len())),
+        None => Err(super::value::missing_argument(name, i, args.len())),
     }
 }
 
@@ -50,7 +50,7 @@ fn flag(name: &str, args: &[&Value], i: usize) -> Result<bool, VmError> {
         Some(v) => {
             Err(VmError::Type { callee: name.to_owned(), index: i, expected: "an integer (a flag)", got: v.kind() })
         }
-        None => Err(super::super::checks::missing_argument(name, i, args.len())),
+        None => Err(super::value::missing_argument(name, i, args.len())),
     }
 }
 

@@ -450,10 +450,7 @@ impl<'a> Args<'a> {
 
     /// Argument `i`, else an error naming the callee and the count given.
     pub(crate) fn get(&self, i: usize) -> Result<&'a Value, VmError> {
-        self.args
-            .get(i)
-            .copied()
-            .ok_or_else(|| crate::exec::relax::checks::missing_argument(self.callee, i, self.args.len()))
+        self.args.get(i).copied().ok_or_else(|| missing_argument(self.callee, i, self.args.len()))
     }
 
     /// The error for argument `index` being `got` where `expected` was wanted.
@@ -555,4 +552,13 @@ impl<'a> Args<'a> {
             v => Err(self.type_err(i, "an array", v)),
         }
     }
+}
+
+/// `callee` was given `given` arguments, too few to have argument `index` (counting from 0).
+pub(crate) fn missing_argument(callee: &str, index: usize, given: usize) -> VmError {
+    VmError::Program(format!(
+        "`{callee}` needs at least {} argument{} (argument {index}, counting from 0, is missing), but was given {given}",
+        index + 1,
+        if index == 0 { "" } else { "s" }
+    ))
 }

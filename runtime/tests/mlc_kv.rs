@@ -182,3 +182,8 @@ fn qwen2_q0f32_fork_and_popn_as_tvm() {
 fn qwen2_q4f32_1_fork_and_popn_as_tvm() {
     fork_and_popn_as_tvm("qwen2-q4f32_1");
 }
+
+#[test]
+fn llama3_q0f32_fork_and_popn_as_tvm() {
+    fork_and_popn_as_tvm("llama3-q0f32");
+}

@@ -100,6 +100,12 @@ fn qwen2_q4f32_1_gives_tvms_tokens_and_logits() {
     runs_as_tvm("qwen2-q4f32_1");
 }
 
+#[test]
+fn llama3_q0f32_gives_tvms_tokens_and_logits() {
+    // Llama 3.x rope scaling; `_metadata` names the symbolic dim `vocab_size` in weight shapes.
+    runs_as_tvm("llama3-q0f32");
+}
+
 // Libraries whose KV-cache features mblob does not implement yet: refused, naming the feature
 // (TVM's outputs for them are recorded in their folders for when it does).
 
@@ -108,4 +114,10 @@ fn mistral_sliding_window_is_refused_naming_it() {
     // Mistral with a 16-token window and 4 attention sinks (`support_sliding_window = 1`); its
     // `_metadata` names the symbolic dim `vocab_size` in weight shapes, which now parses.
     refused_naming("mistral-q0f32", &["not supported", "sliding window"]);
+}
+
+#[test]
+fn phi3_longrope_is_refused_naming_it() {
+    // Phi-3.5's longrope: RoPE extension factors (argument 11 of the create call).
+    refused_naming("phi3-q0f32", &["not supported", "RoPE extension factors"]);
 }

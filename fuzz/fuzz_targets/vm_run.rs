@@ -14,7 +14,8 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use mblob_runtime::exec::relax::RelaxExecutable;
-use mblob_runtime::exec::{Device, Model, Tensor};
+use mblob_runtime::exec::{Device, Model, Value};
+use mblob_runtime::NdArray;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::relay_vm::RelayVmExecutable;
 use mblob_runtime::{load_library_bytes, LoadOptions, Payload, Registry};
@@ -25,7 +26,7 @@ struct Fixture {
     at: usize,
     words: usize,
     function: &'static str,
-    inputs: Vec<Tensor>,
+    inputs: Vec<NdArray>,
 }
 
 fn fixtures() -> &'static Path {
@@ -33,14 +34,14 @@ fn fixtures() -> &'static Path {
 }
 
 /// A float32 `.npy` file (the fixtures' inputs) as a tensor.
-fn npy_f32(path: &Path) -> Tensor {
+fn npy_f32(path: &Path) -> NdArray {
     let b = std::fs::read(path).unwrap();
     let len = u16::from_le_bytes([b[8], b[9]]) as usize;
     let header = std::str::from_utf8(&b[10..10 + len]).unwrap();
     assert!(header.contains("'<f4'"), "{}: not float32", path.display());
     let dims = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
     let shape: Vec<i64> = dims.split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    Tensor::new(DataType::F32, shape, b[10 + len..].to_vec()).unwrap()
+    NdArray::from_bytes(&b[10 + len..], &shape, DataType::F32, Device::cpu(0)).unwrap()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> usize {
@@ -91,14 +92,14 @@ fn fixture_set() -> &'static [Fixture] {
 }
 
 /// Runs `function` of the library in `so` on `inputs`: any error is fine.
-fn run(so: &[u8], function: &str, inputs: &[Tensor]) {
+fn run(so: &[u8], function: &str, inputs: &[NdArray]) {
     let Some(tree) = load(so) else { return };
     let Ok(mut model) = Model::new(&tree, Device::cpu(0)) else { return };
     if model.select_function(function).is_err() {
         return;
     }
     for t in inputs {
-        if model.set_input(None, t).is_err() {
+        if model.set_input(None, Value::Tensor(t.clone())).is_err() {
             return;
         }
     }

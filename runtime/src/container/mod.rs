@@ -274,9 +274,23 @@ pub fn identify_header(data: &[u8]) -> Option<Identity> {
         #[cfg(feature = "containers")]
         K::MachOFat32 | K::MachOFat64 => (ContainerFormat::MachOFat, object::Architecture::Unknown),
         #[cfg(feature = "containers")]
-        K::Pe32 | K::Pe64 => (ContainerFormat::Pe, object::Architecture::Unknown),
+        K::Pe32 => (
+            ContainerFormat::Pe,
+            object::read::pe::PeFile32::parse(data).map_or(object::Architecture::Unknown, |f| f.architecture()),
+        ),
         #[cfg(feature = "containers")]
-        K::Coff | K::CoffBig => (ContainerFormat::Coff, object::Architecture::Unknown),
+        K::Pe64 => (
+            ContainerFormat::Pe,
+            object::read::pe::PeFile64::parse(data).map_or(object::Architecture::Unknown, |f| f.architecture()),
+        ),
+        #[cfg(feature = "containers")]
+        K::Coff => (
+            ContainerFormat::Coff,
+            object::read::coff::CoffFile::<&[u8]>::parse(data)
+                .map_or(object::Architecture::Unknown, |f| f.architecture()),
+        ),
+        #[cfg(feature = "containers")]
+        K::CoffBig => (ContainerFormat::Coff, object::Architecture::Unknown),
         #[cfg(feature = "containers")]
         K::Wasm => (ContainerFormat::Wasm, object::Architecture::Wasm32),
         #[cfg(feature = "containers")]

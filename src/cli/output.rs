@@ -233,6 +233,8 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::result::Result<(), (&'static str
 /// Writes the file `path` whole or not at all: into a new file beside it, renamed into place
 /// when written (replacing an earlier file), with SIGINT and SIGTERM handled as for
 /// directories. The parent must exist.
+// Used by `generate` (feature `llm`).
+#[cfg_attr(not(feature = "llm"), allow(dead_code))]
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let _handlers = Handlers::install();
     check_cancelled()?;
@@ -297,6 +299,8 @@ pub(crate) fn write_run_outputs(dir: &Path, files: &[Vec<u8>]) -> Result<()> {
 
 /// Prints `label: ` and the times as [`print_times`] does, or nothing when there
 /// are none (the last line of `generate` stays the token ids).
+// Used by `generate` (feature `llm`).
+#[cfg_attr(not(feature = "llm"), allow(dead_code))]
 pub(crate) fn print_labelled_times(label: &str, times: &[f64]) {
     if !times.is_empty() {
         print!("{label}: ");

@@ -453,6 +453,8 @@ pub fn read_npy(path: &Path) -> Result<NdArray> {
 
 /// Writes `t` (copied from its device) as a `.npy` file, atomically (a temporary file renamed
 /// into place).
+// Used by `generate` (feature `llm`).
+#[cfg_attr(not(feature = "llm"), allow(dead_code))]
 pub fn write_npy(path: &Path, t: &NdArray) -> Result<()> {
     super::output::write_file(path, &npy_bytes(path, t)?)
 }

@@ -683,7 +683,10 @@ fn one_model_hammered_by_threads_is_refused_not_corrupted() {
         }
     });
     let (ok, busy) = (ok.into_inner(), busy.into_inner());
-    assert!(ok > 100, "{ok} calls did their work");
+    // How many calls get through depends on the scheduler (on a loaded 2-core machine most are
+    // refused): what matters is that each call either did its work, with TVM's output, or was
+    // refused, and that both happened.
+    assert!(ok > 0, "no call did its work");
     assert!(busy > 0, "no call was refused: the threads never met");
     // SAFETY: every thread is done with them.
     unsafe {

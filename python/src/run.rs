@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use mblob_runtime::exec::call::{call, CallArg};
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;

@@ -432,3 +432,20 @@ fn elf_section_offset_near_u64_max_is_refused() {
     let err = mblob_runtime::elf::find_blob(&data, None).expect_err("the section lies outside the file");
     assert!(err.contains("lies past the end of the file"), "{err}");
 }
+
+/// A Mach-O file whose export trie has nodes that point back at each other (found by the
+/// `container_macho` fuzz target): the blob lookup answers at once (an error or no blob), where
+/// walking the trie with `object` never ended.
+#[cfg(feature = "containers")]
+#[test]
+fn macho_with_a_cyclic_export_trie_is_answered_at_once() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz_regressions/macho_cyclic_export_trie.bin");
+    let data = mblob_runtime::Bytes::from_vec(std::fs::read(path).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = mblob_runtime::container::find_blob(&data, None);
+        let _ = tx.send(());
+    });
+    // Generous for a 50 KB file (it takes milliseconds); the old walk did not end in minutes.
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(30)).is_ok(), "the lookup did not end");
+}

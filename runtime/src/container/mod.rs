@@ -505,7 +505,12 @@ fn find_by_symbols(
             candidates.push((name.to_owned(), sym.address(), sym.size(), sym.section_index(), false));
         }
     }
-    if let Ok(exports) = file.exports() {
+    // PE keeps what a DLL exports in its export table, not in a symbol table. A Mach-O file's
+    // exported symbols are in its symbol table (read above), and its export trie is not walked:
+    // `object`'s walk of a trie whose nodes point back at each other never ends (found by the
+    // `container_macho` fuzz target; the input is in runtime/tests/fuzz_regressions/).
+    let walk_exports = !matches!(file.format(), object::BinaryFormat::MachO);
+    if let Some(exports) = file.exports().ok().filter(|_| walk_exports) {
         for export in exports.flatten() {
             let object::ExportTarget::Address { address } = export.target() else { continue };
             let object::NameOrOrdinal::Name(raw) = export.name() else { continue };

@@ -48,12 +48,7 @@ impl Runner for RelaxFunction {
     }
 
     fn run(&mut self) -> Result<(), ExecError> {
-        let missing: Vec<String> =
-            self.params.iter().zip(&self.inputs).filter(|(_, i)| i.is_none()).map(|(p, _)| p.name.clone()).collect();
-        if !missing.is_empty() {
-            return Err(ExecError::MissingInputs { function: Some(self.function.clone()), inputs: missing });
-        }
-        let inputs: Vec<Value> = self.inputs.iter().flatten().cloned().collect();
+        let inputs = given_inputs(&self.function, &self.params, &self.inputs)?;
         self.result = None;
         self.result = Some(self.vm.call_values(&self.function, &inputs).map_err(relax_error)?);
         Ok(())
@@ -142,12 +137,7 @@ impl Runner for RelayFunction {
     }
 
     fn run(&mut self) -> Result<(), ExecError> {
-        let missing: Vec<String> =
-            self.params.iter().zip(&self.inputs).filter(|(_, i)| i.is_none()).map(|(p, _)| p.name.clone()).collect();
-        if !missing.is_empty() {
-            return Err(ExecError::MissingInputs { function: Some(self.function.clone()), inputs: missing });
-        }
-        let inputs: Vec<Value> = self.inputs.iter().flatten().cloned().collect();
+        let inputs = given_inputs(&self.function, &self.params, &self.inputs)?;
         self.result = None;
         self.result = Some(self.vm.invoke(&self.function, &inputs).map_err(relay_error)?);
         Ok(())
@@ -182,4 +172,14 @@ impl Runner for RelayFunction {
     fn call(&mut self, name: &str, args: Vec<Value>) -> Result<Value, ExecError> {
         self.vm.invoke(name, &args).map_err(relay_error)
     }
+}
+
+/// The inputs of a VM function's run, in parameter order, or the names of those not given.
+fn given_inputs(function: &str, params: &[Param], inputs: &[Option<Value>]) -> Result<Vec<Value>, ExecError> {
+    let missing: Vec<String> =
+        params.iter().zip(inputs).filter(|(_, i)| i.is_none()).map(|(p, _)| p.name.clone()).collect();
+    if !missing.is_empty() {
+        return Err(ExecError::MissingInputs { function: Some(function.to_owned()), inputs: missing });
+    }
+    Ok(inputs.iter().flatten().cloned().collect())
 }

@@ -38,20 +38,13 @@ __all__ = [
 
 def layout_of_version(version: str) -> str:
     """The blob layout a TVM version reads: ``classic`` up to 0.20, ``classic-0.21`` for 0.21
-    (classic bytes under ``__tvm_ffi_library_bin``), ``ffi`` from 0.22 on.
+    (classic bytes under ``__tvm_ffi_library_bin``), ``ffi`` from 0.22 on. The rule is mblob's
+    one TVM-generation axis (``Layout::of_version`` in Rust), not a copy of it.
 
     >>> layout_of_version("0.19.0"), layout_of_version("0.21.dev0"), layout_of_version("0.27.0.post1")
     ('classic', 'classic-0.21', 'ffi')
     """
-    m = re.match(r"(\d+)\.(\d+)", version)
-    if not m:
-        raise _native.InputError(f"cannot read the TVM version `{version}`")
-    major, minor = int(m.group(1)), int(m.group(2))
-    if (major, minor) <= (0, 20):
-        return "classic"
-    if (major, minor) == (0, 21):
-        return "classic-0.21"
-    return "ffi"
+    return _native.layout_of_version(version)
 
 
 def _tvm() -> Any:

@@ -550,6 +550,15 @@ fn check_blob_header(data: &[u8], path: &Path) -> Result<(), PyErrLater> {
     Ok(())
 }
 
+/// The blob layout (mblob's one TVM-generation axis, `Layout::of_version`) a TVM version
+/// string reads: `classic` up to 0.20, `classic-0.21` for 0.21, `ffi` from 0.22 on.
+#[pyfunction]
+fn layout_of_version(version: &str) -> PyResult<&'static str> {
+    Layout::of_version(version)
+        .map(Layout::name)
+        .ok_or_else(|| InputError::new_err(format!("cannot read the TVM version `{version}`")))
+}
+
 /// Whether this build has the LLVM packer.
 #[pyfunction]
 fn has_llvm() -> bool {
@@ -574,6 +583,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blob_object, m)?)?;
     m.add_function(wrap_pyfunction!(pack_graph_params, m)?)?;
     m.add_function(wrap_pyfunction!(has_llvm, m)?)?;
+    m.add_function(wrap_pyfunction!(layout_of_version, m)?)?;
     run::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

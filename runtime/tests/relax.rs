@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::{
-    Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmOutput,
-    RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
+    Constant, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmOutput, RELAX_EXECUTABLE,
+    RELAX_VM_EXECUTABLE,
 };
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
@@ -57,7 +57,7 @@ fn mlp_executables_match_tvms_description() {
         assert_eq!(tree.type_keys(), [key, "library"], "{name}");
         let exec = executable(&tree);
         assert_eq!(exec.type_key, key);
-        assert_eq!(exec.dialect, Dialect::of_layout(layout));
+        assert_eq!(exec.layout, layout);
 
         // TVM's `as_text()`, line for line.
         let tvm_text: Vec<&str> =
@@ -175,7 +175,7 @@ fn convert_between_versions() {
     // opaque does) still read, in 0.19's dialect.
     for target in [Layout::Classic021, Layout::Ffi] {
         let copied = RelaxExecutable::read_payload(&payload, target, key).unwrap();
-        assert_eq!(copied.dialect, Dialect::Tvm019);
+        assert_eq!(copied.layout, Layout::Classic);
         assert_eq!(copied.instructions, exec.instructions);
     }
     for target in Layout::ALL {
@@ -605,8 +605,7 @@ fn add_program(tree: &LoadedTree, layout: Layout, device_index: i64) -> VirtualM
         Instruction::Call { dst: Reg::Void, func: 3, args: vec![Arg::Reg(r(0)), Arg::Reg(r(1)), Arg::Reg(r(3))] },
         Instruction::Ret { result: r(3) },
     ];
-    let exec = RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, Dialect::of_layout(layout), functions, constants, code)
-        .unwrap();
+    let exec = RelaxExecutable::from_parts(RELAX_VM_EXECUTABLE, layout, functions, constants, code).unwrap();
     VirtualMachine::with_executable(tree, std::sync::Arc::new(exec), CPU).unwrap()
 }
 
@@ -663,7 +662,7 @@ fn unsupported_programs_are_named() {
         ];
         let exec = RelaxExecutable::from_parts(
             RELAX_VM_EXECUTABLE,
-            Dialect::Tvm022,
+            Layout::Ffi,
             vec![func(FuncKind::Vm, "main", 2), callee],
             vec![],
             code,
@@ -674,7 +673,7 @@ fn unsupported_programs_are_named() {
     // An unknown builtin is refused only when it is called, naming it.
     let exec = RelaxExecutable::from_parts(
         RELAX_VM_EXECUTABLE,
-        Dialect::Tvm022,
+        Layout::Ffi,
         vec![func(FuncKind::Vm, "main", 2), func(FuncKind::Packed, "vm.builtin.frobnicate", 0)],
         vec![],
         vec![
@@ -693,7 +692,7 @@ fn unsupported_programs_are_named() {
 
     let spin = RelaxExecutable::from_parts(
         RELAX_VM_EXECUTABLE,
-        Dialect::Tvm022,
+        Layout::Ffi,
         vec![func(FuncKind::Vm, "main", 2)],
         vec![],
         vec![Instruction::Goto { offset: 0 }, Instruction::Ret { result: Reg::Void }],

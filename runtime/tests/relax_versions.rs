@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use mblob_runtime::format::{parse_blob, EntryKind, UnknownKeys};
-use mblob_runtime::payload::relax::executable::{Dialect, RelaxExecutable, VM_VERSION};
+use mblob_runtime::payload::relax::executable::{RelaxExecutable, VM_VERSION};
 use mblob_runtime::{Bytes, Layout, Registry};
 
 /// TVM 0.19's executable (a `relax.Executable` in the classic layout, as the Unity builds wrote
@@ -33,21 +33,21 @@ fn with_version(exe: &[u8], version: &str) -> Vec<u8> {
 fn unity_2023_versions_read_and_write_back_byte_for_byte() {
     let exe = tvm_executable();
     let original =
-        RelaxExecutable::read(&Bytes::from_vec(exe.clone()), 0, Dialect::Tvm019, "relax.Executable").unwrap();
+        RelaxExecutable::read(&Bytes::from_vec(exe.clone()), 0, Layout::Classic, "relax.Executable").unwrap();
     for version in ["0.13.dev0", "0.12.dev0"] {
         let bytes = with_version(&exe, version);
-        let x = RelaxExecutable::read(&Bytes::from_vec(bytes.clone()), 0, Dialect::Tvm019, "relax.Executable")
+        let x = RelaxExecutable::read(&Bytes::from_vec(bytes.clone()), 0, Layout::Classic, "relax.Executable")
             .unwrap_or_else(|e| panic!("{version}: {e}"));
         assert_eq!(x.version, version);
         assert_eq!(x.functions, original.functions);
         assert_eq!(x.instructions, original.instructions);
         let mut out = Vec::new();
-        x.write_executable(Dialect::Tvm019, &mut out).unwrap();
+        x.write_executable(Layout::Classic, &mut out).unwrap();
         assert!(out == bytes, "{version}: not written back as read");
     }
     // A version no TVM wrote is still refused, naming the ones that exist.
     let err =
-        RelaxExecutable::read(&Bytes::from_vec(with_version(&exe, "0.15")), 0, Dialect::Tvm019, "relax.Executable")
+        RelaxExecutable::read(&Bytes::from_vec(with_version(&exe, "0.15")), 0, Layout::Classic, "relax.Executable")
             .unwrap_err()
             .to_string();
     assert!(err.contains("\"0.15\"") && err.contains("0.13.dev0"), "{err}");

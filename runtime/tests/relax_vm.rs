@@ -232,7 +232,7 @@ fn model_takes_and_gives_values() {
 #[test]
 fn check_string_info_and_create_view_as_tvm() {
     use mblob_runtime::exec::relax::{
-        Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_VM_EXECUTABLE,
+        Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_VM_EXECUTABLE,
     };
     let m = manifest();
     let b = &m["builtins"];
@@ -249,7 +249,7 @@ fn check_string_info_and_create_view_as_tvm() {
     let vm_of = |builtin: &str, constants, args: Vec<Arg>| {
         let exec = RelaxExecutable::from_parts(
             RELAX_VM_EXECUTABLE,
-            Dialect::Tvm022,
+            mblob_runtime::Layout::Ffi,
             vec![func(FuncKind::Vm, "main", 2, 1), func(FuncKind::Packed, builtin, 0, 0)],
             constants,
             vec![Instruction::Call { dst: Reg::Index(1), func: 1, args }, Instruction::Ret { result: Reg::Index(1) }],

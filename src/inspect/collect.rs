@@ -286,39 +286,46 @@ pub(super) fn host_report(data: &[u8]) -> Option<HostReport> {
     }
     // The one classifier of host code (the loader's and pack's too), over the library's
     // exported and imported symbols.
-    let convention = mblob_runtime::format::convention::classify(file.dynamic_symbols().filter_map(|s| {
+    let generation = mblob_runtime::format::convention::classify(file.dynamic_symbols().filter_map(|s| {
         Some(mblob_runtime::format::convention::SymbolFact {
             name: s.name().ok()?,
             undefined: s.is_undefined(),
             global_code: s.kind() == SymbolKind::Text && s.is_global(),
         })
-    }))
-    .name();
+    }));
+    let convention = generation.map_or("c", |g| g.convention_name());
     let (functions, other_functions): (Vec<String>, Vec<String>) =
-        functions.into_iter().partition(|symbol| is_entry_point(symbol, convention));
+        functions.into_iter().partition(|symbol| is_entry_point(symbol, generation));
     let functions = functions
         .into_iter()
         .map(|symbol| {
             let name = match symbol.strip_prefix("__tvm_ffi_") {
-                Some(n) if convention == "tvm-ffi" => n.to_owned(),
+                Some(n) if generation.is_some_and(Layout::prefixes_functions) => n.to_owned(),
                 _ => symbol.clone(),
             };
             HostFunction { name, symbol }
         })
         .collect();
     let unsupported_imports = mblob_runtime::exec::relax::unprovided_runtime_imports(undefined);
-    Some(HostReport { convention, context_symbols: context, functions, other_functions, unsupported_imports })
+    Some(HostReport {
+        convention,
+        generation,
+        context_symbols: context,
+        functions,
+        other_functions,
+        unsupported_imports,
+    })
 }
 
 /// Whether an exported code symbol is one TVM calls as a function of the library: TVM's
 /// entry points have C names (`extern "C"`, as its codegens and `TVM_DLL_EXPORT_TYPED_FUNC`
 /// declare them), so an Itanium C++-mangled name (`_Z...`) is a helper; from TVM 0.22 on,
 /// the library exports `__tvm_ffi_<name>` for each entry point and nothing else is one.
-fn is_entry_point(symbol: &str, convention: &str) -> bool {
+fn is_entry_point(symbol: &str, generation: Option<Layout>) -> bool {
     if symbol.starts_with("_Z") {
         return false;
     }
-    convention != "tvm-ffi" || symbol.starts_with("__tvm_ffi_")
+    !generation.is_some_and(Layout::prefixes_functions) || symbol.starts_with("__tvm_ffi_")
 }
 
 /// The data symbols TVM's runtime fills in a library: `__TVM*` function-pointer slots and the

@@ -410,6 +410,10 @@ pub struct HostReport {
     /// `tvm-ffi-0.21`, `tvm-ffi` (0.22 and later), or `c` (no TVM context symbols: plain C
     /// functions).
     pub convention: &'static str,
+    /// The TVM generation whose convention it is (`None` for plain C), which `convention`
+    /// names.
+    #[serde(skip)]
+    pub generation: Option<mblob_runtime::Layout>,
     /// `context_symbols`: the TVM context symbols the library defines (`__tvm_module_ctx`,
     /// `__TVMAPISetLastError`, `__tvm_ffi__library_ctx`, ...), which the runtime fills.
     pub context_symbols: Vec<String>,

@@ -4,18 +4,6 @@ use mblob_runtime::TreeShape;
 
 use super::{AotReport, FileKind, LoadedNode, ModuleReport, RelaxReport, Report, TreeNode};
 
-/// What a convention means, for the text form.
-pub(super) fn convention_text(convention: &str) -> &'static str {
-    match convention {
-        "classic-packed" => {
-            "classic packed functions (TVM 0.8-0.20): int f(TVMValue* args, int* type_codes, int n, TVMValue* ret, int* ret_code, void* resource)"
-        }
-        "tvm-ffi-0.21" => "tvm-ffi safe calls (TVM 0.21): int f(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result), plain names",
-        "tvm-ffi" => "tvm-ffi safe calls (TVM 0.22+): int f(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result), exported as __tvm_ffi_<name>",
-        _ => "plain C functions (no TVM context symbols)",
-    }
-}
-
 /// The text form of a report.
 pub fn render_text(r: &Report) -> String {
     use std::fmt::Write as _;
@@ -84,7 +72,11 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     if let Some(host) = &r.host {
-        let _ = writeln!(s, "  host     {}", convention_text(host.convention));
+        let _ = writeln!(
+            s,
+            "  host     {}",
+            host.generation.map_or("plain C functions (no TVM context symbols)", |g| g.convention_text())
+        );
         if !host.context_symbols.is_empty() {
             let _ = writeln!(s, "           context {}", host.context_symbols.join(", "));
         }

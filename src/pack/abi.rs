@@ -1,5 +1,5 @@
-//! Which TVM can call the host code: the calling convention of host objects, told from their
-//! symbols, and the blob layouts whose TVM calls that convention.
+//! Which TVM can call the host code: the TVM generation ([`Layout`]) of host objects, told
+//! from their symbols, and so whether the TVM of a blob layout calls them.
 //!
 //! Re-packing a library in another layout only rewrites the container; the host functions keep
 //! the convention their TVM compiled them for, and payload kinds keep their version's type key
@@ -13,27 +13,25 @@ use mblob_runtime::{Layout, ModuleTree};
 
 use crate::{Error, Result};
 
-pub use mblob_runtime::format::Convention;
-
-/// The convention of one object file's host functions, from its symbols (the one classifier
+/// The TVM generation of one object file's host functions, from its symbols (the one classifier
 /// the loader and `inspect` use too, [`mblob_runtime::format::convention`]): `Ok(None)` for an
 /// object with no TVM marker (plain C, a runtime shim), or a file that is not an object (an
 /// archive: not looked into).
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be read.
-pub fn detect(path: &Path) -> Result<Option<Convention>> {
+pub fn detect(path: &Path) -> Result<Option<Layout>> {
     let data = mblob_runtime::map_file(path)?;
-    Ok(mblob_runtime::format::convention::classify_file(&data).filter(|c| *c != Convention::C))
+    Ok(mblob_runtime::format::convention::classify_file(&data))
 }
 
-/// The convention of a set of host objects: the one their markers agree on, `None` when none
-/// has a marker.
+/// The TVM generation of a set of host objects: the one their markers agree on, `None` when
+/// none has a marker.
 ///
 /// # Errors
 /// [`Error::Invalid`] when two objects use different conventions; [`Error::Io`].
-pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> {
-    let mut found: Option<(Convention, PathBuf)> = None;
+pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
+    let mut found: Option<(Layout, PathBuf)> = None;
     for path in objects {
         let Some(c) = detect(path)? else { continue };
         match &found {
@@ -41,8 +39,10 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> 
                 return Err(Error::Invalid {
                     what: path.display().to_string(),
                     detail: format!(
-                        "uses {c}, but {} uses {first}: host objects of two TVM versions cannot share a library",
-                        first_path.display()
+                        "uses {}, but {} uses {}: host objects of two TVM versions cannot share a library",
+                        c.convention_text(),
+                        first_path.display(),
+                        first.convention_text()
                     ),
                 })
             }
@@ -53,19 +53,6 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Convention, PathBuf)>> 
     Ok(found)
 }
 
-/// The Relax executable's type keys that the TVM of each layout reads: TVM 0.19 and earlier
-/// register `relax.Executable`, 0.20 renamed it `relax.VMExecutable` and still writes the classic
-/// layout (`__tvm_dev_mblob`), 0.21 and later read only `relax.VMExecutable`. The bytes after the
-/// key are the same executable format in all of them (magic `...151D` until 0.22, `...151E`
-/// from 0.23, which the writer keeps); the constant tags follow the layout's TVM, which the
-/// writer re-numbers.
-fn relax_keys(layout: Layout) -> &'static [&'static str] {
-    match layout {
-        Layout::Classic => &["relax.Executable", "relax.VMExecutable"],
-        Layout::Classic021 | Layout::Ffi => &["relax.VMExecutable"],
-    }
-}
-
 /// Checks that the TVM of `layout` can use what the library will hold: the host objects'
 /// calling convention, and the Relax executable's type key (renamed in TVM 0.20).
 ///
@@ -73,22 +60,26 @@ fn relax_keys(layout: Layout) -> &'static [&'static str] {
 /// [`Error::Invalid`] naming the detected convention (or the payload) and the layout that
 /// fits; `Export::force_layout` skips this check.
 pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
-    if let Some((convention, path)) = detect_all(objects)? {
-        if convention.layout().is_some_and(|l| l != layout) {
+    if let Some((code, path)) = detect_all(objects)? {
+        if code != layout {
             return Err(Error::Invalid {
                 what: format!("layout {layout}"),
                 detail: format!(
-                    "the host object {} uses {convention}, which the TVM that reads the {layout} layout \
+                    "the host object {} uses {}, which the TVM that reads the {layout} layout \
                      cannot call; the layout that fits is `{}` (re-packing changes the container, not \
                      the compiled host code: build the host code with the TVM you target, or pass \
                      --force-layout to write it anyway)",
                     path.display(),
-                    convention.layout().map_or("?", |l| l.name())
+                    code.convention_text(),
+                    code.name()
                 ),
             });
         }
     }
-    let accepted = relax_keys(layout);
+    // TVM 0.19 and earlier register `relax.Executable`, 0.20 renamed it `relax.VMExecutable`
+    // and still writes the classic layout, 0.21 and later read only `relax.VMExecutable`; the
+    // bytes after the key are the same format (the writer re-numbers the constant tags).
+    let accepted = layout.relax_type_keys();
     for id in tree.ids() {
         let Some(key) = tree.kind(id).map(|k| k.type_key()) else { continue };
         if (key == "relax.Executable" || key == "relax.VMExecutable") && !accepted.contains(&key) {

@@ -504,16 +504,17 @@ fn pack_without_host_code_refuses_unless_asked_for_a_blob_only_library() {
 
 #[test]
 fn host_objects_tell_their_tvm_calling_convention() {
-    use mblob::pack::abi::{detect, Convention};
+    use mblob::pack::abi::detect;
+    use mblob::runtime::Layout;
     let v = goldens().join("other_versions");
     let cases = [
-        (goldens().join("graph_dense_relu.lib0.o"), Some(Convention::ClassicPacked)),
-        (goldens().join("dso_add_one.lib0.o"), Some(Convention::ClassicPacked)),
-        (v.join("tvm-0.19.0/relax_add_mul.lib0.o"), Some(Convention::ClassicPacked)),
-        (v.join("tvm-0.21.0/relax_add_mul.lib0.o"), Some(Convention::Ffi021)),
-        (v.join("tvm-0.27.0.post1/relax_add_mul.lib0.o"), Some(Convention::Ffi)),
-        (goldens().join("device/tvm-0.21.0/opencl_vector_add.lib0.o"), Some(Convention::Ffi021)),
-        (goldens().join("device/tvm-0.27.0.post1/nvptx_vector_add.lib0.o"), Some(Convention::Ffi)),
+        (goldens().join("graph_dense_relu.lib0.o"), Some(Layout::Classic)),
+        (goldens().join("dso_add_one.lib0.o"), Some(Layout::Classic)),
+        (v.join("tvm-0.19.0/relax_add_mul.lib0.o"), Some(Layout::Classic)),
+        (v.join("tvm-0.21.0/relax_add_mul.lib0.o"), Some(Layout::Classic021)),
+        (v.join("tvm-0.27.0.post1/relax_add_mul.lib0.o"), Some(Layout::Ffi)),
+        (goldens().join("device/tvm-0.21.0/opencl_vector_add.lib0.o"), Some(Layout::Classic021)),
+        (goldens().join("device/tvm-0.27.0.post1/nvptx_vector_add.lib0.o"), Some(Layout::Ffi)),
         // The blob object has no host functions.
         (goldens().join("graph_dense_relu.devc.o"), None),
     ];

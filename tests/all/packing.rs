@@ -230,10 +230,70 @@ fn inspect_reports_the_codes_convention_not_the_layouts() {
     assert_eq!(r["symbol"], "__tvm_ffi__library_bin");
     assert_eq!(r["host"]["convention"], "classic-packed", "{}", r["host"]);
     let data = std::fs::read(&so).unwrap();
-    assert_eq!(
-        mblob::runtime::format::convention::classify_file(&data),
-        Some(mblob::runtime::format::Convention::ClassicPacked)
-    );
+    assert_eq!(mblob::runtime::format::convention::classify_file(&data), Some(mblob::runtime::Layout::Classic));
     // And the pack check, the same classifier, names that convention.
-    assert_eq!(mblob::pack::abi::detect(&host).unwrap(), Some(mblob::runtime::format::Convention::ClassicPacked));
+    assert_eq!(mblob::pack::abi::detect(&host).unwrap(), Some(mblob::runtime::Layout::Classic));
+}
+
+/// One TVM generation for the host code, wherever it is asked: TVM 0.19's Relax program
+/// (`relax_add_mul`, built by TVM 0.19) packed under each newer layout with `--force-layout`
+/// keeps the blob in the layout asked for, while `inspect`, `pack`'s check and the loader all
+/// tell the code's own generation (classic), the loader calls it in that convention, and
+/// `run` gives TVM's output.
+#[test]
+fn a_forced_relax_build_is_reported_and_called_as_its_code_is() {
+    use mblob::runtime::Layout;
+    let g = fixtures().join("tvm-goldens");
+    let dir = tempfile::tempdir().unwrap();
+    let (from, host) = (g.join("relax_add_mul.so"), g.join("relax_add_mul.lib0.o"));
+    assert_eq!(mblob::pack::abi::detect(&host).unwrap(), Some(Layout::Classic));
+    for layout in [Layout::Classic021, Layout::Ffi] {
+        let so = dir.path().join(format!("forced-{layout}.so"));
+        ok(&mblob(&[
+            "pack".as_ref(),
+            "--from".as_ref(),
+            from.as_os_str(),
+            "--host".as_ref(),
+            host.as_os_str(),
+            "--layout".as_ref(),
+            layout.name().as_ref(),
+            "--force-layout".as_ref(),
+            "-o".as_ref(),
+            so.as_os_str(),
+        ]));
+        let out = mblob(&["inspect".as_ref(), "--json".as_ref(), so.as_os_str()]);
+        ok(&out);
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["symbol"], layout.symbol(), "{layout}");
+        assert_eq!(r["host"]["convention"], "classic-packed", "{layout}: {}", r["host"]);
+        assert_eq!(mblob::runtime::format::convention::classify_file(&map_file(&so).unwrap()), Some(Layout::Classic));
+        // SAFETY: a library packed from TVM's own build, run by this test.
+        let tree =
+            unsafe { mblob::runtime::load_library(&so, &Default::default(), &mblob::runtime::LoadOptions::default()) }
+                .unwrap();
+        let add = tree.packed_function("add").unwrap();
+        assert_eq!(add.abi(), Some(Layout::Classic), "{layout}: the loader calls the code as what it is");
+        let out_dir = dir.path().join(format!("out-{layout}"));
+        let inputs = ["x", "y"].map(|n| format!("{n}={}", g.join(format!("relax_add_mul.in.{n}.npy")).display()));
+        ok(&mblob(&[
+            "run".as_ref(),
+            so.as_os_str(),
+            "--input".as_ref(),
+            inputs[0].as_ref(),
+            "--input".as_ref(),
+            inputs[1].as_ref(),
+            "--output-dir".as_ref(),
+            out_dir.as_os_str(),
+        ]));
+        let values = |path: &Path| {
+            let bytes = std::fs::read(path).unwrap();
+            let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+            (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
+        };
+        assert_eq!(
+            values(&out_dir.join("out.0.npy")),
+            values(&g.join("relax_add_mul.out.0.npy")),
+            "{layout}: not TVM's output"
+        );
+    }
 }

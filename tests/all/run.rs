@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use mblob_runtime::ffi::{Abi, Value};
+use mblob_runtime::ffi::Value;
 use mblob_runtime::packed::{DLDataType, DLDevice, DLTensor};
-use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::{load_library, Layout, LoadOptions, LoadedTree, NdArray, Registry};
 
 use crate::goldens::{f32_file, goldens};
 
@@ -43,10 +43,10 @@ impl Buf {
 fn add_is_found_and_called_on_every_version() {
     let root = goldens();
     for (dir, abi) in [
-        ("", Abi::Packed),
-        ("other_versions/tvm-0.19.0", Abi::Packed),
-        ("other_versions/tvm-0.21.0", Abi::Ffi),
-        ("other_versions/tvm-0.27.0.post1", Abi::Ffi),
+        ("", Layout::Classic),
+        ("other_versions/tvm-0.19.0", Layout::Classic),
+        ("other_versions/tvm-0.21.0", Layout::Classic021),
+        ("other_versions/tvm-0.27.0.post1", Layout::Ffi),
     ] {
         let dir = root.join(dir);
         let tree = load(&dir.join("relax_add_mul.so"));

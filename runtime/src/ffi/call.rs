@@ -1,5 +1,5 @@
 //! Calling functions with packed arguments: a [`PackedFunction`] is native code of a library
-//! (with its library's convention, [`Abi`]) or a Rust closure (what a module kind such as a
+//! (with its library's convention, the TVM generation of its code) or a Rust closure (what a module kind such as a
 //! device module offers, e.g. a kernel launcher), and a [`PreparedCall`] is a call whose
 //! arguments are encoded once and made many times.
 //!
@@ -16,9 +16,10 @@ use std::sync::Arc;
 use crate::ffi::dlpack::DLTensor;
 use crate::ffi::last_error::{self, CallError};
 use crate::ffi::value::{
-    decode_classic, decode_ffi, encode_classic, encode_ffi, encode_ffi_value, Abi, TVMFFIAny, TVMValue, Value, F_NONE,
+    decode_classic, decode_ffi, encode_classic, encode_ffi, encode_ffi_value, TVMFFIAny, TVMValue, Value, F_NONE,
     K_NULL,
 };
+use crate::format::Layout;
 
 /// The address of a symbol, with a handle that keeps its library loaded.
 #[derive(Clone)]
@@ -66,7 +67,7 @@ pub struct PackedFunction {
 
 #[derive(Clone)]
 enum Inner {
-    Native { symbol: Symbol, abi: Abi },
+    Native { symbol: Symbol, abi: Layout },
     Rust(Arc<RustFunction>),
 }
 
@@ -80,8 +81,9 @@ impl fmt::Debug for PackedFunction {
 }
 
 impl PackedFunction {
-    /// A native function at `symbol` with convention `abi`.
-    pub fn native(symbol: Symbol, abi: Abi) -> PackedFunction {
+    /// A native function at `symbol` compiled by the TVM generation `abi` (and so called in
+    /// its convention).
+    pub fn native(symbol: Symbol, abi: Layout) -> PackedFunction {
         PackedFunction { inner: Inner::Native { symbol, abi } }
     }
 
@@ -90,8 +92,9 @@ impl PackedFunction {
         PackedFunction { inner: Inner::Rust(Arc::new(f)) }
     }
 
-    /// The convention of a native function; `None` for a closure.
-    pub fn abi(&self) -> Option<Abi> {
+    /// The TVM generation a native function was compiled by, whose convention it is called
+    /// in; `None` for a closure.
+    pub fn abi(&self) -> Option<Layout> {
         match &self.inner {
             Inner::Native { abi, .. } => Some(*abi),
             Inner::Rust(_) => None,
@@ -125,11 +128,11 @@ impl PackedFunction {
     pub unsafe fn call(&self, args: &[Value]) -> Result<Value, CallError> {
         match &self.inner {
             // SAFETY: forwarded from the caller.
-            Inner::Native { symbol, abi: Abi::Packed } => unsafe {
+            Inner::Native { symbol, abi } if !abi.ffi_values() => unsafe {
                 call_classic(symbol.addr(), std::ptr::null_mut(), args)
             },
             // SAFETY: forwarded from the caller.
-            Inner::Native { symbol, abi: Abi::Ffi } => unsafe { call_ffi(symbol.addr(), std::ptr::null_mut(), args) },
+            Inner::Native { symbol, .. } => unsafe { call_ffi(symbol.addr(), std::ptr::null_mut(), args) },
             Inner::Rust(f) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(args))) {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(message)) => Err(CallError { code: -1, message }),
@@ -283,11 +286,11 @@ impl PreparedCall {
     /// Encodes `args` for `function`'s convention.
     pub fn new(function: PackedFunction, args: Vec<Value>) -> Result<PreparedCall, CallError> {
         let encoded = match function.abi() {
-            Some(Abi::Packed) => {
+            Some(abi) if !abi.ffi_values() => {
                 let (values, codes, strings) = encode_classic(&args)?;
                 Encoded::Classic { values, codes, _strings: strings }
             }
-            Some(Abi::Ffi) => {
+            Some(_) => {
                 let (values, strings) = encode_ffi(&args)?;
                 Encoded::Ffi { values, _strings: strings }
             }

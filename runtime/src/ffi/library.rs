@@ -19,7 +19,6 @@ use crate::bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::ffi::call::{PackedFunction, Symbol};
 use crate::ffi::context::{ContextHandle, LibraryContext};
-use crate::ffi::value::Abi;
 use crate::format::Layout;
 use crate::module::{LoadedTree, Module};
 
@@ -85,17 +84,17 @@ pub struct LibraryModule {
     image: Option<Arc<Image>>,
     path: PathBuf,
     // (run) the functions' calling convention, and what `__tvm_main__` names.
-    abi: Abi,
+    abi: Layout,
     main_entry: Option<String>,
 }
 
 impl LibraryModule {
     /// A library module with no shared object behind it (for blobs loaded from memory).
     pub fn detached() -> LibraryModule {
-        LibraryModule { image: None, path: PathBuf::from("<memory>"), abi: Abi::Packed, main_entry: None }
+        LibraryModule { image: None, path: PathBuf::from("<memory>"), abi: Layout::Classic, main_entry: None }
     }
 
-    pub(crate) fn new(image: Arc<Image>, path: PathBuf, abi: Abi, main_entry: Option<String>) -> LibraryModule {
+    pub(crate) fn new(image: Arc<Image>, path: PathBuf, abi: Layout, main_entry: Option<String>) -> LibraryModule {
         LibraryModule { image: Some(image), path, abi, main_entry }
     }
 
@@ -110,8 +109,9 @@ impl LibraryModule {
         self.image.as_ref().map(|i| i.id)
     }
 
-    /// The calling convention of the library's functions (classic when detached).
-    pub fn abi(&self) -> Abi {
+    /// The TVM generation of the library's code, whose calling convention its functions use
+    /// (classic when detached).
+    pub fn abi(&self) -> Layout {
         self.abi
     }
 
@@ -138,7 +138,7 @@ impl LibraryModule {
     /// `name` is exported as `__tvm_ffi_<name>` (tried first), and `__tvm_main__` on a classic
     /// library is a string naming the entry function, which is what it finds.
     fn named_symbol(&self, name: &str) -> Option<Symbol> {
-        if self.abi == Abi::Ffi && !name.starts_with("__tvm_ffi_") {
+        if self.abi.prefixes_functions() && !name.starts_with("__tvm_ffi_") {
             if let Some(s) = self.raw_symbol(&format!("__tvm_ffi_{name}")) {
                 return Some(s);
             }

@@ -4,7 +4,7 @@
 //! - [`dlpack`]: DLPack's structs as compiled functions take them (`packed` is its old name,
 //!   kept for users, with [`call::call_packed`] and [`last_error::last_error`]).
 //! - [`last_error`]: the calling thread's last error, and [`CallError`].
-//! - [`value`]: [`Value`] and its coding in TVM's two conventions ([`Abi`]).
+//! - [`value`]: [`Value`] and its coding in TVM's two conventions.
 //! - [`call`]: [`PackedFunction`] (native code with its convention, or a Rust closure) and
 //!   [`call::PreparedCall`].
 //! - [`library`]: opening a shared library, reading its blob from the loaded image, and the
@@ -31,7 +31,7 @@ pub mod value;
 
 pub use call::PackedFunction;
 pub use last_error::CallError;
-pub use value::{Abi, Value};
+pub use value::Value;
 
 /// DLPack's structs and the simplest call, by their old path (`mblob_runtime::packed`).
 pub mod packed {

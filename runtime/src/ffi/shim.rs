@@ -50,7 +50,7 @@ use std::sync::OnceLock;
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use crate::error::{Error, Result};
-use crate::ffi::value::Abi;
+use crate::format::Layout;
 
 /// The TVM runtime functions the shim provides, in the order of its table.
 pub const PROVIDED: [&str; 13] = [
@@ -75,8 +75,9 @@ static SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mblob_shim.so"));
 /// What the file's dynamic symbols say, read before it is opened.
 #[derive(Debug, Clone)]
 pub(crate) struct Preflight {
-    /// The calling convention of its functions.
-    pub abi: Abi,
+    /// The TVM generation of its code (the one classifier's answer), whose calling
+    /// convention its functions use.
+    pub abi: Layout,
     /// The entry function `__tvm_main__` names (classic libraries).
     pub main_entry: Option<String>,
     /// Whether it imports runtime functions by name, so that it must be opened in mblob's
@@ -95,7 +96,7 @@ pub(crate) fn is_tvm_runtime(name: &str) -> bool {
 pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
     let Ok(obj) = object::File::parse(file) else {
         // Not an ELF file we can read: let dlopen say what is wrong with it.
-        return Ok(Preflight { abi: Abi::Packed, main_entry: None, private: false });
+        return Ok(Preflight { abi: Layout::Classic, main_entry: None, private: false });
     };
     let mut imports = Vec::new();
     let mut main_entry = None;
@@ -113,7 +114,8 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
         }
     }
     // The one classifier of host code (also pack's and inspect's).
-    let ffi = crate::format::convention::classify_file(file).is_some_and(|c| c.is_ffi());
+    // Plain C code (no TVM mark) is called as classic code.
+    let abi = crate::format::convention::classify_file(file).unwrap_or(Layout::Classic);
     imports.sort();
     imports.dedup();
     let missing: Vec<String> = imports.iter().filter(|n| !PROVIDED.contains(&n.as_str())).cloned().collect();
@@ -131,7 +133,7 @@ pub(crate) fn preflight(file: &[u8], path: &Path) -> Result<Preflight> {
             reason,
         })?;
     }
-    Ok(Preflight { abi: if ffi { Abi::Ffi } else { Abi::Packed }, main_entry, private: !imports.is_empty() })
+    Ok(Preflight { abi, main_entry, private: !imports.is_empty() })
 }
 
 /// The NUL-terminated string a defined data symbol holds, read from the file.

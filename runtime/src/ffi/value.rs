@@ -1,10 +1,11 @@
-//! Packed values in TVM's two conventions, and their coding.
+//! Packed values in TVM's two conventions, and their coding. Which one a function takes
+//! follows the TVM generation of its code ([`Layout::ffi_values`](crate::format::Layout::ffi_values)):
 //!
-//! - [`Abi::Packed`] (TVM 0.8 to 0.20): `int f(TVMValue* args, int* type_codes, int n,
-//!   TVMValue* ret, int* ret_code, void* resource_handle)`, 8-byte values with a separate array
-//!   of type codes.
-//! - [`Abi::Ffi`] (tvm-ffi, TVM 0.21 and later): `int f(void* self, const TVMFFIAny* args,
-//!   int32_t n, TVMFFIAny* result)`, 16-byte values that carry their type index.
+//! - classic ([`Layout::Classic`](crate::format::Layout::Classic), TVM 0.8 to 0.20):
+//!   `int f(TVMValue* args, int* type_codes, int n, TVMValue* ret, int* ret_code, void*
+//!   resource_handle)`, 8-byte values with a separate array of type codes.
+//! - tvm-ffi (TVM 0.21 and later): `int f(void* self, const TVMFFIAny* args, int32_t n,
+//!   TVMFFIAny* result)`, 16-byte values that carry their type index.
 //!
 //! [`Value`] is an argument or a return value of either; [`TVMValue`] and [`TVMFFIAny`] are
 //! their C forms. The calls themselves are in [`super::call`].
@@ -14,15 +15,6 @@ use std::ffi::{c_int, c_void, CStr, CString};
 
 use crate::ffi::dlpack::{DLDataType, DLDevice, DLTensor};
 use crate::ffi::last_error::CallError;
-
-/// The calling convention of a library's compiled functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Abi {
-    /// TVM 0.8 to 0.20: `TVMBackendPackedCFunc`, type codes in a separate array.
-    Packed,
-    /// TVM 0.21 and later: tvm-ffi's `TVMFFISafeCallType` over `TVMFFIAny` values.
-    Ffi,
-}
 
 /// An argument or a return value of a packed call.
 #[derive(Debug, Clone, PartialEq)]

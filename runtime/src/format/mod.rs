@@ -25,7 +25,6 @@ pub mod stream;
 
 use std::io::{self, Write};
 
-pub use convention::Convention;
 pub use dtype::DataType;
 pub use error::{FormatError, FormatErrorKind};
 use stream::Reader;
@@ -45,7 +44,15 @@ pub const SYMBOL_CLASSIC_021: &str = "__tvm_ffi_library_bin";
 /// Blob symbol of TVM 0.22 and later ([`Layout::Ffi`]).
 pub const SYMBOL_FFI: &str = "__tvm_ffi__library_bin";
 
-/// The blob layouts mblob reads and writes.
+/// The TVM generation: the one version axis of mblob. Each variant is a span of TVM releases
+/// that agree on everything mblob reads or writes: the blob's layout and symbol, how compiled
+/// host functions are named and called ([`Layout::convention_name`], [`Layout::ffi_values`]),
+/// how a Relax executable numbers its constant tags and which type key it has
+/// ([`Layout::relax_type_keys`]). The loader, `pack` and `inspect` tell a library's host code's
+/// generation from its symbols with the one classifier ([`convention::classify`]); the
+/// blob's generation is told from its symbol ([`Layout::from_symbol`]). The two differ only in a
+/// library packed with `--force-layout`, and then each is reported and used for what it is:
+/// the blob is read by its layout, the host code called in its own convention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// TVM 0.8 to 0.20: `count`, entries with unframed payloads, `_import_tree` last.
@@ -100,6 +107,69 @@ impl Layout {
     /// Whether payloads are framed as strings.
     pub fn frames_payloads(self) -> bool {
         matches!(self, Layout::Ffi)
+    }
+
+    /// The generation of a TVM version string (`"0.19.0"`, `"0.21.dev0"`, `"0.27.0.post1"`):
+    /// up to 0.20 classic, 0.21 classic-0.21, 0.22 and later ffi. `None` when the string does
+    /// not start with `MAJOR.MINOR`.
+    pub fn of_version(version: &str) -> Option<Layout> {
+        let mut parts = version.split('.');
+        let major: u32 = parts.next()?.parse().ok()?;
+        let minor: u32 = parts.next()?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+        Some(match (major, minor) {
+            (0, ..=20) => Layout::Classic,
+            (0, 21) => Layout::Classic021,
+            _ => Layout::Ffi,
+        })
+    }
+
+    /// The name of its host code's calling convention, as `inspect` reports it
+    /// (`host.convention`; plain C code with no TVM mark is `"c"`).
+    pub fn convention_name(self) -> &'static str {
+        match self {
+            Layout::Classic => "classic-packed",
+            Layout::Classic021 => "tvm-ffi-0.21",
+            Layout::Ffi => "tvm-ffi",
+        }
+    }
+
+    /// Its host code's calling convention, for messages and `inspect`'s text.
+    pub fn convention_text(self) -> &'static str {
+        match self {
+            Layout::Classic => {
+                "classic packed functions (TVM 0.8-0.20): int f(TVMValue* args, int* type_codes, int n, \
+                 TVMValue* ret, int* ret_code, void* resource)"
+            }
+            Layout::Classic021 => {
+                "tvm-ffi safe calls (TVM 0.21): int f(void* self, const TVMFFIAny* args, int32_t n, \
+                 TVMFFIAny* result), plain names"
+            }
+            Layout::Ffi => {
+                "tvm-ffi safe calls (TVM 0.22+): int f(void* self, const TVMFFIAny* args, int32_t n, \
+                 TVMFFIAny* result), exported as __tvm_ffi_<name>"
+            }
+        }
+    }
+
+    /// Whether its compiled functions take tvm-ffi's values (`TVMFFIAny`, TVM 0.21 and
+    /// later) rather than the classic `TVMValue` and type-code arrays.
+    pub fn ffi_values(self) -> bool {
+        !matches!(self, Layout::Classic)
+    }
+
+    /// Whether its libraries export each function `name` as `__tvm_ffi_<name>` (TVM 0.22+).
+    pub fn prefixes_functions(self) -> bool {
+        matches!(self, Layout::Ffi)
+    }
+
+    /// The type keys of a Relax executable its TVM loads: `relax.Executable` (TVM 0.19 and
+    /// earlier) and `relax.VMExecutable` (0.20 and later) in the classic layout, the latter
+    /// only from 0.21 on.
+    pub fn relax_type_keys(self) -> &'static [&'static str] {
+        match self {
+            Layout::Classic => &["relax.Executable", "relax.VMExecutable"],
+            Layout::Classic021 | Layout::Ffi => &["relax.VMExecutable"],
+        }
     }
 }
 
@@ -365,6 +435,27 @@ pub fn write_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The version strings TVM's own builds report (`tvm.__version__`): the PyPI 0.19 build,
+    /// 0.21's dev builds, 0.27's post release; and strings that are no version.
+    #[test]
+    fn generation_of_a_version() {
+        assert_eq!(Layout::of_version("0.19.0"), Some(Layout::Classic));
+        assert_eq!(Layout::of_version("0.8.0"), Some(Layout::Classic));
+        assert_eq!(Layout::of_version("0.20.dev0"), Some(Layout::Classic));
+        assert_eq!(Layout::of_version("0.21.dev0"), Some(Layout::Classic021));
+        assert_eq!(Layout::of_version("0.22.0"), Some(Layout::Ffi));
+        assert_eq!(Layout::of_version("0.27.0.post1"), Some(Layout::Ffi));
+        assert_eq!(Layout::of_version("1.0"), Some(Layout::Ffi));
+        assert_eq!(Layout::of_version("unknown"), None);
+        assert_eq!(Layout::of_version("0"), None);
+        assert_eq!(Layout::of_version(""), None);
+        // Each generation's convention and the layout its TVM calls it from agree.
+        for l in Layout::ALL {
+            assert_eq!(Layout::from_name(l.name()), Some(l));
+            assert_eq!(l.ffi_values(), l != Layout::Classic);
+        }
+    }
 
     #[test]
     fn symbols_and_prefixes() {

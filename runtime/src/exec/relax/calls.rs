@@ -66,7 +66,7 @@ mod tests {
         ];
         let exe = RelaxExecutable::from_parts(
             crate::payload::relax::RELAX_VM_EXECUTABLE,
-            crate::payload::relax::Dialect::Tvm022,
+            crate::format::Layout::Ffi,
             functions,
             vec![],
             vec![crate::payload::relax::Instruction::Ret { result: crate::payload::relax::Reg::Index(0) }],

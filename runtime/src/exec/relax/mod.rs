@@ -35,8 +35,8 @@ pub(crate) mod checks;
 pub mod vm;
 
 pub use crate::payload::relax::{
-    executable, v019, v021, Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable,
-    RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
+    executable, v019, v021, Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE,
+    RELAX_VM_EXECUTABLE,
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
 pub use vm::{

@@ -72,50 +72,32 @@ pub const VOID_REGISTER: i64 = BEGIN_SPECIAL_REG;
 /// `%vm`: the VM itself (first argument of `vm.builtin.alloc_storage`).
 pub const VM_REGISTER: i64 = BEGIN_SPECIAL_REG + 1;
 
-/// How the executable's constant tags are numbered, which follows the TVM version (and so the
-/// blob layout it was found in).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    /// TVM 0.19 and 0.20 (blob layout [`Layout::Classic`]): TVM's own `ConstantType` tags.
-    Tvm019,
-    /// TVM 0.21 ([`Layout::Classic021`]): tvm-ffi type indices as numbered in TVM's tree.
-    Tvm021,
-    /// TVM 0.22 and later ([`Layout::Ffi`]): the tvm-ffi package's type indices.
-    Tvm022,
+/// The kind of constant `tag` stands for in an executable of the TVM generation `layout`
+/// (the numbering follows the TVM version, and so the blob layout the executable was found in):
+/// TVM 0.19 and 0.20 use TVM's own `ConstantType` tags, 0.21 tvm-ffi type indices as
+/// numbered in TVM's tree, 0.22 and later the tvm-ffi package's type indices.
+fn const_kind(layout: Layout, tag: i32) -> Option<ConstKind> {
+    match layout {
+        Layout::Classic => v019::kind(tag),
+        Layout::Classic021 => v021::kind(v021::Numbering::InTree, tag),
+        Layout::Ffi => v021::kind(v021::Numbering::Package, tag),
+    }
 }
 
-impl Dialect {
-    /// The dialect of executables found in a blob of `layout`.
-    pub fn of_layout(layout: Layout) -> Dialect {
-        match layout {
-            Layout::Classic => Dialect::Tvm019,
-            Layout::Classic021 => Dialect::Tvm021,
-            Layout::Ffi => Dialect::Tvm022,
-        }
+/// The tag of a constant of `kind` in an executable of the TVM generation `layout`.
+fn const_tag(layout: Layout, kind: ConstKind) -> i32 {
+    match layout {
+        Layout::Classic => v019::tag(kind),
+        Layout::Classic021 => v021::tag(v021::Numbering::InTree, kind),
+        Layout::Ffi => v021::tag(v021::Numbering::Package, kind),
     }
+}
 
-    fn kind(self, tag: i32) -> Option<ConstKind> {
-        match self {
-            Dialect::Tvm019 => v019::kind(tag),
-            Dialect::Tvm021 => v021::kind(v021::Numbering::InTree, tag),
-            Dialect::Tvm022 => v021::kind(v021::Numbering::Package, tag),
-        }
-    }
-
-    fn tag(self, kind: ConstKind) -> i32 {
-        match self {
-            Dialect::Tvm019 => v019::tag(kind),
-            Dialect::Tvm021 => v021::tag(v021::Numbering::InTree, kind),
-            Dialect::Tvm022 => v021::tag(v021::Numbering::Package, kind),
-        }
-    }
-
-    /// The magic TVM of this dialect writes.
-    fn default_magic(self) -> u64 {
-        match self {
-            Dialect::Tvm022 => MAGIC_V2,
-            _ => MAGIC_V1,
-        }
+/// The magic the TVM of `layout` writes.
+fn default_magic(layout: Layout) -> u64 {
+    match layout {
+        Layout::Ffi => MAGIC_V2,
+        _ => MAGIC_V1,
     }
 }
 
@@ -283,8 +265,8 @@ pub enum Instruction {
 pub struct RelaxExecutable {
     /// The type key it was loaded under (`relax.Executable` or `relax.VMExecutable`).
     pub type_key: String,
-    /// The numbering of its constant tags.
-    pub dialect: Dialect,
+    /// The TVM generation whose form and constant-tag numbering it was read in.
+    pub layout: Layout,
     /// The magic it was read with ([`MAGIC_V1`] or [`MAGIC_V2`]).
     pub magic: u64,
     /// The VM version string it was read with ([`VM_VERSION`], or one of
@@ -334,23 +316,23 @@ impl RelaxExecutable {
     ///
     /// The form and constant tags of `layout`'s TVM version are tried first. A payload that
     /// does not read that way (the bytes of another version, copied verbatim into this
-    /// layout by a tool) is read in the other forms and dialects, and [`RelaxExecutable::dialect`]
+    /// layout by a tool) is read in the other forms and generations, and [`RelaxExecutable::layout`]
     /// says which one fitted; when none does, the error is the one of `layout`'s own form.
     pub fn read_payload(payload: &Bytes, layout: Layout, type_key: &str) -> Result<RelaxExecutable, FormatError> {
         let _span = tracing::debug_span!("relax_executable", layout = layout.name(), bytes = payload.len()).entered();
-        let own = Dialect::of_layout(layout);
+        let own = layout;
         let wrapped = !layout.frames_payloads();
         let first = RelaxExecutable::read_form(payload, wrapped, own, type_key);
         if first.is_ok() {
             return first;
         }
-        let dialects = [Dialect::Tvm019, Dialect::Tvm021, Dialect::Tvm022];
-        for (w, d) in [wrapped, !wrapped].into_iter().flat_map(|w| dialects.into_iter().map(move |d| (w, d))) {
+        let generations = Layout::ALL;
+        for (w, d) in [wrapped, !wrapped].into_iter().flat_map(|w| generations.into_iter().map(move |d| (w, d))) {
             if (w, d) == (wrapped, own) {
                 continue;
             }
             if let Ok(exec) = RelaxExecutable::read_form(payload, w, d, type_key) {
-                tracing::debug!(dialect = ?d, wrapped = w, "relax executable read in another version's form");
+                tracing::debug!(generation = ?d, wrapped = w, "relax executable read in another version's form");
                 return Ok(exec);
             }
         }
@@ -360,17 +342,17 @@ impl RelaxExecutable {
     fn read_form(
         payload: &Bytes,
         wrapped: bool,
-        dialect: Dialect,
+        generation: Layout,
         type_key: &str,
     ) -> Result<RelaxExecutable, FormatError> {
         if !wrapped {
-            return RelaxExecutable::read(payload, 0, dialect, type_key);
+            return RelaxExecutable::read(payload, 0, generation, type_key);
         }
         let mut r = Reader::new(payload, 0);
         let code = r.read_str_bytes("executable")?;
         r.finish("the executable string")?;
         let code = payload.slice(8..8 + code.len()).unwrap_or_else(|| Bytes::from_vec(code.to_vec()));
-        RelaxExecutable::read(&code, 8, dialect, type_key)
+        RelaxExecutable::read(&code, 8, generation, type_key)
     }
 
     /// How many bytes a classic-layout payload at the start of `bytes` takes: the length of
@@ -382,8 +364,8 @@ impl RelaxExecutable {
     }
 
     /// Reads the executable itself (from its magic on), whose first byte lies at `base` in the
-    /// payload, in `dialect`. Tensor data stays borrowed from `src`.
-    pub fn read(src: &Bytes, base: u64, dialect: Dialect, type_key: &str) -> Result<RelaxExecutable, FormatError> {
+    /// payload, in `generation`. Tensor data stays borrowed from `src`.
+    pub fn read(src: &Bytes, base: u64, generation: Layout, type_key: &str) -> Result<RelaxExecutable, FormatError> {
         let mut r = Reader::new(src, base);
         let at = r.offset();
         let magic = r.read_u64("magic")?;
@@ -410,7 +392,7 @@ impl RelaxExecutable {
         let version = (*version).to_owned();
         let functions = read_functions(&mut r)?;
         let memory_scopes = if magic == MAGIC_V2 { read_scopes(&mut r)? } else { Vec::new() };
-        let constants = read_constants(&mut r, src, dialect)?;
+        let constants = read_constants(&mut r, src, generation)?;
         let offsets_at = r.offset();
         let instr_offset = read_vec_i64(&mut r, "instr_offset")?;
         let data_at = r.offset() + 8;
@@ -419,7 +401,7 @@ impl RelaxExecutable {
         let instructions = decode(&instr_offset, &instr_data, offsets_at + 8, data_at, &functions, constants.len())?;
         let exec = RelaxExecutable {
             type_key: type_key.to_owned(),
-            dialect,
+            layout: generation,
             magic,
             version,
             functions,
@@ -435,10 +417,10 @@ impl RelaxExecutable {
 
     /// An executable from its parts (for tools and tests that build programs): the
     /// instructions are encoded as TVM lays them out, and the result is checked as a read
-    /// executable is (indices, registers, jumps), in `dialect` with its default magic.
+    /// executable is (indices, registers, jumps), in `generation` with its default magic.
     pub fn from_parts(
         type_key: &str,
-        dialect: Dialect,
+        generation: Layout,
         functions: Vec<FuncInfo>,
         constants: Vec<Constant>,
         instructions: Vec<Instruction>,
@@ -459,8 +441,8 @@ impl RelaxExecutable {
         }
         let exec = RelaxExecutable {
             type_key: type_key.to_owned(),
-            dialect,
-            magic: dialect.default_magic(),
+            layout: generation,
+            magic: default_magic(generation),
             version: VM_VERSION.to_owned(),
             functions,
             memory_scopes: Vec::new(),
@@ -470,9 +452,9 @@ impl RelaxExecutable {
             instr_data,
         };
         let mut bytes = Vec::new();
-        exec.write_executable(dialect, &mut bytes)
+        exec.write_executable(generation, &mut bytes)
             .map_err(|e| invalid(0, "executable", format!("cannot be encoded: {e}")))?;
-        RelaxExecutable::read(&Bytes::from_vec(bytes), 0, dialect, type_key)
+        RelaxExecutable::read(&Bytes::from_vec(bytes), 0, generation, type_key)
     }
 
     /// The index of the function named `name`.
@@ -560,10 +542,10 @@ impl RelaxExecutable {
         Ok(())
     }
 
-    /// Writes the executable itself (from the magic on) in `dialect`. The magic is the one read
-    /// when the dialect is unchanged, else the one TVM of that dialect writes.
-    pub fn write_executable(&self, dialect: Dialect, out: &mut dyn Write) -> io::Result<()> {
-        let magic = if dialect == self.dialect { self.magic } else { dialect.default_magic() };
+    /// Writes the executable itself (from the magic on) in `generation`. The magic is the one read
+    /// when the generation is unchanged, else the one its TVM writes.
+    pub fn write_executable(&self, generation: Layout, out: &mut dyn Write) -> io::Result<()> {
+        let magic = if generation == self.layout { self.magic } else { default_magic(generation) };
         if magic != MAGIC_V2 && !self.memory_scopes.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -571,7 +553,7 @@ impl RelaxExecutable {
             ));
         }
         stream::write_u64(out, magic)?;
-        let version = if dialect == self.dialect { self.version.as_str() } else { VM_VERSION };
+        let version = if generation == self.layout { self.version.as_str() } else { VM_VERSION };
         stream::write_str(out, version)?;
         stream::write_u64(out, self.functions.len() as u64)?;
         for f in &self.functions {
@@ -591,7 +573,7 @@ impl RelaxExecutable {
         }
         stream::write_u64(out, self.constants.len() as u64)?;
         for c in &self.constants {
-            out.write_all(&dialect.tag(c.kind()).to_le_bytes())?;
+            out.write_all(&const_tag(generation, c.kind()).to_le_bytes())?;
             match c {
                 Constant::Tensor(t) => t.write_to(out)?,
                 Constant::DataType(t) => stream::write_dtype(out, *t)?,
@@ -741,18 +723,18 @@ fn read_scopes(r: &mut Reader<'_>) -> Result<Vec<(i64, String)>, FormatError> {
     Ok(out)
 }
 
-fn read_constants(r: &mut Reader<'_>, src: &Bytes, dialect: Dialect) -> Result<Vec<Constant>, FormatError> {
+fn read_constants(r: &mut Reader<'_>, src: &Bytes, generation: Layout) -> Result<Vec<Constant>, FormatError> {
     // A tag and the smallest value (a dtype): 8 bytes each at least.
     let n = r.read_count("constant pool", 8)?;
     let mut out = Vec::with_capacity(n);
     for index in 0..n {
         let at = r.offset();
         let tag = r.read_i32("constant tag")?;
-        let kind = dialect.kind(tag).ok_or_else(|| {
+        let kind = const_kind(generation, tag).ok_or_else(|| {
             invalid(
                 at,
                 "constant tag",
-                format!("constant {index} has tag {tag}, which TVM of {dialect:?} does not write"),
+                format!("constant {index} has tag {tag}, which the TVM of layout {generation} does not write"),
             )
         })?;
         let c = match kind {

@@ -12,8 +12,7 @@ use std::any::Any;
 use std::io::{self, Write};
 
 pub use executable::{
-    Arg, Constant, Dialect, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE,
-    RELAX_VM_EXECUTABLE,
+    Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
 
 use super::Payload;
@@ -28,12 +27,11 @@ impl Payload for RelaxExecutable {
     /// Writes the executable with the constant tags of the TVM version that writes `layout`
     /// (wrapped in a string for the classic layouts).
     fn write_payload(&self, layout: Layout, out: &mut dyn Write) -> io::Result<()> {
-        let dialect = Dialect::of_layout(layout);
         if layout.frames_payloads() {
-            return self.write_executable(dialect, out);
+            return self.write_executable(layout, out);
         }
         let mut code = Vec::new();
-        self.write_executable(dialect, &mut code)?;
+        self.write_executable(layout, &mut code)?;
         stream::write_str(out, &code)
     }
 

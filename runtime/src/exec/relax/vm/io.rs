@@ -7,8 +7,9 @@ use super::value::{bool_for_dialect, numpy_dtype, tuple_items, Value, VmError, V
 use super::VirtualMachine;
 use crate::array::{tensor_bytes, NdArray};
 use crate::exec::value::Value as ExecValue;
+use crate::format::Layout;
 use crate::payload::graph::Tensor;
-use crate::payload::relax::executable::{Dialect, FuncKind};
+use crate::payload::relax::executable::FuncKind;
 
 /// Copies back into the caller's arrays what a call wrote into their copies: a
 /// [`VmValue::Array`] off the VM's device is passed as a copy on the device, so that a builtin
@@ -228,7 +229,7 @@ impl VirtualMachine {
                 available: exec.vm_functions().map(|f| f.name.clone()).collect(),
             }
         })?;
-        let args = convert(self, exec.dialect == Dialect::Tvm022)?;
+        let args = convert(self, exec.layout == Layout::Ffi)?;
         self.call_vm(index, args, 0)
     }
 

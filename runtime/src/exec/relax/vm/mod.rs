@@ -40,8 +40,9 @@ use crate::device::api::DeviceApi;
 use crate::device::backends::device_api;
 use crate::device::{Device, DeviceError};
 use crate::ffi::call::PackedFunction;
+use crate::format::Layout;
 use crate::module::LoadedTree;
-use crate::payload::relax::executable::{Arg, Constant, Dialect, FuncKind, Instruction, Reg, RelaxExecutable};
+use crate::payload::relax::executable::{Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
 
 mod builtins;
 mod decode;
@@ -431,7 +432,7 @@ impl VirtualMachine {
     pub fn call_function(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
         let _span = tracing::debug_span!("relax_vm_call_function", function = name, args = args.len()).entered();
         let exec = self.executable();
-        let ffi_bool = exec.dialect == Dialect::Tvm022;
+        let ffi_bool = exec.layout == Layout::Ffi;
         let mut next = 0;
         let values = args.iter().map(|v| self.upload_value(&mut next, v, ffi_bool)).collect::<Result<Vec<_>, _>>()?;
         let callee = self.callee(name)?;
@@ -495,7 +496,7 @@ impl VirtualMachine {
 
     /// TVM's type key of `v`, in the spelling of the executable's TVM.
     fn key(&self, v: &Value) -> &'static str {
-        v.type_key(self.executable().dialect == Dialect::Tvm022)
+        v.type_key(self.executable().layout == Layout::Ffi)
     }
 }
 

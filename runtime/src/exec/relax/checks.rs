@@ -11,7 +11,7 @@
 //!   aligned for most offsets, which TVM's kernels assume: a crash).
 
 use super::vm::value::check;
-use super::vm::VmError;
+use super::vm::value::VmError;
 use crate::array::NdArray;
 use crate::ffi::dlpack::DLTensor;
 use crate::format::DataType;
@@ -106,7 +106,7 @@ pub(crate) fn shape_pairs(first: usize, count: i64, len: usize) -> Result<usize,
         .filter(|&end| end <= len)
         .ok_or_else(|| {
             let want = i128::from(first as u64) + 2 * i128::from(count);
-            check("InternalError", format!("Check failed: kBeginCode + size * 2 <= args.size() ({want} vs. {len}) : "))
+            check("InternalError", format!("Check failed: kBeginCode + size * 2 <= args.size() ({want} vs. {len}) :"))
         })
 }
 
@@ -114,7 +114,7 @@ pub(crate) fn shape_pairs(first: usize, count: i64, len: usize) -> Result<usize,
 /// `code == kLoadShape`: its condition, the message being empty).
 pub(crate) fn shape_code(make: bool) -> VmError {
     let want = if make { "MakeShapeCode::kLoadShape" } else { "MatchShapeCode::kAssertEqualToLoad" };
-    check("InternalError", format!("Check failed: (code == {want}) is false: "))
+    check("InternalError", format!("Check failed: (code == {want}) is false:"))
 }
 
 /// `vm.builtin.tensor_to_shape` of a tensor that is not 1-d int16/int32/int64: TVM's checks in
@@ -123,12 +123,12 @@ pub(crate) fn tensor_to_shape(t: &NdArray) -> Result<(), VmError> {
     let ndim = t.shape().len();
     let d = t.dtype();
     if ndim != 1 {
-        return Err(check("InternalError", format!("Check failed: arr->ndim == 1 ({ndim} vs. 1) : ")));
+        return Err(check("InternalError", format!("Check failed: arr->ndim == 1 ({ndim} vs. 1) :")));
     }
     if d.code != 0 {
         // TVM prints the code as a character (a `uint8_t`).
         let code = char::from(d.code);
-        return Err(check("InternalError", format!("Check failed: arr->dtype.code == kDLInt ({code} vs. 0) : ")));
+        return Err(check("InternalError", format!("Check failed: arr->dtype.code == kDLInt ({code} vs. 0) :")));
     }
     if d.lanes != 1 || !matches!(d.bits, 16 | 32 | 64) {
         return Err(check("InternalError", format!("Unknown scalar int type: {}", dtype_name(d))));

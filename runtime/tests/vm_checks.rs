@@ -149,6 +149,14 @@ fn relax_indices_out_of_range_are_refused_when_the_vm_is_made() {
             e.instructions[first_call] = Instruction::Ret { result: Reg::Index(file) }
         })),
         ("a register file of 2^40 registers", Box::new(move |e| e.functions[bi].register_file_size = 1 << 40)),
+        (
+            // Found by the fuzz target `vm_decoded`: the bound on the file overflowed.
+            "2^63-1 arguments and registers",
+            Box::new(move |e| {
+                e.functions[bi].num_args = i64::MAX;
+                e.functions[bi].register_file_size = i64::MAX;
+            }),
+        ),
         ("a function range past the code", Box::new(move |e| e.functions[bi].end = 1 << 33)),
         ("a function range that is empty", Box::new(move |e| e.functions[bi].end = e.functions[bi].start)),
     ];
@@ -416,5 +424,12 @@ mod relay {
                 None => assert!(!matches!(got, Err(RelayVmError::Check { .. })), "{case}: {got:?}"),
             }
         }
+        // The tensor itself (float32) as the new shape: TVM's `dtype.code == 0u` check.
+        let mut bad = good.clone();
+        bad.functions[0].instructions[reshape] = I::ReshapeTensor { tensor, newshape: tensor, dst };
+        let e = vm(&tree, bad).unwrap().invoke("main", std::slice::from_ref(&x)).unwrap_err();
+        let (kind, message) = check_of(&e);
+        assert_eq!(kind, "InternalError");
+        assert!(message.starts_with("Check failed: dl_tensor->dtype.code == 0u ("), "{message}");
     }
 }

@@ -189,3 +189,27 @@ pub(crate) fn view(shape: &[i64], from: (&[i64], DataType, usize)) -> Result<(),
         ),
     })
 }
+
+/// A shape tensor of `shape` and `dtype` (`AllocTensorReg`'s, `ReshapeTensor`'s new shape): TVM
+/// 0.19's checks in their order. `ToShape` (`AllocTensorReg`): a 1-d int32 or int64 tensor;
+/// `ReshapeTensor`: an int64 tensor (code 0, 64 bits; its rank is not checked there).
+pub(crate) fn shape_tensor(shape: &[i64], dtype: DataType, reshape: bool) -> Result<(), TvmCheck> {
+    let internal = |message: String| Err(TvmCheck { kind: "InternalError", message });
+    if reshape {
+        // TVM prints the fields as characters (they are `uint8_t`).
+        if dtype.code != 0 {
+            return internal(format!("Check failed: dl_tensor->dtype.code == 0u ({} vs. 0) :", char::from(dtype.code)));
+        }
+        if dtype.bits != 64 {
+            return internal(format!("Check failed: dl_tensor->dtype.bits == 64u ({} vs. 64) :", char::from(dtype.bits)));
+        }
+        return Ok(());
+    }
+    if shape.len() != 1 {
+        return internal(format!("shape tensor should be a k-length vector, found {}", shape.len()));
+    }
+    if dtype.code != 0 || dtype.lanes != 1 || !matches!(dtype.bits, 32 | 64) {
+        return internal(format!("invalid shape tensor datatype: {}", dtype_name(dtype)));
+    }
+    Ok(())
+}

@@ -725,6 +725,7 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
     let Value::Tensor(t) = v else {
         return Err(program(format!("expected a shape tensor, got a {}", v.kind())));
     };
+    relay_checks::shape_tensor(t.shape(), t.dtype(), int64_only)?;
     let bytes = t.to_bytes()?;
     match (t.dtype().code, t.dtype().bits) {
         (0, 64) => Ok(bytes

@@ -15,7 +15,7 @@ use super::vm::value::VmError;
 use crate::array::NdArray;
 use crate::ffi::dlpack::DLTensor;
 use crate::format::DataType;
-use crate::payload::relax::executable::{dtype_name, Arg, FuncKind, Instruction, Reg, RelaxExecutable};
+use crate::payload::relax::executable::{dtype_name, Arg, FuncKind, Instruction, Reg, RelaxExecutable, MAX_VM_ARGS};
 
 /// The `DLTensor` a kernel gets for `a`, as TVM passes it: a tensor a VM placed at a non-zero
 /// offset of its storage ([`NdArray::vm_offset`]) comes as the storage's start and that
@@ -164,7 +164,12 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
                 _ => 2,
             })
             .sum();
-        if f.num_args < 0 || f.register_file_size < f.num_args || f.register_file_size > f.num_args + words + 1 {
+        let names = f.param_names.len() as i64;
+        if !(0..=MAX_VM_ARGS).contains(&f.num_args)
+            || (names != 0 && names != f.num_args)
+            || f.register_file_size < f.num_args
+            || f.register_file_size > f.num_args + words + 1
+        {
             return Err(bad(
                 f.start,
                 format!("{} arguments and {} registers", f.num_args, f.register_file_size),

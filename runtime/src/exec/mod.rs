@@ -28,6 +28,8 @@ pub mod graph;
 pub mod llm;
 pub mod relax;
 #[cfg(feature = "relay-vm")]
+pub(crate) mod relay_checks;
+#[cfg(feature = "relay-vm")]
 pub mod relay_vm;
 
 pub mod function;

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::relay_checks;
 use super::value::{ObjectRef, Value as ExecValue};
 use crate::array::{tensor_bytes, ArrayError, NdArray};
 use crate::device::api::DeviceApi;
@@ -132,8 +133,29 @@ pub enum RelayVmError {
     /// The program executed `Fatal` (TVM: "VM encountered fatal error").
     #[error("VM encountered fatal error")]
     Fatal,
-    /// The program did something TVM would refuse (a value of the wrong kind, a field out of
-    /// range, recursion past [`MAX_FRAMES`], ...).
+    /// A decoded executable with an index the VM cannot follow (a register past its function's
+    /// register file, a function, primitive or constant index past its table, a jump out of
+    /// its function): refused when the VM is made (`exec::relay_checks::program`).
+    #[error("invalid executable: `{function}` instruction {pc}: {detail}")]
+    Bytecode {
+        /// The VM function.
+        function: String,
+        /// The instruction index.
+        pc: usize,
+        /// What is wrong.
+        detail: String,
+    },
+    /// One of TVM's runtime checks failed (a field past an ADT's, a tensor past its storage, a
+    /// view larger than its tensor): TVM's error kind and message.
+    #[error("{kind}: {message}")]
+    Check {
+        /// TVM's error kind.
+        kind: &'static str,
+        /// TVM's message.
+        message: String,
+    },
+    /// The program did something TVM would refuse (a value of the wrong kind, recursion past
+    /// [`MAX_FRAMES`], ...).
     #[error("invalid program: {0}")]
     Program(String),
     /// A function returned something other than tensors and tuples of them.
@@ -164,6 +186,18 @@ impl RelayVmError {
             RelayVmError::At { source, .. } => source.root(),
             e => e,
         }
+    }
+}
+
+impl From<relay_checks::Bad> for RelayVmError {
+    fn from(b: relay_checks::Bad) -> RelayVmError {
+        RelayVmError::Bytecode { function: b.function, pc: b.pc, detail: b.detail }
+    }
+}
+
+impl From<relay_checks::TvmCheck> for RelayVmError {
+    fn from(c: relay_checks::TvmCheck) -> RelayVmError {
+        RelayVmError::Check { kind: c.kind, message: c.message }
     }
 }
 
@@ -282,6 +316,7 @@ impl RelayVm {
         late_bound: &[(String, Tensor)],
     ) -> Result<RelayVm, RelayVmError> {
         let _span = tracing::debug_span!("relay_vm_new", %device).entered();
+        relay_checks::program(&exec)?;
         if !device.is_cpu() {
             return Err(RelayVmError::UnsupportedDevice {
                 device: device.to_string(),
@@ -511,7 +546,7 @@ impl RelayVm {
                 let v = fields
                     .get(*field_index as usize)
                     .cloned()
-                    .ok_or_else(|| program(format!("field {field_index} of an ADT of {} fields", fields.len())))?;
+                    .ok_or_else(|| relay_checks::field_index(*field_index, fields.len()))?;
                 regs[*dst as usize] = v;
             }
             Instruction::GetTag { object, dst } => {
@@ -543,7 +578,7 @@ impl RelayVm {
                 let free: Arc<[Value]> = free_vars.iter().map(|r| get(regs, *r)).collect();
                 regs[*dst as usize] = Value::Closure { func: *func, free };
             }
-            Instruction::AllocStorage { allocation_size, dtype_hint, shape, dst, .. } => {
+            Instruction::AllocStorage { allocation_size, alignment, dtype_hint, shape, dst, .. } => {
                 let size = match allocation_size {
                     Some(r) => scalar_int(&regs[*r as usize])?,
                     None => tensor_bytes(*dtype_hint, shape)
@@ -552,7 +587,7 @@ impl RelayVm {
                 };
                 // Of its own size (TVM's pooled allocator rounds it up to a 4096-byte page: a
                 // recursion holding a small storage per frame would then hold pages).
-                let len = usize::try_from(size).map_err(|_| program(format!("storage of {size} bytes")))?;
+                let len = relay_checks::storage(size, *alignment)?;
                 regs[*dst as usize] = Value::Storage(self.pool.alloc_at(hint, 0, &self.api, len)?);
             }
             Instruction::ShapeOf { tensor, dst } => {
@@ -567,10 +602,7 @@ impl RelayVm {
                     return Err(program(format!("reshape_tensor of a {}", regs[*tensor as usize].kind())));
                 };
                 let shape = tensor_ints(&regs[*newshape as usize], true)?;
-                let same = tensor_bytes(t.dtype(), &shape) == tensor_bytes(t.dtype(), t.shape());
-                if !same {
-                    return Err(program(format!("cannot reshape {:?} to {shape:?}", t.shape())));
-                }
+                relay_checks::view(&shape, (t.shape(), t.dtype(), t.nbytes()))?;
                 let v = t.view(&shape, t.dtype())?;
                 regs[*dst as usize] = Value::Tensor(v);
             }
@@ -608,7 +640,7 @@ impl RelayVm {
             return Err(program(format!("alloc_tensor in a {}", storage.kind())));
         };
         let off = scalar_int(offset)?;
-        let off = usize::try_from(off).map_err(|_| program(format!("tensor offset {off}")))?;
+        let off = relay_checks::alloc_tensor(off, tensor_bytes(dtype, shape), s.nbytes())?;
         Ok(NdArray::in_storage(s, off, shape, dtype)?.with_vm_offset(off))
     }
 
@@ -693,6 +725,7 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
     let Value::Tensor(t) = v else {
         return Err(program(format!("expected a shape tensor, got a {}", v.kind())));
     };
+    relay_checks::shape_tensor(t.shape(), t.dtype(), int64_only)?;
     let bytes = t.to_bytes()?;
     match (t.dtype().code, t.dtype().bits) {
         (0, 64) => Ok(bytes

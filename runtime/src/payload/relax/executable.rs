@@ -260,6 +260,11 @@ pub enum Instruction {
     },
 }
 
+/// The most parameters a VM function may have: a larger count is a forged one (each
+/// becomes a register and a parameter slot when the function is called or listed; TVM's
+/// builder writes as many as the function has names for).
+pub const MAX_VM_ARGS: i64 = 1 << 16;
+
 /// A parsed Relax VM executable.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelaxExecutable {
@@ -488,7 +493,10 @@ impl RelaxExecutable {
             }
             // Every register is written by an argument or an instruction: a larger file is a
             // forged count, refused before any call allocates it.
-            if f.num_args < 0 || f.register_file_size < f.num_args || f.register_file_size > f.num_args + words + 1 {
+            if !(0..=MAX_VM_ARGS).contains(&f.num_args)
+                || f.register_file_size < f.num_args
+                || f.register_file_size > f.num_args + words + 1
+            {
                 return Err(invalid(
                     at,
                     "register_file_size",

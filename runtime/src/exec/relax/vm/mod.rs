@@ -152,6 +152,7 @@ impl VirtualMachine {
         builtins: Builtins,
     ) -> Result<VirtualMachine, VmError> {
         let _span = tracing::debug_span!("relax_vm_new", %device).entered();
+        crate::exec::relax::checks::program(&exec)?;
         if let Some((index, scope)) = exec.memory_scopes.iter().find(|(_, s)| s != "global") {
             return Err(VmError::Unsupported(format!("memory scope `{scope}` of constant {index}")));
         }
@@ -477,20 +478,6 @@ impl VirtualMachine {
                 expected: "a function or closure",
                 got: v.kind(),
             }),
-        }
-    }
-
-    /// The index into the device list of `alloc_storage`'s `device_index` (TVM: `-1` is the
-    /// host, the last device).
-    fn device_index(&self, name: &str, device_index: i64) -> Result<usize, VmError> {
-        let n = self.devices.len();
-        match device_index {
-            -1 => Ok(n - 1),
-            i if (0..n as i64).contains(&i) => Ok(i as usize),
-            i => Err(VmError::Program(format!(
-                "{name}: device index {i} is out of the VM's device list [{}]",
-                self.devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
-            ))),
         }
     }
 

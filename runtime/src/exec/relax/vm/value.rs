@@ -113,6 +113,18 @@ pub enum VmError {
         /// What was found.
         got: &'static str,
     },
+    /// A decoded executable with an index the VM cannot follow (a register past its function's
+    /// register file, a constant or function index past its table, a jump out of its
+    /// function): refused when the VM is made (`exec::relax::checks::program`).
+    #[error("invalid executable: `{function}` instruction {pc}: {detail}")]
+    Bytecode {
+        /// The VM function.
+        function: String,
+        /// The instruction index.
+        pc: i64,
+        /// What is wrong.
+        detail: String,
+    },
     /// The program did something TVM would refuse (out-of-range heap index, too few builtin
     /// arguments, running past its last instruction, ...).
     #[error("invalid program: {0}")]

@@ -3,6 +3,7 @@
 
 use super::shape::{heap_get, heap_set};
 use super::BuiltinFn;
+use crate::exec::relax::checks;
 use crate::exec::relax::vm::value::{check, Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::payload::relax::executable::dtype_name;
@@ -141,10 +142,9 @@ fn match_shape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize)
     };
     let heap = a.heap(1)?;
     let size = a.int(2)?;
-    let n = usize::try_from(size)
-        .ok()
-        .filter(|n| 3 + 2 * n < args.len())
-        .ok_or_else(|| VmError::Program(format!("{name}: {size} dimensions but {} arguments", args.len())))?;
+    // TVM checks the pairs and then reads the error context after them.
+    checks::shape_pairs(3, size, args.len())?;
+    let n = size as usize;
     let ctx = a.ctx(3 + 2 * n)?;
     if shape.len() != n {
         return Err(check("RuntimeError", format!("{ctx} match_cast shape size mismatch.")));
@@ -169,7 +169,7 @@ fn match_shape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize)
                     ));
                 }
             }
-            c => return Err(VmError::Program(format!("{name}: unknown match shape code {c}"))),
+            _ => return Err(checks::shape_code(false)),
         }
     }
     Ok(Value::Null)
@@ -194,6 +194,6 @@ fn match_prim_value(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: u
             format!("{ctx} match_cast error,  PrimValue mismatch to a previous populated value."),
         )),
         3 => Ok(Value::Null),
-        c => Err(VmError::Program(format!("{name}: unknown match shape code {c}"))),
+        c => Err(check("InternalError", format!("Unknown match shape code: {c}"))),
     }
 }

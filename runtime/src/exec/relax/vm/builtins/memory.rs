@@ -5,9 +5,9 @@ use super::BuiltinFn;
 use crate::array::{tensor_bytes, NdArray};
 use crate::device::Device;
 use crate::exec::pool::POOL_PAGE;
-use crate::exec::relax::vm::value::{check, Args, Value, VmError};
+use crate::exec::relax::checks;
+use crate::exec::relax::vm::value::{Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
-use crate::payload::relax::executable::dtype_name;
 
 pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
     ("vm.builtin.alloc_storage", alloc_storage),
@@ -25,7 +25,7 @@ pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
 fn alloc_storage(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let a = Args::new(name, args);
     let shape = a.shape(1)?;
-    let device = vm.device_index(name, a.int(2)?)?;
+    let device = checks::device_index(a.int(2)?, vm.devices.len())?;
     let dtype = a.dtype(3)?;
     if args.len() > 4 {
         let scope = a.str(4)?;
@@ -92,22 +92,8 @@ fn tensor_create_view(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth:
     let dtype = a.dtype(2)?;
     let offset = a.int(3)?;
     let view = tensor_bytes(dtype, &shape);
-    let cur = t.nbytes() as u64;
-    let fits = u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).filter(|&e| e <= cur);
-    if fits.is_none() {
-        let dims = |s: &[i64]| s.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        let end = view.map_or_else(|| "too many".to_owned(), |v| (v as i128 + offset as i128).to_string());
-        let view = view.map_or_else(|| "too many".to_owned(), |v| v.to_string());
-        return Err(check(
-                "ValueError",
-                format!(
-                    "View with shape [{}] and datatype {} would have a size of {view} bytes.  This would occupy bytes {offset} <= i_byte < {end} within the backing array.  However, the Tensor being viewed only contains {cur} bytes (shape = [{}], dtype= {}).",
-                    dims(&shape),
-                    dtype_name(dtype),
-                    dims(t.shape()),
-                    dtype_name(t.dtype())
-                ),
-            ));
+    if !checks::view_fits(offset, view, t.nbytes()) {
+        return Err(checks::view_overrun(&shape, dtype, offset, view, t));
     }
     Ok(Value::Tensor(NdArray::in_storage(t.storage(), offset as usize, &shape, dtype)?))
 }
@@ -119,12 +105,8 @@ fn reshape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> 
     let t = a.tensor(0)?;
     let shape = a.shape(1)?;
     let new_size = tensor_bytes(t.dtype(), &shape);
-    if new_size.is_none_or(|n| n > t.nbytes() as u64) {
-        return Err(VmError::Program(format!(
-            "{name}: shape {:?} does not fit in a tensor of shape {:?}",
-            shape,
-            t.shape()
-        )));
+    if !checks::view_fits(0, new_size, t.nbytes()) {
+        return Err(checks::view_overrun(&shape, t.dtype(), 0, new_size, t));
     }
     Ok(Value::Tensor(t.view(&shape, t.dtype())?))
 }
@@ -137,12 +119,18 @@ fn copy(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Res
     a.get(0).cloned()
 }
 
-/// `vm.builtin.ensure_zero_offset`.
-///
-/// Tensors here have no byte offset: a view's storage starts at its first element.
+/// `vm.builtin.ensure_zero_offset`: a tensor `alloc_tensor` placed at a byte offset of its
+/// storage (which kernels get as their `DLTensor.byte_offset`) as one at offset 0, as TVM makes
+/// it: on the CPU, for an offset that is a multiple of TVM's 64-byte alignment, the same bytes
+/// with the pointer moved; else a copy.
 fn ensure_zero_offset(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let a = Args::new(name, args);
-    Ok(Value::Tensor(a.tensor(0)?.clone()))
+    let t = a.tensor(0)?;
+    Ok(Value::Tensor(match t.vm_offset() {
+        0 => t.clone(),
+        o if t.device().is_cpu() && o % 64 == 0 => t.clone().with_vm_offset(0),
+        _ => t.copy(t.device())?,
+    }))
 }
 
 /// `vm.builtin.to_device`.

@@ -2,11 +2,11 @@
 //! `tensor_to_shape`.
 
 use super::BuiltinFn;
+use crate::exec::relax::checks;
 use crate::array::NdArray;
 use crate::exec::relax::vm::value::{Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
-use crate::payload::relax::executable::dtype_name;
 
 pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
     ("vm.builtin.make_shape", make_shape),
@@ -21,17 +21,15 @@ fn make_shape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) 
     let a = Args::new(name, args);
     let heap = a.heap(0)?;
     let size = a.int(1)?;
-    let n = usize::try_from(size)
-        .ok()
-        .filter(|n| 2 + 2 * n <= args.len())
-        .ok_or_else(|| VmError::Program(format!("{name}: {size} dimensions but {} arguments", args.len())))?;
+    checks::shape_pairs(2, size, args.len())?;
+    let n = size as usize;
     let mut shape = Vec::with_capacity(n);
     for i in 0..n {
         let (code, reg) = (a.int(2 + 2 * i)?, a.int(3 + 2 * i)?);
         shape.push(match code {
             0 => reg,
             1 => heap_get(&heap, reg, name)?,
-            c => return Err(VmError::Program(format!("{name}: unknown make shape code {c}"))),
+            _ => return Err(checks::shape_code(true)),
         });
     }
     Ok(Value::Shape(shape.into()))
@@ -44,7 +42,7 @@ fn make_prim_value(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: us
     match (a.int(1)?, a.int(2)?) {
         (0, reg) => Ok(Value::Int(reg)),
         (1, reg) => heap_get(&heap, reg, name).map(Value::Int),
-        (c, _) => Err(VmError::Program(format!("{name}: unknown make shape code {c}"))),
+        (c, _) => Err(crate::exec::relax::vm::value::check("InternalError", format!("Invalid shape code: {c}"))),
     }
 }
 
@@ -73,13 +71,7 @@ fn tensor_to_shape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: us
     // A 1-D integer tensor's elements as a shape, read from wherever it is.
     let t = a.tensor(0)?;
     let bits = t.dtype().bits;
-    if t.shape().len() != 1 || t.dtype().code != 0 || t.dtype().lanes != 1 || !matches!(bits, 16 | 32 | 64) {
-        return Err(VmError::Program(format!(
-            "{name}: expects a 1-D int16, int32 or int64 tensor, got {} {:?}",
-            dtype_name(t.dtype()),
-            t.shape()
-        )));
-    }
+    checks::tensor_to_shape(t)?;
     let raw = t.to_bytes()?;
     let shape: Vec<i64> = match bits {
         16 => raw.chunks_exact(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect(),

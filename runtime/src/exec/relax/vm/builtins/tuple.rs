@@ -3,6 +3,7 @@
 use std::sync::PoisonError;
 
 use super::BuiltinFn;
+use crate::exec::relax::checks;
 use crate::exec::relax::vm::value::tuple_item;
 use crate::exec::relax::vm::value::{Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
@@ -23,10 +24,7 @@ fn tuple_get_item(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usi
     let a = Args::new(name, args);
     let Value::Tuple(t) = a.get(0)? else { return Err(a.type_err(0, "a tuple", a.get(0)?)) };
     let i = a.int(1)?;
-    usize::try_from(i)
-        .ok()
-        .and_then(|i| tuple_item(t, i))
-        .ok_or_else(|| VmError::Program(format!("{name}: index {i} of a tuple of {}", t.len())))
+    usize::try_from(i).ok().and_then(|i| tuple_item(t, i)).ok_or_else(|| checks::tuple_index(i, t.len()))
 }
 
 /// `vm.builtin.tuple_reset_item`.
@@ -39,7 +37,7 @@ fn tuple_reset_item(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: u
     let item = usize::try_from(i)
         .ok()
         .and_then(|i| t.get(i))
-        .ok_or_else(|| VmError::Program(format!("{name}: index {i} of a tuple of {}", t.len())))?;
+        .ok_or_else(|| checks::tuple_index(i, t.len()))?;
     *item.lock().unwrap_or_else(PoisonError::into_inner) = Value::Null;
     Ok(Value::Null)
 }

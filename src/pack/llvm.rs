@@ -170,6 +170,9 @@ pub(crate) fn write_object_in(
     for (at, bytes) in relaxed_relocations(&small) {
         small[at..at + 8].copy_from_slice(&bytes);
     }
+    if let Some(patch) = super::fixups::mapping_symbols(&small) {
+        patch.apply(&mut small);
+    }
     let written = match GrownObject::plan(&small, &opts.symbol(), len, large) {
         Some(plan) => plan.write(&path, blob),
         None => {
@@ -209,7 +212,13 @@ fn write_object_full(
             file.write_all_at(&bytes, at as u64).map_err(Error::io(path, "cannot write"))?;
         }
     }
-    Ok(())
+    let data = mblob_runtime::map_file(path)?;
+    let patch = super::fixups::mapping_symbols(&data).or_else(|| super::fixups::coff_checksum(&data, &opts.symbol()));
+    drop(data);
+    match patch {
+        Some(patch) => patch.apply_to_file(path),
+        None => Ok(()),
+    }
 }
 
 /// The `r_info` words (file offset, new bytes) that turn an x86-64 object's
@@ -642,7 +651,9 @@ fn locate(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Placement,
             .unwrap_or(section.address() + section.size());
         next - sym.address()
     };
-    if sym_size != len {
+    // (A COFF system-lib object puts the blob's name right after it, with no symbol.)
+    let fits = if file.format() == object::BinaryFormat::Elf { sym_size == len } else { sym_size >= len };
+    if !fits {
         return Err(format!("symbol `{symbol}` has {sym_size} bytes, the blob {len}"));
     }
     if within.checked_add(len).is_none_or(|end| end > size) {

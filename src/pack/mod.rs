@@ -10,6 +10,8 @@ pub mod abi;
 pub mod c;
 pub mod direct;
 mod filespan;
+#[cfg(feature = "llvm")]
+mod fixups;
 pub mod host;
 #[cfg(feature = "llvm")]
 pub mod llvm;

@@ -1,0 +1,170 @@
+//! Blob objects and static archives for every target mblob writes for, compared byte for byte
+//! with what real TVM wrote (`tests/fixtures/targets/`, made by its `make.py` with TVM 0.19
+//! and 0.27; `tests/fixtures/containers/` for the Mach-O archives).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const TRIPLES: [&str; 7] = [
+    "arm64-apple-macos",
+    "x86_64-apple-macos",
+    "arm64-apple-ios",
+    "x86_64-pc-windows-msvc",
+    "x86_64-pc-windows-gnu",
+    "aarch64-linux-android",
+    "aarch64-linux-gnu",
+];
+
+fn fixtures(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir)
+}
+
+fn mblob(args: &[&str], tmp: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mblob")).args(args).env("TMPDIR", tmp).output().expect("run mblob")
+}
+
+fn ok(out: &Output, what: &str) {
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// TVM's serialization of the plain or the system-lib build's tree.
+fn blob_name(tag: &str, system_lib: bool) -> String {
+    format!("{tag}{}.blob", if system_lib { ".syslib" } else { "" })
+}
+
+/// The blob object mblob's LLVM route writes for `tag`'s blob (TVM's own serialization).
+fn our_devc(tag: &str, triple: &str, system_lib: bool, tmp: &Path) -> Vec<u8> {
+    let dir = tmp.join(format!("{tag}-{triple}-{system_lib}"));
+    let blob = fixtures("targets").join(blob_name(tag, system_lib));
+    let layout = if tag == "tvm19" { "classic" } else { "ffi" };
+    let out = dir.with_extension("tar");
+    let (blob, dir_s, out_s) = (blob.to_str().unwrap(), dir.to_str().unwrap(), out.to_str().unwrap());
+    let mut args = vec!["pack", "-q", "--from", blob, "--blob-only", "--layout", layout, "--target", triple];
+    args.extend(["--backend", "llvm", "--emit-devc", dir_s, "-o", out_s]);
+    if system_lib {
+        args.extend(["--system-lib", "--prefix", "demo_"]);
+    }
+    ok(&mblob(&args, tmp), &format!("{tag} {triple} system_lib={system_lib}"));
+    std::fs::read(dir.join(if system_lib { "demo_devc.o" } else { "devc.o" })).unwrap()
+}
+
+#[test]
+fn blob_objects_equal_tvms_for_every_target_layout_and_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut compared = 0;
+    for tag in ["tvm19", "tvm27"] {
+        for triple in TRIPLES {
+            for system_lib in [false, true] {
+                let name = format!("{tag}-{triple}{}.devc.o", if system_lib { ".syslib" } else { "" });
+                let theirs = std::fs::read(fixtures("targets").join(&name)).unwrap();
+                let ours = our_devc(tag, triple, system_lib, tmp.path());
+                assert!(ours == theirs, "{name}: mblob's blob object differs from TVM's");
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 28);
+}
+
+/// The C route's text does not depend on the target: TVM's `ModulePackImportsToC`, plain and
+/// system-lib with a prefix.
+#[test]
+fn c_route_text_equals_tvms() {
+    let tmp = tempfile::tempdir().unwrap();
+    for tag in ["tvm19", "tvm27"] {
+        let layout = if tag == "tvm19" { "classic" } else { "ffi" };
+        for system_lib in [false, true] {
+            let dir = tmp.path().join(format!("{tag}-{system_lib}"));
+            let blob = fixtures("targets").join(blob_name(tag, system_lib));
+            let out = dir.with_extension("tar");
+            let mut args = vec!["pack", "-q", "--from", blob.to_str().unwrap(), "--blob-only", "--layout", layout];
+            args.extend(["--backend", "c-tvm", "--emit-devc", dir.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+            if system_lib {
+                args.extend(["--system-lib", "--prefix", "demo_"]);
+            }
+            ok(&mblob(&args, tmp.path()), &format!("{tag} system_lib={system_lib}"));
+            let stem = if system_lib { "demo_devc.c" } else { "devc.c" };
+            let theirs = std::fs::read_to_string(
+                fixtures("targets").join(format!("{tag}{}.devc.c", if system_lib { ".syslib" } else { "" })),
+            )
+            .unwrap();
+            let ours = std::fs::read_to_string(dir.join(stem)).unwrap();
+            assert!(ours == theirs, "{tag} system_lib={system_lib}: devc.c differs from TVM's");
+        }
+    }
+}
+
+/// `pack --from TVM.tar -o X.a`: the archive of TVM's host object and blob object that
+/// `llvm-ar rcs` writes (Darwin format, for Mach-O objects) and that TVM's
+/// `create_staticlib` (`ar -crs`) writes for ELF objects, byte for byte.
+#[test]
+fn static_archives_equal_the_archivers_of_tvms_objects() {
+    let tmp = tempfile::tempdir().unwrap();
+    for tag in ["tvm19", "tvm27"] {
+        let from = fixtures("containers").join(format!("{tag}-macho.tar"));
+        let out = tmp.path().join(format!("{tag}.a"));
+        let args = ["pack", "-q", "--from", from.to_str().unwrap(), "--target", "arm64-apple-macos"];
+        ok(&mblob(&[&args[..], &["-o", out.to_str().unwrap()]].concat(), tmp.path()), tag);
+        let theirs = std::fs::read(fixtures("containers").join(format!("{tag}-macho.a"))).unwrap();
+        assert!(std::fs::read(&out).unwrap() == theirs, "{tag}: the Mach-O archive differs");
+    }
+    // ELF, system-lib with a prefix: TVM 0.19's create_staticlib of lib0.o and demo_devc.o.
+    let t = fixtures("targets");
+    let out = tmp.path().join("libmodel_android.a");
+    let host = t.join("tvm19-aarch64-linux-gnu.lib0.o");
+    let from = t.join("tvm19-aarch64-linux-gnu.syslib.devc.o");
+    let args = [
+        "pack",
+        "-q",
+        "--from",
+        from.to_str().unwrap(),
+        "--host",
+        host.to_str().unwrap(),
+        "--target",
+        "aarch64-linux-gnu",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    ok(&mblob(&args, tmp.path()), "aarch64 system-lib archive");
+    let theirs = std::fs::read(t.join("tvm19-aarch64-linux-gnu.syslib.a")).unwrap();
+    assert!(std::fs::read(&out).unwrap() == theirs, "the ELF archive differs from create_staticlib's");
+}
+
+/// An iOS archive made from MLC's own iPhone tar holds what MLC's `package` step puts in
+/// `libmodel_iphone.a` (`create_staticlib` of the tar's members): `lib0.o` and
+/// `<prefix>devc.o`, arm64 Mach-O objects, in the tar's order, and the blob symbol in the
+/// archive's symbol index, where MLC's check (`_get_model_libs`) looks for the model.
+#[test]
+fn ios_archive_holds_what_mlcs_package_step_puts_in_libmodel_iphone() {
+    use object::read::archive::ArchiveFile;
+    use object::Object;
+    let tmp = tempfile::tempdir().unwrap();
+    let from = fixtures("mlc-libs").join("Mistral-7B-Instruct-v0.2-q3f16_1-iphone.tar");
+    let out = tmp.path().join("libmodel_iphone.a");
+    let args = ["pack", "-q", "--from", from.to_str().unwrap(), "--target", "arm64-apple-ios", "-o"];
+    ok(&mblob(&[&args[..], &[out.to_str().unwrap()]].concat(), tmp.path()), "iphone archive");
+    let data = std::fs::read(&out).unwrap();
+    let archive = ArchiveFile::parse(&*data).unwrap();
+    assert_eq!(archive.kind(), object::read::archive::ArchiveKind::Bsd, "Apple's toolchain reads BSD archives");
+    let mut names = Vec::new();
+    for m in archive.members() {
+        let m = m.unwrap();
+        names.push(String::from_utf8_lossy(m.name()).into_owned());
+        let obj = object::File::parse(m.data(&*data).unwrap()).unwrap();
+        assert_eq!((obj.format(), obj.architecture()), (object::BinaryFormat::MachO, object::Architecture::Aarch64));
+    }
+    assert_eq!(names, ["lib0.o", "mistral_q3f16_1_devc.o"]);
+    let symbols: Vec<String> =
+        archive.symbols().unwrap().unwrap().map(|s| String::from_utf8_lossy(s.unwrap().name()).into_owned()).collect();
+    assert!(symbols.iter().any(|s| s == "_mistral_q3f16_1___tvm_dev_mblob"), "{symbols:?}");
+    // The host object is MLC's, unchanged.
+    let tar_lib0 = {
+        let mut t = tar::Archive::new(flate2::read::GzDecoder::new(std::fs::File::open(&from).unwrap()));
+        let mut e = t.entries().unwrap().map(Result::unwrap).find(|e| e.path().unwrap().ends_with("lib0.o")).unwrap();
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut v).unwrap();
+        v
+    };
+    let first = archive.members().next().unwrap().unwrap();
+    assert!(first.data(&*data).unwrap() == tar_lib0);
+}

@@ -95,6 +95,27 @@ pub enum Error {
         /// The step running when it was cancelled.
         step: String,
     },
+    /// Host objects of another machine or object format than the target of the blob object
+    /// (Mach-O objects with a Windows target, an AArch64 object with an x86-64 one...).
+    #[error("{}: {found}, but the target {target} needs {wanted}: the blob object and the host code must be for one machine", path.display())]
+    TargetMismatch {
+        /// The host object.
+        path: PathBuf,
+        /// What it is (`aarch64 Mach-O`).
+        found: String,
+        /// The target triple.
+        target: String,
+        /// What the target needs (`x86_64 COFF`).
+        wanted: String,
+    },
+    /// A static archive given as host code that cannot be read.
+    #[error("{}: not a readable archive: {detail}", path.display())]
+    BadArchive {
+        /// The archive.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// An option or input description that makes no sense.
     #[error("{what}: {detail}")]
     Invalid {

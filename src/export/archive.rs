@@ -55,14 +55,14 @@ pub(crate) fn members(named: &[(String, PathBuf)]) -> Result<Vec<Member>> {
         let data = mblob_runtime::map_file(path)?;
         if object::FileKind::parse(&data[..]).ok() == Some(object::FileKind::Archive) {
             let archive = object::read::archive::ArchiveFile::parse(&data[..])
-                .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
+                .map_err(|e| Error::BadArchive { path: path.clone(), detail: e.to_string() })?;
             for m in archive.members() {
-                let m = m.map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })?;
+                let m = m.map_err(|e| Error::BadArchive { path: path.clone(), detail: e.to_string() })?;
                 let (start, size) = m.file_range();
                 let range = usize::try_from(start).ok().zip(usize::try_from(start.saturating_add(size)).ok());
-                let part = range.and_then(|(a, b)| data.slice(a..b)).ok_or_else(|| Error::Invalid {
-                    what: path.display().to_string(),
-                    detail: "an archive member lies past the end of the file".into(),
+                let part = range.and_then(|(a, b)| data.slice(a..b)).ok_or_else(|| Error::BadArchive {
+                    path: path.clone(),
+                    detail: "a member lies past the end of the file".into(),
                 })?;
                 out.push(Member { name: String::from_utf8_lossy(m.name()).into_owned(), data: part });
             }

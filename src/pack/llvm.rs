@@ -871,10 +871,14 @@ mod tests {
         }
     }
 
-    /// LLVM's object with the GOT relocations relaxed, as [`write_object`] writes it.
-    fn relax(object: &mut [u8]) {
+    /// LLVM's object with the GOT relocations relaxed and the mapping symbols renamed, as
+    /// [`write_object`] writes it.
+    fn relax(object: &mut Vec<u8>) {
         for (at, bytes) in relaxed_relocations(object) {
             object[at..at + 8].copy_from_slice(&bytes);
+        }
+        if let Some(patch) = super::super::fixups::mapping_symbols(object) {
+            patch.apply(object);
         }
     }
 

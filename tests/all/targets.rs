@@ -168,3 +168,30 @@ fn ios_archive_holds_what_mlcs_package_step_puts_in_libmodel_iphone() {
     let first = archive.members().next().unwrap().unwrap();
     assert!(first.data(&*data).unwrap() == tar_lib0);
 }
+
+/// Host objects of another object format than the target's, or Mach-O objects without a
+/// target, are refused before anything is written.
+#[test]
+fn host_objects_of_another_format_than_the_target_are_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = fixtures("targets");
+    let host = t.join("tvm19-arm64-apple-macos.lib0.o");
+    let from = t.join("tvm19.blob");
+    for (target, needle) in [
+        (Some("aarch64-linux-android"), "the target aarch64-linux-android needs aarch64 Elf"),
+        (Some("x86_64-pc-windows-msvc"), "needs x86_64 Coff"),
+        (None, "give the target triple"),
+    ] {
+        let out = tmp.path().join("libmodel.a");
+        let mut args = vec!["pack", "--from", from.to_str().unwrap(), "--host", host.to_str().unwrap()];
+        args.extend(["-o", out.to_str().unwrap()]);
+        if let Some(t) = target {
+            args.extend(["--target", t]);
+        }
+        let o = mblob(&args, tmp.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(needle), "{target:?}: {err}");
+        assert!(err.contains("tvm19-arm64-apple-macos.lib0.o"), "names the object: {err}");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "{target:?}: something was written");
+    }
+}

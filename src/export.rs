@@ -20,11 +20,13 @@ use crate::tool::ToolContext;
 use crate::{Error, Result};
 
 mod archive;
+mod bundle;
 mod compile;
 mod output;
 mod progress;
 mod release;
 
+pub use bundle::{bundle_models, write_bundle, BundleModel};
 pub use compile::{is_cxx, CXX_EXTENSIONS};
 use compile::{CompileOptions, HostInputs};
 use output::PartialDir;
@@ -572,7 +574,7 @@ impl Export {
                 output::write_tar(&output::tar_members(&objects, host_objects, opts), &partial.file)
             } else if ar {
                 archive::members(&output::tar_members(&objects, host_objects, opts))
-                    .and_then(|members| archive::write_archive(&members, opts, &partial.file))
+                    .and_then(|members| archive::write_archive(&members, archive::is_apple(opts), &partial.file))
             } else {
                 if inputs.has_cxx() {
                     // C++ host code needs its runtime (exceptions, iostream) in any process

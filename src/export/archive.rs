@@ -25,17 +25,8 @@ pub(crate) fn is_archive(output: &Path) -> bool {
 }
 
 /// Whether the target is an Apple system (its archives are BSD archives).
-pub(crate) fn is_apple(triple: &str) -> bool {
-    ["apple", "darwin", "macos", "ios"].iter().any(|p| triple.contains(p))
-}
-
-/// The archive format of the target's toolchain.
-fn kind_for(opts: &PackOptions) -> ArchiveKind {
-    if is_apple(&opts.triple()) {
-        ArchiveKind::Darwin
-    } else {
-        ArchiveKind::Gnu
-    }
+pub(crate) fn is_apple(opts: &PackOptions) -> bool {
+    crate::pack::host::format_of_triple(&opts.triple()) == object::BinaryFormat::MachO
 }
 
 /// One member of an archive being written: its name and bytes.
@@ -73,9 +64,10 @@ pub(crate) fn members(named: &[(String, PathBuf)]) -> Result<Vec<Member>> {
     Ok(out)
 }
 
-/// Writes the static archive `out` of `members`, in order, in the format of `opts`'s target.
-pub(crate) fn write_archive(members: &[Member], opts: &PackOptions, out: &Path) -> Result<()> {
-    let kind = kind_for(opts);
+/// Writes the static archive `out` of `members`, in order: a BSD (Darwin) archive for Apple
+/// targets, a GNU archive otherwise.
+pub(crate) fn write_archive(members: &[Member], apple: bool, out: &Path) -> Result<()> {
+    let kind = if apple { ArchiveKind::Darwin } else { ArchiveKind::Gnu };
     let _span = tracing::info_span!("archive", members = members.len(), kind = ?kind, out = %out.display()).entered();
     let new: Vec<NewArchiveMember<'_>> =
         members.iter().map(|m| NewArchiveMember::new(m.data.clone(), &DEFAULT_OBJECT_READER, m.name.clone())).collect();

@@ -195,3 +195,104 @@ fn host_objects_of_another_format_than_the_target_are_refused_up_front() {
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "{target:?}: something was written");
     }
 }
+
+/// The symbol index of a static archive (what MLC's `_get_model_libs` reads).
+fn archive_symbols(path: &Path) -> Vec<String> {
+    let data = std::fs::read(path).unwrap();
+    let archive = object::read::archive::ArchiveFile::parse(&*data).unwrap();
+    let symbols = archive.symbols().unwrap().unwrap();
+    symbols.map(|s| String::from_utf8_lossy(s.unwrap().name()).into_owned()).collect()
+}
+
+/// `mblob bundle`: MLC's own Android tar (prefix `gpt_neox_q4f32_1_`, TVM Unity's classic
+/// layout) and TVM 0.27's system-lib objects (prefix `demo_`) in one archive, as MLC's
+/// `package` step makes `libmodel_android.a`; `inspect` and `extract` list both models; two
+/// models with one prefix, or a model that is no system-lib build, are refused with nothing
+/// written.
+#[test]
+fn a_bundle_holds_each_model_under_its_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = fixtures("targets");
+    let demo = tmp.path().join("demo.a");
+    let (devc, lib0) =
+        (t.join("tvm27-aarch64-linux-gnu.syslib.devc.o"), t.join("tvm27-aarch64-linux-gnu.syslib.lib0.o"));
+    let args = ["pack", "-q", "--from", devc.to_str().unwrap(), "--host", lib0.to_str().unwrap()];
+    ok(
+        &mblob(&[&args[..], &["--target", "aarch64-linux-gnu", "-o", demo.to_str().unwrap()]].concat(), tmp.path()),
+        "demo.a",
+    );
+    let mlc = fixtures("mlc-libs").join("RedPajama-INCITE-Chat-3B-v1-q4f32_1-android.tar");
+    let out = tmp.path().join("libmodel_android.a");
+    let o = mblob(&["bundle", "-o", out.to_str().unwrap(), mlc.to_str().unwrap(), demo.to_str().unwrap()], tmp.path());
+    ok(&o, "bundle");
+    let data = std::fs::read(&out).unwrap();
+    let archive = object::read::archive::ArchiveFile::parse(&*data).unwrap();
+    let names: Vec<String> =
+        archive.members().map(|m| String::from_utf8_lossy(m.unwrap().name()).into_owned()).collect();
+    // MLC's tar order, without the `._*` AppleDouble files (no objects), then demo.a's.
+    assert_eq!(names, ["gpt_neox_q4f32_1_devc.o", "lib0.o", "lib0.o", "demo_devc.o"]);
+    let symbols = archive_symbols(&out);
+    for s in ["gpt_neox_q4f32_1___tvm_dev_mblob", "demo___tvm_ffi__library_bin"] {
+        assert!(symbols.iter().any(|x| x == s), "{s} not in the symbol index");
+    }
+    let o = mblob(&["inspect", "--json", out.to_str().unwrap()], tmp.path());
+    ok(&o, "inspect");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let prefixes: Vec<&str> =
+        report["bundle"].as_array().unwrap().iter().map(|m| m["prefix"].as_str().unwrap()).collect();
+    assert_eq!(prefixes, ["gpt_neox_q4f32_1_", "demo_"]);
+    let o = mblob(&["extract", out.to_str().unwrap(), "-o", tmp.path().join("x").to_str().unwrap()], tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("a bundle of 2 models")
+            && err.contains("demo_ (demo___tvm_ffi__library_bin)"),
+        "{err}"
+    );
+    let x = tmp.path().join("x");
+    ok(
+        &mblob(&["extract", out.to_str().unwrap(), "--prefix", "demo_", "-o", x.to_str().unwrap()], tmp.path()),
+        "extract demo_",
+    );
+    assert!(x.join("tree.json").is_file());
+
+    // Refused, nothing written.
+    let dup = tmp.path().join("dup.a");
+    let o = mblob(&["bundle", "-o", dup.to_str().unwrap(), demo.to_str().unwrap(), demo.to_str().unwrap()], tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("two models under the prefix `demo_`"), "{err}");
+    let plain = fixtures("containers").join("tvm27-macho.tar");
+    let o = mblob(&["bundle", "-o", dup.to_str().unwrap(), plain.to_str().unwrap()], tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("is not a system-lib build"), "{err}");
+    let o = mblob(
+        &[
+            "bundle",
+            "-o",
+            dup.to_str().unwrap(),
+            mlc.to_str().unwrap(),
+            fixtures("containers").join("tvm27-syslib.tar").to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    // TVM 0.27's x86-64 system-lib tar next to AArch64 objects, or Mach-O next to ELF.
+    assert!(!o.status.success() && err.contains("holds X86_64 Elf objects"), "{err}");
+    let macho = tmp.path().join("macho.a");
+    let mdevc = t.join("tvm19-arm64-apple-ios.syslib.devc.o");
+    let mlib0 = t.join("tvm19-arm64-apple-ios.lib0.o");
+    let args = ["pack", "-q", "--from", mdevc.to_str().unwrap(), "--host", mlib0.to_str().unwrap(), "--prefix", "ios_"];
+    ok(
+        &mblob(
+            &[&args[..], &["--allow-missing-functions", "--target", "arm64-apple-ios", "-o", macho.to_str().unwrap()]]
+                .concat(),
+            tmp.path(),
+        ),
+        "ios",
+    );
+    let o =
+        mblob(&["bundle", "-o", dup.to_str().unwrap(), demo.to_str().unwrap(), macho.to_str().unwrap()], tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("holds Aarch64 MachO objects"), "{err}");
+    assert!(!dup.exists());
+}

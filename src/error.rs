@@ -95,6 +95,53 @@ pub enum Error {
         /// The step running when it was cancelled.
         step: String,
     },
+    /// Host objects of another machine or object format than the target of the blob object
+    /// (Mach-O objects with a Windows target, an AArch64 object with an x86-64 one...).
+    #[error("{}: {found}, but the target {target} needs {wanted}: the blob object and the host code must be for one machine", path.display())]
+    TargetMismatch {
+        /// The host object.
+        path: PathBuf,
+        /// What it is (`aarch64 Mach-O`).
+        found: String,
+        /// The target triple.
+        target: String,
+        /// What the target needs (`x86_64 COFF`).
+        wanted: String,
+    },
+    /// Two models of one bundle under the same prefix: a program could find only one of them.
+    #[error("two models under the prefix `{prefix}`: {} and {} (each model of a bundle needs its own prefix: rebuild one with another `--prefix`)", first.display(), second.display())]
+    DuplicatePrefix {
+        /// The prefix.
+        prefix: String,
+        /// The first input with it.
+        first: PathBuf,
+        /// The second.
+        second: PathBuf,
+    },
+    /// An input of a bundle that is not one system-lib model (or an output that is no `.a`).
+    #[error("{}: {detail}", path.display())]
+    BundleInput {
+        /// The input.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A bundle given where one model is meant (`extract` without `--prefix`): it lists them.
+    #[error("{}: a bundle of {} models: {}; choose one with --prefix PREFIX", path.display(), models.len(), models.join(", "))]
+    Bundle {
+        /// The bundle.
+        path: PathBuf,
+        /// Its models, `prefix (symbol)`.
+        models: Vec<String>,
+    },
+    /// A static archive given as host code that cannot be read.
+    #[error("{}: not a readable archive: {detail}", path.display())]
+    BadArchive {
+        /// The archive.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// An option or input description that makes no sense.
     #[error("{what}: {detail}")]
     Invalid {

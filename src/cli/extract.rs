@@ -73,6 +73,12 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
     check_output_dir(out)?;
     let data = mblob_runtime::map_file(path)?;
     let report = inspect_bytes(&data, path, args.layout, args.prefix.as_deref())?;
+    if let Some(models) = &report.bundle {
+        return Err(Error::Bundle {
+            path: path.clone(),
+            models: models.iter().map(|m| format!("{} ({})", m.prefix, m.symbol)).collect(),
+        });
+    }
     let (Some(blob), Some(layout)) = (report.blob.clone(), report.layout.and_then(Layout::from_name)) else {
         return Err(Error::Invalid {
             what: path.display().to_string(),

@@ -1,6 +1,7 @@
 //! The `mblob` command line: clap types and one file per subcommand. The binary's `main`
 //! calls [`main`]; everything here returns errors, which are printed once, at the top.
 
+pub mod bundle;
 pub mod demo;
 pub mod export;
 pub mod extract;
@@ -90,6 +91,9 @@ pub enum Command {
     Pack(pack::PackArgs),
     /// Build one shared library from a module tree described in JSON (see `export --help`).
     Export(export::ExportArgs),
+    /// Write one static archive of several system-lib models, each under its own prefix (as
+    /// MLC's `package` step does for an app).
+    Bundle(bundle::BundleArgs),
     /// Run a TVM-compiled model (graph, AOT, Relax or Relay VM) or one host function, with no TVM runtime:
     /// inputs and outputs as .npy files, optional timing (see `run --help`).
     Run(run::RunArgs),
@@ -117,6 +121,7 @@ pub fn main() -> ExitCode {
         Command::Extract(args) => extract::run(args),
         Command::Pack(args) => pack::run(args),
         Command::Export(args) => export::run(args),
+        Command::Bundle(args) => bundle::run(args),
         Command::Run(args) => run::run(args),
         #[cfg(feature = "llm")]
         Command::Generate(args) => generate::run(args),

@@ -33,7 +33,9 @@ pub(crate) use export_environment_help;
 pub struct PackOptionsArgs {
     /// The shared library to write (it appears only when the export succeeds). A name ending
     /// in `.tar` gets the objects unlinked in a tar archive instead, as TVM's
-    /// `export_library("x.tar")` (for cross builds and static archives).
+    /// `export_library("x.tar")` (for cross builds and static archives). A name ending in
+    /// `.a` gets a static archive of the host objects and the blob object (what MLC links into
+    /// phone apps; BSD format for Apple targets, GNU otherwise), with no linker needed.
     #[arg(short, long, value_name = "OUT.so")]
     pub output: PathBuf,
     /// How the blob gets into the library: `direct` (the default: the linker lays out a
@@ -48,8 +50,11 @@ pub struct PackOptionsArgs {
     #[arg(long, value_name = "LAYOUT", value_parser = parse_layout)]
     pub layout: Option<Layout>,
     /// Target triple of the blob object (default: the machine of the host objects, read from
-    /// their ELF headers; this machine without them). Host objects of two machines, or a
-    /// target for another machine than theirs, are refused.
+    /// their ELF headers; this machine without them): e.g. arm64-apple-macos,
+    /// x86_64-apple-macos, arm64-apple-ios, x86_64-pc-windows-msvc, x86_64-pc-windows-gnu,
+    /// aarch64-linux-android, aarch64-linux-gnu; the blob object is TVM's for the triple.
+    /// Host objects of two machines, or of another machine or object format than the
+    /// target's, are refused; Mach-O and COFF host objects need it.
     #[arg(long, value_name = "TRIPLE")]
     pub target: Option<String>,
     /// Register the blob at start-up with TVM's system library (default: as the source does,

@@ -110,6 +110,11 @@ pub struct Report {
     /// it is for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container: Option<ContainerReport>,
+    /// `bundle` (a static archive of several models, as MLC's `package` step makes): each
+    /// model's prefix, symbol, member and layout; the blob fields are then `null` (inspect one
+    /// model with `--prefix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<Vec<BundleEntry>>,
     /// `symbol`: the blob symbol found; `null` for a raw blob or a library without one.
     pub symbol: Option<String>,
     /// `prefix`: the `c_symbol_prefix` in front of the blob symbol (`""` for none; `null`
@@ -429,6 +434,21 @@ pub struct HostReport {
     pub unsupported_imports: Vec<String>,
 }
 
+/// One model of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BundleEntry {
+    /// `prefix`: its `c_symbol_prefix`.
+    pub prefix: String,
+    /// `symbol`: its blob symbol.
+    pub symbol: String,
+    /// `member`: the archive member holding its blob.
+    pub member: Option<String>,
+    /// `layout`: its blob layout.
+    pub layout: &'static str,
+    /// `system_lib`: whether it registers itself at start-up.
+    pub system_lib: bool,
+}
+
 /// One exported host function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostFunction {
@@ -484,6 +504,22 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
         }
     } else {
         check_raw_blob(data, path)?;
+    }
+    if prefix.is_none() && identity.as_ref().is_some_and(|i| i.format == ContainerFormat::Archive) {
+        // A bundle: list its models rather than refuse the archive for holding several.
+        let blobs = container::find_blobs(data)
+            .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?;
+        if blobs.len() > 1 {
+            let entries = blobs.into_iter().map(|b| BundleEntry {
+                prefix: b.prefix,
+                symbol: b.symbol,
+                member: b.member,
+                layout: b.layout.name(),
+                system_lib: b.system_lib,
+            });
+            report.bundle = Some(entries.collect());
+            return Ok(report);
+        }
     }
     let blob_error = |source| Error::Runtime(mblob_runtime::Error::Blob { path: path.to_owned(), source });
     let (blob, layout) = if identity.is_some() {
@@ -609,6 +645,7 @@ fn empty_report(path: &Path, kind: FileKind) -> Report {
         kind,
         tar: None,
         container: None,
+        bundle: None,
         symbol: None,
         prefix: None,
         system_lib: None,

@@ -24,6 +24,15 @@ pub fn render_text(r: &Report) -> String {
         let runs = if c.runs_here { "" } else { " (cannot be loaded or run on this machine)" };
         let _ = writeln!(s, "  container {} for {}{member}{runs}", c.format, c.machine);
     }
+    if let Some(models) = &r.bundle {
+        let _ = writeln!(s, "  bundle   {} models (inspect one with --prefix PREFIX)", models.len());
+        for m in models {
+            let sys = if m.system_lib { ", system-lib" } else { "" };
+            let member = m.member.as_deref().unwrap_or("?");
+            let _ = writeln!(s, "           {:<24} {} ({} layout{sys}, member {member})", m.prefix, m.symbol, m.layout);
+        }
+        return s;
+    }
     match (&r.symbol, r.kind) {
         (Some(sym), _) => {
             let at = r.file_offset.map_or("rebuilt from the data segments".to_owned(), |o| format!("file offset {o}"));

@@ -120,6 +120,20 @@ fn arch_of_triple(triple: &str) -> Option<Architecture> {
     })
 }
 
+/// The object format LLVM writes for a target triple: COFF for Windows, Mach-O for Apple
+/// systems, WebAssembly for `wasm`, ELF otherwise.
+pub fn format_of_triple(triple: &str) -> BinaryFormat {
+    if triple.contains("windows") {
+        BinaryFormat::Coff
+    } else if ["apple", "darwin", "macos", "ios"].iter().any(|p| triple.contains(p)) {
+        BinaryFormat::MachO
+    } else if triple.starts_with("wasm") {
+        BinaryFormat::Wasm
+    } else {
+        BinaryFormat::Elf
+    }
+}
+
 impl HostCode {
     /// The target triple of the blob object: `target` when given (refused when the host
     /// objects are for another machine), else the host objects' machine (`None`: this
@@ -132,18 +146,17 @@ impl HostCode {
     pub fn target(&self, target: Option<&str>) -> Result<Option<String>> {
         let Some((arch, format, path)) = &self.machine else { return Ok(target.map(str::to_owned)) };
         if let Some(t) = target {
-            match arch_of_triple(t) {
-                Some(a) if a != *arch => Err(Error::Invalid {
-                    what: format!("target {t}"),
-                    detail: format!(
-                        "the host object {} is for {}: the blob object must be for the same machine",
-                        path.display(),
-                        arch_name(*arch)
-                    ),
-                }),
-                _ => Ok(Some(t.to_owned())),
+            let wanted = (arch_of_triple(t).unwrap_or(*arch), format_of_triple(t));
+            if wanted != (*arch, *format) {
+                return Err(Error::TargetMismatch {
+                    path: path.clone(),
+                    found: format!("{} {format:?}", arch_name(*arch)),
+                    target: t.to_owned(),
+                    wanted: format!("{} {:?}", arch_name(wanted.0), wanted.1),
+                });
             }
-        } else if arch_of_triple(std::env::consts::ARCH) == Some(*arch) {
+            Ok(Some(t.to_owned()))
+        } else if arch_of_triple(std::env::consts::ARCH) == Some(*arch) && *format == BinaryFormat::Elf {
             Ok(None)
         } else {
             match (arch, format) {

@@ -34,6 +34,7 @@ mod run_device;
 mod run_relax;
 mod run_relax_args;
 mod run_relay_vm;
+mod targets;
 mod trio;
 mod user_019;
 mod user_027;

@@ -423,6 +423,35 @@ fn find_in_parts(
     Ok(found)
 }
 
+/// Every blob of a container: one per archive member that holds one, in member order (a
+/// bundle: MLC's `libmodel_android.a` of several models, each under its own prefix), or the
+/// one blob of any other container ([`find_blob`] without a prefix).
+pub fn find_blobs(data: &Bytes) -> Result<Vec<ContainerBlob>, ContainerError> {
+    #[cfg(feature = "containers")]
+    if identify(data).is_some_and(|i| i.format == ContainerFormat::Archive) {
+        let err = |kind| ContainerError { format: "archive", offset: 0, kind };
+        let archive = ArchiveFile::parse(&data[..]).map_err(|e| err(unreadable(e)))?;
+        let mut found = Vec::new();
+        for member in archive.members() {
+            let member = member.map_err(|e| err(unreadable(e)))?;
+            let name = String::from_utf8_lossy(member.name()).into_owned();
+            let (start, size) = member.file_range();
+            let part = slice(data, start, size).ok_or_else(|| {
+                err(ContainerErrorKind::Unreadable(format!("member {name} lies past the end of the file")))
+            })?;
+            if identify(&part).is_none() {
+                continue;
+            }
+            if let Some(mut blob) = find_in(&part, start, None, 1)? {
+                blob.member = Some(name);
+                found.push(blob);
+            }
+        }
+        return Ok(found);
+    }
+    Ok(find_blob(data, None)?.into_iter().collect())
+}
+
 /// A slice of a fat Mach-O file: architecture name and file range (offset, size).
 #[cfg(feature = "containers")]
 type FatSlice = (String, (u64, u64));

@@ -53,8 +53,10 @@ mod dlpack;
 mod emit;
 #[cfg(feature = "inspect")]
 mod inspect;
+mod system;
 
 pub use dlpack::*;
+pub use system::*;
 #[cfg(feature = "emit")]
 pub use emit::*;
 #[cfg(feature = "inspect")]

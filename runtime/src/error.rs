@@ -144,4 +144,9 @@ pub enum Error {
     /// A CUDA operation failed, or no CUDA driver is present.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// A system library (a model linked into the program) cannot be opened: no model under
+    /// its prefix, or two registrations of one of its names.
+    #[cfg(feature = "system-lib")]
+    #[error(transparent)]
+    SystemLib(#[from] crate::ffi::system_lib::SystemLibError),
 }

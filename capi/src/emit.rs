@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use mblob::export::{Backend, Export};
 use mblob_runtime::{map_file, Bytes, Layout, ModuleId, RawPayload};
 
-use crate::{c_path, c_str, call, check, mblob_status, not_null, publish, release, Failure, Kind, Result};
+use crate::args::{c_path, c_str};
+use crate::call::call;
+use crate::handle::{check, publish, release, Kind};
+use crate::status::{mblob_status, not_null, Failure, Result};
 
 /// An export being built (`mblob_export_new`): a module tree whose root is the host library
 /// (type key `llvm`, module id 0) until `mblob_export_set_root` picks another. Used by one

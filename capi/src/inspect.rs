@@ -10,7 +10,10 @@ use std::path::Path;
 use mblob::inspect::{inspect_bytes, inspect_path, Options};
 use mblob_runtime::Bytes;
 
-use crate::{c_path, call, live, mblob_status, memory_file, not_null, Failure, Kind, Result};
+use crate::args::{c_path, memory_file};
+use crate::call::call;
+use crate::handle::{is_live, live, Kind};
+use crate::status::{mblob_status, not_null, Failure, Result};
 
 /// `mblob_inspect` flag: also load the file (this runs its code: only for files you trust)
 /// and report the module tree after loading (the JSON's `loaded`), as `mblob inspect --load`.
@@ -110,7 +113,7 @@ pub unsafe extern "C" fn mblob_string_free(s: *mut c_char) -> mblob_status {
             return Ok(());
         }
         live(|m| -> Result<()> {
-            crate::is_live(m, Kind::String, s as usize, "s")?;
+            is_live(m, Kind::String, s as usize, "s")?;
             m.remove(&(s as usize));
             Ok(())
         })?;

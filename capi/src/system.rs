@@ -11,7 +11,11 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use crate::{c_str, call, mblob_library, mblob_status, not_null, publish, Kind};
+use crate::args::c_str;
+use crate::call::call;
+use crate::handle::{publish, Kind};
+use crate::library::mblob_library;
+use crate::status::{mblob_status, not_null, Failure, Result};
 
 /// Opens the model linked into this program under `prefix` (a TVM `system-lib` build, with
 /// `system_lib_prefix` `prefix`; `""` for none: MLC's `system://PREFIX` model path) and writes
@@ -41,15 +45,15 @@ pub unsafe extern "C" fn mblob_library_load_system(prefix: *const c_char, out: *
 }
 
 #[cfg(feature = "system-lib")]
-fn load(prefix: &str) -> crate::Result<mblob_runtime::LoadedTree> {
+fn load(prefix: &str) -> Result<mblob_runtime::LoadedTree> {
     use mblob_runtime::{load_system_lib, LoadOptions, Registry};
     load_system_lib(prefix, &Registry::default(), &LoadOptions::keep_unknown())
-        .map_err(|e| crate::Failure::new(mblob_status::MBLOB_ERR_LOAD, e.to_string()))
+        .map_err(|e| Failure::new(mblob_status::MBLOB_ERR_LOAD, e.to_string()))
 }
 
 #[cfg(not(feature = "system-lib"))]
-fn load(prefix: &str) -> crate::Result<mblob_runtime::LoadedTree> {
-    Err(crate::Failure::new(
+fn load(prefix: &str) -> Result<mblob_runtime::LoadedTree> {
+    Err(Failure::new(
         mblob_status::MBLOB_ERR_UNSUPPORTED,
         format!(
             "system://{prefix}: this libmblob was built without the `system-lib` feature (libmblob.so never has it): link libmblob.a as ci/install-capi.sh installs it"

@@ -19,6 +19,7 @@ use crate::pack::{self, BlobSource, CStyle, PackOptions};
 use crate::tool::ToolContext;
 use crate::{Error, Result};
 
+mod archive;
 mod compile;
 mod output;
 mod progress;
@@ -444,7 +445,8 @@ impl Export {
         let mut opts = self.pack_options();
         opts.target = host.target(self.target.as_deref())?;
         let requested = self.backend.unwrap_or_default();
-        let backend = requested.resolve(&opts, output::is_tar(output) || self.emit_devc.is_some());
+        let unlinked = output::is_tar(output) || archive::is_archive(output);
+        let backend = requested.resolve(&opts, unlinked || self.emit_devc.is_some());
         if backend != requested {
             tracing::info!(requested = backend_name(requested), used = backend_name(backend), "backend replaced");
         }
@@ -492,7 +494,7 @@ impl Export {
             opts.check()?;
         }
         output::check_output(output)?;
-        if !output::is_tar(output) {
+        if !output::is_tar(output) && !archive::is_archive(output) {
             // A target no installed tool links for is refused now, not by a raw linker error.
             let link = LinkOptions { target: opts.target.clone(), ..self.link.clone() };
             link::plan(&link)?;
@@ -546,7 +548,8 @@ impl Export {
 
         let symbol = serialized.root_has_imports.then(|| opts.symbol());
         let tar = output::is_tar(output);
-        let direct = backend == Backend::Direct && symbol.is_some() && !tar;
+        let ar = archive::is_archive(output);
+        let direct = backend == Backend::Direct && symbol.is_some() && !tar && !ar;
         let mut link = self.link.clone();
         link.target.clone_from(&opts.target);
         if symbol.is_some() && !direct {
@@ -557,10 +560,19 @@ impl Export {
             })?);
         }
 
-        stages.run(if tar { "tar" } else { "link" }, |_| {
-            let step = if tar { "tar" } else { "link" };
+        let step = if tar {
+            "tar"
+        } else if ar {
+            "archive"
+        } else {
+            "link"
+        };
+        stages.run(step, |_| {
             let written = if tar {
                 output::write_tar(&output::tar_members(&objects, host_objects, opts), &partial.file)
+            } else if ar {
+                archive::members(&output::tar_members(&objects, host_objects, opts))
+                    .and_then(|members| archive::write_archive(&members, opts, &partial.file))
             } else {
                 if inputs.has_cxx() {
                     // C++ host code needs its runtime (exceptions, iostream) in any process

@@ -69,17 +69,24 @@ fn init_targets() {
     });
 }
 
-/// A target machine for `triple` (PIC, generic CPU, no optimization), with the x86 and AArch64
+/// A target machine for `triple` as TVM's LLVM target makes it (PIC, optimization level 3,
+/// the CPU TVM's LLVM takes by default), with the x86 and AArch64
 /// targets initialized.
 ///
 /// # Errors
 /// [`Error::Llvm`] when LLVM does not know the triple.
 pub fn target_machine(triple: &str) -> Result<TargetMachine> {
     init_targets();
+    // TVM's LLVM picks Apple's first 64-bit core for an arm64 Apple triple without `-mcpu`
+    // (its scheduling model orders the system-lib constructor's loads as TVM's objects have
+    // them); `generic` elsewhere.
+    let apple = ["apple", "darwin", "macos", "ios"].iter().any(|p| triple.contains(p));
+    let cpu =
+        if apple && (triple.starts_with("arm64") || triple.starts_with("aarch64")) { "apple-a7" } else { "generic" };
     let triple = TargetTriple::create(triple);
     let target = Target::from_triple(&triple).map_err(|e| llvm("target lookup")(e.to_string()))?;
     target
-        .create_target_machine(&triple, "generic", "", OptimizationLevel::None, RelocMode::PIC, CodeModel::Default)
+        .create_target_machine(&triple, cpu, "", OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
         .ok_or_else(|| llvm("target machine")(format!("no target machine for {}", triple.as_str().to_string_lossy())))
 }
 
@@ -139,13 +146,6 @@ pub(crate) fn write_object_in(
     opts.check()?;
     let len = blob.blob_len();
     let triple = opts.triple();
-    if !opts.is_elf() {
-        // The bytes are placed by reading the object back, and mblob reads ELF only.
-        return Err(Error::Invalid {
-            what: format!("target {triple}"),
-            detail: "the LLVM packer writes ELF objects only (Linux and other ELF systems)".into(),
-        });
-    }
     let span = tracing::info_span!(
         "pack",
         route = "llvm",
@@ -169,6 +169,9 @@ pub(crate) fn write_object_in(
     let mut small = small.as_slice().to_vec();
     for (at, bytes) in relaxed_relocations(&small) {
         small[at..at + 8].copy_from_slice(&bytes);
+    }
+    if let Some(patch) = super::fixups::mapping_symbols(&small) {
+        patch.apply(&mut small);
     }
     let written = match GrownObject::plan(&small, &opts.symbol(), len, large) {
         Some(plan) => plan.write(&path, blob),
@@ -209,7 +212,13 @@ fn write_object_full(
             file.write_all_at(&bytes, at as u64).map_err(Error::io(path, "cannot write"))?;
         }
     }
-    Ok(())
+    let data = mblob_runtime::map_file(path)?;
+    let patch = super::fixups::mapping_symbols(&data).or_else(|| super::fixups::coff_checksum(&data, &opts.symbol()));
+    drop(data);
+    match patch {
+        Some(patch) => patch.apply_to_file(path),
+        None => Ok(()),
+    }
 }
 
 /// The `r_info` words (file offset, new bytes) that turn an x86-64 object's
@@ -488,7 +497,6 @@ fn add_registration<'c>(
     blob: PointerValue<'c>,
 ) -> std::result::Result<(), inkwell::builder::BuilderError> {
     let sym = opts.symbol();
-    let triple = opts.triple();
     let i32t = ctx.i32_type();
     let i8p = ctx.i8_type().ptr_type(AddressSpace::default());
     let reg = module.add_global(i32t, None, &format!("{sym}_reg_"));
@@ -506,13 +514,7 @@ fn add_registration<'c>(
     // In TVM's order: the objects TVM's LLVM writes have `_GLOBAL__sub_I_*` first.
     let sub = module.add_function(&format!("_GLOBAL__sub_I_{}", opts.file_stem()), void_fn, Some(Linkage::Internal));
     let init = module.add_function("__cxx_global_var_init", void_fn, Some(Linkage::Internal));
-    let startup = if triple.contains("apple") || triple.contains("darwin") {
-        Some("__TEXT,__StaticInit,regular,pure_instructions")
-    } else if opts.is_elf() {
-        Some(".text.startup")
-    } else {
-        None
-    };
+    let startup = opts.static_init_section();
     init.set_section(startup);
     sub.set_section(startup);
     let b = ctx.create_builder();
@@ -624,17 +626,35 @@ fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource, large: bool) -> 
 /// Finds the file range of the defined symbol `symbol` and checks it holds exactly `len` bytes.
 fn locate(data: &[u8], symbol: &str, len: u64) -> std::result::Result<Placement, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
+    // Mach-O names C symbols with a leading `_`.
+    let mangled = format!("_{symbol}");
+    let name = if file.format() == object::BinaryFormat::MachO { mangled.as_str() } else { symbol };
     let sym = file
         .symbols()
-        .find(|s| s.name() == Ok(symbol) && !s.is_undefined())
+        .find(|s| s.name() == Ok(name) && !s.is_undefined())
         .ok_or_else(|| format!("no symbol `{symbol}`"))?;
     let index = sym.section_index().ok_or_else(|| format!("symbol `{symbol}` has no section"))?;
     let section = file.section_by_index(index).map_err(|e| e.to_string())?;
     let (start, size) =
         section.file_range().ok_or_else(|| format!("section of `{symbol}` holds no bytes in the file (NOBITS)"))?;
     let within = sym.address().checked_sub(section.address()).ok_or("symbol before its section")?;
-    if sym.size() != len {
-        return Err(format!("symbol `{symbol}` has {} bytes, the blob {len}", sym.size()));
+    // Mach-O and COFF symbols have no size: the symbol's bytes reach the next symbol of its
+    // section, or the section's end.
+    let sym_size = if file.format() == object::BinaryFormat::Elf {
+        sym.size()
+    } else {
+        let next = file
+            .symbols()
+            .filter(|s| s.section_index() == Some(index) && s.address() > sym.address())
+            .map(|s| s.address())
+            .min()
+            .unwrap_or(section.address() + section.size());
+        next - sym.address()
+    };
+    // (A COFF system-lib object puts the blob's name right after it, with no symbol.)
+    let fits = if file.format() == object::BinaryFormat::Elf { sym_size == len } else { sym_size >= len };
+    if !fits {
+        return Err(format!("symbol `{symbol}` has {sym_size} bytes, the blob {len}"));
     }
     if within.checked_add(len).is_none_or(|end| end > size) {
         return Err(format!("symbol `{symbol}` ({len} bytes at {within}) does not fit its section ({size} bytes)"));
@@ -740,10 +760,15 @@ mod tests {
         assert!(ir.contains("@llvm.global_ctors = appending global [1 x { i32, void ()*, i8* }] [{ i32, void ()*, i8* } { i32 65535, void ()* @_GLOBAL__sub_I_demo_devc, i8* null }]"), "{ir}");
         assert!(ir.contains("section \"__TEXT,__StaticInit,regular,pure_instructions\""), "{ir}");
         assert!(!ir.contains("section \".rodata\""), "{ir}");
-        // Objects are ELF only: the bytes are placed by reading the object back.
+        // A Mach-O object holds the blob at its symbol (Mach-O symbols have no size).
         let dir = tempfile::tempdir().unwrap();
-        let err = write_object(&vec![0u8; 16], &mac, dir.path()).unwrap_err();
-        assert!(matches!(&err, Error::Invalid { what, .. } if what == "target x86_64-apple-darwin"), "{err}");
+        let blob: Vec<u8> = (0..16).collect();
+        let data = std::fs::read(write_object(&blob, &mac, dir.path()).unwrap()).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let sym = file.symbols().find(|s| s.name() == Ok("_demo___tvm_dev_mblob")).unwrap();
+        let sec = file.section_by_index(sym.section_index().unwrap()).unwrap();
+        let at = (sym.address() - sec.address()) as usize;
+        assert_eq!(&sec.data().unwrap()[at..at + 16], &blob[..]);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -10,6 +10,8 @@ pub mod abi;
 pub mod c;
 pub mod direct;
 mod filespan;
+#[cfg(feature = "llvm")]
+mod fixups;
 pub mod host;
 #[cfg(feature = "llvm")]
 pub mod llvm;
@@ -81,6 +83,23 @@ impl PackOptions {
     pub fn is_elf(&self) -> bool {
         let t = self.triple();
         !["windows", "darwin", "apple", "macos", "ios", "wasm"].iter().any(|os| t.contains(os))
+    }
+
+    /// The section of the system-lib constructor, as TVM's `CodeGenBlob` picks it from LLVM's
+    /// reading of the triple: `.text.startup` where the triple's third part names Linux
+    /// (`x86_64-unknown-linux-gnu`; not `aarch64-linux-gnu`, whose third part is `gnu`, nor
+    /// `aarch64-linux-android`), `__TEXT,__StaticInit,...` where it names an Apple system, and
+    /// the default text section elsewhere. LLVM reads the parts of a triple by position.
+    pub fn static_init_section(&self) -> Option<&'static str> {
+        let triple = self.triple();
+        let os = triple.split('-').nth(2).unwrap_or_default();
+        if os.starts_with("linux") {
+            Some(".text.startup")
+        } else if ["darwin", "macos", "ios", "tvos", "watchos", "xros", "visionos"].iter().any(|p| os.starts_with(p)) {
+            Some("__TEXT,__StaticInit,regular,pure_instructions")
+        } else {
+            None
+        }
     }
 
     /// Whether the triple is x86-64 ELF, where large blobs need `.lrodata`.

@@ -32,7 +32,10 @@ use crate::status::{mblob_status, not_null, Failure, Result};
 /// `prefix` is NULL or a NUL-terminated string; `out` is NULL or points to writable storage
 /// for one pointer.
 #[no_mangle]
-pub unsafe extern "C" fn mblob_library_load_system(prefix: *const c_char, out: *mut *mut mblob_library) -> mblob_status {
+pub unsafe extern "C" fn mblob_library_load_system(
+    prefix: *const c_char,
+    out: *mut *mut mblob_library,
+) -> mblob_status {
     call(|| {
         not_null(prefix, "prefix")?;
         not_null(out, "out")?;

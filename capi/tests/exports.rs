@@ -26,11 +26,8 @@ fn shared_library_exports_no_tvm_names() {
         .unwrap_or_else(|| panic!("libmblob_capi.so not built in {} or its deps/", dir.display()));
     let bytes = std::fs::read(&so).unwrap();
     let file = object::File::parse(&*bytes).unwrap();
-    let exported: Vec<String> = file
-        .dynamic_symbols()
-        .filter(|s| s.is_definition())
-        .filter_map(|s| s.name().ok().map(str::to_owned))
-        .collect();
+    let exported: Vec<String> =
+        file.dynamic_symbols().filter(|s| s.is_definition()).filter_map(|s| s.name().ok().map(str::to_owned)).collect();
     assert!(exported.iter().any(|n| n == "mblob_library_load_system"), "the C API is exported: {exported:?}");
     let tvm: Vec<&String> =
         exported.iter().filter(|n| n.starts_with("TVM") || n.starts_with("tvm_") || n.starts_with("__tvm")).collect();

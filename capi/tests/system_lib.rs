@@ -113,7 +113,10 @@ fn run_model_runs_linked_models_with_tvm_outputs_and_no_dlopen() {
     let run = Command::new(&exe).args(["system://nosuchmodel_", "-o"]).arg(&work).output().unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("(status 4)") && stderr.contains("no system library with prefix `nosuchmodel_`"), "{stderr}");
+    assert!(
+        stderr.contains("(status 4)") && stderr.contains("no system library with prefix `nosuchmodel_`"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&work).ok();
 }
 
@@ -127,7 +130,8 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
     let run = Command::new(&exe).args(&prefixes).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
-    let line = |start: &str| stdout.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {stdout}"));
+    let line =
+        |start: &str| stdout.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {stdout}"));
     // The LLM and the Relax model list the functions TVM's VM has (functions.json of
     // tests/fixtures/llm, made by TVM, for the same model built as a shared library).
     let llm: serde_json::Value =
@@ -147,6 +151,11 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
         assert!(missing.contains(&format!("`{p}`")), "the error names the linked prefixes: {missing}");
     }
     let conflict = line("conflict ");
-    assert!(conflict.starts_with("conflict -1 4 system library `graph19_`: symbol `graph19___tvm_module_ctx` was registered twice"), "{conflict}");
+    assert!(
+        conflict.starts_with(
+            "conflict -1 4 system library `graph19_`: symbol `graph19___tvm_module_ctx` was registered twice"
+        ),
+        "{conflict}"
+    );
     std::fs::remove_dir_all(&work).ok();
 }

@@ -19,8 +19,10 @@ fn main() {
         println!("cargo:rerun-if-changed={}", devc.display());
         // The module tree TVM packed (read from its blob object), exported again under the
         // same prefix with TVM's host object.
-        let (blob, layout) = mblob::repack::read_blob(&devc, None).unwrap_or_else(|e| panic!("{}: {e}", devc.display()));
-        let tree = mblob::repack::module_tree_of(&blob, layout, &devc).unwrap_or_else(|e| panic!("{}: {e}", devc.display()));
+        let (blob, layout) =
+            mblob::repack::read_blob(&devc, None).unwrap_or_else(|e| panic!("{}: {e}", devc.display()));
+        let tree =
+            mblob::repack::module_tree_of(&blob, layout, &devc).unwrap_or_else(|e| panic!("{}: {e}", devc.display()));
         let mut export = Export::from_tree(tree);
         export.object(&host).layout(layout).system_lib(true).prefix(prefix);
         let archive = out.join(format!("lib{model}.a"));

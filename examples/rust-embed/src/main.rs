@@ -58,7 +58,8 @@ fn llm() -> Result<()> {
     let mut lm = LanguageModel::new(&tree, Device::cpu(0), Some(&weights), &GenerateOptions::default())?;
     let prompt: Vec<i32> =
         f["prompt"].as_array().ok_or("no prompt")?.iter().filter_map(|v| v.as_i64()).map(|t| t as i32).collect();
-    let want: Vec<i32> = f["tokens"].as_array().ok_or("no tokens")?.iter().filter_map(|v| v[0].as_i64()).map(|t| t as i32).collect();
+    let want: Vec<i32> =
+        f["tokens"].as_array().ok_or("no tokens")?.iter().filter_map(|v| v[0].as_i64()).map(|t| t as i32).collect();
     let out = lm.generate(&prompt, want.len())?;
     if out.tokens != want {
         return Err(format!("tinyllm tokens {:?}, TVM's {want:?}", out.tokens).into());
@@ -67,7 +68,9 @@ fn llm() -> Result<()> {
     let got: Vec<f32> = out.logits.concat();
     let diff = max_diff(&got, &logits);
     if got.len() != logits.len() || diff > 1e-4 {
-        return Err(format!("tinyllm logits differ from TVM's by {diff} ({} vs {} values)", got.len(), logits.len()).into());
+        return Err(
+            format!("tinyllm logits differ from TVM's by {diff} ({} vs {} values)", got.len(), logits.len()).into()
+        );
     }
     println!("tinyllm (system://tinyllm_): {} tokens equal to TVM's, logits within {diff:e}", want.len());
     Ok(())

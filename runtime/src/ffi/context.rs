@@ -366,7 +366,11 @@ pub(crate) extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, 
     })
 }
 
-pub(crate) extern "C" fn backend_parallel_launch(f: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
+pub(crate) extern "C" fn backend_parallel_launch(
+    f: Option<ParallelLambda>,
+    cdata: *mut c_void,
+    num_task: c_int,
+) -> c_int {
     guard(-1, || threadpool::launch(f, cdata, num_task))
 }
 
@@ -412,11 +416,19 @@ fn lookup_into(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> 
     }
 }
 
-pub(crate) extern "C" fn backend_get_func_from_env(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+pub(crate) extern "C" fn backend_get_func_from_env(
+    ctx: *mut c_void,
+    name: *const c_char,
+    out: *mut *mut c_void,
+) -> c_int {
     guard(-1, || lookup_into(ctx, name, out))
 }
 
-pub(crate) extern "C" fn env_mod_lookup_from_imports(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+pub(crate) extern "C" fn env_mod_lookup_from_imports(
+    ctx: *mut c_void,
+    name: *const c_char,
+    out: *mut *mut c_void,
+) -> c_int {
     guard(-1, || lookup_into(ctx, name, out))
 }
 
@@ -489,7 +501,12 @@ pub(crate) extern "C" fn func_call(
     })
 }
 
-pub(crate) extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: i32, result: *mut TVMFFIAny) -> c_int {
+pub(crate) extern "C" fn ffi_function_call(
+    handle: *mut c_void,
+    args: *const TVMFFIAny,
+    n: i32,
+    result: *mut TVMFFIAny,
+) -> c_int {
     guard(-1, || {
         let run = || -> Result<Value, String> {
             // SAFETY: as in `func_call`.

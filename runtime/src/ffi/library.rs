@@ -312,7 +312,7 @@ static SYSTEM_CONTEXTS: Mutex<Vec<(String, &'static ContextHandle)>> = Mutex::ne
 /// Opens the system library of `prefix` (see [`crate::ffi::system_lib`]): its image (symbols
 /// from the registry, a context behind the prefix's handle), and its blob when it has one.
 #[cfg(feature = "system-lib")]
-pub(crate) fn open_system(prefix: &str) -> Result<(Arc<Image>, Abi, Option<(String, Layout, Bytes)>)> {
+pub(crate) fn open_system(prefix: &str) -> Result<(Arc<Image>, Abi, Option<FoundBlob>)> {
     let (lib, blob) = crate::ffi::system_lib::SystemLibrary::open(prefix)?;
     let path = PathBuf::from(format!("system://{prefix}"));
     let mut contexts = SYSTEM_CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -397,9 +397,12 @@ impl AsRef<[u8]> for MappedSymbol {
     }
 }
 
+/// A blob found in an image: its symbol, layout and bytes.
+pub(crate) type FoundBlob = (String, Layout, Bytes);
+
 /// The first of `names` that the image itself defines, with its layout and bytes (no byte is
 /// copied: the view keeps the image loaded). `Ok(None)` when it defines none.
-pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> Result<Option<(String, Layout, Bytes)>> {
+pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> Result<Option<FoundBlob>> {
     let elf = |detail: String| Error::Elf { path: path.to_owned(), detail };
     let Some(link_map) = image.link_map() else { return Ok(None) };
     for name in names {

@@ -299,7 +299,11 @@ mod exports {
 
     /// `TVMBackendParallelLaunch`.
     #[no_mangle]
-    pub extern "C" fn TVMBackendParallelLaunch(f: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
+    pub extern "C" fn TVMBackendParallelLaunch(
+        f: Option<ParallelLambda>,
+        cdata: *mut c_void,
+        num_task: c_int,
+    ) -> c_int {
         ctx::backend_parallel_launch(f, cdata, num_task)
     }
 

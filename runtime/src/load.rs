@@ -135,7 +135,7 @@ pub unsafe fn load_library_bytes(
 pub fn load_system_lib(prefix: &str, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let _span = tracing::info_span!("load_system_lib", prefix).entered();
     let (image, abi, found) = library::open_system(prefix)?;
-    crate::ffi::context::install(&image);
+    crate::ffi::context::install(image.context(), |name| image.address(name));
     let path = std::path::PathBuf::from(format!("system://{prefix}"));
     let library_module = Arc::new(LibraryModule::new(image, path.clone(), abi, None));
     let Some((symbol, layout, blob)) = found else {
@@ -175,7 +175,7 @@ unsafe fn load_opened(
     };
     // SAFETY: the caller accepts that the library's initialisers run.
     let image = unsafe { library::open(path, pre.private, memfd) }?;
-    crate::ffi::context::install(&image);
+    crate::ffi::context::install(image.context(), |name| image.address(name));
     // The names to look for in the image: the one the file names first, then every layout's
     // symbol with the requested prefix (or none).
     let prefix = options.prefix.as_deref().unwrap_or("");

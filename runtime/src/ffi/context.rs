@@ -612,13 +612,14 @@ pub(crate) fn context_functions() -> [(&'static str, *const c_void); 14] {
 
 /// Writes the context functions into the library's `__<name>` data symbols where they exist,
 /// and the context handle into its context symbols, as TVM's `InitContextFunctions` does.
-pub(crate) fn install(image: &crate::ffi::library::Image) {
-    let handle = image.context().context_handle() as *const ContextHandle as *const c_void;
+/// `address` finds a symbol of the library.
+pub(crate) fn install(ctx: &Arc<LibraryContext>, address: impl Fn(&str) -> Option<*mut c_void>) {
+    let handle = ctx.context_handle() as *const ContextHandle as *const c_void;
     let contexts = ["__tvm_module_ctx", "__tvm_ffi_library_ctx", "__tvm_ffi__library_ctx"];
     let functions = context_functions();
     let named = functions.iter().map(|(n, f)| (format!("__{n}"), *f));
     for (name, value) in named.chain(contexts.iter().map(|c| (c.to_string(), handle))) {
-        let Some(slot) = image.address(&name) else { continue };
+        let Some(slot) = address(&name) else { continue };
         // SAFETY: each of these names is, in a TVM-compiled library, a pointer-sized writable
         // data symbol that exists to receive exactly this pointer (TVM's loader does the same
         // writes). The symbol is looked up as a plain address and written before any of the

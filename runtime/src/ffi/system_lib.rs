@@ -29,46 +29,7 @@ use std::sync::Mutex;
 use crate::ffi::value::Abi;
 use crate::format::{Layout, SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI};
 
-/// Why a system library could not be opened, or a registration was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SystemLibError {
-    /// No model registered itself under the prefix.
-    #[error(
-        "no system library with prefix `{prefix}` is linked into this program (prefixes registered: {})",
-        if held.is_empty() { "none".to_owned() } else { held.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ") }
-    )]
-    NotLinked {
-        /// The prefix asked for.
-        prefix: String,
-        /// The prefixes whose blob or context slot was registered.
-        held: Vec<String>,
-    },
-    /// A symbol of the prefix was registered twice, at two addresses (two models linked under
-    /// one prefix, or one name defined twice).
-    #[error(
-        "system library `{prefix}`: symbol `{symbol}` was registered twice at different addresses ({first:#x}, then {second:#x}): two models linked under one prefix?"
-    )]
-    Conflict {
-        /// The prefix asked for.
-        prefix: String,
-        /// The symbol registered twice.
-        symbol: String,
-        /// The address registered first (the one kept).
-        first: usize,
-        /// The address refused.
-        second: usize,
-    },
-    /// The registered blob's length header is not believable.
-    #[error("system library `{prefix}`: blob `{symbol}` claims {len} bytes")]
-    BlobSize {
-        /// The prefix asked for.
-        prefix: String,
-        /// The blob symbol.
-        symbol: String,
-        /// The length its header gives.
-        len: u64,
-    },
-}
+pub use crate::error::SystemLibError;
 
 /// One registered symbol.
 #[derive(Debug, Clone, Copy)]

@@ -33,6 +33,7 @@ cargo test --workspace --no-default-features --features cli
 # `system-lib` feature, linked into a C program with three TVM-built models and no dlopen; the
 # Rust example (its own workspace: the feature defines TVM's names, which must stay out of the
 # workspace's libmblob.so) embeds two with `Export` and runs them against TVM's outputs.
+cargo test -p mblob-runtime --features system-lib --lib system_lib
 cargo test -p mblob-capi --features system-lib --test system_lib
 cargo clippy -p mblob-capi --features system-lib --all-targets -- -D warnings
 (cd examples/rust-embed && cargo fmt -- --check && cargo clippy -- -D warnings)

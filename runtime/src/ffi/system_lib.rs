@@ -11,7 +11,7 @@
 //! `__tvm_ffi_` + `PREFIX` + name first, as `GetSymbolWithSymbolPrefix` does).
 //!
 //! Unlike TVM, a name registered twice at two addresses is not silently overridden: the first
-//! stays, the registration call returns -1, and [`SystemLibrary::open`] of a prefix that holds
+//! stays, the registration call returns -1, and opening a prefix that holds
 //! such a name is refused ([`SystemLibError::Conflict`]).
 //!
 //! With the crate feature `system-lib`, the program also gets TVM's runtime names themselves
@@ -184,6 +184,7 @@ impl SystemLibrary {
 mod exports {
     use std::ffi::{c_char, c_int, c_void, CStr};
 
+    use super::SystemLibError;
     use crate::ffi::context as ctx;
     use crate::ffi::last_error::set_last_error;
     use crate::ffi::threadpool::{ParallelGroupEnv, ParallelLambda};
@@ -201,6 +202,12 @@ mod exports {
             // SAFETY: the caller is a TVM system-lib build registering its own symbol.
             match unsafe { super::register_symbol(name, ptr, abi) } {
                 Ok(()) => 0,
+                Err(SystemLibError::Conflict { symbol, first, second, .. }) => {
+                    set_last_error(&format!(
+                        "system-lib symbol `{symbol}` is registered already at {first:#x}: {second:#x} refused"
+                    ));
+                    -1
+                }
                 Err(e) => {
                     set_last_error(&e.to_string());
                     -1
@@ -318,5 +325,76 @@ mod exports {
     #[no_mangle]
     pub extern "C" fn TVMFFIHandleInitOnce(handle: *mut *mut c_void, init: Option<ctx::InitFn>) -> c_int {
         ctx::handle_init_once(handle, init)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registers `name` at `addr` (a fake address: these tests never dereference it).
+    fn reg(name: &str, addr: usize, abi: Abi) -> Result<(), SystemLibError> {
+        // SAFETY: nothing opens these prefixes' blobs or calls their functions; only their
+        // names and addresses are compared.
+        unsafe { register_symbol(name, addr as *mut c_void, abi) }
+    }
+
+    #[test]
+    fn names_are_found_as_tvm_system_library_finds_them() {
+        reg("unitffi___tvm_ffi__library_ctx", 0x10, Abi::Ffi).unwrap();
+        reg("__tvm_ffi_unitffi_add", 0x20, Abi::Ffi).unwrap();
+        reg("__tvm_ffi_add_unprefixed", 0x30, Abi::Ffi).unwrap();
+        reg("unitffi_plain", 0x40, Abi::Ffi).unwrap();
+        let (lib, blob) = SystemLibrary::open("unitffi_").unwrap();
+        assert!(blob.is_none(), "no blob registered: a single library module");
+        assert_eq!(lib.abi(), Abi::Ffi, "the convention of the function that registered it");
+        // tvm-ffi's GetSymbolWithSymbolPrefix: `__tvm_ffi_` + prefix + name first.
+        assert_eq!(lib.address("__tvm_ffi_add"), Some(0x20 as *mut c_void));
+        // Then the name as it is.
+        assert_eq!(lib.address("__tvm_ffi_add_unprefixed"), Some(0x30 as *mut c_void));
+        // TVM's GetSymbol: prefix + name.
+        assert_eq!(lib.address("plain"), Some(0x40 as *mut c_void));
+        assert_eq!(lib.address("__tvm_ffi__library_ctx"), Some(0x10 as *mut c_void));
+        assert_eq!(lib.address("missing"), None);
+    }
+
+    #[test]
+    fn a_prefix_nobody_registered_is_refused_naming_those_that_did() {
+        reg("unitheld___tvm_module_ctx", 0x50, Abi::Packed).unwrap();
+        match SystemLibrary::open("unitnobody_") {
+            Err(SystemLibError::NotLinked { prefix, held }) => {
+                assert_eq!(prefix, "unitnobody_");
+                assert!(held.contains(&"unitheld_".to_owned()), "{held:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_address_for_a_name_is_refused_and_the_prefix_does_not_open() {
+        reg("unitdup___tvm_module_ctx", 0x60, Abi::Packed).unwrap();
+        reg("unitdup___tvm_module_ctx", 0x60, Abi::Packed).expect("the same address again is no conflict");
+        assert!(SystemLibrary::open("unitdup_").is_ok());
+        let e = reg("unitdup___tvm_module_ctx", 0x70, Abi::Packed).unwrap_err();
+        assert!(matches!(e, SystemLibError::Conflict { first: 0x60, second: 0x70, .. }), "{e:?}");
+        match SystemLibrary::open("unitdup_") {
+            Err(SystemLibError::Conflict { prefix, symbol, first, second }) => {
+                assert_eq!(
+                    (prefix.as_str(), symbol.as_str(), first, second),
+                    ("unitdup_", "unitdup___tvm_module_ctx", 0x60, 0x70)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_blob_length_past_the_limit_is_refused() {
+        static HUGE: [u8; 8] = u64::MAX.to_le_bytes();
+        reg("unithuge___tvm_dev_mblob", HUGE.as_ptr() as usize, Abi::Packed).unwrap();
+        match SystemLibrary::open("unithuge_") {
+            Err(SystemLibError::BlobSize { len, .. }) => assert_eq!(len, u64::MAX),
+            other => panic!("{other:?}"),
+        }
     }
 }

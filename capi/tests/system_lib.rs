@@ -2,8 +2,10 @@
 //! (`tests/fixtures/system-lib`: a TVM 0.19 graph model, a TVM 0.27 Relax model, the tiny LLM,
 //! each under its own prefix) and the `libmblob.a` of this build (feature `system-lib`) runs
 //! them with no `dlopen`: `examples/c/run_model.c` given `system://PREFIX` gives TVM's outputs
-//! bit for bit, and `support/system_lib_checks.c` opens each prefix and gets typed errors for
-//! a prefix nobody registered and for a symbol registered twice. The program is linked with
+//! bit for bit, and `support/system_lib_checks.c` opens each prefix (the LLM's functions are
+//! TVM's, and its compiled embedding kernel, called on its tensor cache's table, gives TVM's
+//! `embed` output) and gets typed errors for a prefix nobody registered and for a symbol
+//! registered twice. The program is linked with
 //! `--wrap=dlopen,--wrap=dlmopen` to `support/no_dlopen.c`, which aborts: a run that succeeds
 //! opened no library. It does not depend on `libmblob.so`.
 
@@ -127,7 +129,35 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
         return;
     };
     let prefixes: Vec<String> = MODELS.iter().map(|m| facts(m)["prefix"].as_str().unwrap().to_owned()).collect();
-    let run = Command::new(&exe).args(&prefixes).output().unwrap();
+    // The LLM's embedding kernel on its table from the tensor cache (TVM's `tensor-cache.json`
+    // says where), on TVM's prompt.
+    let llm = facts("tinyllm");
+    let cache = fixtures().join(llm["tensor_cache"].as_str().unwrap());
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("tensor-cache.json")).unwrap()).unwrap();
+    let (shard, table) = index["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|r| {
+            let t = r["records"].as_array()?.iter().find(|t| t["name"] == "model.embed_tokens.weight")?;
+            Some((r["dataPath"].as_str()?.to_owned(), t.clone()))
+        })
+        .expect("the embedding table in the tensor cache");
+    assert_eq!((table["dtype"].as_str(), table["format"].as_str()), (Some("float32"), Some("raw")));
+    let tokens: Vec<String> = llm["prompt"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
+    let embed_out = work.join("embed.bin");
+    let run = Command::new(&exe)
+        .args(&prefixes)
+        .arg("--embed")
+        .arg(cache.join(shard))
+        .arg(table["byteOffset"].to_string())
+        .arg(table["shape"][0].to_string())
+        .arg(table["shape"][1].to_string())
+        .arg(&embed_out)
+        .arg(tokens.join(","))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
     let line =
@@ -144,6 +174,10 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
     got.sort();
     assert_eq!(got, want, "the linked LLM's functions");
     assert_eq!(line("relaxmodel27_ "), "relaxmodel27_ functions main");
+    assert_eq!(line("embed "), format!("embed {}", tokens.len()));
+    let want = npy(&fixtures().join("tinyllm.embed.npy"));
+    assert_eq!(want.1, [tokens.len() as u64, table["shape"][1].as_u64().unwrap()], "TVM's embed shape");
+    assert!(std::fs::read(&embed_out).unwrap() == want.2, "the LLM's embedding kernel differs from TVM's embed");
     assert!(line("graph19_ ").starts_with("graph19_ kind "), "{stdout}");
     let missing = line("missing ");
     assert!(missing.starts_with("missing 4 no system library with prefix `nosuchmodel_`"), "{missing}");

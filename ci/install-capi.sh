@@ -2,7 +2,9 @@
 # Builds mblob's C API and installs it under PREFIX (default /usr/local):
 #   PREFIX/include/mblob.h
 #   PREFIX/lib/libmblob.so.0 (soname libmblob.so.0), PREFIX/lib/libmblob.so -> libmblob.so.0
-#   PREFIX/lib/libmblob.a
+#   PREFIX/lib/libmblob.a (with the `system-lib` feature: the registry of models linked into the
+#                          program, and TVM's runtime names their code calls, defined on purpose;
+#                          libmblob.so has neither and exports none of TVM's names)
 #   PREFIX/lib/pkgconfig/mblob.pc
 # Then `cc prog.c $(PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs mblob)`
 # links the shared library, and `pkg-config --static` the static one; CMake finds it with
@@ -16,7 +18,8 @@
 #   MBLOB_CAPI_PROFILE   the cargo profile: `release-small` (default: smallest code, fat LTO,
 #                        stripped) or `release` (faster Rust code, larger)
 #   MBLOB_CAPI_LIB_DIR   install the libmblob_capi.so (and libmblob_capi.a, when there) of
-#                        this directory instead of building (a build of the same features)
+#                        this directory instead of building (a build of the same features;
+#                        the .a holds the system-lib registry only if it was built with it)
 # The shared and the static library are built apart (`cargo rustc --crate-type`): built
 # together the shared one comes out about 30% larger.
 set -euo pipefail
@@ -33,9 +36,10 @@ else
     none) args=(--no-default-features) ;;
     *) args=(--no-default-features --features "$features") ;;
   esac
-  for crate_type in cdylib staticlib; do
-    cargo rustc --quiet -p mblob-capi --profile "$profile" --lib --crate-type "$crate_type" "${args[@]}"
-  done
+  # The static library adds `system-lib` (mblob_library_load_system, and TVM's names for the
+  # models a program links); the shared one never has it.
+  cargo rustc --quiet -p mblob-capi --profile "$profile" --lib --crate-type cdylib "${args[@]}"
+  cargo rustc --quiet -p mblob-capi --profile "$profile" --lib --crate-type staticlib "${args[@]}" --features system-lib
   built=$(bash ci/target-dir.sh)/$profile
 fi
 cflags='-I${includedir}'

@@ -29,6 +29,15 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet --no-default-
 cargo test --workspace
 # Without LLVM and CUDA, but with the command line that most of the integration tests run.
 cargo test --workspace --no-default-features --features cli
+# Models linked into a program (TVM system-lib builds): the C library's static form with the
+# `system-lib` feature, linked into a C program with three TVM-built models and no dlopen; the
+# Rust example (its own workspace: the feature defines TVM's names, which must stay out of the
+# workspace's libmblob.so) embeds two with `Export` and runs them against TVM's outputs.
+cargo test -p mblob-runtime --features system-lib --lib system_lib
+cargo test -p mblob-capi --features system-lib --test system_lib
+cargo clippy -p mblob-capi --features system-lib --all-targets -- -D warnings
+(cd examples/rust-embed && cargo fmt -- --check && cargo clippy -- -D warnings)
+cargo run --manifest-path examples/rust-embed/Cargo.toml
 # The runtime alone without `relay-vm` (the workspace always has it on): a Relay VM model is
 # refused, naming the feature.
 cargo test -p mblob-runtime --no-default-features --test relay_vm_off

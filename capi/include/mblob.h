@@ -9,6 +9,13 @@
  * message (thread-local, valid until the next mblob call on that thread). A library may be
  * shared across threads; a model is used by one call at a time (a call on a model that
  * another thread's call is using fails at once with MBLOB_ERR_STATE).
+ *
+ * System libraries (mblob_library_load_system): libmblob.a as ci/install-capi.sh installs it
+ * (cargo feature `system-lib`) defines TVM's runtime names in the program on purpose:
+ * TVMBackendRegisterSystemLibSymbol, TVMFFIEnvModRegisterSystemLibSymbol and the functions
+ * TVM `system-lib` code calls (TVMBackendAllocWorkspace, TVMFFIFunctionCall, ...), so that a
+ * program links it with its models instead of TVM's runtime. Do not link it into a program
+ * that also links TVM's runtime. libmblob.so defines none of TVM's names.
  */
 
 #ifndef MBLOB_H
@@ -576,6 +583,22 @@ mblob_status mblob_model_invoke(struct mblob_model *model,
                                 const char *function,
                                 const struct mblob_dl_tensor *const *inputs,
                                 size_t num_inputs);
+
+// Opens the model linked into this program under `prefix` (a TVM `system-lib` build, with
+// `system_lib_prefix` `prefix`; `""` for none: MLC's `system://PREFIX` model path) and writes
+// its handle to `*out`: the same handle `mblob_library_load` gives for a file, for
+// `mblob_model_new`, `mblob_library_call`, .... Nothing is opened and no code runs: the
+// model registered itself when the program started.
+//
+// No model registered under `prefix`: `MBLOB_ERR_LOAD`, naming the prefixes that are; one of
+// its symbols registered twice at two addresses (two models linked under one prefix):
+// `MBLOB_ERR_LOAD`. A library built without the `system-lib` feature (`libmblob.so`):
+// `MBLOB_ERR_UNSUPPORTED` (link `libmblob.a` from `ci/install-capi.sh`).
+//
+// # Safety
+// `prefix` is NULL or a NUL-terminated string; `out` is NULL or points to writable storage
+// for one pointer.
+mblob_status mblob_library_load_system(const char *prefix, struct mblob_library **out);
 
 // Frees a tensor; NULL does nothing. Memory it shares with other tensors or with DLPack
 // tensors handed out (`mblob_tensor_to_dlpack`) lives on with them.

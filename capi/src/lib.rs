@@ -52,6 +52,7 @@ mod inspect;
 mod library;
 mod model;
 mod status;
+mod system;
 mod tensor;
 
 pub use call::{mblob_last_error, mblob_version};
@@ -63,6 +64,7 @@ pub use inspect::*;
 pub use library::*;
 pub use model::*;
 pub use status::mblob_status;
+pub use system::*;
 pub use tensor::*;
 
 // A library handle is shared across threads; a model or a tensor moves between them.

@@ -1,9 +1,12 @@
 /*
  * run_model: runs a model through mblob's C API on .npy inputs and writes its outputs as .npy.
  *
- *   run_model MODEL.so [--function F] [--device cpu|cuda|opencl[:ID]] NAME=IN.npy... -o DIR
+ *   run_model MODEL.so|system://PREFIX [--function F] [--device cpu|cuda|opencl[:ID]]
+ *             NAME=IN.npy... -o DIR
  *
- * Loads MODEL.so (a TVM `export_library` output: graph, AOT, Relax or Relay VM), runs it on
+ * Loads MODEL.so (a TVM `export_library` output: graph, AOT, Relax or Relay VM), or, given
+ * `system://PREFIX` (MLC's convention), the model linked into this program under that prefix
+ * (a TVM `system-lib` build; this needs the program linked with libmblob.a), and runs it on
  * the device (the CPU by default) with each NAME=IN.npy as input NAME (an argument without
  * `NAME=` sets the next input by position), and writes output K to DIR/out.K.npy.
  * `--function` picks a Relax function.
@@ -13,6 +16,9 @@
  *
  * Build (after ci/install-capi.sh PREFIX):
  *   cc -std=c99 run_model.c $(pkg-config --cflags --libs mblob) -o run_model
+ * With models linked in (their TVM `system-lib` objects, then the static library):
+ *   cc -std=c99 run_model.c lib0.o devc.o $(pkg-config --cflags mblob) \
+ *      PREFIX/lib/libmblob.a -lpthread -ldl -lm -lrt -o run_model
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -163,7 +169,7 @@ int main(int argc, char **argv) {
         else if (!model_path) model_path = argv[i];
     }
     if (!model_path || !out_dir) {
-        fprintf(stderr, "usage: run_model MODEL.so [--function F] [--device cpu|cuda|opencl[:ID]] NAME=IN.npy... -o DIR\n");
+        fprintf(stderr, "usage: run_model MODEL.so|system://PREFIX [--function F] [--device cpu|cuda|opencl[:ID]] NAME=IN.npy... -o DIR\n");
         return 2;
     }
     /* DLPack's device codes: kDLCPU 1, kDLCUDA 2, kDLOpenCL 4. */
@@ -171,7 +177,11 @@ int main(int argc, char **argv) {
     else if (strncmp(device, "opencl", 6) == 0) device_type = 4;
     else if (strncmp(device, "cpu", 3) != 0) return fail(device, "unknown device (cpu, cuda or opencl)");
     if (strchr(device, ':')) device_id = atoi(strchr(device, ':') + 1);
-    if (check(mblob_library_load(model_path, &lib), model_path)) goto done;
+    if (strncmp(model_path, "system://", 9) == 0) {
+        if (check(mblob_library_load_system(model_path + 9, &lib), model_path)) goto done;
+    } else if (check(mblob_library_load(model_path, &lib), model_path)) {
+        goto done;
+    }
     if (check(mblob_model_new(lib, device_type, device_id, &model), model_path)) goto done;
     if (function && check(mblob_model_select_function(model, function), function)) goto done;
 

@@ -144,4 +144,51 @@ pub enum Error {
     /// A CUDA operation failed, or no CUDA driver is present.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// A system library (a model linked into the program) cannot be opened: no model under
+    /// its prefix, or two registrations of one of its names.
+    #[cfg(feature = "system-lib")]
+    #[error(transparent)]
+    SystemLib(#[from] SystemLibError),
+}
+
+#[cfg(feature = "system-lib")]
+/// Why a system library could not be opened, or a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SystemLibError {
+    /// No model registered itself under the prefix.
+    #[error(
+        "no system library with prefix `{prefix}` is linked into this program (prefixes registered: {})",
+        if held.is_empty() { "none".to_owned() } else { held.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ") }
+    )]
+    NotLinked {
+        /// The prefix asked for.
+        prefix: String,
+        /// The prefixes whose blob or context slot was registered.
+        held: Vec<String>,
+    },
+    /// A symbol of the prefix was registered twice, at two addresses (two models linked under
+    /// one prefix, or one name defined twice).
+    #[error(
+        "system library `{prefix}`: symbol `{symbol}` was registered twice at different addresses ({first:#x}, then {second:#x}): two models linked under one prefix?"
+    )]
+    Conflict {
+        /// The prefix asked for.
+        prefix: String,
+        /// The symbol registered twice.
+        symbol: String,
+        /// The address registered first (the one kept).
+        first: usize,
+        /// The address refused.
+        second: usize,
+    },
+    /// The registered blob's length header is not believable.
+    #[error("system library `{prefix}`: blob `{symbol}` claims {len} bytes")]
+    BlobSize {
+        /// The prefix asked for.
+        prefix: String,
+        /// The blob symbol.
+        symbol: String,
+        /// The length its header gives.
+        len: u64,
+    },
 }

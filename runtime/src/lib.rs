@@ -81,7 +81,11 @@ pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
 pub use ffi::packed;
+#[cfg(feature = "system-lib")]
+pub use ffi::system_lib::SystemLibError;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
+#[cfg(feature = "system-lib")]
+pub use load::load_system_lib;
 pub use load::{load_blob, load_library, load_library_bytes, map_file, LoadOptions};
 pub use module::{LoadedModule, LoadedTree, Module, Origin, Symbol, TreeShape};
 pub use payload::{Opaque, Payload, RawPayload};

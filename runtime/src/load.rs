@@ -122,6 +122,35 @@ pub unsafe fn load_library_bytes(
     unsafe { load_opened(&path, Some(fd), registry, options) }
 }
 
+/// Loads the model linked into this program under `prefix` (a TVM `system-lib` build, whose
+/// start-up code registered its symbols; see [`crate::ffi::system_lib`]), as
+/// [`load_library`] loads a file: the same tree, with the library module's functions found in
+/// the registry (`PREFIX + name` first, as TVM's `runtime.SystemLib(prefix)` does). Nothing is
+/// opened and no code runs. `system://PREFIX` in the tree's paths names it.
+///
+/// Refused, with a typed error ([`Error::SystemLib`]), when nothing registered itself under
+/// `prefix` (naming the prefixes that did), or when a name of it was registered twice at two
+/// addresses.
+#[cfg(feature = "system-lib")]
+pub fn load_system_lib(prefix: &str, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
+    let _span = tracing::info_span!("load_system_lib", prefix).entered();
+    let (image, abi, found) = library::open_system(prefix)?;
+    crate::ffi::context::install(image.context(), |name| image.address(name));
+    let path = std::path::PathBuf::from(format!("system://{prefix}"));
+    let library_module = Arc::new(LibraryModule::new(image, path.clone(), abi, None));
+    let Some((symbol, layout, blob)) = found else {
+        tracing::debug!("no blob registered: a single library module");
+        return Ok(LoadedTree {
+            modules: vec![LoadedModule { module: library_module, imports: vec![] }],
+            origin: Origin::default(),
+        });
+    };
+    tracing::debug!(%symbol, layout = layout.name(), size = blob.len(), "blob found in the registry");
+    let tree = load_with_library(&blob, layout, registry, options, library_module, &path, Some(symbol))?;
+    crate::ffi::library::link_imports(&tree);
+    Ok(tree)
+}
+
 /// [`load_library`] of `path`; `memfd` is the memory file `path` opens, kept with the image.
 ///
 /// # Safety
@@ -146,7 +175,7 @@ unsafe fn load_opened(
     };
     // SAFETY: the caller accepts that the library's initialisers run.
     let image = unsafe { library::open(path, pre.private, memfd) }?;
-    crate::ffi::context::install(image.lib(), image.context());
+    crate::ffi::context::install(image.context(), |name| image.address(name));
     // The names to look for in the image: the one the file names first, then every layout's
     // symbol with the requested prefix (or none).
     let prefix = options.prefix.as_deref().unwrap_or("");

@@ -279,7 +279,7 @@ fn global_function(name: &str) -> Option<PackedFunction> {
 
 // ---- the context functions -------------------------------------------------------------
 
-extern "C" fn api_set_last_error(msg: *const c_char) {
+pub(crate) extern "C" fn api_set_last_error(msg: *const c_char) {
     guard((), || {
         // SAFETY: compiled code passes a NUL-terminated message.
         if let Some(m) = unsafe { c_str(msg) } {
@@ -288,7 +288,7 @@ extern "C" fn api_set_last_error(msg: *const c_char) {
     })
 }
 
-extern "C" fn ffi_error_set_raised(kind: *const c_char, msg: *const c_char) {
+pub(crate) extern "C" fn ffi_error_set_raised(kind: *const c_char, msg: *const c_char) {
     guard((), || {
         // SAFETY: compiled code passes NUL-terminated strings (or null).
         let (kind, msg) = unsafe { (c_str(kind), c_str(msg)) };
@@ -296,7 +296,7 @@ extern "C" fn ffi_error_set_raised(kind: *const c_char, msg: *const c_char) {
     })
 }
 
-extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *const c_char, n: i32) {
+pub(crate) extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *const c_char, n: i32) {
     guard((), || {
         // SAFETY: compiled code passes `n` string pointers, each null (skipped) or
         // NUL-terminated.
@@ -315,7 +315,7 @@ extern "C" fn ffi_error_set_raised_parts(kind: *const c_char, parts: *const *con
     })
 }
 
-extern "C" fn backend_alloc_workspace(
+pub(crate) extern "C" fn backend_alloc_workspace(
     dev_type: c_int,
     dev_id: c_int,
     nbytes: u64,
@@ -346,7 +346,7 @@ extern "C" fn backend_alloc_workspace(
     })
 }
 
-extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, ptr: *mut c_void) -> c_int {
+pub(crate) extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, ptr: *mut c_void) -> c_int {
     guard(-1, || {
         let freed = if dev_type == 1 {
             cpu::free_workspace(ptr)
@@ -366,11 +366,15 @@ extern "C" fn backend_free_workspace(dev_type: c_int, dev_id: c_int, ptr: *mut c
     })
 }
 
-extern "C" fn backend_parallel_launch(f: Option<ParallelLambda>, cdata: *mut c_void, num_task: c_int) -> c_int {
+pub(crate) extern "C" fn backend_parallel_launch(
+    f: Option<ParallelLambda>,
+    cdata: *mut c_void,
+    num_task: c_int,
+) -> c_int {
     guard(-1, || threadpool::launch(f, cdata, num_task))
 }
 
-extern "C" fn backend_parallel_barrier(task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
+pub(crate) extern "C" fn backend_parallel_barrier(task_id: c_int, env: *mut ParallelGroupEnv) -> c_int {
     guard(-1, || threadpool::barrier(task_id, env))
 }
 
@@ -412,11 +416,19 @@ fn lookup_into(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> 
     }
 }
 
-extern "C" fn backend_get_func_from_env(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+pub(crate) extern "C" fn backend_get_func_from_env(
+    ctx: *mut c_void,
+    name: *const c_char,
+    out: *mut *mut c_void,
+) -> c_int {
     guard(-1, || lookup_into(ctx, name, out))
 }
 
-extern "C" fn env_mod_lookup_from_imports(ctx: *mut c_void, name: *const c_char, out: *mut *mut c_void) -> c_int {
+pub(crate) extern "C" fn env_mod_lookup_from_imports(
+    ctx: *mut c_void,
+    name: *const c_char,
+    out: *mut *mut c_void,
+) -> c_int {
     guard(-1, || lookup_into(ctx, name, out))
 }
 
@@ -440,7 +452,7 @@ fn keep_string(s: String) -> *mut c_void {
     p
 }
 
-extern "C" fn func_call(
+pub(crate) extern "C" fn func_call(
     handle: *mut c_void,
     values: *mut TVMValue,
     codes: *mut c_int,
@@ -489,7 +501,12 @@ extern "C" fn func_call(
     })
 }
 
-extern "C" fn ffi_function_call(handle: *mut c_void, args: *const TVMFFIAny, n: i32, result: *mut TVMFFIAny) -> c_int {
+pub(crate) extern "C" fn ffi_function_call(
+    handle: *mut c_void,
+    args: *const TVMFFIAny,
+    n: i32,
+    result: *mut TVMFFIAny,
+) -> c_int {
     guard(-1, || {
         let run = || -> Result<Value, String> {
             // SAFETY: as in `func_call`.
@@ -534,9 +551,9 @@ extern "C" fn backend_register_system_lib_symbol(_name: *const c_char, _ptr: *mu
     0
 }
 
-type InitFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+pub(crate) type InitFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 
-extern "C" fn handle_init_once(handle: *mut *mut c_void, init: Option<InitFn>) -> c_int {
+pub(crate) extern "C" fn handle_init_once(handle: *mut *mut c_void, init: Option<InitFn>) -> c_int {
     static LOCK: Mutex<()> = Mutex::new(());
     guard(-1, || {
         if handle.is_null() {
@@ -595,24 +612,19 @@ pub(crate) fn context_functions() -> [(&'static str, *const c_void); 14] {
 
 /// Writes the context functions into the library's `__<name>` data symbols where they exist,
 /// and the context handle into its context symbols, as TVM's `InitContextFunctions` does.
-pub(crate) fn install(lib: &libloading::os::unix::Library, ctx: &Arc<LibraryContext>) {
+/// `address` finds a symbol of the library.
+pub(crate) fn install(ctx: &Arc<LibraryContext>, address: impl Fn(&str) -> Option<*mut c_void>) {
     let handle = ctx.context_handle() as *const ContextHandle as *const c_void;
     let contexts = ["__tvm_module_ctx", "__tvm_ffi_library_ctx", "__tvm_ffi__library_ctx"];
     let functions = context_functions();
     let named = functions.iter().map(|(n, f)| (format!("__{n}"), *f));
     for (name, value) in named.chain(contexts.iter().map(|c| (c.to_string(), handle))) {
+        let Some(slot) = address(&name) else { continue };
         // SAFETY: each of these names is, in a TVM-compiled library, a pointer-sized writable
         // data symbol that exists to receive exactly this pointer (TVM's loader does the same
         // writes). The symbol is looked up as a plain address and written before any of the
         // library's functions are called through mblob.
-        unsafe {
-            if let Ok(slot) = lib.get::<*mut *const c_void>(name.as_bytes()) {
-                let slot = *slot;
-                if !slot.is_null() {
-                    slot.write(value);
-                }
-            }
-        }
+        unsafe { slot.cast::<*const c_void>().write(value) };
     }
 }
 

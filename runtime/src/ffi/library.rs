@@ -37,30 +37,59 @@ const RTLD_DL_LINKMAP: libc::c_int = 2;
 /// weakly, so it never dangles (see [`crate::ffi::context`]).
 pub(crate) type ModuleContext = LibraryContext;
 
-/// One load of a shared object. Dropping the last one runs the library's finalisers
-/// (`dlclose`), then frees the context its context symbols point to.
+/// One load of a shared object, or of a system library linked into the program. Dropping the
+/// last one runs a shared object's finalisers (`dlclose`), then frees the context its context
+/// symbols point to.
 pub(crate) struct Image {
-    // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
-    lib: libloading::os::unix::Library,
+    source: Source,
     ctx: Arc<ModuleContext>,
     /// This load's number, unique in the process: its imports' key in the context.
     id: u64,
-    link_map: usize,
-    /// The memory file a library loaded from memory was opened through, kept open while the
-    /// image is loaded so that no later memory file gets its number (and its path).
-    _memfd: Option<OwnedFd>,
+}
+
+/// Where an image's symbols come from.
+enum Source {
+    /// A shared object `dlopen` (or the private namespace's `dlmopen`) opened.
+    Dl {
+        // Dropped first (fields drop in order): `dlclose` before the memory file below closes.
+        lib: libloading::os::unix::Library,
+        link_map: usize,
+        /// The memory file a library loaded from memory was opened through, kept open while
+        /// the image is loaded so that no later memory file gets its number (and its path).
+        _memfd: Option<OwnedFd>,
+    },
+    /// The symbols a system library registered at start-up, under its prefix.
+    #[cfg(feature = "system-lib")]
+    System(crate::ffi::system_lib::SystemLibrary),
 }
 
 impl std::fmt::Debug for Image {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Image").field("link_map", &format_args!("{:#x}", self.link_map)).finish()
+        match &self.source {
+            Source::Dl { link_map, .. } => {
+                f.debug_struct("Image").field("link_map", &format_args!("{link_map:#x}")).finish()
+            }
+            #[cfg(feature = "system-lib")]
+            Source::System(lib) => f.debug_struct("Image").field("system_lib", &lib.prefix()).finish(),
+        }
     }
 }
 
 impl Image {
-    /// The library handle.
-    pub(crate) fn lib(&self) -> &libloading::os::unix::Library {
-        &self.lib
+    /// An image of the system library `lib`, with its context and a new load number.
+    #[cfg(feature = "system-lib")]
+    pub(crate) fn system(lib: crate::ffi::system_lib::SystemLibrary, ctx: Arc<ModuleContext>) -> Arc<Image> {
+        let id = LOADS.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Image { source: Source::System(lib), ctx, id })
+    }
+
+    /// The loader's record of a shared object (`None` for a system library).
+    fn link_map(&self) -> Option<usize> {
+        match &self.source {
+            Source::Dl { link_map, .. } => Some(*link_map),
+            #[cfg(feature = "system-lib")]
+            Source::System(_) => None,
+        }
     }
 
     /// The context its context symbols lead to.
@@ -68,12 +97,19 @@ impl Image {
         &self.ctx
     }
 
-    /// The address of symbol `name`, when the image exports it.
-    fn address(&self, name: &str) -> Option<*mut c_void> {
-        // SAFETY: the symbol is read as a plain address (`*mut c_void`), which is what dlsym
-        // returns for any symbol, so no type is asserted about what it points to.
-        let addr = unsafe { self.lib.get::<*mut c_void>(name.as_bytes()) }.ok().map(|s| *s)?;
-        (!addr.is_null()).then_some(addr)
+    /// The address of symbol `name`, when the image has it (a system library: under its
+    /// prefix first, as TVM's `SystemLibrary::GetSymbol` looks).
+    pub(crate) fn address(&self, name: &str) -> Option<*mut c_void> {
+        match &self.source {
+            Source::Dl { lib, .. } => {
+                // SAFETY: the symbol is read as a plain address (`*mut c_void`), which is what
+                // dlsym returns for any symbol, so no type is asserted about what it points to.
+                let addr = unsafe { lib.get::<*mut c_void>(name.as_bytes()) }.ok().map(|s| *s)?;
+                (!addr.is_null()).then_some(addr)
+            }
+            #[cfg(feature = "system-lib")]
+            Source::System(lib) => lib.address(name),
+        }
     }
 }
 
@@ -265,7 +301,42 @@ pub(crate) unsafe fn open(path: &Path, private: bool, memfd: Option<OwnedFd>) ->
     let ctx = handle.context().unwrap_or_else(|| LibraryContext::new(path.to_owned(), handle));
     drop(contexts);
     let id = LOADS.fetch_add(1, Ordering::Relaxed);
-    Ok(Arc::new(Image { lib, ctx, id, link_map, _memfd: memfd }))
+    Ok(Arc::new(Image { source: Source::Dl { lib, link_map, _memfd: memfd }, ctx, id }))
+}
+
+/// The context handle of each system library opened so far, by prefix: TVM keeps one module
+/// per prefix for the life of the process, and its code caches the handles it was given.
+#[cfg(feature = "system-lib")]
+static SYSTEM_CONTEXTS: Mutex<Vec<(String, &'static ContextHandle)>> = Mutex::new(Vec::new());
+
+/// Opens the system library of `prefix` (see [`crate::ffi::system_lib`]): its image (symbols
+/// from the registry, a context behind the prefix's handle), and its blob when it has one.
+#[cfg(feature = "system-lib")]
+pub(crate) fn open_system(prefix: &str) -> Result<(Arc<Image>, Abi, Option<FoundBlob>)> {
+    let (lib, blob) = crate::ffi::system_lib::SystemLibrary::open(prefix)?;
+    let path = PathBuf::from(format!("system://{prefix}"));
+    let mut contexts = SYSTEM_CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let handle = match contexts.iter().find(|(p, _)| p == prefix) {
+        Some((_, handle)) => *handle,
+        None => {
+            let handle = ContextHandle::leak();
+            contexts.push((prefix.to_owned(), handle));
+            handle
+        }
+    };
+    let ctx = handle.context().unwrap_or_else(|| LibraryContext::new(path, handle));
+    drop(contexts);
+    let abi = lib.abi();
+    let blob = blob.map(|(symbol, layout, bytes)| {
+        struct Static(&'static [u8]);
+        impl AsRef<[u8]> for Static {
+            fn as_ref(&self) -> &[u8] {
+                self.0
+            }
+        }
+        (symbol, layout, Bytes::from_owner(Arc::new(Static(bytes))))
+    });
+    Ok((Image::system(lib, ctx), abi, blob))
 }
 
 /// How many libraries were loaded from memory so far, to make each one's path unique.
@@ -326,14 +397,18 @@ impl AsRef<[u8]> for MappedSymbol {
     }
 }
 
+/// A blob found in an image: its symbol, layout and bytes.
+pub(crate) type FoundBlob = (String, Layout, Bytes);
+
 /// The first of `names` that the image itself defines, with its layout and bytes (no byte is
 /// copied: the view keeps the image loaded). `Ok(None)` when it defines none.
-pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> Result<Option<(String, Layout, Bytes)>> {
+pub(crate) fn image_blob(image: &Arc<Image>, path: &Path, names: &[String]) -> Result<Option<FoundBlob>> {
     let elf = |detail: String| Error::Elf { path: path.to_owned(), detail };
+    let Some(link_map) = image.link_map() else { return Ok(None) };
     for name in names {
         let Some((layout, _)) = Layout::from_symbol(name) else { continue };
         let Some(addr) = image.address(name) else { continue };
-        let Some(size) = symbol_size(addr, image.link_map) else { continue };
+        let Some(size) = symbol_size(addr, link_map) else { continue };
         let segment = segment_of(addr as usize)
             .ok_or_else(|| elf(format!("symbol `{name}` lies in no loaded segment of the image")))?;
         let room = segment.end - addr as usize;

@@ -15,6 +15,8 @@
 //! - [`globals`]: the global functions mblob provides (TVM's `tvm.contrib.sort.*`, ...),
 //!   found by name when no module has it.
 //! - [`threadpool`]: parallel loops.
+//! - `system_lib` (feature `system-lib`): the registry of models linked into the program
+//!   (TVM's `system-lib` builds) and TVM's runtime names that their code calls.
 //! - `shim`: the runtime functions a library imports by name (a small C library, opened
 //!   globally before such a library).
 
@@ -26,6 +28,8 @@ pub mod last_error;
 pub mod library;
 pub mod metadata;
 pub(crate) mod shim;
+#[cfg(feature = "system-lib")]
+pub mod system_lib;
 pub mod threadpool;
 pub mod value;
 

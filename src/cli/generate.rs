@@ -56,6 +56,13 @@ pub struct GenerateArgs {
     /// Tokens per page of the paged KV cache.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(i64).range(1..))]
     pub page_size: i64,
+    /// Tokens the paged KV cache holds in all (`max_total_seq_len`); default: the model's
+    /// context window. A sliding-window model whose context window is -1 needs it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
+    pub max_total_seq_len: Option<i64>,
+    /// The most tokens of one prefill step; default: the model's `prefill_chunk_size`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
+    pub prefill_chunk_size: Option<i64>,
     /// Write the logits each new token was picked from as a float32 `.npy` of shape
     /// `[tokens, vocab]`.
     #[arg(long, value_name = "FILE.npy")]
@@ -69,7 +76,9 @@ kv_cache[, packed_params])`, `decode(embedding, kv_cache[, packed_params])`,
 support_sliding_window)` and `_metadata()` (its JSON gives the weight names, the context window
 and the prefill chunk size). The prompt is run in chunks of at most prefill_chunk_size tokens;
 each new token is the one of largest logit (greedy). The last line of the output is the new
-token ids, comma-separated.
+token ids, comma-separated. A model with a sliding window (`sliding_window_size` in its
+metadata) gets it on its sequence, with its `attention_sink_size` sinks, as MLC-LLM's engine
+does: the prompt may then be longer than the cache.
 
 Exit status: 0 done, 1 failure (a file that cannot be read, a library that is not such a
 model, weights that do not match it, a prompt longer than its context window), 2 usage error.
@@ -89,7 +98,11 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     // SAFETY: generating with a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
-    let options = GenerateOptions { page_size: args.page_size, ..GenerateOptions::default() };
+    let options = GenerateOptions {
+        page_size: args.page_size,
+        max_total_seq_len: args.max_total_seq_len,
+        prefill_chunk_size: args.prefill_chunk_size,
+    };
     let mut lm = LanguageModel::new(&tree, args.device, args.weights.as_deref(), &options)
         .map_err(|e| invalid(mblob::with_causes(&e).to_string()))?;
     let first = lm.generate(&args.prompt_ids, args.max_new_tokens).map_err(|e| invalid(mblob::with_causes(&e)))?;

@@ -129,6 +129,9 @@ pub struct ModelMetadata {
     /// The sliding window (`-1`: none; `sliding_window` in older libraries).
     #[serde(default = "minus_one", alias = "sliding_window")]
     pub sliding_window_size: i64,
+    /// The attention sinks a sequence keeps in front of its sliding window.
+    #[serde(default)]
+    pub attention_sink_size: i64,
     /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
     #[serde(default)]
     pub kv_state_kind: Option<String>,
@@ -346,6 +349,18 @@ impl LanguageModel {
             "vm.builtin.kv_state_add_sequence",
             &[VmValue::Object(cache.clone()), VmValue::Int(SEQUENCE_ID)],
         )?;
+        if self.metadata.sliding_window_size > 0 {
+            // As MLC-LLM's engine does for a model with a sliding window.
+            self.vm.call_function(
+                "vm.builtin.attention_kv_cache_enable_sliding_window_for_seq",
+                &[
+                    VmValue::Object(cache.clone()),
+                    VmValue::Int(SEQUENCE_ID),
+                    VmValue::Int(self.metadata.sliding_window_size),
+                    VmValue::Int(self.metadata.attention_sink_size),
+                ],
+            )?;
+        }
         Ok(cache)
     }
 
@@ -421,9 +436,18 @@ impl LanguageModel {
             return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
         }
         self.check_ids(prompt)?;
-        // In u128: a prompt and `max_new_tokens` near 2^64 cannot overflow the sum.
+        if self.max_total_seq_len() <= 0 {
+            return Err(GenerateError::Request(format!(
+                "the model's context window is {} (a sliding-window model): give the KV cache's size \
+                 (max_total_seq_len, `--max-total-seq-len`)",
+                self.metadata.context_window_size
+            )));
+        }
+        // In u128: a prompt and `max_new_tokens` near 2^64 cannot overflow the sum. A sequence
+        // with a sliding window holds at most its window and one chunk, however long it runs.
         let total = prompt.len() as u128 + (max_new_tokens as u128).saturating_sub(1);
-        if total > self.max_total_seq_len().max(0) as u128 {
+        let sliding = self.metadata.sliding_window_size > 0;
+        if !sliding && total > self.max_total_seq_len() as u128 {
             return Err(GenerateError::Request(format!(
                 "{} prompt tokens and {max_new_tokens} new ones need {total} positions in the KV cache, more than \
                  its {} (the model's context window)",

@@ -1,11 +1,12 @@
 //! `vm.builtin.paged_attention_kv_cache_create`: its 28 arguments, checked and turned into the
 //! cache's configuration and kernels. What mblob does not implement is refused here, naming it.
 
+use crate::array::NdArray;
 use crate::device::Device;
 use crate::ffi::call::PackedFunction;
 use crate::format::DataType;
 
-use super::error::KvCacheError;
+use super::error::{check_cmp, check_false, KvCacheError};
 use crate::exec::relax::vm::value::{tuple_items, Value};
 use crate::exec::relax::vm::VirtualMachine;
 
@@ -20,6 +21,16 @@ pub enum RopeMode {
     Normal,
     /// RoPE applied inside the attention kernels.
     Inline,
+}
+
+/// The attention of one layer (TVM's `AttnKind`; the cache runs the MHA kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    /// Multi-head attention (MHA, MQA and GQA), kind 0.
+    Mha,
+    /// Multi-head attention over a per-layer sliding window (kind 3, Gemma 3's local layers):
+    /// the layer sees the last `layer_sliding_window_size` positions of each sequence.
+    MhaSliding,
 }
 
 /// The configuration of a paged KV cache.
@@ -43,12 +54,26 @@ pub struct CacheConfig {
     pub num_total_pages: i64,
     /// The most tokens of one round.
     pub prefill_chunk_size: i64,
-    /// How RoPE is applied.
+    /// Per layer: its attention.
+    pub attn_kinds: Vec<AttnKind>,
+    /// Whether sequences may have a sliding window with attention sinks (cache config field 4,
+    /// `support_sliding_window`; TVM turns it off when a layer has a per-layer window). Such a
+    /// cache has `2 * reserved_num_seqs` more pages.
+    pub support_sliding_window: bool,
+    /// Whether a layer has a per-layer sliding window ([`AttnKind::MhaSliding`]).
+    pub support_layer_sliding_window: bool,
+    /// The window of the per-layer sliding layers (cache config field 5; TVM's default 1024).
+    pub layer_sliding_window_size: i64,
+    /// How RoPE is applied (inline in the attention kernels when sliding windows are supported
+    /// and the library asked for RoPE, as TVM switches it).
     pub rope_mode: RopeMode,
     /// RoPE scale.
     pub rotary_scale: f64,
     /// RoPE theta.
     pub rotary_theta: f64,
+    /// RoPE extension factors (argument 11; Phi-3's longrope): `f_split_rotary` gets them in
+    /// place of its RoPE flag.
+    pub rope_ext_factors: Option<NdArray>,
     /// The dtype of keys and values.
     pub dtype: DataType,
     /// Where the pages, the scratch tensors and the auxiliary arrays live: the device of the
@@ -70,6 +95,9 @@ pub(super) struct Kernels {
     pub prefill_ragged: Kernel,
     pub prefill: Kernel,
     pub decode: Kernel,
+    /// The sliding-window variants (arguments 18 and 19), for a cache with sliding windows.
+    pub prefill_sliding: Option<Kernel>,
+    pub decode_sliding: Option<Kernel>,
     pub merge: Kernel,
     pub split_rotary: Kernel,
     pub copy_single_page: Kernel,
@@ -160,13 +188,10 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             "Check failed: (cache_config.size() == 5 || cache_config.size() == 6) is false: KV cache config must contain five legacy fields and an optional per-layer sliding window size.".into(),
         ));
     }
-    let (reserved_num_seqs, total_token_capacity, prefill_chunk_size, page_size, sliding_window) =
-        (cache_config[0], cache_config[1], cache_config[2], cache_config[3], cache_config[4]);
-    if sliding_window != 0 {
-        return Err(KvCacheError::Unsupported(
-            "sliding window attention (cache config support_sliding_window = 1)".into(),
-        ));
-    }
+    let (reserved_num_seqs, total_token_capacity, prefill_chunk_size, page_size) =
+        (cache_config[0], cache_config[1], cache_config[2], cache_config[3]);
+    let sliding_requested = cache_config[4] != 0;
+    let layer_sliding_window_size = cache_config.get(5).copied().unwrap_or(1024);
     for (name, v) in [
         ("max batch size", reserved_num_seqs),
         ("max total sequence length", total_token_capacity),
@@ -202,14 +227,34 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     if kinds.len() as i64 != num_layers {
         return Err(arg_err(6, format!("{} attention kinds for {num_layers} layers", kinds.len())));
     }
-    if let Some(k) = kinds.iter().find(|&&k| k != 0) {
-        let what = match k {
-            1 => "multi-head latent attention (MLA) layers",
-            2 => "linear attention layers",
-            3 => "per-layer sliding window attention layers",
-            _ => "unknown attention kinds",
-        };
-        return Err(KvCacheError::Unsupported(format!("{what} (attention kind {k}); only MHA (0) is implemented")));
+    let attn_kinds = kinds
+        .iter()
+        .map(|&k| match k {
+            0 => Ok(AttnKind::Mha),
+            3 => Ok(AttnKind::MhaSliding),
+            1 => Err("multi-head latent attention (MLA) layers"),
+            2 => Err("linear attention layers"),
+            _ => Err("unknown attention kinds"),
+        })
+        .zip(&kinds)
+        .map(|(r, &k)| {
+            r.map_err(|what| {
+                KvCacheError::Unsupported(format!(
+                    "{what} (attention kind {k}); only MHA (0) and per-layer sliding MHA (3) are implemented"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // TVM: a per-layer window turns the per-sequence sliding window off.
+    let support_layer_sliding_window = attn_kinds.contains(&AttnKind::MhaSliding);
+    let support_sliding_window = sliding_requested && !support_layer_sliding_window;
+    if layer_sliding_window_size <= 0 {
+        return Err(check_cmp(
+            "layer_sliding_window_size_ > 0",
+            layer_sliding_window_size,
+            0,
+            "Per-layer sliding window size must be positive.",
+        ));
     }
     if qk_head_dim != v_head_dim {
         return Err(arg_err(5, format!("an MHA cache has one head dim, got {qk_head_dim} and {v_head_dim}")));
@@ -223,10 +268,19 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
         2 => RopeMode::Inline,
         m => return Err(arg_err(8, format!("unknown RoPE mode {m}"))),
     };
+    // TVM decides on the requested flag (before a per-layer window turns it off).
+    let rope_mode = if sliding_requested && rope_mode != RopeMode::None { RopeMode::Inline } else { rope_mode };
     let rotary_scale = float(args, 9)?;
     let rotary_theta = float(args, 10)?;
-    if let Value::Tensor(_) = get(args, 11)? {
-        return Err(KvCacheError::Unsupported("RoPE extension factors".into()));
+    let rope_ext_factors = match get(args, 11)? {
+        Value::Tensor(t) => Some(t.clone()),
+        _ => None,
+    };
+    if rope_ext_factors.is_some() && rope_mode != RopeMode::Normal {
+        return Err(check_false(
+            "rope_mode_ == RoPEMode::kNormal",
+            "The RoPE mode must be normal to support RoPE extension factors.",
+        ));
     }
     let (dtype, device) = match get(args, 12)? {
         Value::Tensor(t) => (t.dtype(), t.device()),
@@ -242,6 +296,20 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let prefill_ragged = backend(vm, args, 15, "ragged prefill")?.ok_or_else(|| missing(15, "ragged prefill"))?;
     let prefill = backend(vm, args, 16, "paged prefill")?.ok_or_else(|| missing(16, "paged prefill"))?;
     let decode = backend(vm, args, 17, "paged decode")?.ok_or_else(|| missing(17, "paged decode"))?;
+    let (prefill_sliding, decode_sliding) = if support_sliding_window || support_layer_sliding_window {
+        (
+            Some(
+                backend(vm, args, 18, "sliding-window paged prefill")?
+                    .ok_or_else(|| missing(18, "sliding-window paged prefill"))?,
+            ),
+            Some(
+                backend(vm, args, 19, "sliding-window paged decode")?
+                    .ok_or_else(|| missing(19, "sliding-window paged decode"))?,
+            ),
+        )
+    } else {
+        (None, None)
+    };
     let merge = match get(args, 23)? {
         Value::Tuple(t) => match tuple_items(t).first() {
             Some(first) => {
@@ -258,7 +326,11 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let split_rotary = kernel(vm, args, 24)?;
     let copy_single_page = kernel(vm, args, 25)?;
     let debug_get_kv = kernel(vm, args, 26)?;
-    let num_total_pages = (total_token_capacity + page_size - 1) / page_size + 1;
+    let mut num_total_pages = (total_token_capacity + page_size - 1) / page_size + 1;
+    if sliding_requested {
+        // TVM: a sequence with a sliding window may use two more pages at most.
+        num_total_pages += reserved_num_seqs * 2;
+    }
     Ok((
         CacheConfig {
             page_size,
@@ -270,9 +342,14 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             reserved_num_seqs,
             num_total_pages,
             prefill_chunk_size,
+            attn_kinds,
+            support_sliding_window,
+            support_layer_sliding_window,
+            layer_sliding_window_size,
             rope_mode,
             rotary_scale,
             rotary_theta,
+            rope_ext_factors,
             dtype,
             device,
         },
@@ -281,6 +358,8 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             prefill_ragged,
             prefill,
             decode,
+            prefill_sliding,
+            decode_sliding,
             merge,
             split_rotary,
             copy_single_page,

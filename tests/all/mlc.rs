@@ -108,3 +108,119 @@ fn phi3_longrope_gives_tvms_tokens_and_logits() {
     // `f_split_rotary` gets in place of its RoPE flag.
     runs_as_tvm("phi3-q0f32");
 }
+
+/// Every step's logits within 1e-4 of max(1, max |ref|) of TVM's, row by row.
+fn logits_close(name: &str, what: &str, got: &[f32], want: &[f32], vocab: usize) {
+    assert_eq!(got.len(), want.len(), "{name}, {what}: logits shape");
+    for (step, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+        let scale = w.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4 * scale, "{name}, {what}, row {step}: logits differ by {diff}");
+    }
+}
+
+/// `mblob generate` with `args` on the fixture: its stdout lines, the logits it wrote.
+fn generate_with(name: &str, args: &[String]) -> (Vec<String>, (Vec<u64>, Vec<f32>)) {
+    let dir = fixture(name);
+    let tmp = tempfile::tempdir().unwrap();
+    let logits = tmp.path().join("l.npy");
+    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("generate")
+        .arg(dir.join("lib.so"))
+        .arg("--weights")
+        .arg(&dir)
+        .args(args)
+        .arg("--logits")
+        .arg(&logits)
+        .output()
+        .expect("run mblob");
+    assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    let lines = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    (lines, f32s(&logits))
+}
+
+/// Several prompts in one batch (`--prompt-ids` given three times, and the same as a
+/// `--prompt-file`) through `batch_prefill` and `batch_decode`: TVM's tokens and logits of
+/// every sequence (`reference.py`'s `batch`), greedy and sampled with TVM's
+/// `sample_top_p_from_logits` and MLC-LLM's seeded draws.
+fn batch_as_tvm(name: &str) {
+    let r = reference(name);
+    let b = &r["batch"];
+    let prompts: Vec<String> = b["prompts"].as_array().unwrap().iter().map(|p| ids(p).join(",")).collect();
+    let n = b["max_new_tokens"].as_u64().unwrap().to_string();
+    let want_tokens: Vec<String> = b["tokens"].as_array().unwrap().iter().map(|t| ids(t).join(",")).collect();
+    let (ref_shape, want) = f32s(&fixture(name).join(b["logits"].as_str().unwrap()));
+    let mut args: Vec<String> = prompts.iter().flat_map(|p| ["--prompt-ids".to_owned(), p.clone()]).collect();
+    args.extend(["--max-new-tokens".to_owned(), n.clone()]);
+    let (lines, (shape, got)) = generate_with(name, &args);
+    assert_eq!(lines[lines.len() - 3..], want_tokens[..], "{name}: TVM's greedy tokens of the batch");
+    assert_eq!(shape, ref_shape, "{name}: batch logits shape");
+    logits_close(name, "batch", &got, &want, ref_shape[2] as usize);
+
+    let s = &b["sampled"];
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("prompts.txt");
+    let text: String = prompts.iter().map(|p| format!("{}\n", p.replace(',', " "))).collect();
+    std::fs::write(&file, format!("# one prompt per line\n{text}")).unwrap();
+    let args: Vec<String> = vec![
+        "--prompt-file".into(),
+        file.display().to_string(),
+        "--max-new-tokens".into(),
+        n,
+        "--temperature".into(),
+        s["temperature"].as_f64().unwrap().to_string(),
+        "--top-p".into(),
+        s["top_p"].as_f64().unwrap().to_string(),
+        "--seed".into(),
+        s["seeds"][0].as_u64().unwrap().to_string(),
+    ];
+    let (lines, _) = generate_with(name, &args);
+    let want: Vec<String> = s["tokens"].as_array().unwrap().iter().map(|t| ids(t).join(",")).collect();
+    assert_eq!(lines[lines.len() - 3..], want[..], "{name}: TVM's sampled tokens of the batch");
+}
+
+/// One prompt sampled (`--temperature`, `--top-p`, `--seed`): TVM's tokens drawn by its
+/// `sample_top_p_from_logits` from MLC-LLM's seeded uniform draws, and TVM's logits of every
+/// step (`reference.py`'s `sampled`).
+fn sampled_as_tvm(name: &str) {
+    let r = reference(name);
+    let s = &r["sampled"];
+    let (ref_shape, want) = f32s(&fixture(name).join(s["logits"].as_str().unwrap()));
+    let args: Vec<String> = vec![
+        "--prompt-ids".into(),
+        ids(&s["prompt"]).join(","),
+        "--max-new-tokens".into(),
+        s["tokens"].as_array().unwrap().len().to_string(),
+        "--temperature".into(),
+        s["temperature"].as_f64().unwrap().to_string(),
+        "--top-p".into(),
+        s["top_p"].as_f64().unwrap().to_string(),
+        "--seed".into(),
+        s["seed"].as_u64().unwrap().to_string(),
+    ];
+    let (lines, (shape, got)) = generate_with(name, &args);
+    assert_eq!(lines.last().unwrap(), &ids(&s["tokens"]).join(","), "{name}: TVM's sampled tokens");
+    assert_eq!(shape, ref_shape);
+    logits_close(name, "sampled", &got, &want, ref_shape[1] as usize);
+}
+
+#[test]
+fn qwen2_q0f32_batch_gives_tvms_tokens_and_logits() {
+    batch_as_tvm("qwen2-q0f32");
+}
+
+#[test]
+fn mistral_batch_with_sliding_windows_gives_tvms_tokens_and_logits() {
+    // Each of the three sequences with its own window and sinks.
+    batch_as_tvm("mistral-q0f32");
+}
+
+#[test]
+fn qwen2_q0f32_sampling_gives_tvms_tokens() {
+    sampled_as_tvm("qwen2-q0f32");
+}
+
+#[test]
+fn mistral_sampling_gives_tvms_tokens() {
+    sampled_as_tvm("mistral-q0f32");
+}

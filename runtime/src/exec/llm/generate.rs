@@ -26,15 +26,20 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod batch;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::lm::{TensorCache, TensorCacheError};
+pub use batch::Sampling;
+use batch::{logits_of, Sampler};
+
+use super::lm::{SamplingError, TensorCache, TensorCacheError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError, VmValue};
+use crate::exec::relax::vm::value::{ObjectRef, Value, VmError, VmValue};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -52,6 +57,9 @@ pub enum GenerateError {
     /// The weights could not be read.
     #[error("cannot read the weights: {0}")]
     Weights(#[from] TensorCacheError),
+    /// TVM's sampling builtin refused the logits.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
     /// The library lacks a function MLC-LLM's engine calls.
     #[error("the library has no VM function `{name}`, which {why} (it has: {available})")]
     MissingFunction {
@@ -345,23 +353,28 @@ impl LanguageModel {
                 detail: format!("{}, not a KV cache object", vm_kind(&cache)),
             });
         };
-        self.vm.call_function(
-            "vm.builtin.kv_state_add_sequence",
-            &[VmValue::Object(cache.clone()), VmValue::Int(SEQUENCE_ID)],
-        )?;
+        self.add_sequence(&cache, SEQUENCE_ID)?;
+        Ok(cache)
+    }
+
+    /// Adds sequence `seq` to the cache, with the model's sliding window when it has one (as
+    /// MLC-LLM's engine does).
+    fn add_sequence(&self, cache: &ObjectRef, seq: i64) -> Result<(), GenerateError> {
+        self.vm
+            .call_function("vm.builtin.kv_state_add_sequence", &[VmValue::Object(cache.clone()), VmValue::Int(seq)])?;
         if self.metadata.sliding_window_size > 0 {
-            // As MLC-LLM's engine does for a model with a sliding window.
             self.vm.call_function(
                 "vm.builtin.attention_kv_cache_enable_sliding_window_for_seq",
                 &[
                     VmValue::Object(cache.clone()),
-                    VmValue::Int(SEQUENCE_ID),
+                    VmValue::Int(seq),
                     VmValue::Int(self.metadata.sliding_window_size),
-                    VmValue::Int(self.metadata.attention_sink_size),
+                    // MLC-LLM reads a negative sink size (Gemma 3 writes -1) as none.
+                    VmValue::Int(self.metadata.attention_sink_size.max(0)),
                 ],
             )?;
         }
-        Ok(cache)
+        Ok(())
     }
 
     /// One forward pass of `func` (`prefill` or `decode`) over `ids` of the sequence: the
@@ -375,48 +388,14 @@ impl LanguageModel {
         let cache = Value::Object(cache.clone());
         let shape = |v: i64| Value::Shape([v].into());
         self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[&cache, &shape(SEQUENCE_ID), &shape(n)])?;
-        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let input = NdArray::from_bytes(&bytes, &[n], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
-        let input = Value::Tensor(input);
-        let mut args = vec![&input];
-        args.extend(self.packed.as_ref());
-        let embedded = match self.vm.call_vm_values("embed", &args)? {
-            Value::Tensor(t) => t,
-            v => {
-                return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
-            }
-        };
-        let hidden = match embedded.shape()[..] {
-            [rows, h] if rows == n => h,
-            ref s => {
-                return Err(GenerateError::Result {
-                    function: "embed",
-                    detail: format!("a tensor of shape {s:?} for {n} tokens (expected [{n}, hidden])"),
-                })
-            }
-        };
+        let embedded = self.embed(ids)?;
+        let hidden = embedded.shape()[1];
         let embedded = Value::Tensor(embedded.view(&[1, n, hidden], embedded.dtype()).map_err(VmError::from)?);
         let mut args = vec![&embedded, &cache];
         args.extend(self.packed.as_ref());
         let result = self.vm.call_vm_values(func, &args)?;
         self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[&cache])?;
-        let logits = match result {
-            Value::Tuple(items) => match tuple_item(&items, 0) {
-                Some(Value::Tensor(t)) => t,
-                other => {
-                    return Err(GenerateError::Result {
-                        function: func,
-                        detail: format!(
-                            "a tuple whose first item is {}, not the logits",
-                            other.as_ref().map_or("missing", kind)
-                        ),
-                    })
-                }
-            },
-            Value::Tensor(t) => t,
-            v => return Err(GenerateError::Result { function: func, detail: format!("{}, not the logits", kind(&v)) }),
-        };
-        last_row(func, &logits)
+        last_row(func, &logits_of(func, result)?)
     }
 
     /// Generates up to `max_new_tokens` tokens after `prompt` greedily, in a new KV cache.
@@ -429,32 +408,29 @@ impl LanguageModel {
         &mut self,
         prompt: &[i32],
         max_new_tokens: usize,
+        on_token: impl FnMut(i32),
+    ) -> Result<Generation, GenerateError> {
+        self.generate_sampled(prompt, max_new_tokens, &Sampling::default(), on_token)
+    }
+
+    /// [`LanguageModel::generate_with`], each token picked as `sampling` says (greedy at
+    /// temperature 0; else TVM's `sample_top_p_from_logits` with MLC-LLM's draws, see
+    /// [`Sampling`]).
+    pub fn generate_sampled(
+        &mut self,
+        prompt: &[i32],
+        max_new_tokens: usize,
+        sampling: &Sampling,
         mut on_token: impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
         let _span = tracing::debug_span!("lm_generate", prompt = prompt.len(), max_new_tokens).entered();
+        sampling.check()?;
         if prompt.is_empty() {
             return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
         }
         self.check_ids(prompt)?;
-        if self.max_total_seq_len() <= 0 {
-            return Err(GenerateError::Request(format!(
-                "the model's context window is {} (a sliding-window model): give the KV cache's size \
-                 (max_total_seq_len, `--max-total-seq-len`)",
-                self.metadata.context_window_size
-            )));
-        }
-        // In u128: a prompt and `max_new_tokens` near 2^64 cannot overflow the sum. A sequence
-        // with a sliding window holds at most its window and one chunk, however long it runs.
-        let total = prompt.len() as u128 + (max_new_tokens as u128).saturating_sub(1);
-        let sliding = self.metadata.sliding_window_size > 0;
-        if !sliding && total > self.max_total_seq_len() as u128 {
-            return Err(GenerateError::Request(format!(
-                "{} prompt tokens and {max_new_tokens} new ones need {total} positions in the KV cache, more than \
-                 its {} (the model's context window)",
-                prompt.len(),
-                self.max_total_seq_len()
-            )));
-        }
+        self.check_capacity([prompt.len()], max_new_tokens)?;
+        let mut sampler = Sampler::new(sampling, sampling.seed);
         let mut out = Generation {
             tokens: Vec::new(),
             logits: Vec::new(),
@@ -473,7 +449,7 @@ impl LanguageModel {
         for chunk in prompt.chunks(self.prefill_chunk_size() as usize) {
             logits = self.forward(&cache, "prefill", chunk)?;
         }
-        let mut token = argmax("prefill", &logits)?;
+        let mut token = sampler.pick("prefill", &logits)?;
         out.prefill_time = start.elapsed();
         out.tokens.push(token);
         out.logits.push(logits);
@@ -481,13 +457,43 @@ impl LanguageModel {
         while out.tokens.len() < max_new_tokens {
             let start = Instant::now();
             let logits = self.forward(&cache, "decode", &[token])?;
-            token = argmax("decode", &logits)?;
+            token = sampler.pick("decode", &logits)?;
             out.decode_times.push(start.elapsed());
             out.tokens.push(token);
             out.logits.push(logits);
             on_token(token);
         }
         Ok(out)
+    }
+
+    /// Refuses prompts (of these lengths) and new tokens that do not fit the KV cache.
+    fn check_capacity(
+        &self,
+        prompt_lengths: impl IntoIterator<Item = usize>,
+        max_new_tokens: usize,
+    ) -> Result<(), GenerateError> {
+        if self.max_total_seq_len() <= 0 {
+            return Err(GenerateError::Request(format!(
+                "the model's context window is {} (a sliding-window model): give the KV cache's size \
+                 (max_total_seq_len, `--max-total-seq-len`)",
+                self.metadata.context_window_size
+            )));
+        }
+        // In u128: prompts and `max_new_tokens` near 2^64 cannot overflow the sum. A sequence
+        // with a sliding window holds at most its window and one chunk, however long it runs.
+        let lengths: Vec<usize> = prompt_lengths.into_iter().collect();
+        let per_seq = (max_new_tokens as u128).saturating_sub(1);
+        let total: u128 = lengths.iter().map(|&l| l as u128 + per_seq).sum();
+        let sliding = self.metadata.sliding_window_size > 0;
+        if !sliding && total > self.max_total_seq_len() as u128 {
+            let prompts = lengths.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ");
+            return Err(GenerateError::Request(format!(
+                "{prompts} prompt tokens and {max_new_tokens} new ones per sequence need {total} positions in the KV \
+                 cache, more than its {} (the model's context window)",
+                self.max_total_seq_len()
+            )));
+        }
+        Ok(())
     }
 
     /// The weights passed as `packed_params`, when the functions take them.

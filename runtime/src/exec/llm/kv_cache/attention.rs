@@ -258,6 +258,9 @@ impl PagedKvCache {
             // also takes `qo_indptr` after `q`, and `causal` after the log-sum-exp.
             let use_decode = batch.use_decode_kernel[d];
             let mut args: SmallVec<[Value; 16]> = SmallVec::new();
+            if kern.depth_arg {
+                args.push(Value::Int(d as i64));
+            }
             args.push(t(q));
             if !use_decode {
                 args.push(t(&arrays.qo_indptr));

@@ -88,31 +88,34 @@ pub(super) struct Kernel {
     pub f: PackedFunction,
 }
 
-/// The library's kernels the cache calls.
+/// The library's kernels the cache calls (`K`: a kernel; the layout tests use positions).
 #[derive(Debug, Clone)]
-pub(super) struct Kernels {
-    pub transpose_append: Kernel,
-    pub prefill_ragged: Kernel,
-    pub prefill: Kernel,
-    pub decode: Kernel,
-    /// The sliding-window variants (arguments 18 and 19), for a cache with sliding windows.
-    pub prefill_sliding: Option<Kernel>,
-    pub decode_sliding: Option<Kernel>,
-    pub merge: Kernel,
-    pub split_rotary: Kernel,
-    pub copy_single_page: Kernel,
-    pub debug_get_kv: Kernel,
+pub(super) struct Kernels<K = Kernel> {
+    pub transpose_append: K,
+    pub prefill_ragged: K,
+    pub prefill: K,
+    pub decode: K,
+    /// The sliding-window variants, for a cache with sliding windows.
+    pub prefill_sliding: Option<K>,
+    pub decode_sliding: Option<K>,
+    pub merge: K,
+    pub split_rotary: K,
+    pub copy_single_page: K,
+    pub debug_get_kv: K,
+    /// Whether the paged prefill and decode kernels take the depth first (TVM 0.18/0.19's
+    /// TIR kernels: `_0: int32`).
+    pub depth_arg: bool,
 }
 
-fn arg_err(index: usize, detail: impl Into<String>) -> KvCacheError {
+pub(super) fn arg_err(index: usize, detail: impl Into<String>) -> KvCacheError {
     KvCacheError::Arg { builtin: CREATE.to_owned(), index, detail: detail.into() }
 }
 
-fn get<'a>(args: &[&'a Value], i: usize) -> Result<&'a Value, KvCacheError> {
+pub(super) fn get<'a>(args: &[&'a Value], i: usize) -> Result<&'a Value, KvCacheError> {
     args.get(i).copied().ok_or_else(|| arg_err(i, "missing"))
 }
 
-fn int(args: &[&Value], i: usize) -> Result<i64, KvCacheError> {
+pub(super) fn int(args: &[&Value], i: usize) -> Result<i64, KvCacheError> {
     match get(args, i)? {
         Value::Int(v) => Ok(*v),
         v => Err(arg_err(i, format!("expected an integer, got {}", v.kind()))),
@@ -135,7 +138,7 @@ fn shape(args: &[&Value], i: usize) -> Result<Vec<i64>, KvCacheError> {
 }
 
 /// A function value of the library.
-fn kernel(vm: &VirtualMachine, args: &[&Value], i: usize) -> Result<Kernel, KvCacheError> {
+pub(super) fn kernel(vm: &VirtualMachine, args: &[&Value], i: usize) -> Result<Kernel, KvCacheError> {
     match get(args, i)? {
         Value::Func(f) => vm
             .kernel_of(*f)
@@ -175,23 +178,32 @@ fn backend(vm: &VirtualMachine, args: &[&Value], i: usize, what: &str) -> Result
 }
 
 /// Checks and reads the create call's arguments.
-pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig, Kernels), KvCacheError> {
-    if args.len() != 28 && args.len() != 29 {
-        return Err(KvCacheError::Check(format!(
-            "Check failed: (args.size() == 28 || args.size() == 29) is false: Invalid number of KV cache constructor args: {}",
-            args.len()
-        )));
-    }
+/// The sizes of slot 0 (`cache_config`, of one of `lengths` fields) and slot 1 (the layer
+/// partition), checked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sizes {
+    pub reserved_num_seqs: i64,
+    pub total_token_capacity: i64,
+    pub prefill_chunk_size: i64,
+    pub page_size: i64,
+    pub sliding_requested: bool,
+    pub layer_sliding_window_size: i64,
+    pub num_layers: i64,
+}
+
+pub(super) fn sizes(args: &[&Value], lengths: &[usize]) -> Result<Sizes, KvCacheError> {
     let cache_config = shape(args, 0)?;
-    if cache_config.len() != 5 && cache_config.len() != 6 {
-        return Err(KvCacheError::Check(
-            "Check failed: (cache_config.size() == 5 || cache_config.size() == 6) is false: KV cache config must contain five legacy fields and an optional per-layer sliding window size.".into(),
-        ));
+    if !lengths.contains(&cache_config.len()) {
+        return Err(if lengths.len() == 2 {
+            KvCacheError::Check(
+                "Check failed: (cache_config.size() == 5 || cache_config.size() == 6) is false: KV cache config must contain five legacy fields and an optional per-layer sliding window size.".into(),
+            )
+        } else {
+            check_cmp("cache_config.size() == 5", cache_config.len(), 5, "")
+        });
     }
     let (reserved_num_seqs, total_token_capacity, prefill_chunk_size, page_size) =
         (cache_config[0], cache_config[1], cache_config[2], cache_config[3]);
-    let sliding_requested = cache_config[4] != 0;
-    let layer_sliding_window_size = cache_config.get(5).copied().unwrap_or(1024);
     for (name, v) in [
         ("max batch size", reserved_num_seqs),
         ("max total sequence length", total_token_capacity),
@@ -210,19 +222,95 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
         )));
     }
     let num_layers = layers[1] - layers[0];
-    if layers[0] != 0 || num_layers <= 0 {
+    if layers[0] != 0 || num_layers <= 0 || num_layers > 1 << 16 {
         return Err(arg_err(1, format!("layer partition {layers:?}: expected [0, num_layers]")));
     }
-    let (num_qo_heads, num_kv_heads, qk_head_dim, v_head_dim) =
-        (int(args, 2)?, int(args, 3)?, int(args, 4)?, int(args, 5)?);
-    for (i, v) in [(2, num_qo_heads), (3, num_kv_heads), (4, qk_head_dim), (5, v_head_dim)] {
-        if v <= 0 || v > 1 << 16 {
-            return Err(arg_err(i, format!("{v} is out of range")));
+    Ok(Sizes {
+        reserved_num_seqs,
+        total_token_capacity,
+        prefill_chunk_size,
+        page_size,
+        sliding_requested: cache_config[4] != 0,
+        layer_sliding_window_size: cache_config.get(5).copied().unwrap_or(1024),
+        num_layers,
+    })
+}
+
+/// Query heads, KV heads, and the head dims of queries/keys and values, at `slots` (the same
+/// slot twice where one head dim serves both), checked.
+pub(super) fn heads(args: &[&Value], slots: [usize; 4]) -> Result<(i64, i64, i64, i64), KvCacheError> {
+    let v = [int(args, slots[0])?, int(args, slots[1])?, int(args, slots[2])?, int(args, slots[3])?];
+    for (&i, &x) in slots.iter().zip(&v) {
+        if x <= 0 || x > 1 << 16 {
+            return Err(arg_err(i, format!("{x} is out of range")));
         }
     }
-    if num_qo_heads % num_kv_heads != 0 {
-        return Err(arg_err(3, format!("{num_qo_heads} query heads are not a multiple of {num_kv_heads} KV heads")));
+    if v[0] % v[1] != 0 {
+        return Err(arg_err(slots[1], format!("{} query heads are not a multiple of {} KV heads", v[0], v[1])));
     }
+    Ok((v[0], v[1], v[2], v[3]))
+}
+
+/// RoPE mode, scale, theta and extension factors at `slots`, as TVM's constructor takes them
+/// (inline when sliding windows are requested; extension factors only with the normal mode).
+pub(super) fn rope(
+    args: &[&Value],
+    slots: [usize; 4],
+    sliding_requested: bool,
+) -> Result<(RopeMode, f64, f64, Option<NdArray>), KvCacheError> {
+    let rope_mode = match int(args, slots[0])? {
+        0 => RopeMode::None,
+        1 => RopeMode::Normal,
+        2 => RopeMode::Inline,
+        m => return Err(arg_err(slots[0], format!("unknown RoPE mode {m}"))),
+    };
+    // TVM decides on the requested flag (before a per-layer window turns it off).
+    let rope_mode = if sliding_requested && rope_mode != RopeMode::None { RopeMode::Inline } else { rope_mode };
+    let rotary_scale = float(args, slots[1])?;
+    let rotary_theta = float(args, slots[2])?;
+    let rope_ext_factors = match args.get(slots[3]) {
+        Some(Value::Tensor(t)) => Some(t.clone()),
+        _ => None,
+    };
+    if rope_ext_factors.is_some() && rope_mode != RopeMode::Normal {
+        return Err(check_false(
+            "rope_mode_ == RoPEMode::kNormal",
+            "The RoPE mode must be normal to support RoPE extension factors.",
+        ));
+    }
+    Ok((rope_mode, rotary_scale, rotary_theta, rope_ext_factors))
+}
+
+/// The dtype and device of the cache, from the `init` tensor at `slot`.
+pub(super) fn init(args: &[&Value], slot: usize) -> Result<(DataType, Device), KvCacheError> {
+    match get(args, slot)? {
+        Value::Tensor(t) => Ok((t.dtype(), t.device())),
+        v => Err(arg_err(slot, format!("expected a tensor (the dtype and device of the cache), got {}", v.kind()))),
+    }
+}
+
+/// The page count TVM gives a cache of these sizes.
+pub(super) fn num_total_pages(s: &Sizes) -> i64 {
+    let mut n = (s.total_token_capacity + s.page_size - 1) / s.page_size + 1;
+    if s.sliding_requested {
+        // TVM: a sequence with a sliding window may use two more pages at most.
+        n += s.reserved_num_seqs * 2;
+    }
+    n
+}
+
+/// Checks and reads the create call's arguments (TVM 0.20 to 0.27: backends as tuples).
+pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig, Kernels), KvCacheError> {
+    if args.len() != 28 && args.len() != 29 {
+        return Err(KvCacheError::Check(format!(
+            "Check failed: (args.size() == 28 || args.size() == 29) is false: Invalid number of KV cache constructor args: {}",
+            args.len()
+        )));
+    }
+    let sizes = sizes(args, &[5, 6])?;
+    let Sizes { num_layers, sliding_requested, .. } = sizes;
+    let layer_sliding_window_size = sizes.layer_sliding_window_size;
+    let (num_qo_heads, num_kv_heads, qk_head_dim, v_head_dim) = heads(args, [2, 3, 4, 5])?;
     let kinds = shape(args, 6)?;
     if kinds.len() as i64 != num_layers {
         return Err(arg_err(6, format!("{} attention kinds for {num_layers} layers", kinds.len())));
@@ -262,32 +350,8 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     if int(args, 7)? != 0 {
         return Err(KvCacheError::Unsupported("KV transfer (disaggregation over NVSHMEM)".into()));
     }
-    let rope_mode = match int(args, 8)? {
-        0 => RopeMode::None,
-        1 => RopeMode::Normal,
-        2 => RopeMode::Inline,
-        m => return Err(arg_err(8, format!("unknown RoPE mode {m}"))),
-    };
-    // TVM decides on the requested flag (before a per-layer window turns it off).
-    let rope_mode = if sliding_requested && rope_mode != RopeMode::None { RopeMode::Inline } else { rope_mode };
-    let rotary_scale = float(args, 9)?;
-    let rotary_theta = float(args, 10)?;
-    let rope_ext_factors = match get(args, 11)? {
-        Value::Tensor(t) => Some(t.clone()),
-        _ => None,
-    };
-    if rope_ext_factors.is_some() && rope_mode != RopeMode::Normal {
-        return Err(check_false(
-            "rope_mode_ == RoPEMode::kNormal",
-            "The RoPE mode must be normal to support RoPE extension factors.",
-        ));
-    }
-    let (dtype, device) = match get(args, 12)? {
-        Value::Tensor(t) => (t.dtype(), t.device()),
-        v => {
-            return Err(arg_err(12, format!("expected a tensor (the dtype and device of the cache), got {}", v.kind())))
-        }
-    };
+    let (rope_mode, rotary_scale, rotary_theta, rope_ext_factors) = rope(args, [8, 9, 10, 11], sliding_requested)?;
+    let (dtype, device) = init(args, 12)?;
     let transpose_append = match get(args, 13)? {
         Value::Null => return Err(arg_err(13, "an MHA cache needs the transpose-append function")),
         _ => kernel(vm, args, 13)?,
@@ -326,22 +390,17 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let split_rotary = kernel(vm, args, 24)?;
     let copy_single_page = kernel(vm, args, 25)?;
     let debug_get_kv = kernel(vm, args, 26)?;
-    let mut num_total_pages = (total_token_capacity + page_size - 1) / page_size + 1;
-    if sliding_requested {
-        // TVM: a sequence with a sliding window may use two more pages at most.
-        num_total_pages += reserved_num_seqs * 2;
-    }
     Ok((
         CacheConfig {
-            page_size,
+            page_size: sizes.page_size,
             num_layers,
             num_qo_heads,
             num_kv_heads,
             qk_head_dim,
             v_head_dim,
-            reserved_num_seqs,
-            num_total_pages,
-            prefill_chunk_size,
+            reserved_num_seqs: sizes.reserved_num_seqs,
+            num_total_pages: num_total_pages(&sizes),
+            prefill_chunk_size: sizes.prefill_chunk_size,
             attn_kinds,
             support_sliding_window,
             support_layer_sliding_window,
@@ -364,6 +423,7 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             split_rotary,
             copy_single_page,
             debug_get_kv,
+            depth_arg: false,
         },
     ))
 }

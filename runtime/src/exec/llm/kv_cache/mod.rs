@@ -56,6 +56,7 @@ mod aux;
 mod blocks;
 mod config;
 mod error;
+mod reduced;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -254,6 +255,7 @@ impl PagedKvCache {
 /// The KV cache builtins, by TVM's name.
 pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
     ("vm.builtin.paged_attention_kv_cache_create", create),
+    ("vm.builtin.paged_attention_kv_cache_create_reduced", create_reduced),
     ("vm.builtin.kv_state_clear", |_, n, a, _| {
         cache(n, a)?.clear();
         Ok(Value::Null)
@@ -326,7 +328,23 @@ fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, V
 
 fn create(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let _span = tracing::debug_span!("kv_cache_create").entered();
+    if reduced::is_old_flashinfer_create(args) {
+        return Err(KvCacheError::Unsupported(format!(
+            "TVM 0.17-0.19's paged_attention_kv_cache_create ({} arguments, plain functions), which only \
+             FlashInfer caches called: FlashInfer kernels",
+            args.len()
+        ))
+        .into());
+    }
     let (config, kernels) = config::parse(vm, args)?;
+    let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
+    Ok(Value::Object(ObjectRef::new(cache)))
+}
+
+/// TVM 0.18 and 0.19's create call of a cache of TIR kernels.
+fn create_reduced(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
+    let _span = tracing::debug_span!("kv_cache_create_reduced").entered();
+    let (config, kernels) = reduced::parse(vm, args)?;
     let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
     Ok(Value::Object(ObjectRef::new(cache)))
 }

@@ -150,7 +150,12 @@ pub(super) fn kernel(vm: &VirtualMachine, args: &[&Value], i: usize) -> Result<K
 
 /// An attention backend tuple: `("tirx", kernel)`, or `("tir", kernel)` as TVM 0.20 to 0.23
 /// spell TVM's TIR kernels; `None` for an empty tuple.
-fn backend(vm: &VirtualMachine, args: &[&Value], i: usize, what: &str) -> Result<Option<Kernel>, KvCacheError> {
+fn backend<K>(
+    kernel: &mut dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError>,
+    args: &[&Value],
+    i: usize,
+    what: &str,
+) -> Result<Option<K>, KvCacheError> {
     let items = match get(args, i)? {
         Value::Tuple(t) => tuple_items(t),
         v => return Err(arg_err(i, format!("expected a tuple (backend, function), got {}", v.kind()))),
@@ -171,7 +176,7 @@ fn backend(vm: &VirtualMachine, args: &[&Value], i: usize, what: &str) -> Result
         return Err(arg_err(i, format!("a \"{backend}\" backend takes one function, got {}", items.len() - 1)));
     }
     let item: &Value = &items[1];
-    kernel(vm, &[item], 0).map(Some).map_err(|e| match e {
+    kernel(&[item], 0).map(Some).map_err(|e| match e {
         KvCacheError::Arg { detail, .. } => arg_err(i, detail),
         e => e,
     })
@@ -301,6 +306,14 @@ pub(super) fn num_total_pages(s: &Sizes) -> i64 {
 
 /// Checks and reads the create call's arguments (TVM 0.20 to 0.27: backends as tuples).
 pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig, Kernels), KvCacheError> {
+    decode(args, &mut |args, i| kernel(vm, args, i))
+}
+
+/// [`parse`] with `kernel` giving the kernel at a slot.
+pub(super) fn decode<K>(
+    args: &[&Value],
+    kernel: &mut dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError>,
+) -> Result<(CacheConfig, Kernels<K>), KvCacheError> {
     if args.len() != 28 && args.len() != 29 {
         return Err(KvCacheError::Check(format!(
             "Check failed: (args.size() == 28 || args.size() == 29) is false: Invalid number of KV cache constructor args: {}",
@@ -354,20 +367,20 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let (dtype, device) = init(args, 12)?;
     let transpose_append = match get(args, 13)? {
         Value::Null => return Err(arg_err(13, "an MHA cache needs the transpose-append function")),
-        _ => kernel(vm, args, 13)?,
+        _ => kernel(args, 13)?,
     };
     let missing = |i: usize, what: &str| arg_err(i, format!("the {what} kernel is not given"));
-    let prefill_ragged = backend(vm, args, 15, "ragged prefill")?.ok_or_else(|| missing(15, "ragged prefill"))?;
-    let prefill = backend(vm, args, 16, "paged prefill")?.ok_or_else(|| missing(16, "paged prefill"))?;
-    let decode = backend(vm, args, 17, "paged decode")?.ok_or_else(|| missing(17, "paged decode"))?;
+    let prefill_ragged = backend(kernel, args, 15, "ragged prefill")?.ok_or_else(|| missing(15, "ragged prefill"))?;
+    let prefill = backend(kernel, args, 16, "paged prefill")?.ok_or_else(|| missing(16, "paged prefill"))?;
+    let decode = backend(kernel, args, 17, "paged decode")?.ok_or_else(|| missing(17, "paged decode"))?;
     let (prefill_sliding, decode_sliding) = if support_sliding_window || support_layer_sliding_window {
         (
             Some(
-                backend(vm, args, 18, "sliding-window paged prefill")?
+                backend(kernel, args, 18, "sliding-window paged prefill")?
                     .ok_or_else(|| missing(18, "sliding-window paged prefill"))?,
             ),
             Some(
-                backend(vm, args, 19, "sliding-window paged decode")?
+                backend(kernel, args, 19, "sliding-window paged decode")?
                     .ok_or_else(|| missing(19, "sliding-window paged decode"))?,
             ),
         )
@@ -377,7 +390,7 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
     let merge = match get(args, 23)? {
         Value::Tuple(t) => match tuple_items(t).first() {
             Some(first) => {
-                kernel(vm, &[first], 0).map_err(|_| arg_err(23, "the merge function is not a kernel of the library"))?
+                kernel(&[first], 0).map_err(|_| arg_err(23, "the merge function is not a kernel of the library"))?
             }
             None => {
                 return Err(KvCacheError::Check(
@@ -387,9 +400,9 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
         },
         v => return Err(arg_err(23, format!("expected a tuple of merge functions, got {}", v.kind()))),
     };
-    let split_rotary = kernel(vm, args, 24)?;
-    let copy_single_page = kernel(vm, args, 25)?;
-    let debug_get_kv = kernel(vm, args, 26)?;
+    let split_rotary = kernel(args, 24)?;
+    let copy_single_page = kernel(args, 25)?;
+    let debug_get_kv = kernel(args, 26)?;
     Ok((
         CacheConfig {
             page_size: sizes.page_size,
@@ -426,4 +439,105 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
             depth_arg: false,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuple(items: Vec<Value>) -> Value {
+        Value::tuple(items)
+    }
+
+    fn backend_of(tag: &str, f: u32) -> Value {
+        tuple(vec![Value::Str(tag.as_bytes().into()), Value::Func(f)])
+    }
+
+    /// The create call MLC-LLM's CPU libraries make with TVM 0.20 to 0.27 (`mblob inspect` of
+    /// tests/fixtures/mlc/qwen2-q0f32 shows it; `python/tvm/relax/frontend/nn/llm/kv_cache.py`
+    /// writes it): `config` in slot 0, `kinds` in slot 6, kernels as `Value::Func(100 + slot)`,
+    /// backends tagged `tag`.
+    fn tvm027_args(config: &[i64], kinds: &[i64], tag: &str) -> Vec<Value> {
+        let init = NdArray::empty(&[], DataType::F32, Device::cpu(0)).unwrap();
+        let mut v = vec![
+            Value::Shape(config.into()),
+            Value::Shape([0, kinds.len() as i64].into()),
+            Value::Int(4),
+            Value::Int(2),
+            Value::Int(64),
+            Value::Int(64),
+            Value::Shape(kinds.into()),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Float(1.0),
+            Value::Float(1e6),
+            Value::Int(0),
+            Value::Tensor(init),
+            Value::Func(113),
+            Value::Func(114),
+        ];
+        v.extend((15..22).map(|i| backend_of(tag, 100 + i)));
+        v.push(tuple(Vec::new()));
+        v.push(tuple(vec![Value::Func(123)]));
+        v.extend((24..28).map(|i| Value::Func(100 + i)));
+        v
+    }
+
+    fn decoded(args: &[Value]) -> Result<(CacheConfig, Kernels<u32>), KvCacheError> {
+        let refs: Vec<&Value> = args.iter().collect();
+        decode(&refs, &mut |a, i| match a[i] {
+            Value::Func(f) => Ok(*f),
+            v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
+        })
+    }
+
+    #[test]
+    fn tvm_020_to_027_layout_with_either_backend_tag() {
+        for tag in ["tirx", "tir"] {
+            let (c, k) = decoded(&tvm027_args(&[4, 256, 16, 16, 0], &[0, 0], tag)).unwrap();
+            assert_eq!((c.num_layers, c.num_qo_heads, c.num_kv_heads, c.qk_head_dim), (2, 4, 2, 64));
+            assert_eq!(c.num_total_pages, 256 / 16 + 1);
+            assert_eq!([k.transpose_append, k.prefill_ragged, k.prefill, k.decode], [113, 115, 116, 117]);
+            assert_eq!([k.merge, k.split_rotary, k.copy_single_page, k.debug_get_kv], [123, 124, 125, 126]);
+            assert!(!k.depth_arg && k.prefill_sliding.is_none());
+        }
+        let e = decoded(&tvm027_args(&[4, 256, 16, 16, 0], &[0, 0], "flashinfer")).unwrap_err();
+        assert!(e.to_string().contains("`flashinfer` attention backend"), "{e}");
+    }
+
+    #[test]
+    fn sliding_windows_per_sequence_and_per_layer() {
+        // Mistral: support_sliding_window = 1: inline RoPE, the sliding kernels, 2 pages more
+        // per sequence.
+        let (c, k) = decoded(&tvm027_args(&[4, 256, 16, 16, 1], &[0, 0], "tirx")).unwrap();
+        assert!(c.support_sliding_window && !c.support_layer_sliding_window);
+        assert_eq!((c.rope_mode, c.num_total_pages), (RopeMode::Inline, 17 + 8));
+        assert_eq!((k.prefill_sliding, k.decode_sliding), (Some(118), Some(119)));
+        // Gemma 3: kind 3 layers turn the per-sequence window off (RoPE still inline, as TVM
+        // decides on the requested flag); the window from the sixth field, 1024 without it.
+        let (c, _) = decoded(&tvm027_args(&[4, 256, 16, 16, 1, 512], &[3, 0], "tirx")).unwrap();
+        assert!(!c.support_sliding_window && c.support_layer_sliding_window);
+        assert_eq!((c.layer_sliding_window_size, c.rope_mode), (512, RopeMode::Inline));
+        assert_eq!(c.attn_kinds, [AttnKind::MhaSliding, AttnKind::Mha]);
+        let (c, _) = decoded(&tvm027_args(&[4, 256, 16, 16, 0], &[3, 3], "tirx")).unwrap();
+        assert_eq!((c.layer_sliding_window_size, c.rope_mode), (1024, RopeMode::Normal));
+        let e = decoded(&tvm027_args(&[4, 256, 16, 16, 0, 0], &[3, 0], "tirx")).unwrap_err();
+        assert!(e.to_string().contains("Per-layer sliding window size must be positive."), "{e}");
+    }
+
+    #[test]
+    fn unsupported_kinds_are_refused_naming_them() {
+        for (kinds, word) in [([1, 1], "multi-head latent attention (MLA)"), ([0, 2], "linear attention")] {
+            let e = decoded(&tvm027_args(&[4, 256, 16, 16, 0], &kinds, "tirx")).unwrap_err();
+            assert!(matches!(e, KvCacheError::Unsupported(_)) && e.to_string().contains(word), "{e}");
+        }
+        let mut a = tvm027_args(&[4, 256, 16, 16, 0], &[0, 0], "tirx");
+        a[7] = Value::Int(1);
+        assert!(decoded(&a).unwrap_err().to_string().contains("disaggregation"));
+        a[7] = Value::Int(0);
+        a[1] = Value::Shape([0, 1, 2].into());
+        assert!(decoded(&a).unwrap_err().to_string().contains("Disco"));
+        let e = decoded(&tvm027_args(&[4, 256, 16, 16], &[0, 0], "tirx")).unwrap_err();
+        assert!(e.to_string().contains("five legacy fields"), "{e}");
+    }
 }

@@ -81,6 +81,11 @@ pub struct GenerateArgs {
     /// The most tokens of one prefill step; default: the model's `prefill_chunk_size`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
     pub prefill_chunk_size: Option<i64>,
+    /// Size the KV cache from a memory budget for its pages, in bytes (as MLC-LLM's engine sizes
+    /// it from the memory it may use): as many tokens as whole pages fit. Ignored with
+    /// --max-total-seq-len.
+    #[arg(long, value_name = "BYTES")]
+    pub kv_cache_bytes: Option<u64>,
     /// Write the logits each new token was picked from as a float32 `.npy` of shape
     /// `[tokens, vocab]`.
     #[arg(long, value_name = "FILE.npy")]
@@ -121,6 +126,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         page_size: args.page_size,
         max_total_seq_len: args.max_total_seq_len,
         prefill_chunk_size: args.prefill_chunk_size,
+        kv_cache_bytes: args.kv_cache_bytes,
     };
     let mut lm = LanguageModel::new(&tree, args.device, args.weights.as_deref(), &options)
         .map_err(|e| invalid(mblob::with_causes(&e).to_string()))?;

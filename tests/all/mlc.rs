@@ -224,3 +224,38 @@ fn qwen2_q0f32_sampling_gives_tvms_tokens() {
 fn mistral_sampling_gives_tvms_tokens() {
     sampled_as_tvm("mistral-q0f32");
 }
+
+#[test]
+fn kv_cache_sized_from_a_memory_budget() {
+    // Qwen2.5's cache: 2 layers x 2 (keys, values) x 2 KV heads x 16 tokens x 64 features of
+    // float32 = 32768 bytes a page; TVM adds one page to those of max_total_seq_len. The 37-token
+    // prompt and 8 new tokens take 44 positions: 4 pages hold 48 tokens, 3 pages 32.
+    let name = "qwen2-q0f32";
+    let r = reference(name);
+    let g = &r["generate"];
+    let mut args = vec![
+        "--prompt-ids".to_owned(),
+        ids(&g["prompt"]).join(","),
+        "--max-new-tokens".to_owned(),
+        g["tokens"].as_array().unwrap().len().to_string(),
+        "--kv-cache-bytes".to_owned(),
+        (4 * 32768).to_string(),
+    ];
+    let (lines, (shape, got)) = generate_with(name, &args);
+    assert_eq!(lines.last().unwrap(), &ids(&g["tokens"]).join(","), "TVM's tokens in a cache sized from the budget");
+    let (_, want) = f32s(&fixture(name).join(g["logits"].as_str().unwrap()));
+    logits_close(name, "budget", &got, &want, shape[1] as usize);
+    args[5] = (4 * 32768 - 1).to_string();
+    let dir = fixture(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("generate")
+        .arg(dir.join("lib.so"))
+        .arg("--weights")
+        .arg(&dir)
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("44 positions") && stderr.contains("more than its 32"), "{stderr}");
+}

@@ -113,11 +113,16 @@ pub struct GenerateOptions {
     pub max_total_seq_len: Option<i64>,
     /// The longest prefill chunk; default: the metadata's `prefill_chunk_size`.
     pub prefill_chunk_size: Option<i64>,
+    /// Size the KV cache from a memory budget (bytes for its pages), as MLC-LLM's engine sizes
+    /// it from the memory it may use, when `max_total_seq_len` is not given: as many tokens as
+    /// whole pages of the model's layers, heads and dtype fit (see
+    /// [`LanguageModel::new`]).
+    pub kv_cache_bytes: Option<u64>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> GenerateOptions {
-        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None }
+        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None, kv_cache_bytes: None }
     }
 }
 
@@ -146,10 +151,42 @@ pub struct ModelMetadata {
     /// The model's architecture (`llama`, ...).
     #[serde(default)]
     pub model_type: Option<String>,
+    /// Whether the library was built for disaggregated prefill and decode (KV transfer between
+    /// engines); mblob refuses such a library.
+    #[serde(default)]
+    pub disaggregation: bool,
+    /// Tensor-parallel shards (Disco workers); mblob runs one.
+    #[serde(default = "one")]
+    pub tensor_parallel_shards: i64,
+    /// Pipeline-parallel stages (Disco groups); mblob runs one.
+    #[serde(default = "one")]
+    pub pipeline_parallel_stages: i64,
     /// The vocabulary size, when the metadata gives it (MLC-LLM's does not: it is then read
     /// from the embedding weight's shape, see [`LanguageModel::vocab_size`]).
     #[serde(default)]
     pub vocab_size: Option<i64>,
+}
+
+impl ModelMetadata {
+    /// Refuses what mblob does not run, naming it: an RNN state or a hybrid KV state,
+    /// disaggregation, several tensor-parallel shards or pipeline stages (Disco).
+    pub fn check_supported(&self) -> Result<(), GenerateError> {
+        let refuse = |detail: String| Err(GenerateError::Metadata { detail });
+        if let Some(k) = self.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
+            return refuse(format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"));
+        }
+        if self.disaggregation {
+            return refuse("it is built for disaggregation (KV transfer between prefill and decode engines), which mblob does not run".into());
+        }
+        if self.tensor_parallel_shards > 1 || self.pipeline_parallel_stages > 1 {
+            return refuse(format!(
+                "it is built for {} tensor-parallel shards and {} pipeline stages (Disco groups); mblob runs one \
+                 shard in one stage",
+                self.tensor_parallel_shards, self.pipeline_parallel_stages
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn one() -> i64 {
@@ -247,11 +284,7 @@ impl LanguageModel {
                 .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
             v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
         };
-        if let Some(k) = metadata.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
-            return Err(GenerateError::Metadata {
-                detail: format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"),
-            });
-        }
+        metadata.check_supported()?;
         let packed = match embed {
             1 => false,
             2 => true,
@@ -267,8 +300,14 @@ impl LanguageModel {
                 let _span = tracing::debug_span!("lm_weights", dir = %dir.display()).entered();
                 let mut cache = TensorCache::new();
                 cache.load(dir, device)?;
-                let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
-                Some(cache.param_array_by_name(&names)?)
+                if metadata.params.is_empty() {
+                    // As MLC-LLM's engine loads a library whose metadata lists no weights:
+                    // `param_0`, `param_1`, ... until one is missing.
+                    Some(cache.param_array("param", -1)?)
+                } else {
+                    let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
+                    Some(cache.param_array_by_name(&names)?)
+                }
             }
             (true, None) => {
                 return Err(GenerateError::WeightsMode(format!(
@@ -289,7 +328,39 @@ impl LanguageModel {
         let params = arrays.as_ref().map(|a| VmValue::Tuple(a.iter().cloned().map(VmValue::Array).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
-        Ok(LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab })
+        let mut lm = LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab };
+        if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
+            lm.options.max_total_seq_len = Some(lm.tokens_in_budget(budget)?);
+        }
+        Ok(lm)
+    }
+
+    /// The most tokens a KV cache of `budget` bytes of pages holds: a cache of one page shows
+    /// the model's pages (layers x 2 x KV heads x page size x head dim, of the cache's dtype);
+    /// TVM adds one page to `ceil(max_total_seq_len / page_size)`, and two per sequence with a
+    /// sliding window.
+    fn tokens_in_budget(&mut self, budget: u64) -> Result<i64, GenerateError> {
+        let page = self.options.page_size;
+        self.options.max_total_seq_len = Some(page);
+        let probe = self.new_cache()?;
+        let Some(c) = probe.downcast_ref::<super::kv_cache::PagedKvCache>().map(|c| c.config().clone()) else {
+            return Err(GenerateError::Result {
+                function: "create_tir_paged_kv_cache",
+                detail: format!("{}, not TVM's paged KV cache", probe.type_key()),
+            });
+        };
+        let page_bytes = crate::array::tensor_bytes(c.dtype, &[c.num_layers, 2, c.num_kv_heads, page, c.qk_head_dim])
+            .filter(|&b| b > 0)
+            .ok_or_else(|| GenerateError::Request("a KV cache page of no bytes".into()))?;
+        let extra = 1 + if self.metadata.sliding_window_size > 0 { 2 * c.reserved_num_seqs } else { 0 };
+        let pages = i64::try_from(budget / page_bytes).unwrap_or(i64::MAX);
+        if pages <= extra {
+            return Err(GenerateError::Request(format!(
+                "a KV cache of {budget} bytes holds no token: each page of {page} tokens takes {page_bytes} bytes, \
+                 and the cache needs {extra} more than the tokens' pages"
+            )));
+        }
+        Ok((pages - extra).saturating_mul(page).min(i64::from(i32::MAX)))
     }
 
     /// The vocabulary size: the metadata's `vocab_size`, else the first dimension of the token
@@ -635,6 +706,27 @@ mod tests {
         assert_eq!(m.params[0].shape, [ParamDim::Named("vocab_size".into()), ParamDim::Size(256)]);
         assert_eq!(m.params[1].shape, [ParamDim::Size(256)]);
         assert_eq!(m.sliding_window_size, 16);
+    }
+
+    #[test]
+    fn unsupported_kinds_of_library_are_refused_naming_them() {
+        // The fields as MLC-LLM 79d603f writes them (`compile.py`'s "Registering metadata").
+        let base = r#""model_type": "gemma3_text", "quantization": "q0f32", "context_window_size": 256,
+            "sliding_window_size": 16, "attention_sink_size": -1, "prefill_chunk_size": 16,
+            "max_batch_size": 4, "active_vocab_size": 1000, "model_task": "chat""#;
+        let meta = |extra: &str| -> ModelMetadata { serde_json::from_str(&format!("{{{base}, {extra}}}")).unwrap() };
+        let ok = r#""tensor_parallel_shards": 1, "pipeline_parallel_stages": 1, "disaggregation": false, "kv_state_kind": "kv_cache""#;
+        assert!(meta(ok).check_supported().is_ok());
+        for (extra, word) in [
+            (r#""disaggregation": true"#, "disaggregation"),
+            (r#""tensor_parallel_shards": 2"#, "Disco"),
+            (r#""pipeline_parallel_stages": 2"#, "Disco"),
+            (r#""kv_state_kind": "rnn_state""#, "rnn_state"),
+            (r#""kv_state_kind": "none""#, "`none`"),
+        ] {
+            let e = meta(extra).check_supported().unwrap_err().to_string();
+            assert!(e.contains(word), "{extra}: {e}");
+        }
     }
 
     #[test]

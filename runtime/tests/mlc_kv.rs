@@ -187,3 +187,74 @@ fn qwen2_q4f32_1_fork_and_popn_as_tvm() {
 fn llama3_q0f32_fork_and_popn_as_tvm() {
     fork_and_popn_as_tvm("llama3-q0f32");
 }
+
+/// A sliding-window model (Mistral, `support_sliding_window = 1`): the cache made with the
+/// window on and the sequence given its window and sinks
+/// (`attention_kv_cache_enable_sliding_window_for_seq`) as `reference.py` does. `reference.json`'s
+/// prompt runs in chunks past the window, so TVM's eviction of what slid out shows in the logits
+/// of every step, and the fork past the sinks fails with TVM's text.
+fn sliding_window_as_tvm(name: &str) {
+    let m = Model::new(name);
+    let r = json(&fixture(name).join("reference.json"));
+    let (window, sink) =
+        (m.settings["sliding_window_size"].as_i64().unwrap(), m.settings["attention_sink_size"].as_i64().unwrap());
+    let new_cache = || {
+        let kv = m.new_cache();
+        m.builtin(
+            "attention_kv_cache_enable_sliding_window_for_seq",
+            &[kv.clone(), VmValue::Int(0), VmValue::Int(window), VmValue::Int(sink)],
+        );
+        kv
+    };
+    let g = &r["generate"];
+    let (shape, want) = npy_f32(&fixture(name).join(g["logits"].as_str().unwrap()));
+    let vocab = shape[1] as usize;
+    let chunk = m.settings["prefill_chunk_size"].as_u64().unwrap() as usize;
+    let kv = new_cache();
+    let mut rows = Vec::new();
+    let mut last = Vec::new();
+    for c in ints(&g["prompt"]).chunks(chunk) {
+        last = m.forward(&kv, 0, c, "prefill");
+    }
+    let tokens = ints(&g["tokens"]);
+    rows.push(last);
+    for i in 1..tokens.len() {
+        assert_eq!(argmax(&rows[i - 1]), tokens[i - 1], "{name}: token {}", i - 1);
+        rows.push(m.forward(&kv, 0, &[tokens[i - 1]], "decode"));
+    }
+    assert_eq!(argmax(rows.last().unwrap()), *tokens.last().unwrap(), "{name}: last token");
+    // The window holds the sequence at its size: TVM's `seq_length` after sliding.
+    let len = m.builtin("attention_kv_cache_get_sequence_length", &[kv.clone(), VmValue::Int(0)]);
+    assert!(matches!(len, VmValue::Int(l) if l == window), "{name}: sequence length after sliding {len:?}");
+    for (i, row) in rows.iter().enumerate() {
+        let want = &want[i * vocab..(i + 1) * vocab];
+        let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let diff = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff <= 1e-4 * scale, "{name}, step {i}: logits differ by {diff}");
+    }
+    // The fork past the sinks: TVM's error, word for word.
+    let f = &r["fork"];
+    let kv = new_cache();
+    for c in ints(&f["prompt"]).chunks(chunk) {
+        m.forward(&kv, 0, c, "prefill");
+    }
+    let err =
+        m.vm.call_function(
+            "vm.builtin.kv_state_fork_sequence",
+            &[kv.clone(), VmValue::Int(0), VmValue::Int(1), VmValue::Int(-1)],
+        )
+        .expect_err("a sliding sequence forks only within its sinks");
+    let want = f["fork_error"].as_str().unwrap();
+    assert!(err.to_string().ends_with(want), "{name}: fork error {err}, TVM's: {want}");
+}
+
+#[test]
+fn mistral_q0f32_sliding_window_as_tvm() {
+    sliding_window_as_tvm("mistral-q0f32");
+}
+
+#[test]
+fn phi3_q0f32_longrope_fork_and_popn_as_tvm() {
+    // RoPE extension factors (Phi-3.5's longrope) passed to `f_split_rotary`.
+    fork_and_popn_as_tvm("phi3-q0f32");
+}

@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
+use mblob_runtime::exec::llm::generate::{GenerateOptions, Generation, LanguageModel, Sampling};
 use mblob_runtime::exec::Device;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
@@ -35,9 +35,27 @@ pub struct GenerateArgs {
     /// with the weights bound as constants needs none.
     #[arg(long, value_name = "DIR")]
     pub weights: Option<PathBuf>,
-    /// The prompt's token ids, comma-separated (no tokenizer: ids in, ids out).
-    #[arg(long, value_name = "ID,ID,...", value_delimiter = ',', required = true)]
-    pub prompt_ids: Vec<i32>,
+    /// The prompt's token ids, comma-separated (no tokenizer: ids in, ids out). Given more than
+    /// once, the prompts run as one batch (sequence K is the K-th prompt), through the model's
+    /// `batch_prefill` and `batch_decode` as MLC-LLM's engine runs a batch.
+    #[arg(long, value_name = "ID,ID,...", value_parser = prompt_ids, required_unless_present = "prompt_file")]
+    pub prompt_ids: Vec<Vec<i32>>,
+    /// A file of prompts, one per line (token ids separated by commas or spaces; empty lines
+    /// and lines starting with `#` are skipped), run as one batch after any `--prompt-ids`.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// The sampling temperature: 0 (the default) picks the token of largest logit; above 0
+    /// each token is drawn with TVM's `sample_top_p_from_logits`.
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Draw from the smallest set of most likely tokens whose probability reaches P (with
+    /// --temperature above 0).
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f64,
+    /// The seed of the draws (MLC-LLM's: std::mt19937 and uniform_real_distribution); the
+    /// K-th sequence of a batch gets SEED + K.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u32,
     /// How many tokens to generate: the prefill's, then one per decode step.
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub max_new_tokens: usize,
@@ -56,6 +74,18 @@ pub struct GenerateArgs {
     /// Tokens per page of the paged KV cache.
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(i64).range(1..))]
     pub page_size: i64,
+    /// Tokens the paged KV cache holds in all (`max_total_seq_len`); default: the model's
+    /// context window. A sliding-window model whose context window is -1 needs it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
+    pub max_total_seq_len: Option<i64>,
+    /// The most tokens of one prefill step; default: the model's `prefill_chunk_size`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
+    pub prefill_chunk_size: Option<i64>,
+    /// Size the KV cache from a memory budget for its pages, in bytes (as MLC-LLM's engine sizes
+    /// it from the memory it may use): as many tokens as whole pages fit. Ignored with
+    /// --max-total-seq-len.
+    #[arg(long, value_name = "BYTES")]
+    pub kv_cache_bytes: Option<u64>,
     /// Write the logits each new token was picked from as a float32 `.npy` of shape
     /// `[tokens, vocab]`.
     #[arg(long, value_name = "FILE.npy")]
@@ -69,7 +99,10 @@ kv_cache[, packed_params])`, `decode(embedding, kv_cache[, packed_params])`,
 support_sliding_window)` and `_metadata()` (its JSON gives the weight names, the context window
 and the prefill chunk size). The prompt is run in chunks of at most prefill_chunk_size tokens;
 each new token is the one of largest logit (greedy). The last line of the output is the new
-token ids, comma-separated.
+token ids, comma-separated (one line per prompt for several, in order). With --temperature
+above 0 each token is drawn with TVM's sampling builtin from MLC-LLM's seeded draws. A model with a sliding window (`sliding_window_size` in its
+metadata) gets it on its sequence, with its `attention_sink_size` sinks, as MLC-LLM's engine
+does: the prompt may then be longer than the cache.
 
 Exit status: 0 done, 1 failure (a file that cannot be read, a library that is not such a
 model, weights that do not match it, a prompt longer than its context window), 2 usage error.
@@ -89,14 +122,50 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     // SAFETY: generating with a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
-    let options = GenerateOptions { page_size: args.page_size, ..GenerateOptions::default() };
+    let options = GenerateOptions {
+        page_size: args.page_size,
+        max_total_seq_len: args.max_total_seq_len,
+        prefill_chunk_size: args.prefill_chunk_size,
+        kv_cache_bytes: args.kv_cache_bytes,
+    };
     let mut lm = LanguageModel::new(&tree, args.device, args.weights.as_deref(), &options)
         .map_err(|e| invalid(mblob::with_causes(&e).to_string()))?;
-    let first = lm.generate(&args.prompt_ids, args.max_new_tokens).map_err(|e| invalid(mblob::with_causes(&e)))?;
+    let mut prompts = args.prompt_ids.clone();
+    if let Some(path) = &args.prompt_file {
+        let text = std::fs::read_to_string(path).map_err(Error::io(path, "cannot read"))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let ids = prompt_ids(&line.replace(char::is_whitespace, ",")).map_err(|e| Error::Invalid {
+                what: path.display().to_string(),
+                detail: format!("line {}: {e}", n + 1),
+            })?;
+            prompts.push(ids);
+        }
+    }
+    if prompts.is_empty() {
+        return Ok(super::usage_error("generate", "no prompt: give --prompt-ids or a --prompt-file with one".into()));
+    }
+    let sampling = Sampling { temperature: args.temperature, top_p: args.top_p, seed: args.seed };
+    let mut generate = || -> Result<Vec<Generation>> {
+        let out = if prompts.len() == 1 {
+            lm.generate_sampled(&prompts[0], args.max_new_tokens, &sampling, |_| {}).map(|g| vec![g])
+        } else {
+            lm.generate_batch(&prompts, args.max_new_tokens, &sampling)
+        };
+        out.map_err(|e| invalid(mblob::with_causes(&e)))
+    };
+    let first = generate()?;
     if let Some(path) = &args.logits {
-        let vocab = first.logits.first().map_or(0, Vec::len);
-        let data: Vec<u8> = first.logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-        let t = NdArray::from_bytes(&data, &[first.logits.len() as i64, vocab as i64], DataType::F32, Device::cpu(0))
+        let vocab = first.iter().find_map(|g| g.logits.first()).map_or(0, Vec::len);
+        let steps = first[0].logits.len() as i64;
+        let data: Vec<u8> =
+            first.iter().flat_map(|g| g.logits.iter().flatten()).flat_map(|x| x.to_le_bytes()).collect();
+        let shape =
+            if first.len() == 1 { vec![steps, vocab as i64] } else { vec![first.len() as i64, steps, vocab as i64] };
+        let t = NdArray::from_bytes(&data, &shape, DataType::F32, Device::cpu(0))
             .map_err(|_| invalid("logits of unequal lengths".into()))?;
         write_npy(path, &t)?;
     }
@@ -104,26 +173,39 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
         for _ in 0..n {
-            let again =
-                lm.generate(&args.prompt_ids, args.max_new_tokens).map_err(|e| invalid(mblob::with_causes(&e)))?;
-            if again.tokens != first.tokens {
-                return Err(invalid(format!(
-                    "a repeated run gave other tokens ({}) than the first ({})",
-                    ids(&again.tokens),
-                    ids(&first.tokens)
-                )));
+            let again = generate()?;
+            for (a, f) in again.iter().zip(&first) {
+                if a.tokens != f.tokens {
+                    return Err(invalid(format!(
+                        "a repeated run gave other tokens ({}) than the first ({})",
+                        ids(&a.tokens),
+                        ids(&f.tokens)
+                    )));
+                }
             }
-            decode.extend(again.decode_times.iter().map(|d| d.as_secs_f64()));
+            decode.extend(again[0].decode_times.iter().map(|d| d.as_secs_f64()));
             // With --max-new-tokens 0 no prefill ran.
-            if !again.tokens.is_empty() {
-                prefill.push(again.prefill_time.as_secs_f64());
+            if !again[0].tokens.is_empty() {
+                prefill.push(again[0].prefill_time.as_secs_f64());
             }
         }
-        print_labelled_times(&format!("prefill of {} tokens", args.prompt_ids.len()), &prefill);
-        print_labelled_times("decode, per token", &decode);
+        let total: usize = prompts.iter().map(Vec::len).sum();
+        let per = if prompts.len() == 1 { "decode, per token" } else { "decode, per step of the batch" };
+        print_labelled_times(&format!("prefill of {total} tokens"), &prefill);
+        print_labelled_times(per, &decode);
     }
-    println!("{}", ids(&first.tokens));
+    for g in &first {
+        println!("{}", ids(&g.tokens));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One prompt: token ids separated by commas.
+fn prompt_ids(s: &str) -> std::result::Result<Vec<i32>, String> {
+    s.split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| t.trim().parse::<i32>().map_err(|e| format!("token id {t:?}: {e}")))
+        .collect()
 }
 
 fn ids(tokens: &[i32]) -> String {

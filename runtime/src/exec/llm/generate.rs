@@ -26,15 +26,20 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod batch;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::lm::{TensorCache, TensorCacheError};
+pub use batch::Sampling;
+use batch::{logits_of, Sampler};
+
+use super::lm::{SamplingError, TensorCache, TensorCacheError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError, VmValue};
+use crate::exec::relax::vm::value::{ObjectRef, Value, VmError, VmValue};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -52,6 +57,9 @@ pub enum GenerateError {
     /// The weights could not be read.
     #[error("cannot read the weights: {0}")]
     Weights(#[from] TensorCacheError),
+    /// TVM's sampling builtin refused the logits.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
     /// The library lacks a function MLC-LLM's engine calls.
     #[error("the library has no VM function `{name}`, which {why} (it has: {available})")]
     MissingFunction {
@@ -105,11 +113,16 @@ pub struct GenerateOptions {
     pub max_total_seq_len: Option<i64>,
     /// The longest prefill chunk; default: the metadata's `prefill_chunk_size`.
     pub prefill_chunk_size: Option<i64>,
+    /// Size the KV cache from a memory budget (bytes for its pages), as MLC-LLM's engine sizes
+    /// it from the memory it may use, when `max_total_seq_len` is not given: as many tokens as
+    /// whole pages of the model's layers, heads and dtype fit (see
+    /// [`LanguageModel::new`]).
+    pub kv_cache_bytes: Option<u64>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> GenerateOptions {
-        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None }
+        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None, kv_cache_bytes: None }
     }
 }
 
@@ -129,16 +142,51 @@ pub struct ModelMetadata {
     /// The sliding window (`-1`: none; `sliding_window` in older libraries).
     #[serde(default = "minus_one", alias = "sliding_window")]
     pub sliding_window_size: i64,
+    /// The attention sinks a sequence keeps in front of its sliding window.
+    #[serde(default)]
+    pub attention_sink_size: i64,
     /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
     #[serde(default)]
     pub kv_state_kind: Option<String>,
     /// The model's architecture (`llama`, ...).
     #[serde(default)]
     pub model_type: Option<String>,
+    /// Whether the library was built for disaggregated prefill and decode (KV transfer between
+    /// engines); mblob refuses such a library.
+    #[serde(default)]
+    pub disaggregation: bool,
+    /// Tensor-parallel shards (Disco workers); mblob runs one.
+    #[serde(default = "one")]
+    pub tensor_parallel_shards: i64,
+    /// Pipeline-parallel stages (Disco groups); mblob runs one.
+    #[serde(default = "one")]
+    pub pipeline_parallel_stages: i64,
     /// The vocabulary size, when the metadata gives it (MLC-LLM's does not: it is then read
     /// from the embedding weight's shape, see [`LanguageModel::vocab_size`]).
     #[serde(default)]
     pub vocab_size: Option<i64>,
+}
+
+impl ModelMetadata {
+    /// Refuses what mblob does not run, naming it: an RNN state or a hybrid KV state,
+    /// disaggregation, several tensor-parallel shards or pipeline stages (Disco).
+    pub fn check_supported(&self) -> Result<(), GenerateError> {
+        let refuse = |detail: String| Err(GenerateError::Metadata { detail });
+        if let Some(k) = self.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
+            return refuse(format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"));
+        }
+        if self.disaggregation {
+            return refuse("it is built for disaggregation (KV transfer between prefill and decode engines), which mblob does not run".into());
+        }
+        if self.tensor_parallel_shards > 1 || self.pipeline_parallel_stages > 1 {
+            return refuse(format!(
+                "it is built for {} tensor-parallel shards and {} pipeline stages (Disco groups); mblob runs one \
+                 shard in one stage",
+                self.tensor_parallel_shards, self.pipeline_parallel_stages
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn one() -> i64 {
@@ -236,11 +284,7 @@ impl LanguageModel {
                 .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
             v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
         };
-        if let Some(k) = metadata.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
-            return Err(GenerateError::Metadata {
-                detail: format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"),
-            });
-        }
+        metadata.check_supported()?;
         let packed = match embed {
             1 => false,
             2 => true,
@@ -256,8 +300,14 @@ impl LanguageModel {
                 let _span = tracing::debug_span!("lm_weights", dir = %dir.display()).entered();
                 let mut cache = TensorCache::new();
                 cache.load(dir, device)?;
-                let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
-                Some(cache.param_array_by_name(&names)?)
+                if metadata.params.is_empty() {
+                    // As MLC-LLM's engine loads a library whose metadata lists no weights:
+                    // `param_0`, `param_1`, ... until one is missing.
+                    Some(cache.param_array("param", -1)?)
+                } else {
+                    let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
+                    Some(cache.param_array_by_name(&names)?)
+                }
             }
             (true, None) => {
                 return Err(GenerateError::WeightsMode(format!(
@@ -278,7 +328,39 @@ impl LanguageModel {
         let params = arrays.as_ref().map(|a| VmValue::Tuple(a.iter().cloned().map(VmValue::Array).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
-        Ok(LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab })
+        let mut lm = LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab };
+        if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
+            lm.options.max_total_seq_len = Some(lm.tokens_in_budget(budget)?);
+        }
+        Ok(lm)
+    }
+
+    /// The most tokens a KV cache of `budget` bytes of pages holds: a cache of one page shows
+    /// the model's pages (layers x 2 x KV heads x page size x head dim, of the cache's dtype);
+    /// TVM adds one page to `ceil(max_total_seq_len / page_size)`, and two per sequence with a
+    /// sliding window.
+    fn tokens_in_budget(&mut self, budget: u64) -> Result<i64, GenerateError> {
+        let page = self.options.page_size;
+        self.options.max_total_seq_len = Some(page);
+        let probe = self.new_cache()?;
+        let Some(c) = probe.downcast_ref::<super::kv_cache::PagedKvCache>().map(|c| c.config().clone()) else {
+            return Err(GenerateError::Result {
+                function: "create_tir_paged_kv_cache",
+                detail: format!("{}, not TVM's paged KV cache", probe.type_key()),
+            });
+        };
+        let page_bytes = crate::array::tensor_bytes(c.dtype, &[c.num_layers, 2, c.num_kv_heads, page, c.qk_head_dim])
+            .filter(|&b| b > 0)
+            .ok_or_else(|| GenerateError::Request("a KV cache page of no bytes".into()))?;
+        let extra = 1 + if self.metadata.sliding_window_size > 0 { 2 * c.reserved_num_seqs } else { 0 };
+        let pages = i64::try_from(budget / page_bytes).unwrap_or(i64::MAX);
+        if pages <= extra {
+            return Err(GenerateError::Request(format!(
+                "a KV cache of {budget} bytes holds no token: each page of {page} tokens takes {page_bytes} bytes, \
+                 and the cache needs {extra} more than the tokens' pages"
+            )));
+        }
+        Ok((pages - extra).saturating_mul(page).min(i64::from(i32::MAX)))
     }
 
     /// The vocabulary size: the metadata's `vocab_size`, else the first dimension of the token
@@ -342,11 +424,28 @@ impl LanguageModel {
                 detail: format!("{}, not a KV cache object", vm_kind(&cache)),
             });
         };
-        self.vm.call_function(
-            "vm.builtin.kv_state_add_sequence",
-            &[VmValue::Object(cache.clone()), VmValue::Int(SEQUENCE_ID)],
-        )?;
+        self.add_sequence(&cache, SEQUENCE_ID)?;
         Ok(cache)
+    }
+
+    /// Adds sequence `seq` to the cache, with the model's sliding window when it has one (as
+    /// MLC-LLM's engine does).
+    fn add_sequence(&self, cache: &ObjectRef, seq: i64) -> Result<(), GenerateError> {
+        self.vm
+            .call_function("vm.builtin.kv_state_add_sequence", &[VmValue::Object(cache.clone()), VmValue::Int(seq)])?;
+        if self.metadata.sliding_window_size > 0 {
+            self.vm.call_function(
+                "vm.builtin.attention_kv_cache_enable_sliding_window_for_seq",
+                &[
+                    VmValue::Object(cache.clone()),
+                    VmValue::Int(seq),
+                    VmValue::Int(self.metadata.sliding_window_size),
+                    // MLC-LLM reads a negative sink size (Gemma 3 writes -1) as none.
+                    VmValue::Int(self.metadata.attention_sink_size.max(0)),
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// One forward pass of `func` (`prefill` or `decode`) over `ids` of the sequence: the
@@ -360,48 +459,14 @@ impl LanguageModel {
         let cache = Value::Object(cache.clone());
         let shape = |v: i64| Value::Shape([v].into());
         self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[&cache, &shape(SEQUENCE_ID), &shape(n)])?;
-        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let input = NdArray::from_bytes(&bytes, &[n], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
-        let input = Value::Tensor(input);
-        let mut args = vec![&input];
-        args.extend(self.packed.as_ref());
-        let embedded = match self.vm.call_vm_values("embed", &args)? {
-            Value::Tensor(t) => t,
-            v => {
-                return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
-            }
-        };
-        let hidden = match embedded.shape()[..] {
-            [rows, h] if rows == n => h,
-            ref s => {
-                return Err(GenerateError::Result {
-                    function: "embed",
-                    detail: format!("a tensor of shape {s:?} for {n} tokens (expected [{n}, hidden])"),
-                })
-            }
-        };
+        let embedded = self.embed(ids)?;
+        let hidden = embedded.shape()[1];
         let embedded = Value::Tensor(embedded.view(&[1, n, hidden], embedded.dtype()).map_err(VmError::from)?);
         let mut args = vec![&embedded, &cache];
         args.extend(self.packed.as_ref());
         let result = self.vm.call_vm_values(func, &args)?;
         self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[&cache])?;
-        let logits = match result {
-            Value::Tuple(items) => match tuple_item(&items, 0) {
-                Some(Value::Tensor(t)) => t,
-                other => {
-                    return Err(GenerateError::Result {
-                        function: func,
-                        detail: format!(
-                            "a tuple whose first item is {}, not the logits",
-                            other.as_ref().map_or("missing", kind)
-                        ),
-                    })
-                }
-            },
-            Value::Tensor(t) => t,
-            v => return Err(GenerateError::Result { function: func, detail: format!("{}, not the logits", kind(&v)) }),
-        };
-        last_row(func, &logits)
+        last_row(func, &logits_of(func, result)?)
     }
 
     /// Generates up to `max_new_tokens` tokens after `prompt` greedily, in a new KV cache.
@@ -414,23 +479,29 @@ impl LanguageModel {
         &mut self,
         prompt: &[i32],
         max_new_tokens: usize,
+        on_token: impl FnMut(i32),
+    ) -> Result<Generation, GenerateError> {
+        self.generate_sampled(prompt, max_new_tokens, &Sampling::default(), on_token)
+    }
+
+    /// [`LanguageModel::generate_with`], each token picked as `sampling` says (greedy at
+    /// temperature 0; else TVM's `sample_top_p_from_logits` with MLC-LLM's draws, see
+    /// [`Sampling`]).
+    pub fn generate_sampled(
+        &mut self,
+        prompt: &[i32],
+        max_new_tokens: usize,
+        sampling: &Sampling,
         mut on_token: impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
         let _span = tracing::debug_span!("lm_generate", prompt = prompt.len(), max_new_tokens).entered();
+        sampling.check()?;
         if prompt.is_empty() {
             return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
         }
         self.check_ids(prompt)?;
-        // In u128: a prompt and `max_new_tokens` near 2^64 cannot overflow the sum.
-        let total = prompt.len() as u128 + (max_new_tokens as u128).saturating_sub(1);
-        if total > self.max_total_seq_len().max(0) as u128 {
-            return Err(GenerateError::Request(format!(
-                "{} prompt tokens and {max_new_tokens} new ones need {total} positions in the KV cache, more than \
-                 its {} (the model's context window)",
-                prompt.len(),
-                self.max_total_seq_len()
-            )));
-        }
+        self.check_capacity([prompt.len()], max_new_tokens)?;
+        let mut sampler = Sampler::new(sampling, sampling.seed);
         let mut out = Generation {
             tokens: Vec::new(),
             logits: Vec::new(),
@@ -449,7 +520,7 @@ impl LanguageModel {
         for chunk in prompt.chunks(self.prefill_chunk_size() as usize) {
             logits = self.forward(&cache, "prefill", chunk)?;
         }
-        let mut token = argmax("prefill", &logits)?;
+        let mut token = sampler.pick("prefill", &logits)?;
         out.prefill_time = start.elapsed();
         out.tokens.push(token);
         out.logits.push(logits);
@@ -457,13 +528,43 @@ impl LanguageModel {
         while out.tokens.len() < max_new_tokens {
             let start = Instant::now();
             let logits = self.forward(&cache, "decode", &[token])?;
-            token = argmax("decode", &logits)?;
+            token = sampler.pick("decode", &logits)?;
             out.decode_times.push(start.elapsed());
             out.tokens.push(token);
             out.logits.push(logits);
             on_token(token);
         }
         Ok(out)
+    }
+
+    /// Refuses prompts (of these lengths) and new tokens that do not fit the KV cache.
+    fn check_capacity(
+        &self,
+        prompt_lengths: impl IntoIterator<Item = usize>,
+        max_new_tokens: usize,
+    ) -> Result<(), GenerateError> {
+        if self.max_total_seq_len() <= 0 {
+            return Err(GenerateError::Request(format!(
+                "the model's context window is {} (a sliding-window model): give the KV cache's size \
+                 (max_total_seq_len, `--max-total-seq-len`)",
+                self.metadata.context_window_size
+            )));
+        }
+        // In u128: prompts and `max_new_tokens` near 2^64 cannot overflow the sum. A sequence
+        // with a sliding window holds at most its window and one chunk, however long it runs.
+        let lengths: Vec<usize> = prompt_lengths.into_iter().collect();
+        let per_seq = (max_new_tokens as u128).saturating_sub(1);
+        let total: u128 = lengths.iter().map(|&l| l as u128 + per_seq).sum();
+        let sliding = self.metadata.sliding_window_size > 0;
+        if !sliding && total > self.max_total_seq_len() as u128 {
+            let prompts = lengths.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ");
+            return Err(GenerateError::Request(format!(
+                "{prompts} prompt tokens and {max_new_tokens} new ones per sequence need {total} positions in the KV \
+                 cache, more than its {} (the model's context window)",
+                self.max_total_seq_len()
+            )));
+        }
+        Ok(())
     }
 
     /// The weights passed as `packed_params`, when the functions take them.
@@ -605,6 +706,27 @@ mod tests {
         assert_eq!(m.params[0].shape, [ParamDim::Named("vocab_size".into()), ParamDim::Size(256)]);
         assert_eq!(m.params[1].shape, [ParamDim::Size(256)]);
         assert_eq!(m.sliding_window_size, 16);
+    }
+
+    #[test]
+    fn unsupported_kinds_of_library_are_refused_naming_them() {
+        // The fields as MLC-LLM 79d603f writes them (`compile.py`'s "Registering metadata").
+        let base = r#""model_type": "gemma3_text", "quantization": "q0f32", "context_window_size": 256,
+            "sliding_window_size": 16, "attention_sink_size": -1, "prefill_chunk_size": 16,
+            "max_batch_size": 4, "active_vocab_size": 1000, "model_task": "chat""#;
+        let meta = |extra: &str| -> ModelMetadata { serde_json::from_str(&format!("{{{base}, {extra}}}")).unwrap() };
+        let ok = r#""tensor_parallel_shards": 1, "pipeline_parallel_stages": 1, "disaggregation": false, "kv_state_kind": "kv_cache""#;
+        assert!(meta(ok).check_supported().is_ok());
+        for (extra, word) in [
+            (r#""disaggregation": true"#, "disaggregation"),
+            (r#""tensor_parallel_shards": 2"#, "Disco"),
+            (r#""pipeline_parallel_stages": 2"#, "Disco"),
+            (r#""kv_state_kind": "rnn_state""#, "rnn_state"),
+            (r#""kv_state_kind": "none""#, "`none`"),
+        ] {
+            let e = meta(extra).check_supported().unwrap_err().to_string();
+            assert!(e.contains(word), "{extra}: {e}");
+        }
     }
 
     #[test]

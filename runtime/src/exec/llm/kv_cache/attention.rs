@@ -11,7 +11,7 @@ use crate::exec::relax::vm::value::{Value, VmError};
 use crate::format::DataType;
 
 use super::aux::{int32_array, AuxArrays, Batch};
-use super::config::{Kernel, RopeMode};
+use super::config::{AttnKind, Kernel, RopeMode};
 use super::error::{check_cmp, check_false, unknown_sequence, KvCacheError};
 use super::{PagedKvCache, State};
 
@@ -136,7 +136,8 @@ impl PagedKvCache {
             .into());
         }
         if state.aux.is_none() {
-            state.aux = Some(AuxArrays::new(batch, c.device)?);
+            state.aux =
+                Some(AuxArrays::new(batch, c.device, c.support_sliding_window, c.support_layer_sliding_window)?);
         }
         let (Some(batch), Some(aux)) = (state.batch.as_ref(), state.aux.as_ref()) else {
             return Err(check_false("!dirty_aux_data_device_", "the auxiliary arrays of the round are missing").into());
@@ -152,22 +153,18 @@ impl PagedKvCache {
             (qkv.clone(), o.clone())
         };
         let kern = &self.kernels;
-        run(
-            &kern.split_rotary,
-            &[
-                t(&qkv),
-                t(&aux.q_rope_position_map),
-                t(&q),
-                t(&k),
-                t(&v),
-                Value::Int(i64::from(c.rope_mode == RopeMode::Normal)),
-            ],
-        )?;
+        // With RoPE extension factors, `f_split_rotary` takes them in place of the RoPE flag.
+        let rope = match &c.rope_ext_factors {
+            Some(factors) => t(factors),
+            None => Value::Int(i64::from(c.rope_mode == RopeMode::Normal)),
+        };
+        run(&kern.split_rotary, &[t(&qkv), t(&aux.q_rope_position_map), t(&q), t(&k), t(&v), rope])?;
         let append = || run(&kern.transpose_append, &[t(pages), t(&k), t(&v), t(&aux.append_position_map)]);
         if batch.append_before_attn {
             append()?;
         }
-        self.attention_internal(batch, aux, pages, &q, &k, &v, &o, total, sm_scale)?;
+        let layer_sliding = c.attn_kinds[layer_id as usize] == AttnKind::MhaSliding;
+        self.attention_internal(batch, aux, pages, layer_sliding, &q, &k, &v, &o, total, sm_scale)?;
         if !batch.append_before_attn {
             append()?;
         }
@@ -175,13 +172,17 @@ impl PagedKvCache {
     }
 
     /// TVM's `AttentionInternal`: the new tokens among themselves (ragged prefill, when they
-    /// are not in the pages yet), then each depth of cached blocks, merged by log-sum-exp.
+    /// are not in the pages yet), then each depth of cached blocks, merged by log-sum-exp. A
+    /// cache with sliding windows reads the cached blocks with the sliding-window kernels; a
+    /// per-layer sliding layer (`layer_sliding`) reads only its window's pages, with TVM's fixed
+    /// RoPE theta 10000 and scale 1 of those layers.
     #[allow(clippy::too_many_arguments)]
     fn attention_internal(
         &self,
         batch: &Batch,
         aux: &AuxArrays,
         pages: &NdArray,
+        layer_sliding: bool,
         q: &NdArray,
         k: &NdArray,
         v: &NdArray,
@@ -192,7 +193,8 @@ impl PagedKvCache {
         let c = &self.config;
         let kern = &self.kernels;
         let inline = Value::Int(i64::from(c.rope_mode == RopeMode::Inline));
-        let (scale, theta, sm) = (Value::Float(c.rotary_scale), Value::Float(c.rotary_theta), Value::Float(sm_scale));
+        let sm = Value::Float(sm_scale);
+        let (scale, theta) = (Value::Float(c.rotary_scale), Value::Float(c.rotary_theta));
         let merged_lse = self.temp.merged_lse.view(&[total, c.num_qo_heads], DataType::F32)?;
         let temp_out = view(&self.temp.out, &[total, c.num_qo_heads, c.v_head_dim])?;
         let temp_lse = self.temp.lse.view(&[total, c.num_qo_heads], DataType::F32)?;
@@ -221,32 +223,63 @@ impl PagedKvCache {
         }
         let self_computed = !is_first;
         let mut cross_computed = false;
+        let sliding_kernels = c.support_sliding_window || layer_sliding;
+        let (prefill, decode) = match (&kern.prefill_sliding, &kern.decode_sliding) {
+            (Some(p), Some(d)) if sliding_kernels => (p, d),
+            _ if sliding_kernels => {
+                return Err(check_false("f_prefill != nullptr", "the sliding-window kernels are not given").into())
+            }
+            _ => (&kern.prefill, &kern.decode),
+        };
+        let causal = Value::Int(i64::from(!batch.append_before_attn && layer_sliding));
         for (d, arrays) in aux.depths.iter().enumerate() {
             let Some(page_indices) = &arrays.page_indices else { continue };
             let (out, lse) = if is_first { (o, &merged_lse) } else { (&temp_out, &temp_lse) };
+            let window = if layer_sliding { arrays.sliding.as_ref() } else { None };
+            let (page_indptr, page_indices, length_info, k_rope_pos_offset, scale, theta) = match window {
+                Some(w) => (
+                    &w.page_indptr,
+                    &w.page_indices,
+                    &w.length_info,
+                    &w.k_rope_pos_offset,
+                    Value::Float(1.0),
+                    Value::Float(10000.0),
+                ),
+                None => (
+                    &arrays.page_indptr,
+                    page_indices,
+                    &arrays.length_info,
+                    &arrays.k_rope_pos_offset,
+                    scale.clone(),
+                    theta.clone(),
+                ),
+            };
             // TVM's decode and prefill kernels take the same paged arguments; the prefill kernel
-            // also takes `qo_indptr` after `q`, and `causal` (0) after the log-sum-exp.
-            let decode = batch.use_decode_kernel[d];
+            // also takes `qo_indptr` after `q`, and `causal` after the log-sum-exp.
+            let use_decode = batch.use_decode_kernel[d];
             let mut args: SmallVec<[Value; 16]> = SmallVec::new();
+            if kern.depth_arg {
+                args.push(Value::Int(d as i64));
+            }
             args.push(t(q));
-            if !decode {
+            if !use_decode {
                 args.push(t(&arrays.qo_indptr));
             }
             args.extend([
                 t(pages),
-                t(&arrays.page_indptr),
+                t(page_indptr),
                 t(page_indices),
-                t(&arrays.length_info),
-                t(&arrays.k_rope_pos_offset),
+                t(length_info),
+                t(k_rope_pos_offset),
                 t(&aux.q_rope_position_map),
                 t(out),
                 t(lse),
             ]);
-            if !decode {
-                args.push(Value::Int(0));
+            if !use_decode {
+                args.push(causal.clone());
             }
-            args.extend([inline.clone(), scale.clone(), theta.clone(), sm.clone()]);
-            run(if decode { &kern.decode } else { &kern.prefill }, &args)?;
+            args.extend([inline.clone(), scale, theta, sm.clone()]);
+            run(if use_decode { decode } else { prefill }, &args)?;
             if is_first {
                 is_first = false;
             } else if c.device.device_type == DeviceType::OpenCl {
@@ -332,8 +365,9 @@ impl PagedKvCache {
         for b in state.table.trace(seq) {
             let block = &state.table.blocks[b];
             for i in 0..block.seq_length {
-                let page = block.page_ids.get((i / ps) as usize).ok_or_else(unfilled)?;
-                positions.push(page * ps as i32 + (i % ps) as i32);
+                let offset = block.offset_of(i);
+                let page = block.page_ids.get((offset / ps) as usize).ok_or_else(unfilled)?;
+                positions.push(page * ps as i32 + (offset % ps) as i32);
             }
         }
         let positions = positions.get(start as usize..end as usize).ok_or_else(unfilled)?;
@@ -368,7 +402,8 @@ impl PagedKvCache {
                 check_false("cur_batch_size_ > 0", "query positions asked before kv_state_begin_forward").into()
             );
         };
-        let aux = AuxArrays::new(batch, self.config.device)?;
+        let c = &self.config;
+        let aux = AuxArrays::new(batch, c.device, c.support_sliding_window, c.support_layer_sliding_window)?;
         let positions = aux.q_rope_position_map.clone();
         state.aux = Some(aux);
         Ok(positions)

@@ -1,7 +1,7 @@
 //! One round of forwarding (`kv_state_begin_forward`): the positions the new tokens take in
 //! the pages, and the auxiliary arrays the attention kernels read, built as TVM's
-//! `BeginForward` and `SyncAuxArrayToDevice` build them (without sliding windows and token
-//! trees, which the cache refuses).
+//! `BeginForward` and `SyncAuxArrayToDevice` build them (without token trees, which the cache
+//! refuses).
 //!
 //! Attention runs per depth of the sequences' block chains: depth 0 holds each sequence's
 //! first block (shared prefixes coalesced into one entry when the batch allows, so that a
@@ -9,6 +9,12 @@
 //! get `qo_indptr`, `page_indptr`, `page_indices`, `last_page_len` (the length info) and
 //! `k_rope_pos_offset`; all get `q_rope_position_map`, `append_position_map`, the append
 //! lengths' indptr and `k_ragged_rope_pos_offset`. Every array is `int32`, as TVM's.
+//!
+//! With sliding windows the length info of a depth is `[3, n]`: the last page's length, where
+//! the window starts in the pages and the sinks' length, per entry. A cache with per-layer
+//! sliding layers also gives those layers the pages of the last `layer_sliding_window_size`
+//! positions of each entry (`page_indptr`/`page_indices` of the window), their length info and
+//! `k_rope_pos_offset`.
 
 use crate::array::NdArray;
 use crate::device::Device;
@@ -39,6 +45,16 @@ pub(super) struct Batch {
     pub page_indices: Vec<Vec<i32>>,
     /// Per depth: `last_page_len`.
     pub last_page_len: Vec<Vec<i32>>,
+    /// Per depth: where the sliding window starts in each entry's pages.
+    pub sliding_window_offset: Vec<Vec<i32>>,
+    /// Per depth: each entry's attention sinks.
+    pub sink_size: Vec<Vec<i32>>,
+    /// Per depth, for per-layer sliding layers: `page_indptr` of the window's pages.
+    pub page_indptr_sliding: Vec<Vec<i32>>,
+    /// Per depth, for per-layer sliding layers: the window's pages.
+    pub page_indices_sliding: Vec<Vec<i32>>,
+    /// Per depth, for per-layer sliding layers: the window's start position in each entry.
+    pub k_rope_pos_offset_sliding: Vec<Vec<i32>>,
     /// Per depth: `k_rope_pos_offset` (the start position of each block).
     pub k_rope_pos_offset: Vec<Vec<i32>>,
     /// Per sequence: its length before this round.
@@ -104,29 +120,24 @@ fn chunked_block_ids(
 }
 
 impl Table {
-    /// TVM's `ReserveAppendLengthInSeq`: pages for `append_length` more positions in the
-    /// sequence's last block.
-    fn reserve_append(&mut self, seq_id: i64, append_length: i64) -> Result<(), KvCacheError> {
-        let b = self.seqs[&seq_id].last_block;
-        if append_length <= 0 {
-            return Err(check_cmp("append_length > 0", append_length, 0, "Append with length 0 is not allowed."));
+    /// TVM's `GetLayerSlidingWindowOffset`: where the per-layer window of a `length`-long
+    /// entry starts in its first window page.
+    fn layer_window_offset(&self, length: i64) -> i32 {
+        match self.layer_sliding_window_size {
+            Some(w) if length > w => ((length - w) % self.page_size) as i32,
+            _ => 0,
         }
-        let refs = self.blocks[b].ref_cnt;
-        if refs != 1 {
-            return Err(check_cmp(
-                "block.external_ref_cnt == 1",
-                refs,
-                1,
-                format!("The block is {}-time referenced by other blocks, thus cannot accept new KV values.", refs - 1),
-            ));
+    }
+
+    /// TVM's `GetLayerSlidingWindowNumPages`: the pages the per-layer window of a
+    /// `length`-long entry spans (TVM's default window, 1024, without per-layer layers).
+    fn layer_window_num_pages(&self, length: i64) -> i32 {
+        if length == 0 {
+            return 0;
         }
-        let target = (self.blocks[b].seq_length + append_length + self.page_size - 1) / self.page_size;
-        while (self.blocks[b].page_ids.len() as i64) < target {
-            let p = self.free_page()?;
-            self.blocks[b].page_ids.push(p);
-        }
-        self.blocks[b].seq_length += append_length;
-        Ok(())
+        let w = self.layer_sliding_window_size.unwrap_or(1024);
+        let offset = if length > w { (length - w) % self.page_size } else { 0 };
+        ((offset + length.min(w) + self.page_size - 1) / self.page_size) as i32
     }
 
     /// TVM's `BeginForward` for a batch that is a chain per sequence (no token tree). On an
@@ -174,7 +185,8 @@ impl Table {
             chunked.push(c);
             batch.use_decode_kernel.push(use_decode);
         }
-        batch.append_before_attn = batch.use_decode_kernel.last().copied().unwrap_or(false);
+        batch.append_before_attn =
+            !self.support_sliding_window && batch.use_decode_kernel.last().copied().unwrap_or(false);
 
         if batch.append_before_attn {
             for (&id, &len) in seq_ids.iter().zip(append_lengths) {
@@ -187,18 +199,28 @@ impl Table {
             let mut page_indptr = vec![0i32];
             let mut page_indices = Vec::new();
             let mut last_page_len = Vec::new();
+            let mut window_offset = Vec::new();
+            let mut sink_size = Vec::new();
             let mut k_rope_pos_offset = Vec::new();
+            let mut page_indptr_sliding = vec![0i32];
+            let mut page_indices_sliding = Vec::new();
+            let mut k_rope_pos_offset_sliding = Vec::new();
             for (i, &(block, chunk)) in entries.iter().enumerate() {
                 qo_indptr.push(qo_indptr[qo_indptr.len() - 1] + chunk as i32);
                 let Some(b) = block else {
                     page_indptr.push(page_indptr[page_indptr.len() - 1]);
+                    page_indptr_sliding.push(page_indptr_sliding[page_indptr_sliding.len() - 1]);
                     last_page_len.push(0);
+                    window_offset.push(0);
+                    sink_size.push(0);
                     k_rope_pos_offset.push(0);
+                    k_rope_pos_offset_sliding.push(0);
                     continue;
                 };
                 let block = &self.blocks[b];
                 let mut num_pages = block.page_ids.len() as i32;
                 let mut length = block.seq_length;
+                let mut last = b;
                 page_indices.extend_from_slice(&block.page_ids);
                 if d == MAX_BLOCK_DEPTH - 1 {
                     // The last depth takes the blocks past it too (entries are per sequence
@@ -207,17 +229,41 @@ impl Table {
                         page_indices.extend_from_slice(&self.blocks[t].page_ids);
                         num_pages += self.blocks[t].page_ids.len() as i32;
                         length += self.blocks[t].seq_length;
+                        last = t;
                     }
                 }
                 page_indptr.push(page_indptr[page_indptr.len() - 1] + num_pages);
-                last_page_len.push(if length == 0 { 0 } else { ((length - 1) % ps + 1) as i32 });
+                // The pages of the per-layer window: the last ones.
+                let window_pages = num_pages.min(self.layer_window_num_pages(length)) as usize;
+                page_indptr_sliding.push(page_indptr_sliding[page_indptr_sliding.len() - 1] + window_pages as i32);
+                page_indices_sliding.extend_from_slice(&page_indices[page_indices.len() - window_pages..]);
+                let last = &self.blocks[last];
+                last_page_len.push(if length == 0 {
+                    0
+                } else {
+                    ((length - last.sink_length + last.sliding_window_offset - 1) % ps + 1) as i32
+                });
+                window_offset.push(if self.layer_sliding_window_size.is_some() {
+                    self.layer_window_offset(length)
+                } else {
+                    last.sliding_window_offset as i32
+                });
+                sink_size.push(last.sink_length as i32);
                 k_rope_pos_offset.push(block.start_pos as i32);
+                if let Some(w) = self.layer_sliding_window_size {
+                    k_rope_pos_offset_sliding.push((block.start_pos + length - w).max(0) as i32);
+                }
             }
             batch.qo_indptr.push(qo_indptr);
             batch.page_indptr.push(page_indptr);
             batch.page_indices.push(page_indices);
             batch.last_page_len.push(last_page_len);
+            batch.sliding_window_offset.push(window_offset);
+            batch.sink_size.push(sink_size);
             batch.k_rope_pos_offset.push(k_rope_pos_offset);
+            batch.page_indptr_sliding.push(page_indptr_sliding);
+            batch.page_indices_sliding.push(page_indices_sliding);
+            batch.k_rope_pos_offset_sliding.push(k_rope_pos_offset_sliding);
         }
         if !batch.append_before_attn {
             for (&id, &len) in seq_ids.iter().zip(append_lengths) {
@@ -226,11 +272,25 @@ impl Table {
         }
         for (i, (&id, &len)) in seq_ids.iter().zip(append_lengths).enumerate() {
             let block = &self.blocks[self.seqs[&id].last_block];
+            let page_of = |offset: i64| -> Result<i32, KvCacheError> {
+                let page = block.page_ids.get((offset / ps) as usize).ok_or_else(|| {
+                    check_false("offset_in_block / page_size_ < block.page_ids.size()", "a position past the pages")
+                })?;
+                Ok(page * ps as i32 + (offset % ps) as i32)
+            };
             for pos in 0..len {
                 batch.q_rope_position_map.push(batch.k_ragged_rope_pos_offset[i].wrapping_add(pos as i32));
                 let in_block = block.seq_length - len + pos;
-                let page = block.page_ids[(in_block / ps) as usize];
-                batch.append_position_map.push(page * ps as i32 + (in_block % ps) as i32);
+                let slot = if last_block_length_before[i] + pos < block.sink_length {
+                    // Part of the attention sinks.
+                    page_of(last_block_length_before[i] + pos)?
+                } else if in_block < block.sink_length {
+                    // Pinned by the sinks before this append: not written.
+                    -1
+                } else {
+                    page_of(in_block - block.sink_length + block.sliding_window_offset)?
+                };
+                batch.append_position_map.push(slot);
             }
         }
         Ok(batch)
@@ -244,6 +304,19 @@ pub(super) struct DepthArrays {
     pub page_indptr: NdArray,
     /// `None` when the depth has no page (TVM skips the depth then).
     pub page_indices: Option<NdArray>,
+    /// `last_page_len`, or `[3, n]` with the windows' offsets and sinks in a sliding cache.
+    pub length_info: NdArray,
+    pub k_rope_pos_offset: NdArray,
+    /// For per-layer sliding layers.
+    pub sliding: Option<LayerWindowArrays>,
+}
+
+/// The arrays of one depth that per-layer sliding layers read instead.
+#[derive(Debug, Clone)]
+pub(super) struct LayerWindowArrays {
+    pub page_indptr: NdArray,
+    pub page_indices: NdArray,
+    /// `[3, n]`.
     pub length_info: NdArray,
     pub k_rope_pos_offset: NdArray,
 }
@@ -268,14 +341,33 @@ pub(super) fn int32_array(v: &[i32], device: Device) -> Result<NdArray, VmError>
 impl AuxArrays {
     /// The arrays of `batch` on `device` (TVM's `SyncAuxArrayToDevice`: computed on the host,
     /// then copied to the device once per round).
-    pub fn new(batch: &Batch, device: Device) -> Result<AuxArrays, VmError> {
+    /// `sliding` and `layer_sliding`: whether the cache supports sliding windows and has
+    /// per-layer sliding layers.
+    pub fn new(batch: &Batch, device: Device, sliding: bool, layer_sliding: bool) -> Result<AuxArrays, VmError> {
         let int32_array = |v: &[i32]| int32_array(v, device);
         let mut indptr = vec![0i32];
         for &l in &batch.append_lengths {
             indptr.push(indptr[indptr.len() - 1] + l as i32);
         }
+        let length_info_3 = |d: usize| {
+            let mut v = batch.last_page_len[d].clone();
+            v.extend_from_slice(&batch.sliding_window_offset[d]);
+            v.extend_from_slice(&batch.sink_size[d]);
+            let n = batch.last_page_len[d].len() as i64;
+            int32_array(&v)?.view(&[3, n], DataType::I32).map_err(VmError::from)
+        };
         let depths = (0..batch.num_depths)
             .map(|d| {
+                let sliding_arrays = if layer_sliding {
+                    Some(LayerWindowArrays {
+                        page_indptr: int32_array(&batch.page_indptr_sliding[d])?,
+                        page_indices: int32_array(&batch.page_indices_sliding[d])?,
+                        length_info: length_info_3(d)?,
+                        k_rope_pos_offset: int32_array(&batch.k_rope_pos_offset_sliding[d])?,
+                    })
+                } else {
+                    None
+                };
                 Ok(DepthArrays {
                     qo_indptr: int32_array(&batch.qo_indptr[d])?,
                     page_indptr: int32_array(&batch.page_indptr[d])?,
@@ -284,8 +376,9 @@ impl AuxArrays {
                     } else {
                         Some(int32_array(&batch.page_indices[d])?)
                     },
-                    length_info: int32_array(&batch.last_page_len[d])?,
+                    length_info: if sliding { length_info_3(d)? } else { int32_array(&batch.last_page_len[d])? },
                     k_rope_pos_offset: int32_array(&batch.k_rope_pos_offset[d])?,
+                    sliding: sliding_arrays,
                 })
             })
             .collect::<Result<Vec<_>, VmError>>()?;

@@ -16,7 +16,11 @@ use super::error::{check_cmp, check_false, out_of_pages, unknown_sequence, KvCac
 /// this many (deeper blocks are folded into the last depth).
 pub(super) const MAX_BLOCK_DEPTH: usize = 2;
 
-/// A block of a sequence's chain (TVM's `Block`, without sliding-window fields).
+/// TVM's `kPagedKVCacheTempPageId`: a page a sliding sequence borrows while no page is free,
+/// replaced by a real one once the window slid.
+const TEMP_PAGE: i32 = -1;
+
+/// A block of a sequence's chain (TVM's `Block`).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Block {
     /// The pages, in order.
@@ -29,6 +33,22 @@ pub(super) struct Block {
     pub parent: Option<usize>,
     /// Sequences and child blocks that use it.
     pub ref_cnt: i64,
+    /// Its first positions pinned as attention sinks once its sequence slides.
+    pub sink_length: i64,
+    /// Where the sliding window starts in its pages (0 without a sliding window).
+    pub sliding_window_offset: i64,
+}
+
+impl Block {
+    /// Where position `i` of the block lies in its pages, counted from the first page's start:
+    /// sinks in place, the rest shifted by the window's offset (TVM's mapping in `DebugGetKV`).
+    pub fn offset_of(&self, i: i64) -> i64 {
+        if i < self.sink_length {
+            i
+        } else {
+            i - self.sink_length + self.sliding_window_offset
+        }
+    }
 }
 
 /// A sequence: its last block and its length (TVM's `Sequence`).
@@ -38,12 +58,20 @@ pub(super) struct Sequence {
     pub last_block: usize,
     /// Its length (the sum over its chain).
     pub seq_length: i64,
+    /// Its sliding window, -1 for none.
+    pub sliding_window_size: i64,
+    /// The attention sinks of its last block.
+    pub last_block_attn_sink_size: i64,
 }
 
 /// The page table: blocks, free pages and the sequences.
 #[derive(Debug)]
 pub(super) struct Table {
     pub page_size: i64,
+    /// Whether sequences may slide (TVM's `support_sliding_window_`).
+    pub support_sliding_window: bool,
+    /// The window of per-layer sliding layers, when the cache has such layers.
+    pub layer_sliding_window_size: Option<i64>,
     pub num_total_pages: i64,
     pub blocks: Vec<Block>,
     pub free_blocks: Vec<usize>,
@@ -53,9 +81,16 @@ pub(super) struct Table {
 
 impl Table {
     /// An empty table of `num_total_pages` pages of `page_size`.
-    pub fn new(page_size: i64, num_total_pages: i64) -> Table {
+    pub fn new(
+        page_size: i64,
+        num_total_pages: i64,
+        support_sliding_window: bool,
+        layer_sliding_window_size: Option<i64>,
+    ) -> Table {
         let mut t = Table {
             page_size,
+            support_sliding_window,
+            layer_sliding_window_size,
             num_total_pages,
             blocks: Vec::new(),
             free_blocks: Vec::new(),
@@ -103,7 +138,7 @@ impl Table {
             seq_length += self.blocks[i].seq_length;
             b = self.blocks[i].parent;
         }
-        Sequence { last_block, seq_length }
+        Sequence { last_block, seq_length, sliding_window_size: -1, last_block_attn_sink_size: 0 }
     }
 
     /// The blocks of a sequence's chain, from the root to its last block.
@@ -197,6 +232,21 @@ impl Table {
             .into());
         }
         let fork_pos = if fork_pos == -1 { parent.seq_length } else { fork_pos };
+        if parent.sliding_window_size != -1 {
+            let sink_size =
+                parent.seq_length - self.blocks[parent.last_block].seq_length + parent.last_block_attn_sink_size;
+            if fork_pos > sink_size {
+                return Err(check_cmp(
+                    "fork_pos <= sink_size",
+                    fork_pos,
+                    sink_size,
+                    format!(
+                        "The parent sequence \"{parent_id}\" is enabled with sliding window and thus only can be forked within sink size = {sink_size}. But the forked position = {fork_pos}."
+                    ),
+                )
+                .into());
+            }
+        }
         let ps = self.page_size;
 
         if fork_pos == parent.seq_length && fork_pos % ps == 0 && self.blocks[parent.last_block].seq_length > 0 {
@@ -260,6 +310,21 @@ impl Table {
                 self.blocks[forked].start_pos += moved_offset;
                 self.blocks[pb].seq_length = moved_offset;
                 self.blocks[forked].seq_length -= moved_offset;
+                let p = &self.seqs[&parent_id];
+                if p.sliding_window_size != -1 && forked == p.last_block {
+                    if moved_offset > p.last_block_attn_sink_size {
+                        return Err(check_cmp(
+                            "moved_offset <= parent_it->second.last_block_attn_sink_size",
+                            moved_offset,
+                            p.last_block_attn_sink_size,
+                            "",
+                        )
+                        .into());
+                    }
+                    if let Some(p) = self.seqs.get_mut(&parent_id) {
+                        p.last_block_attn_sink_size -= moved_offset;
+                    }
+                }
             }
             self.blocks[child_block].start_pos = fork_pos - in_page_offset;
             self.blocks[child_block].seq_length = in_page_offset;
@@ -350,6 +415,148 @@ impl Table {
             self.remove_sequence_after_pop(seq_id)?;
             if let Some(s) = self.seqs.remove(&temp) {
                 self.seqs.insert(seq_id, s);
+            }
+        }
+        Ok(())
+    }
+
+    /// TVM's `EnableSlidingWindowForSeq`: from now on the sequence keeps its first
+    /// `attn_sink_size` positions and its last `sliding_window_size` ones; the blocks it shares
+    /// with others count as sinks already.
+    pub fn enable_sliding_window(
+        &mut self,
+        seq_id: i64,
+        sliding_window_size: i64,
+        attn_sink_size: i64,
+        supported: bool,
+    ) -> Result<(), KvCacheError> {
+        if !supported {
+            return Err(check_false(
+                "support_sliding_window_ || support_layer_sliding_window_",
+                "The KV cache does not support sliding window.",
+            ));
+        }
+        let seq = self.seqs.get(&seq_id).ok_or_else(|| unknown_sequence(seq_id))?;
+        if attn_sink_size < 0 {
+            return Err(check_cmp(
+                "attn_sink_size >= 0",
+                attn_sink_size,
+                0,
+                "The specified attention sink size is expected to be non negative",
+            ));
+        }
+        if sliding_window_size <= 0 {
+            return Err(check_cmp(
+                "sliding_window_size > 0",
+                sliding_window_size,
+                0,
+                "The specified sliding window size should be positive.",
+            ));
+        }
+        if attn_sink_size >= sliding_window_size {
+            return Err(check_cmp(
+                "attn_sink_size < sliding_window_size",
+                attn_sink_size,
+                sliding_window_size,
+                "The attn sink size should be less than the sliding window size.",
+            ));
+        }
+        if seq.sliding_window_size != -1 {
+            return Err(check_cmp(
+                "it->second.sliding_window_size == -1",
+                seq.sliding_window_size,
+                -1,
+                "A sequence cannot be enabled twice for sliding window.",
+            ));
+        }
+        let prefix_length = seq.seq_length - self.blocks[seq.last_block].seq_length;
+        if let Some(seq) = self.seqs.get_mut(&seq_id) {
+            seq.last_block_attn_sink_size = (attn_sink_size - prefix_length).max(0);
+            seq.sliding_window_size = sliding_window_size;
+        }
+        Ok(())
+    }
+
+    /// TVM's `SlideWindowForSequence`: past its window, a sliding sequence drops the positions
+    /// after its sinks that fell out, freeing the pages they filled.
+    fn slide_window(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
+        let seq = self.seqs[&seq_id].clone();
+        if seq.sliding_window_size == -1 || !self.support_sliding_window || seq.seq_length <= seq.sliding_window_size {
+            return Ok(());
+        }
+        let ps = self.page_size;
+        let length_to_slide = seq.seq_length - seq.sliding_window_size;
+        let block = &mut self.blocks[seq.last_block];
+        if seq.last_block_attn_sink_size > 0 && block.sink_length == 0 {
+            // The first slide: the sinks are pinned where they are.
+            block.sink_length = seq.last_block_attn_sink_size;
+            block.sliding_window_offset = seq.last_block_attn_sink_size;
+        }
+        let num_sink_pages = ((block.sink_length + ps - 1) / ps) as usize;
+        let mut page_after = ((block.sliding_window_offset + length_to_slide) / ps) as usize;
+        let start_after = (block.sliding_window_offset + length_to_slide) % ps;
+        while page_after > num_sink_pages {
+            let p = block.page_ids.remove(num_sink_pages);
+            if p != TEMP_PAGE {
+                self.free_pages.push(p);
+            }
+            page_after -= 1;
+        }
+        if page_after + 1 != num_sink_pages && page_after != num_sink_pages {
+            return Err(check_false(
+                "page_idx_after_sliding == num_sink_pages - 1 || page_idx_after_sliding == num_sink_pages",
+                "",
+            ));
+        }
+        block.seq_length -= length_to_slide;
+        block.sliding_window_offset = page_after as i64 * ps + start_after;
+        let pages_needed = (block.sliding_window_offset + (block.seq_length - block.sink_length) + ps - 1) / ps;
+        if block.seq_length < block.sink_length
+            || block.sliding_window_offset < block.sink_length
+            || pages_needed != block.page_ids.len() as i64
+        {
+            return Err(check_false("block.seq_length >= block.sink_length", "the window slid out of its pages"));
+        }
+        if let Some(s) = self.seqs.get_mut(&seq_id) {
+            s.seq_length = s.sliding_window_size;
+        }
+        Ok(())
+    }
+
+    /// TVM's `ReserveAppendLengthInSeq`: pages for `append_length` more positions in the
+    /// sequence's last block, then the slide of its window (a sliding sequence may borrow
+    /// [`TEMP_PAGE`]s while no page is free, replaced after the slide).
+    pub fn reserve_append(&mut self, seq_id: i64, append_length: i64) -> Result<(), KvCacheError> {
+        let seq = &self.seqs[&seq_id];
+        let (b, sliding) = (seq.last_block, seq.sliding_window_size != -1 && self.support_sliding_window);
+        if append_length <= 0 {
+            return Err(check_cmp("append_length > 0", append_length, 0, "Append with length 0 is not allowed."));
+        }
+        let refs = self.blocks[b].ref_cnt;
+        if refs != 1 {
+            return Err(check_cmp(
+                "block.external_ref_cnt == 1",
+                refs,
+                1,
+                format!("The block is {}-time referenced by other blocks, thus cannot accept new KV values.", refs - 1),
+            ));
+        }
+        let block = &self.blocks[b];
+        let target =
+            (block.seq_length - block.sink_length + block.sliding_window_offset + append_length + self.page_size - 1)
+                / self.page_size;
+        while (self.blocks[b].page_ids.len() as i64) < target {
+            let p = if self.free_pages.is_empty() && sliding { TEMP_PAGE } else { self.free_page()? };
+            self.blocks[b].page_ids.push(p);
+        }
+        self.blocks[b].seq_length += append_length;
+        self.slide_window(seq_id)?;
+        if self.support_sliding_window {
+            for i in 0..self.blocks[b].page_ids.len() {
+                if self.blocks[b].page_ids[i] == TEMP_PAGE {
+                    let p = self.free_page()?;
+                    self.blocks[b].page_ids[i] = p;
+                }
             }
         }
         Ok(())

@@ -41,11 +41,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Implemented: MHA layers, RoPE modes none/normal/inline, any number of sequences with shared
-//! prefixes (block depths and the merge of partial attentions), `fork_sequence` at the end or
-//! inside a page, `popn` into a shared prefix, `debug_get_kv`. Refused with
-//! [`KvCacheError::Unsupported`]: sliding windows, token-tree attention, MLA and linear
-//! attention, KV transfer, RoPE extension factors, FlashInfer kernels. TVM's checks fail with
+//! Implemented: MHA layers, RoPE modes none/normal/inline and RoPE extension factors (Phi-3's
+//! longrope), any number of sequences with shared prefixes (block depths and the merge of
+//! partial attentions), `fork_sequence` at the end or inside a page, `popn` into a shared
+//! prefix, `debug_get_kv`; sliding windows with attention sinks per sequence
+//! (`support_sliding_window` and `attention_kv_cache_enable_sliding_window_for_seq`: Mistral),
+//! with TVM's eviction of the pages that slid out, and per-layer sliding layers (attention kind
+//! 3: Gemma 3). Refused with [`KvCacheError::Unsupported`]: token-tree attention, MLA and
+//! linear attention, KV transfer, FlashInfer kernels. TVM's checks fail with
 //! TVM's messages ([`KvCacheError::Check`]).
 
 mod attention;
@@ -53,10 +56,11 @@ mod aux;
 mod blocks;
 mod config;
 mod error;
+mod reduced;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-pub use config::{CacheConfig, RopeMode};
+pub use config::{AttnKind, CacheConfig, RopeMode};
 pub use error::KvCacheError;
 
 use crate::array::NdArray;
@@ -143,7 +147,9 @@ impl PagedKvCache {
             lse: empty(&[chunk, c.num_qo_heads], DataType::F32, dev)?,
             merged_lse: empty(&[chunk, c.num_qo_heads], DataType::F32, dev)?,
         };
-        let state = Mutex::new(State { table: Table::new(c.page_size, c.num_total_pages), batch: None, aux: None });
+        let layer_window = c.support_layer_sliding_window.then_some(c.layer_sliding_window_size);
+        let table = Table::new(c.page_size, c.num_total_pages, c.support_sliding_window, layer_window);
+        let state = Mutex::new(State { table, batch: None, aux: None });
         Ok(PagedKvCache { config, kernels, pages, temp, state, _tree: tree })
     }
 
@@ -178,6 +184,15 @@ impl PagedKvCache {
     pub fn fork_sequence(&self, parent_id: i64, child_id: i64, fork_pos: i64) -> Result<(), VmError> {
         let mut copy = |src, dst, len| self.copy_single_page(src, dst, len);
         self.lock().table.fork_sequence(parent_id, child_id, fork_pos, &mut copy)
+    }
+
+    /// Gives a sequence a sliding window of `window` positions after its first `sink` ones
+    /// (TVM's `EnableSlidingWindowForSeq`): past the window, the positions between the sinks and
+    /// the window are dropped and their pages freed. A cache created without sliding-window
+    /// support refuses with TVM's error.
+    pub fn enable_sliding_window(&self, seq_id: i64, window: i64, sink: i64) -> Result<(), VmError> {
+        let supported = self.config.support_sliding_window || self.config.support_layer_sliding_window;
+        Ok(self.lock().table.enable_sliding_window(seq_id, window, sink, supported)?)
     }
 
     /// Drops the last `n` positions of a sequence.
@@ -240,6 +255,7 @@ impl PagedKvCache {
 /// The KV cache builtins, by TVM's name.
 pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
     ("vm.builtin.paged_attention_kv_cache_create", create),
+    ("vm.builtin.paged_attention_kv_cache_create_reduced", create_reduced),
     ("vm.builtin.kv_state_clear", |_, n, a, _| {
         cache(n, a)?.clear();
         Ok(Value::Null)
@@ -260,6 +276,10 @@ pub(crate) const TABLE: &[(&str, BuiltinFn)] = &[
         cache(n, a)?.popn(args.int(1)?, args.int(2)?).map(|_| Value::Null)
     }),
     ("vm.builtin.kv_state_begin_forward", begin_forward),
+    ("vm.builtin.attention_kv_cache_enable_sliding_window_for_seq", |_, n, a, _| {
+        let args = Args::new(n, a);
+        cache(n, a)?.enable_sliding_window(args.int(1)?, args.int(2)?, args.int(3)?).map(|_| Value::Null)
+    }),
     ("vm.builtin.kv_state_end_forward", |_, n, a, _| {
         cache(n, a)?.end_forward();
         Ok(Value::Null)
@@ -308,7 +328,23 @@ fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, V
 
 fn create(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let _span = tracing::debug_span!("kv_cache_create").entered();
+    if reduced::is_old_flashinfer_create(args) {
+        return Err(KvCacheError::Unsupported(format!(
+            "TVM 0.17-0.19's paged_attention_kv_cache_create ({} arguments, plain functions), which only \
+             FlashInfer caches called: FlashInfer kernels",
+            args.len()
+        ))
+        .into());
+    }
     let (config, kernels) = config::parse(vm, args)?;
+    let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
+    Ok(Value::Object(ObjectRef::new(cache)))
+}
+
+/// TVM 0.18 and 0.19's create call of a cache of TIR kernels.
+fn create_reduced(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
+    let _span = tracing::debug_span!("kv_cache_create_reduced").entered();
+    let (config, kernels) = reduced::parse(vm, args)?;
     let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
     Ok(Value::Object(ObjectRef::new(cache)))
 }

@@ -4,29 +4,15 @@
 //! where TVM has a check its kind and message are given. TVM's messages are recorded by
 //! `tests/fixtures/vm-checks/make.py` (TVM 0.27 and 0.19) from the same calls made in TVM.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mblob_runtime::exec::relax::{Arg, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmValue};
 use mblob_runtime::exec::Value;
-use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::{Device, LoadedTree, NdArray};
 
-#[path = "support/npyfile.rs"]
-mod npyfile;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-fn load(rel: &str) -> LoadedTree {
-    // SAFETY: a fixture TVM built for these tests.
-    unsafe { load_library(&fixtures().join(rel), &Registry::default(), &LoadOptions::default()) }.unwrap()
-}
-
-fn npy(rel: &str) -> Value {
-    let t = npyfile::tensor(&fixtures().join(rel));
-    Value::Tensor(NdArray::from_bytes(&t.data, &t.shape, t.dtype, Device::cpu(0)).unwrap())
-}
+#[path = "support/vm_fixtures.rs"]
+mod vm_fixtures;
+use vm_fixtures::{fixtures, load, npy};
 
 /// TVM's message as recorded (`kind`, last line), without the repeated kind and without the
 /// `Check failed: cond (a vs. b) : ` / `Check failed: (cond) is false: ` prefix when the check
@@ -145,9 +131,10 @@ fn relax_indices_out_of_range_are_refused_when_the_vm_is_made() {
             }),
         ),
         ("a Goto to itself", Box::new(move |e| e.instructions[first_call] = Instruction::Goto { offset: 0 })),
-        ("a Ret of a register past the file", Box::new(move |e| {
-            e.instructions[first_call] = Instruction::Ret { result: Reg::Index(file) }
-        })),
+        (
+            "a Ret of a register past the file",
+            Box::new(move |e| e.instructions[first_call] = Instruction::Ret { result: Reg::Index(file) }),
+        ),
         ("a register file of 2^40 registers", Box::new(move |e| e.functions[bi].register_file_size = 1 << 40)),
         (
             // Found by the fuzz target `vm_decoded`: the bound on the file overflowed.
@@ -233,7 +220,10 @@ fn relax_program_arguments_reach_tvms_checks() {
     };
     let tuple_in = Value::Tuple(vec![
         npy("relax-vm/relax_vm_args.tuples.4.in0_0.npy"),
-        Value::Tuple(vec![npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"), npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy")]),
+        Value::Tuple(vec![
+            npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"),
+            npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy"),
+        ]),
     ]);
     run(good.clone(), "tuples", std::slice::from_ref(&tuple_in)).unwrap();
     let mut bad = good.clone();
@@ -308,11 +298,16 @@ mod relay {
         let code = |e: &mut RelayVmExecutable, pc: usize, ins: I| e.functions[0].instructions[pc] = ins;
         let cases: Vec<(&str, Mutation)> = vec![
             ("a Ret of a register past the file", Box::new(move |e| code(e, ret, I::Ret { result: file }))),
-            ("a Move into a register past the file", Box::new(move |e| code(e, ret, I::Move { from: 0, dst: file + 9 }))),
+            (
+                "a Move into a register past the file",
+                Box::new(move |e| code(e, ret, I::Move { from: 0, dst: file + 9 })),
+            ),
             (
                 "a LoadConst past the pool",
                 Box::new(move |e| {
-                    let I::LoadConst { const_index, .. } = &mut e.functions[0].instructions[load] else { unreachable!() };
+                    let I::LoadConst { const_index, .. } = &mut e.functions[0].instructions[load] else {
+                        unreachable!()
+                    };
                     *const_index = consts;
                 }),
             ),
@@ -334,7 +329,10 @@ mod relay {
                     *output_size = 99;
                 }),
             ),
-            ("an Invoke past the functions", Box::new(move |e| code(e, ret, I::Invoke { func: 5, args: vec![], dst: 1 }))),
+            (
+                "an Invoke past the functions",
+                Box::new(move |e| code(e, ret, I::Invoke { func: 5, args: vec![], dst: 1 })),
+            ),
             (
                 "an AllocClosure past the functions",
                 Box::new(move |e| code(e, ret, I::AllocClosure { func: 9, free_vars: vec![], dst: 1 })),
@@ -348,7 +346,9 @@ mod relay {
             let mut bad = good.clone();
             mutate(&mut bad);
             match vm(&tree, bad) {
-                Err(RelayVmError::Bytecode { function, detail, .. }) => assert_eq!(function, "main", "{what}: {detail}"),
+                Err(RelayVmError::Bytecode { function, detail, .. }) => {
+                    assert_eq!(function, "main", "{what}: {detail}")
+                }
                 Err(e) => panic!("{what}: another error: {e}"),
                 Ok(_) => panic!("{what}: accepted"),
             }
@@ -375,7 +375,9 @@ mod relay {
         let (kind, message) = check_of(&run(bad, &x).unwrap_err());
         assert_eq!(kind, "InternalError");
         assert!(
-            message.starts_with("storage allocation failure, attempted to allocate 128 at offset 1099511627776 in region that is "),
+            message.starts_with(
+                "storage allocation failure, attempted to allocate 128 at offset 1099511627776 in region that is "
+            ),
             "{message}"
         );
 
@@ -407,7 +409,9 @@ mod relay {
         let good = exec(&tree);
         let x = npy("relay-vm/dyn_reshape.0.in.0.npy");
         let reshape = find(&good, |i| matches!(i, I::ReshapeTensor { .. }));
-        let I::ReshapeTensor { tensor, dst, .. } = good.functions[0].instructions[reshape].clone() else { unreachable!() };
+        let I::ReshapeTensor { tensor, dst, .. } = good.functions[0].instructions[reshape].clone() else {
+            unreachable!()
+        };
         for (case, dim) in [("reshape_larger", 100), ("reshape_smaller", 5)] {
             // The new shape is a one-element int64 tensor `[dim]`, loaded into a free register
             // just before the reshape (the shape function's result is left unused).

@@ -88,9 +88,10 @@ pub(crate) fn view_fits(offset: i64, view: Option<u64>, size: usize) -> bool {
 pub(crate) fn device_index(index: i64, devices: usize) -> Result<usize, VmError> {
     match index {
         -1 => Ok(devices - 1),
-        i => usize::try_from(i).ok().filter(|&i| i < devices).ok_or_else(|| {
-            check("InternalError", "The device index is out of VM physical devices list".to_owned())
-        }),
+        i => usize::try_from(i)
+            .ok()
+            .filter(|&i| i < devices)
+            .ok_or_else(|| check("InternalError", "The device index is out of VM physical devices list".to_owned())),
     }
 }
 
@@ -149,7 +150,8 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
     let (functions, constants) = (exec.functions.len(), exec.constants.len());
     for f in exec.functions.iter().filter(|f| f.kind == FuncKind::Vm) {
         let bad = |pc: i64, detail: String| VmError::Bytecode { function: f.name.clone(), pc, detail };
-        let range = usize::try_from(f.start).ok().zip(usize::try_from(f.end).ok()).filter(|&(s, e)| s < e && e <= count);
+        let range =
+            usize::try_from(f.start).ok().zip(usize::try_from(f.end).ok()).filter(|&(s, e)| s < e && e <= count);
         let Some((start, end)) = range else {
             return Err(bad(f.start, format!("spans instructions {}..{} of {count}", f.start, f.end)));
         };
@@ -170,10 +172,7 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
             || f.register_file_size < f.num_args
             || f.register_file_size > f.num_args + words + 1
         {
-            return Err(bad(
-                f.start,
-                format!("{} arguments and {} registers", f.num_args, f.register_file_size),
-            ));
+            return Err(bad(f.start, format!("{} arguments and {} registers", f.num_args, f.register_file_size)));
         }
         let file = f.register_file_size;
         for pc in start..end {
@@ -192,7 +191,10 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
                 Instruction::Call { dst, func, args } => {
                     reg(dst)?;
                     if *func as usize >= functions {
-                        return Err(bad(at, format!("calls function {func} of {functions} (TVM: func_idx < func_pool_.size())")));
+                        return Err(bad(
+                            at,
+                            format!("calls function {func} of {functions} (TVM: func_idx < func_pool_.size())"),
+                        ));
                     }
                     for a in args {
                         match a {

@@ -161,7 +161,9 @@ impl Op {
                     return None;
                 }
                 let n = usize::try_from(int(&args[2])?).ok()?;
-                if n.checked_mul(2).and_then(|m| m.checked_add(4)) != Some(args.len()) || !matches!(value(&args[3 + 2 * n])?, Value::Str(_) | Value::Null) {
+                if n.checked_mul(2).and_then(|m| m.checked_add(4)) != Some(args.len())
+                    || !matches!(value(&args[3 + 2 * n])?, Value::Str(_) | Value::Null)
+                {
                     return None;
                 }
                 let dims = (0..n)

@@ -207,53 +207,95 @@ fn relax_builtin_checks_give_tvms_messages() {
     }
 }
 
+/// `so` (below `tests/fixtures`) with argument `arg` of the call of `callee` at instruction
+/// `pc` made the immediate `value`: the call's words (opcode, destination, function index,
+/// argument count, arguments) are found in the file (once) and the one word rewritten.
+fn mutant_so(so: &str, exec: &RelaxExecutable, pc: usize, arg: usize, value: i64) -> Vec<u8> {
+    use mblob_runtime::exec::relax::executable::encode_arg;
+    let Instruction::Call { dst, func, args } = &exec.instructions[pc] else { unreachable!() };
+    // Opcode 1, the destination (a register word is its argument word of kind 0), the function.
+    let head = [1, encode_arg(Arg::Reg(*dst)), i64::from(*func), args.len() as i64];
+    let mut pattern: Vec<u8> = head.iter().flat_map(|w| w.to_le_bytes()).collect();
+    pattern.extend(args.iter().flat_map(|a| encode_arg(*a).to_le_bytes()));
+    let mut bytes = std::fs::read(fixtures().join(so)).unwrap();
+    let at: Vec<usize> =
+        bytes.windows(pattern.len()).enumerate().filter(|(_, w)| *w == pattern).map(|(i, _)| i).collect();
+    assert_eq!(at.len(), 1, "{so}: the call's words occur {} times", at.len());
+    let word = at[0] + 32 + 8 * arg;
+    bytes[word..word + 8].copy_from_slice(&encode_arg(Arg::Imm(value)).to_le_bytes());
+    bytes
+}
+
+/// A FNV-1a hash of `bytes`, which ties a recorded TVM result to the mutant it was made from.
+fn fnv(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{h:016x}")
+}
+
 /// Arguments the program holds, changed in a TVM-built executable, reach the builtin's check
 /// when the function runs: a tuple index, a `match_shape` count that overflows (before: an
-/// arithmetic overflow when the VM was made), an `alloc_storage` device index.
+/// arithmetic overflow when the VM was made), an `alloc_storage` device index. The same changes
+/// written into the library file (`MBLOB_WRITE_MUTANTS=DIR` writes them, `make.py DIR` runs
+/// them in TVM 0.27) give TVM's own error, recorded under `exec:NAME` with the file's hash.
 #[test]
 fn relax_program_arguments_reach_tvms_checks() {
-    let tree = load("relax-vm/relax_vm_args.so");
+    const SO: &str = "relax-vm/relax_vm_args.so";
+    let tree = load(SO);
     let good = relax_exec(&tree);
-    let run = |exec: RelaxExecutable, function: &str, inputs: &[Value]| {
-        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0))?;
-        vm.call_values(function, inputs)
-    };
-    let tuple_in = Value::Tuple(vec![
-        npy("relax-vm/relax_vm_args.tuples.4.in0_0.npy"),
+    let tuple_pc = call_at(&good, "tuples", "vm.builtin.tuple_getitem", |a| a[1] == Arg::Imm(1));
+    let match_pc = call_at(&good, "dataflow", "vm.builtin.match_shape", |_| true);
+    let storage_pc = call_at(&good, "one_tuple", "vm.builtin.alloc_storage", |_| true);
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("vm-checks/tvm-0.27.json")).unwrap()).unwrap();
+    let tuple_in = || {
         Value::Tuple(vec![
-            npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"),
-            npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy"),
-        ]),
-    ]);
-    run(good.clone(), "tuples", std::slice::from_ref(&tuple_in)).unwrap();
-    let mut bad = good.clone();
-    let pc = call_at(&bad, "tuples", "vm.builtin.tuple_getitem", |a| a[1] == Arg::Imm(1));
-    set_arg(&mut bad, pc, 1, Arg::Imm(5));
-    let e = run(bad, "tuples", std::slice::from_ref(&tuple_in)).unwrap_err();
-    assert_eq!(check_of(&e), ("IndexError".to_owned(), "Index 5 out of bounds 2".to_owned()));
-
-    let flow_in = npy("relax-vm/relax_vm_args.dataflow.7.in0.npy");
-    run(good.clone(), "dataflow", std::slice::from_ref(&flow_in)).unwrap();
-    let mut bad = good.clone();
-    let pc = call_at(&bad, "dataflow", "vm.builtin.match_shape", |_| true);
-    set_arg(&mut bad, pc, 2, Arg::Imm(1 << 54));
-    let e = run(bad, "dataflow", std::slice::from_ref(&flow_in)).unwrap_err();
-    let (kind, message) = check_of(&e);
-    assert_eq!(kind, "InternalError");
-    assert!(message.starts_with("Check failed: kBeginCode + size * 2 <= args.size()"), "{message}");
-
-    for device in [7, -2] {
-        let mut bad = good.clone();
-        let pc = call_at(&bad, "dataflow", "vm.builtin.alloc_storage", |_| true);
-        set_arg(&mut bad, pc, 2, Arg::Imm(device));
-        let e = run(bad, "dataflow", std::slice::from_ref(&flow_in)).unwrap_err();
-        // TVM: `TVM_FFI_ICHECK_LT(device_index, vm->devices.size()) << "The device index is out
-        // of VM physical devices list"` (src/runtime/vm/builtin.cc).
-        assert_eq!(
-            check_of(&e),
-            ("InternalError".to_owned(), "The device index is out of VM physical devices list".to_owned())
-        );
+            npy("relax-vm/relax_vm_args.tuples.4.in0_0.npy"),
+            Value::Tuple(vec![
+                npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"),
+                npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy"),
+            ]),
+        ])
+    };
+    let flow_in = || npy("relax-vm/relax_vm_args.dataflow.7.in0.npy");
+    let one_in = || npy("relax-vm/relax_vm_args.one_tuple.5.in0.npy");
+    let cases: Vec<(&str, &str, usize, usize, i64, Value)> = vec![
+        ("tuple_index_5", "tuples", tuple_pc, 1, 5, tuple_in()),
+        ("match_shape_count_2e54", "dataflow", match_pc, 2, 1 << 54, flow_in()),
+        ("alloc_storage_device_7", "one_tuple", storage_pc, 2, 7, one_in()),
+        ("alloc_storage_device_minus_1", "one_tuple", storage_pc, 2, -1, one_in()),
+        ("alloc_storage_device_minus_2", "one_tuple", storage_pc, 2, -2, one_in()),
+    ];
+    for (name, function, pc, arg, value, input) in cases {
+        let mut exec = good.clone();
+        set_arg(&mut exec, pc, arg, Arg::Imm(value));
+        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0)).unwrap();
+        let decoded = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        let so = mutant_so(SO, &good, pc, arg, value);
+        if let Some(dir) = std::env::var_os("MBLOB_WRITE_MUTANTS") {
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.{function}.so")), &so).unwrap();
+            continue;
+        }
+        // The same change in the file, read by mblob's reader, runs into the same check.
+        let mut vm = VirtualMachine::new(&load_bytes(&so), Device::cpu(0)).unwrap();
+        let read = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        assert_eq!(decoded, read, "{name}");
+        let key = format!("exec:{name}");
+        assert_eq!(recorded[&key]["fnv"].as_str(), Some(fnv(&so).as_str()), "{name}: TVM ran another file");
+        assert_eq!(read, tvm("0.27", &key).expect("TVM refuses it"), "{name}");
     }
+}
+
+fn load_bytes(so: &[u8]) -> LoadedTree {
+    // SAFETY: a fixture TVM built, with one word of its bytecode changed (data the VM checks).
+    unsafe {
+        mblob_runtime::load_library_bytes(
+            so,
+            "mutant",
+            &mblob_runtime::Registry::default(),
+            &mblob_runtime::LoadOptions::default(),
+        )
+    }
+    .unwrap()
 }
 
 #[cfg(feature = "relay-vm")]

@@ -82,17 +82,15 @@ pub(crate) fn view_fits(offset: i64, view: Option<u64>, size: usize) -> bool {
     u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).is_some_and(|e| e <= size as u64)
 }
 
-/// `vm.builtin.alloc_storage` on device `index` of a VM with `devices` devices (`-1` is the
-/// host, the last): TVM's check `device_index < vm->devices.size()` and its message (TVM
-/// indexes its allocators with anything below -1: refused here the same way).
+/// `vm.builtin.alloc_storage` on device `index` of a VM with `devices` devices: TVM's check
+/// `device_index < vm->devices.size()` and its message. TVM compares as unsigned, so that it
+/// refuses every negative index, `-1` too (its code after the check would take `-1` for the
+/// host, but no index gets there: TVM 0.27 and 0.19 refuse it, `tests/fixtures/vm-checks`).
 pub(crate) fn device_index(index: i64, devices: usize) -> Result<usize, VmError> {
-    match index {
-        -1 => Ok(devices - 1),
-        i => usize::try_from(i)
-            .ok()
-            .filter(|&i| i < devices)
-            .ok_or_else(|| check("InternalError", "The device index is out of VM physical devices list".to_owned())),
-    }
+    usize::try_from(index)
+        .ok()
+        .filter(|&i| i < devices)
+        .ok_or_else(|| check("InternalError", "The device index is out of VM physical devices list".to_owned()))
 }
 
 /// The argument position `first + 2 * count` (`match_shape`'s and `make_shape`'s code/value

@@ -115,10 +115,8 @@ impl Op {
                 .map(|regs| Op::Kernel { kernel: kernel.clone(), regs }),
             Some(Callee::Builtin("vm.builtin.alloc_storage", _)) if (4..=5).contains(&args.len()) => (|| {
                 let Some(Value::Shape(shape)) = value(&args[1]) else { return None };
-                let device = match int(&args[2])? {
-                    -1 => devices - 1,
-                    i => usize::try_from(i).ok().filter(|&i| i < devices)?,
-                };
+                // An index TVM refuses (`checks::device_index`) runs the general call, which refuses it.
+                let device = usize::try_from(int(&args[2])?).ok().filter(|&i| i < devices)?;
                 let Some(Value::DType(dtype)) = value(&args[3]) else { return None };
                 if !global(args.get(4)) || shape.iter().any(|&d| d < 0) {
                     return None;

@@ -298,6 +298,58 @@ fn load_bytes(so: &[u8]) -> LoadedTree {
     .unwrap()
 }
 
+/// `vm.builtin.ensure_zero_offset` of a tensor `alloc_tensor` placed at a byte offset gives
+/// kernels a tensor at offset 0, as TVM's does (the offset moved into the pointer when it is a
+/// multiple of 64, else a copy): `user_mlp` (TVM 0.27) with its first `alloc_tensor` at offset
+/// 64 or 4 fails in the kernel (`byte_offset ... expected 0`, TVM's refusal), and with an
+/// `ensure_zero_offset` of that tensor added after the allocation no longer does.
+#[test]
+fn ensure_zero_offset_gives_kernels_offset_zero() {
+    use mblob_runtime::exec::relax::{FuncInfo, FuncKind};
+    let tree = load("user-0.27/user_mlp.so");
+    let good = relax_exec(&tree);
+    let inputs: Vec<Value> = (0..6).map(|i| npy(&format!("user-0.27/user_mlp.forward.0.in{i}.npy"))).collect();
+    let alloc = func_index(&good, "vm.builtin.alloc_tensor");
+    let pc = (0..good.instructions.len())
+        .find(|&pc| matches!(&good.instructions[pc], Instruction::Call { func, args, .. } if *func == alloc && args[1] == Arg::Imm(0)))
+        .unwrap();
+    let Instruction::Call { dst, .. } = good.instructions[pc].clone() else { unreachable!() };
+    let run = |e: RelaxExecutable| {
+        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)).unwrap();
+        vm.call_values("forward", &inputs).map(|_| ()).map_err(|e| e.to_string())
+    };
+    for offset in [64, 4] {
+        let mut at_offset = good.clone();
+        set_arg(&mut at_offset, pc, 1, Arg::Imm(offset));
+        let refused = run(at_offset.clone()).unwrap_err();
+        assert!(refused.contains(".byte_offset on argument #") && refused.contains("expected 0"), "{refused}");
+        // The same with `dst = ensure_zero_offset(dst)` right after the allocation: a new entry
+        // of the function table, one instruction more (later instructions move by one).
+        let mut fixed = at_offset;
+        let zero = fixed.functions.len() as u32;
+        fixed.functions.push(FuncInfo {
+            kind: FuncKind::Packed,
+            name: "vm.builtin.ensure_zero_offset".into(),
+            start: -1,
+            end: -1,
+            num_args: -2,
+            register_file_size: -1,
+            param_names: Vec::new(),
+        });
+        fixed.instructions.insert(pc + 1, Instruction::Call { dst, func: zero, args: vec![Arg::Reg(dst)] });
+        for f in fixed.functions.iter_mut().filter(|f| f.kind == FuncKind::Vm) {
+            if f.start > pc as i64 {
+                f.start += 1;
+            }
+            if f.end > pc as i64 {
+                f.end += 1;
+            }
+        }
+        let got = run(fixed);
+        assert!(got.as_ref().is_ok() || !got.as_ref().unwrap_err().contains("byte_offset"), "offset {offset}: {got:?}");
+    }
+}
+
 #[cfg(feature = "relay-vm")]
 mod relay {
     use super::*;

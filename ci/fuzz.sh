@@ -64,6 +64,11 @@ seed() { # target
     container_pe) mapfile -t f < <(find "$G/../containers" -name '*.dll' -o -name '*.obj' | sort); add "$1" "" "${f[@]}" ;;
     container_wasm) mapfile -t f < <(find "$G/../containers" -name '*.wasm' -o -name 'tvm27-wasm.devc.o' | sort); add "$1" "" "${f[@]}" ;;
     container_archive) mapfile -t f < <(find "$G/../containers" -name '*.a' | sort); add "$1" "" "${f[@]}" ;;
+    vm_run|vm_decoded)
+      # Byte 0 picks the model (even: Relax, odd: Relay VM); the rest picks the changes, so a
+      # few short inputs of each start the search.
+      mkdir -p "corpus/$1"
+      for b in 000 001 002 003; do printf "\\$b\\001\\377\\020\\002\\000\\000\\000\\007" > "corpus/$1/seed-$b"; done ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }

@@ -33,3 +33,19 @@ fn shared_library_exports_no_tvm_names() {
         exported.iter().filter(|n| n.starts_with("TVM") || n.starts_with("tvm_") || n.starts_with("__tvm")).collect();
     assert!(tvm.is_empty(), "{} exports TVM's names: {tvm:?}", so.display());
 }
+
+/// Without the feature, `mblob_library_load_system` is there (so a program compiles against
+/// either library) and says what it lacks, with no handle written.
+#[cfg(not(feature = "system-lib"))]
+#[test]
+fn load_system_without_the_feature_is_unsupported() {
+    use mblob_capi::{mblob_last_error, mblob_library_load_system, mblob_status};
+    let mut lib = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated prefix and a writable out-pointer.
+    let status = unsafe { mblob_library_load_system(c"tinyllm_".as_ptr(), &mut lib) };
+    assert_eq!(status, mblob_status::MBLOB_ERR_UNSUPPORTED);
+    assert!(lib.is_null());
+    // SAFETY: never NULL; valid until the next call on this thread.
+    let message = unsafe { std::ffi::CStr::from_ptr(mblob_last_error()) }.to_string_lossy().into_owned();
+    assert!(message.contains("system://tinyllm_") && message.contains("libmblob.a"), "{message}");
+}

@@ -12,6 +12,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "support/common.rs"]
+mod common;
+use common::npy;
+
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
 }
@@ -69,16 +73,6 @@ fn needed(exe: &Path) -> Vec<String> {
         .collect()
 }
 
-/// (descr, shape, data bytes) of a .npy file.
-fn npy(path: &Path) -> (String, Vec<u64>, Vec<u8>) {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let file = npyz::NpyFile::new(&bytes[..]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let dtype = file.dtype();
-    let shape = file.shape().to_vec();
-    let n = shape.iter().product::<u64>() as usize * dtype.num_bytes().unwrap();
-    (dtype.descr(), shape, bytes[bytes.len() - n..].to_vec())
-}
-
 fn facts(model: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(fixtures().join(format!("{model}.json"))).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -107,8 +101,8 @@ fn run_model_runs_linked_models_with_tvm_outputs_and_no_dlopen() {
         assert!(run.status.success(), "run_model {model}:\n{}", String::from_utf8_lossy(&run.stderr));
         let want = npy(&fixtures().join(format!("{model}.out0.npy")));
         let got = npy(&out_dir.join("out.0.npy"));
-        assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{model}: dtype and shape");
-        assert!(got.2 == want.2, "{model}: output bytes differ from TVM's");
+        assert_eq!((got.code, got.bits, &got.shape), (want.code, want.bits, &want.shape), "{model}: dtype and shape");
+        assert!(got.data == want.data, "{model}: output bytes differ from TVM's");
         assert!(!out_dir.join("out.1.npy").exists(), "{model}: more outputs than TVM's");
     }
     // A prefix no model registered: a typed error (status 4, MBLOB_ERR_LOAD), not a crash.
@@ -176,8 +170,8 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
     assert_eq!(line("relaxmodel27_ "), "relaxmodel27_ functions main");
     assert_eq!(line("embed "), format!("embed {}", tokens.len()));
     let want = npy(&fixtures().join("tinyllm.embed.npy"));
-    assert_eq!(want.1, [tokens.len() as u64, table["shape"][1].as_u64().unwrap()], "TVM's embed shape");
-    assert!(std::fs::read(&embed_out).unwrap() == want.2, "the LLM's embedding kernel differs from TVM's embed");
+    assert_eq!(want.shape, [tokens.len() as i64, table["shape"][1].as_i64().unwrap()], "TVM's embed shape");
+    assert!(std::fs::read(&embed_out).unwrap() == want.data, "the LLM's embedding kernel differs from TVM's embed");
     assert!(line("graph19_ ").starts_with("graph19_ kind "), "{stdout}");
     let missing = line("missing ");
     assert!(missing.starts_with("missing 4 no system library with prefix `nosuchmodel_`"), "{missing}");

@@ -7,33 +7,22 @@
 //! executable and the function run on the fixture's small inputs: a result or a typed error,
 //! never a crash. (`vm_run` changes the program's bytes instead, which the reader checks first.)
 #![no_main]
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
+use mblob_fuzz::{fixtures, npy_f32};
 use mblob_runtime::exec::relax::{RelaxExecutable, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm;
 use mblob_runtime::exec::{Device, Value};
-use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::relay_vm::RelayVmExecutable;
-use mblob_runtime::{load_library, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::{load_library, LoadOptions, LoadedTree, Registry};
 
 #[path = "../../runtime/tests/support/mutate_vm.rs"]
 mod mutate_vm;
 
-fn fixtures() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
-
-/// A float32 `.npy` file (the fixtures' inputs) as a tensor.
-fn npy_f32(path: &Path) -> Value {
-    let b = std::fs::read(path).unwrap();
-    let len = u16::from_le_bytes([b[8], b[9]]) as usize;
-    let header = std::str::from_utf8(&b[10..10 + len]).unwrap();
-    assert!(header.contains("'<f4'"), "{}: not float32", path.display());
-    let dims = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape: Vec<i64> = dims.split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    Value::Tensor(NdArray::from_bytes(&b[10 + len..], &shape, DataType::F32, Device::cpu(0)).unwrap())
+/// A float32 `.npy` file of the fixtures as an input.
+fn npy(rel: &str) -> Value {
+    Value::Tensor(npy_f32(&fixtures().join(rel)))
 }
 
 fn load(rel: &str) -> LoadedTree {
@@ -55,11 +44,11 @@ fn fixtures_set() -> &'static Fixtures {
         let tree = load("user-0.27/user_mlp.so");
         let exec = tree.find::<RelaxExecutable>().unwrap().clone();
         let inputs =
-            (0..6).map(|i| npy_f32(&fixtures().join(format!("user-0.27/user_mlp.forward.0.in{i}.npy")))).collect();
+            (0..6).map(|i| npy(&format!("user-0.27/user_mlp.forward.0.in{i}.npy"))).collect();
         let relax = (tree, exec, inputs);
         let tree = load("relay-vm/mlp.so");
         let exec = tree.find::<RelayVmExecutable>().unwrap().clone();
-        let relay = (tree, exec, vec![npy_f32(&fixtures().join("relay-vm/mlp.0.in.0.npy"))]);
+        let relay = (tree, exec, vec![npy("relay-vm/mlp.0.in.0.npy")]);
         Fixtures { relax, relay }
     })
 }

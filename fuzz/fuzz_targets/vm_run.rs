@@ -9,14 +9,13 @@
 //! Relay VM executable's payload) gets the small `value` as its value bits (mode even: the
 //! argument kind in the top 8 bits kept) or added to it (mode odd).
 #![no_main]
-use std::path::Path;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
+use mblob_fuzz::{fixtures, npy_f32};
 use mblob_runtime::exec::relax::RelaxExecutable;
 use mblob_runtime::exec::{Device, Model, Value};
 use mblob_runtime::NdArray;
-use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::relay_vm::RelayVmExecutable;
 use mblob_runtime::{load_library_bytes, LoadOptions, Payload, Registry};
 
@@ -27,21 +26,6 @@ struct Fixture {
     words: usize,
     function: &'static str,
     inputs: Vec<NdArray>,
-}
-
-fn fixtures() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
-
-/// A float32 `.npy` file (the fixtures' inputs) as a tensor.
-fn npy_f32(path: &Path) -> NdArray {
-    let b = std::fs::read(path).unwrap();
-    let len = u16::from_le_bytes([b[8], b[9]]) as usize;
-    let header = std::str::from_utf8(&b[10..10 + len]).unwrap();
-    assert!(header.contains("'<f4'"), "{}: not float32", path.display());
-    let dims = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
-    let shape: Vec<i64> = dims.split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    NdArray::from_bytes(&b[10 + len..], &shape, DataType::F32, Device::cpu(0)).unwrap()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> usize {

@@ -180,3 +180,20 @@ pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerForm
         }
     });
 }
+
+/// The repository's test fixtures (`tests/fixtures`), which the VM targets run.
+pub fn fixtures() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
+}
+
+/// A float32 `.npy` file (the fixtures' inputs) as a tensor on the CPU.
+pub fn npy_f32(path: &std::path::Path) -> mblob_runtime::NdArray {
+    use mblob_runtime::format::stream::DataType;
+    let b = std::fs::read(path).unwrap();
+    let len = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let header = std::str::from_utf8(&b[10..10 + len]).unwrap();
+    assert!(header.contains("'<f4'"), "{}: not float32", path.display());
+    let dims = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
+    let shape: Vec<i64> = dims.split(',').filter_map(|d| d.trim().parse().ok()).collect();
+    mblob_runtime::NdArray::from_bytes(&b[10 + len..], &shape, DataType::F32, mblob_runtime::Device::cpu(0)).unwrap()
+}

@@ -138,17 +138,7 @@ pub fn load_system_lib(prefix: &str, registry: &Registry, options: &LoadOptions)
     crate::ffi::context::install(image.context(), |name| image.address(name));
     let path = std::path::PathBuf::from(format!("system://{prefix}"));
     let library_module = Arc::new(LibraryModule::new(image, path.clone(), abi, None));
-    let Some((symbol, layout, blob)) = found else {
-        tracing::debug!("no blob registered: a single library module");
-        return Ok(LoadedTree {
-            modules: vec![LoadedModule { module: library_module, imports: vec![] }],
-            origin: Origin::default(),
-        });
-    };
-    tracing::debug!(%symbol, layout = layout.name(), size = blob.len(), "blob found in the registry");
-    let tree = load_with_library(&blob, layout, registry, options, library_module, &path, Some(symbol))?;
-    crate::ffi::library::link_imports(&tree);
-    Ok(tree)
+    tree_of_image(library_module, found, registry, options, &path)
 }
 
 /// [`load_library`] of `path`; `memfd` is the memory file `path` opens, kept with the image.
@@ -188,6 +178,18 @@ unsafe fn load_opened(
     }
     let found = library::image_blob(&image, path, &names)?;
     let library_module = Arc::new(LibraryModule::new(image, path.to_owned(), pre.abi, pre.main_entry));
+    tree_of_image(library_module, found, registry, options, path)
+}
+
+/// The tree of a library module whose image holds `found` (its blob; without one, the library
+/// module alone, as TVM loads it), with each library's imports recorded for its code.
+fn tree_of_image(
+    library_module: Arc<LibraryModule>,
+    found: Option<crate::ffi::library::FoundBlob>,
+    registry: &Registry,
+    options: &LoadOptions,
+    path: &Path,
+) -> Result<LoadedTree> {
     let Some((symbol, layout, blob)) = found else {
         tracing::debug!("no blob symbol: a single library module");
         return Ok(LoadedTree {

@@ -745,7 +745,8 @@ fn devices_without_code_are_refused() {
 }
 
 /// `vm.builtin.alloc_storage`'s device index is an index into TVM's device list: `0` the VM's
-/// device, `-1` the host (the last), anything else TVM's error.
+/// device, anything else TVM's error (`-1` too: TVM's check compares as unsigned, see
+/// `tests/fixtures/vm-checks/tvm-0.27.json`, `exec:alloc_storage_device_minus_1`).
 #[test]
 fn alloc_storage_device_indices() {
     let (version, layout, _) = VERSIONS[2];
@@ -755,11 +756,9 @@ fn alloc_storage_device_indices() {
     let x = npy(&dir.join("relax_add_mul.in.x.npy"));
     let y = npy(&dir.join("relax_add_mul.in.y.npy"));
     let want: Vec<f32> = npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap().iter().map(|v| v / 2.0).collect();
-    for index in [0, -1] {
-        let out = program(index).invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{index}: {e}"));
-        assert_eq!(out[0].to_f32().unwrap(), want, "device index {index}");
-    }
-    for index in [1, -2, 7] {
+    let out = program(0).invoke("main", &[x.clone(), y.clone()]).unwrap();
+    assert_eq!(out[0].to_f32().unwrap(), want, "device index 0");
+    for index in [-1, 1, -2, 7] {
         let err = program(index).invoke("main", &[x.clone(), y.clone()]).unwrap_err();
         // TVM's check and message (`src/runtime/vm/builtin.cc`, `VMAllocStorage`).
         assert!(

@@ -4,29 +4,15 @@
 //! where TVM has a check its kind and message are given. TVM's messages are recorded by
 //! `tests/fixtures/vm-checks/make.py` (TVM 0.27 and 0.19) from the same calls made in TVM.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mblob_runtime::exec::relax::{Arg, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmValue};
 use mblob_runtime::exec::Value;
-use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::{Device, LoadedTree, NdArray};
 
-#[path = "support/npyfile.rs"]
-mod npyfile;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-fn load(rel: &str) -> LoadedTree {
-    // SAFETY: a fixture TVM built for these tests.
-    unsafe { load_library(&fixtures().join(rel), &Registry::default(), &LoadOptions::default()) }.unwrap()
-}
-
-fn npy(rel: &str) -> Value {
-    let t = npyfile::tensor(&fixtures().join(rel));
-    Value::Tensor(NdArray::from_bytes(&t.data, &t.shape, t.dtype, Device::cpu(0)).unwrap())
-}
+#[path = "support/vm_fixtures.rs"]
+mod vm_fixtures;
+use vm_fixtures::{fixtures, load, npy};
 
 /// TVM's message as recorded (`kind`, last line), without the repeated kind and without the
 /// `Check failed: cond (a vs. b) : ` / `Check failed: (cond) is false: ` prefix when the check
@@ -145,9 +131,10 @@ fn relax_indices_out_of_range_are_refused_when_the_vm_is_made() {
             }),
         ),
         ("a Goto to itself", Box::new(move |e| e.instructions[first_call] = Instruction::Goto { offset: 0 })),
-        ("a Ret of a register past the file", Box::new(move |e| {
-            e.instructions[first_call] = Instruction::Ret { result: Reg::Index(file) }
-        })),
+        (
+            "a Ret of a register past the file",
+            Box::new(move |e| e.instructions[first_call] = Instruction::Ret { result: Reg::Index(file) }),
+        ),
         ("a register file of 2^40 registers", Box::new(move |e| e.functions[bi].register_file_size = 1 << 40)),
         (
             // Found by the fuzz target `vm_decoded`: the bound on the file overflowed.
@@ -220,49 +207,146 @@ fn relax_builtin_checks_give_tvms_messages() {
     }
 }
 
+/// `so` (below `tests/fixtures`) with argument `arg` of the call of `callee` at instruction
+/// `pc` made the immediate `value`: the call's words (opcode, destination, function index,
+/// argument count, arguments) are found in the file (once) and the one word rewritten.
+fn mutant_so(so: &str, exec: &RelaxExecutable, pc: usize, arg: usize, value: i64) -> Vec<u8> {
+    use mblob_runtime::exec::relax::executable::encode_arg;
+    let Instruction::Call { dst, func, args } = &exec.instructions[pc] else { unreachable!() };
+    // Opcode 1, the destination (a register word is its argument word of kind 0), the function.
+    let head = [1, encode_arg(Arg::Reg(*dst)), i64::from(*func), args.len() as i64];
+    let mut pattern: Vec<u8> = head.iter().flat_map(|w| w.to_le_bytes()).collect();
+    pattern.extend(args.iter().flat_map(|a| encode_arg(*a).to_le_bytes()));
+    let mut bytes = std::fs::read(fixtures().join(so)).unwrap();
+    let at: Vec<usize> =
+        bytes.windows(pattern.len()).enumerate().filter(|(_, w)| *w == pattern).map(|(i, _)| i).collect();
+    assert_eq!(at.len(), 1, "{so}: the call's words occur {} times", at.len());
+    let word = at[0] + 32 + 8 * arg;
+    bytes[word..word + 8].copy_from_slice(&encode_arg(Arg::Imm(value)).to_le_bytes());
+    bytes
+}
+
+/// A FNV-1a hash of `bytes`, which ties a recorded TVM result to the mutant it was made from.
+fn fnv(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{h:016x}")
+}
+
 /// Arguments the program holds, changed in a TVM-built executable, reach the builtin's check
 /// when the function runs: a tuple index, a `match_shape` count that overflows (before: an
-/// arithmetic overflow when the VM was made), an `alloc_storage` device index.
+/// arithmetic overflow when the VM was made), an `alloc_storage` device index. The same changes
+/// written into the library file (`MBLOB_WRITE_MUTANTS=DIR` writes them, `make.py DIR` runs
+/// them in TVM 0.27) give TVM's own error, recorded under `exec:NAME` with the file's hash.
 #[test]
 fn relax_program_arguments_reach_tvms_checks() {
-    let tree = load("relax-vm/relax_vm_args.so");
+    const SO: &str = "relax-vm/relax_vm_args.so";
+    let tree = load(SO);
     let good = relax_exec(&tree);
-    let run = |exec: RelaxExecutable, function: &str, inputs: &[Value]| {
-        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0))?;
-        vm.call_values(function, inputs)
+    let tuple_pc = call_at(&good, "tuples", "vm.builtin.tuple_getitem", |a| a[1] == Arg::Imm(1));
+    let match_pc = call_at(&good, "dataflow", "vm.builtin.match_shape", |_| true);
+    let storage_pc = call_at(&good, "one_tuple", "vm.builtin.alloc_storage", |_| true);
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("vm-checks/tvm-0.27.json")).unwrap()).unwrap();
+    let tuple_in = || {
+        Value::Tuple(vec![
+            npy("relax-vm/relax_vm_args.tuples.4.in0_0.npy"),
+            Value::Tuple(vec![
+                npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"),
+                npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy"),
+            ]),
+        ])
     };
-    let tuple_in = Value::Tuple(vec![
-        npy("relax-vm/relax_vm_args.tuples.4.in0_0.npy"),
-        Value::Tuple(vec![npy("relax-vm/relax_vm_args.tuples.4.in0_1_0.npy"), npy("relax-vm/relax_vm_args.tuples.4.in0_1_1.npy")]),
-    ]);
-    run(good.clone(), "tuples", std::slice::from_ref(&tuple_in)).unwrap();
-    let mut bad = good.clone();
-    let pc = call_at(&bad, "tuples", "vm.builtin.tuple_getitem", |a| a[1] == Arg::Imm(1));
-    set_arg(&mut bad, pc, 1, Arg::Imm(5));
-    let e = run(bad, "tuples", std::slice::from_ref(&tuple_in)).unwrap_err();
-    assert_eq!(check_of(&e), ("IndexError".to_owned(), "Index 5 out of bounds 2".to_owned()));
+    let flow_in = || npy("relax-vm/relax_vm_args.dataflow.7.in0.npy");
+    let one_in = || npy("relax-vm/relax_vm_args.one_tuple.5.in0.npy");
+    let cases: Vec<(&str, &str, usize, usize, i64, Value)> = vec![
+        ("tuple_index_5", "tuples", tuple_pc, 1, 5, tuple_in()),
+        ("match_shape_count_2e54", "dataflow", match_pc, 2, 1 << 54, flow_in()),
+        ("alloc_storage_device_7", "one_tuple", storage_pc, 2, 7, one_in()),
+        ("alloc_storage_device_minus_1", "one_tuple", storage_pc, 2, -1, one_in()),
+        ("alloc_storage_device_minus_2", "one_tuple", storage_pc, 2, -2, one_in()),
+    ];
+    for (name, function, pc, arg, value, input) in cases {
+        let mut exec = good.clone();
+        set_arg(&mut exec, pc, arg, Arg::Imm(value));
+        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0)).unwrap();
+        let decoded = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        let so = mutant_so(SO, &good, pc, arg, value);
+        if let Some(dir) = std::env::var_os("MBLOB_WRITE_MUTANTS") {
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.{function}.so")), &so).unwrap();
+            continue;
+        }
+        // The same change in the file, read by mblob's reader, runs into the same check.
+        let mut vm = VirtualMachine::new(&load_bytes(&so), Device::cpu(0)).unwrap();
+        let read = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        assert_eq!(decoded, read, "{name}");
+        let key = format!("exec:{name}");
+        assert_eq!(recorded[&key]["fnv"].as_str(), Some(fnv(&so).as_str()), "{name}: TVM ran another file");
+        assert_eq!(read, tvm("0.27", &key).expect("TVM refuses it"), "{name}");
+    }
+}
 
-    let flow_in = npy("relax-vm/relax_vm_args.dataflow.7.in0.npy");
-    run(good.clone(), "dataflow", std::slice::from_ref(&flow_in)).unwrap();
-    let mut bad = good.clone();
-    let pc = call_at(&bad, "dataflow", "vm.builtin.match_shape", |_| true);
-    set_arg(&mut bad, pc, 2, Arg::Imm(1 << 54));
-    let e = run(bad, "dataflow", std::slice::from_ref(&flow_in)).unwrap_err();
-    let (kind, message) = check_of(&e);
-    assert_eq!(kind, "InternalError");
-    assert!(message.starts_with("Check failed: kBeginCode + size * 2 <= args.size()"), "{message}");
+fn load_bytes(so: &[u8]) -> LoadedTree {
+    // SAFETY: a fixture TVM built, with one word of its bytecode changed (data the VM checks).
+    unsafe {
+        mblob_runtime::load_library_bytes(
+            so,
+            "mutant",
+            &mblob_runtime::Registry::default(),
+            &mblob_runtime::LoadOptions::default(),
+        )
+    }
+    .unwrap()
+}
 
-    for device in [7, -2] {
-        let mut bad = good.clone();
-        let pc = call_at(&bad, "dataflow", "vm.builtin.alloc_storage", |_| true);
-        set_arg(&mut bad, pc, 2, Arg::Imm(device));
-        let e = run(bad, "dataflow", std::slice::from_ref(&flow_in)).unwrap_err();
-        // TVM: `TVM_FFI_ICHECK_LT(device_index, vm->devices.size()) << "The device index is out
-        // of VM physical devices list"` (src/runtime/vm/builtin.cc).
-        assert_eq!(
-            check_of(&e),
-            ("InternalError".to_owned(), "The device index is out of VM physical devices list".to_owned())
-        );
+/// `vm.builtin.ensure_zero_offset` of a tensor `alloc_tensor` placed at a byte offset gives
+/// kernels a tensor at offset 0, as TVM's does (the offset moved into the pointer when it is a
+/// multiple of 64, else a copy): `user_mlp` (TVM 0.27) with its first `alloc_tensor` at offset
+/// 64 or 4 fails in the kernel (`byte_offset ... expected 0`, TVM's refusal), and with an
+/// `ensure_zero_offset` of that tensor added after the allocation no longer does.
+#[test]
+fn ensure_zero_offset_gives_kernels_offset_zero() {
+    use mblob_runtime::exec::relax::{FuncInfo, FuncKind};
+    let tree = load("user-0.27/user_mlp.so");
+    let good = relax_exec(&tree);
+    let inputs: Vec<Value> = (0..6).map(|i| npy(&format!("user-0.27/user_mlp.forward.0.in{i}.npy"))).collect();
+    let alloc = func_index(&good, "vm.builtin.alloc_tensor");
+    let pc = (0..good.instructions.len())
+        .find(|&pc| matches!(&good.instructions[pc], Instruction::Call { func, args, .. } if *func == alloc && args[1] == Arg::Imm(0)))
+        .unwrap();
+    let Instruction::Call { dst, .. } = good.instructions[pc].clone() else { unreachable!() };
+    let run = |e: RelaxExecutable| {
+        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)).unwrap();
+        vm.call_values("forward", &inputs).map(|_| ()).map_err(|e| e.to_string())
+    };
+    for offset in [64, 4] {
+        let mut at_offset = good.clone();
+        set_arg(&mut at_offset, pc, 1, Arg::Imm(offset));
+        let refused = run(at_offset.clone()).unwrap_err();
+        assert!(refused.contains(".byte_offset on argument #") && refused.contains("expected 0"), "{refused}");
+        // The same with `dst = ensure_zero_offset(dst)` right after the allocation: a new entry
+        // of the function table, one instruction more (later instructions move by one).
+        let mut fixed = at_offset;
+        let zero = fixed.functions.len() as u32;
+        fixed.functions.push(FuncInfo {
+            kind: FuncKind::Packed,
+            name: "vm.builtin.ensure_zero_offset".into(),
+            start: -1,
+            end: -1,
+            num_args: -2,
+            register_file_size: -1,
+            param_names: Vec::new(),
+        });
+        fixed.instructions.insert(pc + 1, Instruction::Call { dst, func: zero, args: vec![Arg::Reg(dst)] });
+        for f in fixed.functions.iter_mut().filter(|f| f.kind == FuncKind::Vm) {
+            if f.start > pc as i64 {
+                f.start += 1;
+            }
+            if f.end > pc as i64 {
+                f.end += 1;
+            }
+        }
+        let got = run(fixed);
+        assert!(got.as_ref().is_ok() || !got.as_ref().unwrap_err().contains("byte_offset"), "offset {offset}: {got:?}");
     }
 }
 
@@ -308,11 +392,16 @@ mod relay {
         let code = |e: &mut RelayVmExecutable, pc: usize, ins: I| e.functions[0].instructions[pc] = ins;
         let cases: Vec<(&str, Mutation)> = vec![
             ("a Ret of a register past the file", Box::new(move |e| code(e, ret, I::Ret { result: file }))),
-            ("a Move into a register past the file", Box::new(move |e| code(e, ret, I::Move { from: 0, dst: file + 9 }))),
+            (
+                "a Move into a register past the file",
+                Box::new(move |e| code(e, ret, I::Move { from: 0, dst: file + 9 })),
+            ),
             (
                 "a LoadConst past the pool",
                 Box::new(move |e| {
-                    let I::LoadConst { const_index, .. } = &mut e.functions[0].instructions[load] else { unreachable!() };
+                    let I::LoadConst { const_index, .. } = &mut e.functions[0].instructions[load] else {
+                        unreachable!()
+                    };
                     *const_index = consts;
                 }),
             ),
@@ -334,7 +423,10 @@ mod relay {
                     *output_size = 99;
                 }),
             ),
-            ("an Invoke past the functions", Box::new(move |e| code(e, ret, I::Invoke { func: 5, args: vec![], dst: 1 }))),
+            (
+                "an Invoke past the functions",
+                Box::new(move |e| code(e, ret, I::Invoke { func: 5, args: vec![], dst: 1 })),
+            ),
             (
                 "an AllocClosure past the functions",
                 Box::new(move |e| code(e, ret, I::AllocClosure { func: 9, free_vars: vec![], dst: 1 })),
@@ -348,7 +440,9 @@ mod relay {
             let mut bad = good.clone();
             mutate(&mut bad);
             match vm(&tree, bad) {
-                Err(RelayVmError::Bytecode { function, detail, .. }) => assert_eq!(function, "main", "{what}: {detail}"),
+                Err(RelayVmError::Bytecode { function, detail, .. }) => {
+                    assert_eq!(function, "main", "{what}: {detail}")
+                }
                 Err(e) => panic!("{what}: another error: {e}"),
                 Ok(_) => panic!("{what}: accepted"),
             }
@@ -375,7 +469,9 @@ mod relay {
         let (kind, message) = check_of(&run(bad, &x).unwrap_err());
         assert_eq!(kind, "InternalError");
         assert!(
-            message.starts_with("storage allocation failure, attempted to allocate 128 at offset 1099511627776 in region that is "),
+            message.starts_with(
+                "storage allocation failure, attempted to allocate 128 at offset 1099511627776 in region that is "
+            ),
             "{message}"
         );
 
@@ -407,7 +503,9 @@ mod relay {
         let good = exec(&tree);
         let x = npy("relay-vm/dyn_reshape.0.in.0.npy");
         let reshape = find(&good, |i| matches!(i, I::ReshapeTensor { .. }));
-        let I::ReshapeTensor { tensor, dst, .. } = good.functions[0].instructions[reshape].clone() else { unreachable!() };
+        let I::ReshapeTensor { tensor, dst, .. } = good.functions[0].instructions[reshape].clone() else {
+            unreachable!()
+        };
         for (case, dim) in [("reshape_larger", 100), ("reshape_smaller", 5)] {
             // The new shape is a one-element int64 tensor `[dim]`, loaded into a free register
             // just before the reshape (the shape function's result is left unused).

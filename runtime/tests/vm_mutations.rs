@@ -5,34 +5,20 @@
 //! a panic, an abort or an out-of-range access (issue 33).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mblob_runtime::exec::relax::{RelaxExecutable, VirtualMachine};
 use mblob_runtime::exec::Value;
-use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, NdArray, Registry};
+use mblob_runtime::Device;
 
 #[path = "support/mutate_vm.rs"]
 mod mutate_vm;
-#[path = "support/npyfile.rs"]
-mod npyfile;
+#[path = "support/vm_fixtures.rs"]
+mod vm_fixtures;
+use vm_fixtures::{load, npy};
 
 /// Mutated executables per fixture.
 const RUNS: u64 = 3000;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-fn load(rel: &str) -> LoadedTree {
-    // SAFETY: a fixture TVM built for these tests; only its decoded program is changed, as data.
-    unsafe { load_library(&fixtures().join(rel), &Registry::default(), &LoadOptions::default()) }.unwrap()
-}
-
-fn npy(rel: &str) -> Value {
-    let t = npyfile::tensor(&fixtures().join(rel));
-    Value::Tensor(NdArray::from_bytes(&t.data, &t.shape, t.dtype, Device::cpu(0)).unwrap())
-}
 
 /// Runs `RUNS` mutants of `exec`, each through `run`, and counts the outcomes: a panic fails
 /// the test, naming the mutant's seed.
@@ -58,7 +44,11 @@ fn drive<E: Clone>(name: &str, exec: &E, mutate: impl Fn(&mut E, mutate_vm::Choo
 #[test]
 fn mutated_relax_executables_run_or_fail_cleanly() {
     for (so, function, inputs) in [
-        ("user-0.27/user_mlp.so", "forward", (0..6).map(|i| format!("user-0.27/user_mlp.forward.0.in{i}.npy")).collect::<Vec<_>>()),
+        (
+            "user-0.27/user_mlp.so",
+            "forward",
+            (0..6).map(|i| format!("user-0.27/user_mlp.forward.0.in{i}.npy")).collect::<Vec<_>>(),
+        ),
         ("relax-vm/relax_vm_args.so", "dataflow", vec!["relax-vm/relax_vm_args.dataflow.7.in0.npy".to_owned()]),
     ] {
         let tree = load(so);

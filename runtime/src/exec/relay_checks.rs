@@ -123,10 +123,14 @@ fn registers(ins: &Instruction) -> Vec<u32> {
         Instruction::AllocClosure { free_vars, dst, .. } => free_vars.iter().copied().chain([*dst]).collect(),
         Instruction::GetField { object, dst, .. } | Instruction::GetTag { object, dst } => vec![*object, *dst],
         Instruction::If { test, target, .. } => vec![*test, *target],
-        Instruction::LoadConst { dst, .. } | Instruction::LoadConsti { dst, .. } | Instruction::KillRegister { dst } => {
+        Instruction::LoadConst { dst, .. }
+        | Instruction::LoadConsti { dst, .. }
+        | Instruction::KillRegister { dst } => {
             vec![*dst]
         }
-        Instruction::AllocStorage { allocation_size, dst, .. } => allocation_size.iter().copied().chain([*dst]).collect(),
+        Instruction::AllocStorage { allocation_size, dst, .. } => {
+            allocation_size.iter().copied().chain([*dst]).collect()
+        }
         Instruction::ShapeOf { tensor, dst } => vec![*tensor, *dst],
         Instruction::ReshapeTensor { tensor, newshape, dst } => vec![*tensor, *newshape, *dst],
         Instruction::DeviceCopy { src, dst, .. } => vec![*src, *dst],
@@ -138,7 +142,8 @@ fn registers(ins: &Instruction) -> Vec<u32> {
 /// bytes: the offset as an index when it fits, else TVM's check and message
 /// (`StorageObj::AllocNDArray`; a negative offset fails it too, as an unsigned sum).
 pub(crate) fn alloc_tensor(offset: i64, needed: Option<u64>, size: usize) -> Result<usize, TvmCheck> {
-    let fits = u64::try_from(offset).ok().zip(needed).and_then(|(o, n)| o.checked_add(n)).is_some_and(|e| e <= size as u64);
+    let fits =
+        u64::try_from(offset).ok().zip(needed).and_then(|(o, n)| o.checked_add(n)).is_some_and(|e| e <= size as u64);
     if fits {
         return Ok(offset as usize);
     }
@@ -201,7 +206,10 @@ pub(crate) fn shape_tensor(shape: &[i64], dtype: DataType, reshape: bool) -> Res
             return internal(format!("Check failed: dl_tensor->dtype.code == 0u ({} vs. 0) :", char::from(dtype.code)));
         }
         if dtype.bits != 64 {
-            return internal(format!("Check failed: dl_tensor->dtype.bits == 64u ({} vs. 64) :", char::from(dtype.bits)));
+            return internal(format!(
+                "Check failed: dl_tensor->dtype.bits == 64u ({} vs. 64) :",
+                char::from(dtype.bits)
+            ));
         }
         return Ok(());
     }

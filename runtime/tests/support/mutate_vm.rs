@@ -59,7 +59,7 @@ pub fn relax(e: &mut RelaxExecutable, c: Choose<'_>) {
     }
     let fi = vm[below(c, vm.len())];
     let (start, end, file) = (e.functions[fi].start, e.functions[fi].end, e.functions[fi].register_file_size);
-    if c() % 16 == 0 {
+    if c() & 15 == 0 {
         let f = &mut e.functions[fi];
         match c() % 4 {
             0 => f.register_file_size = value_near(c, file),
@@ -106,7 +106,7 @@ pub fn relax(e: &mut RelaxExecutable, c: Choose<'_>) {
             _ => *false_offset = forward(c, left),
         },
     }
-    if c() % 8 == 0 {
+    if c() & 7 == 0 {
         // Now and then another kind of instruction in its place.
         e.instructions[pc] = match c() % 3 {
             0 => Instruction::Ret { result: reg(c) },
@@ -126,7 +126,7 @@ pub fn relay(e: &mut RelayVmExecutable, c: Choose<'_>) {
     let fi = below(c, n_funcs);
     let f = &mut e.functions[fi];
     let file = f.register_file_size as usize;
-    if c() % 16 == 0 || f.instructions.is_empty() {
+    if c() & 15 == 0 || f.instructions.is_empty() {
         f.register_file_size = index_near(c, file);
         return;
     }

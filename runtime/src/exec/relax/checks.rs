@@ -82,16 +82,15 @@ pub(crate) fn view_fits(offset: i64, view: Option<u64>, size: usize) -> bool {
     u64::try_from(offset).ok().zip(view).and_then(|(o, v)| o.checked_add(v)).is_some_and(|e| e <= size as u64)
 }
 
-/// `vm.builtin.alloc_storage` on device `index` of a VM with `devices` devices (`-1` is the
-/// host, the last): TVM's check `device_index < vm->devices.size()` and its message (TVM
-/// indexes its allocators with anything below -1: refused here the same way).
+/// `vm.builtin.alloc_storage` on device `index` of a VM with `devices` devices: TVM's check
+/// `device_index < vm->devices.size()` and its message. TVM compares as unsigned, so that it
+/// refuses every negative index, `-1` too (its code after the check would take `-1` for the
+/// host, but no index gets there: TVM 0.27 and 0.19 refuse it, `tests/fixtures/vm-checks`).
 pub(crate) fn device_index(index: i64, devices: usize) -> Result<usize, VmError> {
-    match index {
-        -1 => Ok(devices - 1),
-        i => usize::try_from(i).ok().filter(|&i| i < devices).ok_or_else(|| {
-            check("InternalError", "The device index is out of VM physical devices list".to_owned())
-        }),
-    }
+    usize::try_from(index)
+        .ok()
+        .filter(|&i| i < devices)
+        .ok_or_else(|| check("InternalError", "The device index is out of VM physical devices list".to_owned()))
 }
 
 /// The argument position `first + 2 * count` (`match_shape`'s and `make_shape`'s code/value
@@ -149,7 +148,8 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
     let (functions, constants) = (exec.functions.len(), exec.constants.len());
     for f in exec.functions.iter().filter(|f| f.kind == FuncKind::Vm) {
         let bad = |pc: i64, detail: String| VmError::Bytecode { function: f.name.clone(), pc, detail };
-        let range = usize::try_from(f.start).ok().zip(usize::try_from(f.end).ok()).filter(|&(s, e)| s < e && e <= count);
+        let range =
+            usize::try_from(f.start).ok().zip(usize::try_from(f.end).ok()).filter(|&(s, e)| s < e && e <= count);
         let Some((start, end)) = range else {
             return Err(bad(f.start, format!("spans instructions {}..{} of {count}", f.start, f.end)));
         };
@@ -170,10 +170,7 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
             || f.register_file_size < f.num_args
             || f.register_file_size > f.num_args + words + 1
         {
-            return Err(bad(
-                f.start,
-                format!("{} arguments and {} registers", f.num_args, f.register_file_size),
-            ));
+            return Err(bad(f.start, format!("{} arguments and {} registers", f.num_args, f.register_file_size)));
         }
         let file = f.register_file_size;
         for pc in start..end {
@@ -192,7 +189,10 @@ pub(crate) fn program(exec: &RelaxExecutable) -> Result<(), VmError> {
                 Instruction::Call { dst, func, args } => {
                     reg(dst)?;
                     if *func as usize >= functions {
-                        return Err(bad(at, format!("calls function {func} of {functions} (TVM: func_idx < func_pool_.size())")));
+                        return Err(bad(
+                            at,
+                            format!("calls function {func} of {functions} (TVM: func_idx < func_pool_.size())"),
+                        ));
                     }
                     for a in args {
                         match a {

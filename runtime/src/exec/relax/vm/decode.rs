@@ -115,10 +115,8 @@ impl Op {
                 .map(|regs| Op::Kernel { kernel: kernel.clone(), regs }),
             Some(Callee::Builtin("vm.builtin.alloc_storage", _)) if (4..=5).contains(&args.len()) => (|| {
                 let Some(Value::Shape(shape)) = value(&args[1]) else { return None };
-                let device = match int(&args[2])? {
-                    -1 => devices - 1,
-                    i => usize::try_from(i).ok().filter(|&i| i < devices)?,
-                };
+                // An index TVM refuses (`checks::device_index`) runs the general call, which refuses it.
+                let device = usize::try_from(int(&args[2])?).ok().filter(|&i| i < devices)?;
                 let Some(Value::DType(dtype)) = value(&args[3]) else { return None };
                 if !global(args.get(4)) || shape.iter().any(|&d| d < 0) {
                     return None;
@@ -161,7 +159,9 @@ impl Op {
                     return None;
                 }
                 let n = usize::try_from(int(&args[2])?).ok()?;
-                if n.checked_mul(2).and_then(|m| m.checked_add(4)) != Some(args.len()) || !matches!(value(&args[3 + 2 * n])?, Value::Str(_) | Value::Null) {
+                if n.checked_mul(2).and_then(|m| m.checked_add(4)) != Some(args.len())
+                    || !matches!(value(&args[3 + 2 * n])?, Value::Str(_) | Value::Null)
+                {
                     return None;
                 }
                 let dims = (0..n)

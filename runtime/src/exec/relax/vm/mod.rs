@@ -12,8 +12,8 @@
 //! `[device, cpu(0)]` (TVM's `VirtualMachine(mod, dev)` adds the host), one for the CPU just
 //! `[cpu]`. Constant tensors are copied to the first device once, when the VM is created;
 //! inputs are copied there when a function is invoked (unless already there); storage is
-//! allocated on the device the program names (`alloc_storage`'s device index, `-1` for the
-//! host); the shape heap lives on the host. Tensors are [`NdArray`]s: storages are pooled by
+//! allocated on the device the program names (`alloc_storage`'s device index into that list;
+//! TVM's check refuses `-1`, which its code would take for the host); the shape heap lives on the host. Tensors are [`NdArray`]s: storages are pooled by
 //! size per device, as TVM's pooled allocator does, and handed to kernels as `DLTensor`s in
 //! the library's own calling convention.
 //!

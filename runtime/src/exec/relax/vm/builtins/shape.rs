@@ -2,8 +2,8 @@
 //! `tensor_to_shape`.
 
 use super::BuiltinFn;
-use crate::exec::relax::checks;
 use crate::array::NdArray;
+use crate::exec::relax::checks;
 use crate::exec::relax::vm::value::{Args, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;

@@ -34,10 +34,7 @@ fn tuple_reset_item(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: u
     // it held can be freed (TVM's `ArrayObj::SetItem(index, nullptr)`).
     let Value::Tuple(t) = a.get(0)? else { return Err(a.type_err(0, "a tuple", a.get(0)?)) };
     let i = a.int(1)?;
-    let item = usize::try_from(i)
-        .ok()
-        .and_then(|i| t.get(i))
-        .ok_or_else(|| checks::tuple_index(i, t.len()))?;
+    let item = usize::try_from(i).ok().and_then(|i| t.get(i)).ok_or_else(|| checks::tuple_index(i, t.len()))?;
     *item.lock().unwrap_or_else(PoisonError::into_inner) = Value::Null;
     Ok(Value::Null)
 }

@@ -63,6 +63,37 @@ pub enum Plan {
     Driver(PathBuf),
     /// `ld.lld` itself (`ld.lld -shared ...`), for a target no driver is installed for.
     Lld(PathBuf),
+    /// LLVM's Mach-O linker, `ld64.lld -dylib`, for macOS and iOS: a `.dylib` as TVM's
+    /// `clang -dynamiclib -undefined dynamic_lookup` links it (lld signs arm64 ad hoc, as
+    /// Apple's linker does, so that dyld loads it).
+    Ld64(PathBuf),
+    /// LLVM's COFF linker, `lld-link /dll`, for Windows: a `.dll` exporting what the objects
+    /// mark `dllexport` (TVM's blob symbol and host functions).
+    LldLink(PathBuf),
+}
+
+/// An LLVM tool: on the PATH (also as `NAME-14` .. `NAME-19`, as Debian installs them), or in
+/// an LLVM install directory.
+pub fn find_llvm_tool(name: &str) -> Option<PathBuf> {
+    let versions = ["14", "15", "16", "17", "18", "19"];
+    let names = std::iter::once(name.to_owned()).chain(versions.iter().map(|v| format!("{name}-{v}")));
+    names.into_iter().find_map(|n| on_path(&n)).or_else(|| {
+        versions.iter().map(|v| PathBuf::from(format!("/usr/lib/llvm-{v}/bin/{name}"))).find(|p| p.is_file())
+    })
+}
+
+/// The plan for a Mach-O or COFF target (`None` for the others).
+fn apple_or_windows(target: &str) -> Option<Result<Plan>> {
+    let (tool, plan): (&str, fn(PathBuf) -> Plan) = match crate::pack::host::format_of_triple(target) {
+        object::BinaryFormat::MachO => ("ld64.lld", Plan::Ld64),
+        object::BinaryFormat::Coff => ("lld-link", Plan::LldLink),
+        _ => return None,
+    };
+    Some(find_llvm_tool(tool).map(plan).ok_or_else(|| Error::MissingTool {
+        target: target.to_owned(),
+        tool: tool.to_owned(),
+        hint: "install lld (apt-get install lld-14), or write the objects with `-o NAME.tar` or `-o NAME.a`".into(),
+    }))
 }
 
 /// Whether `target` names a machine other than this one (another architecture, or not Linux).
@@ -112,13 +143,16 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// target's compiler, else `ld.lld`.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a target that nothing installed can link for, naming the tools.
+/// [`Error::MissingTool`] for a target that nothing installed can link for, naming the tools.
 pub fn plan(opts: &LinkOptions) -> Result<Plan> {
     if let Some(d) = &opts.driver {
         return Ok(Plan::Driver(d.clone()));
     }
     let target = opts.target.as_deref().filter(|t| is_cross(Some(t)));
     let Some(target) = target else { return Ok(Plan::Driver(driver(opts))) };
+    if let Some(plan) = apple_or_windows(target) {
+        return plan;
+    }
     let vars = target_cc_vars(target);
     if let Some(cc) = vars.iter().find_map(std::env::var_os) {
         return Ok(Plan::Driver(PathBuf::from(cc)));
@@ -131,12 +165,13 @@ pub fn plan(opts: &LinkOptions) -> Result<Plan> {
             return Ok(Plan::Lld(dir.join("ld.lld")));
         }
     }
-    Err(Error::Invalid {
-        what: format!("target {target}"),
-        detail: format!(
-            "no linker for it is installed: this machine's `cc` links only its own objects. Set {} (or \
-             TARGET_CC) to the target's C compiler, install `{}-gcc`, or install lld (apt-get install lld-14), \
-             which links the objects directly; or write the objects with `-o NAME.tar`",
+    Err(Error::MissingTool {
+        target: target.to_owned(),
+        tool: format!("a linker (`{}-gcc`, or ld.lld)", spellings(target).last().map_or(target, String::as_str)),
+        hint: format!(
+            "this machine's `cc` links only its own objects. Set {} (or TARGET_CC) to the target's C \
+             compiler, install `{}-gcc`, or install lld (apt-get install lld-14), which links the objects \
+             directly; or write the objects with `-o NAME.tar` or `-o NAME.a`",
             vars[1],
             spellings(target).last().map_or(target, String::as_str)
         ),
@@ -169,6 +204,8 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     let driver = match plan(opts)? {
         Plan::Driver(d) => d,
         Plan::Lld(lld) => return link_with_lld(&lld, objects, out, opts),
+        Plan::Ld64(ld64) => return link_dylib(&ld64, objects, out, opts),
+        Plan::LldLink(lld_link) => return link_dll(&lld_link, objects, out, opts),
     };
     let mut cmd = Command::new(driver);
     cmd.arg("-shared").arg("-fPIC").arg("-o").arg(out);
@@ -215,6 +252,55 @@ fn link_with_lld(lld: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions
     }
     cmd.args(["-z", "noexecstack"]);
     run_tool("link", &mut cmd).map(|_| ())
+}
+
+/// The deployment target a `.dylib` is built for when the target triple names no version:
+/// macOS 11 (the first with arm64) and iOS 14, what TVM's wheels and MLC's apps need.
+fn apple_platform(target: &str) -> (&'static str, &'static str) {
+    if target.contains("ios") {
+        ("ios", "14.0")
+    } else {
+        ("macos", "11.0")
+    }
+}
+
+/// `ld64.lld -dylib` of `objects` (see [`Plan::Ld64`]); extra arguments are the linker's own.
+fn link_dylib(ld64: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
+    let target = opts.target.as_deref().unwrap_or_default();
+    let arch = if target.starts_with("x86_64") { "x86_64" } else { "arm64" };
+    let (platform, version) = apple_platform(target);
+    tracing::debug!(ld64 = %ld64.display(), target, "linking a dylib with ld64.lld");
+    let mut cmd = Command::new(ld64);
+    cmd.args(["-dylib", "-arch", arch, "-platform_version", platform, version, version]);
+    // As TVM links on macOS: the runtime's functions are found in the process at load time.
+    cmd.args(["-undefined", "dynamic_lookup"]);
+    // The install name: the file's own name under the loading program's run paths (the path
+    // the linker writes to is a temporary one).
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    cmd.arg("-install_name").arg(format!("@rpath/{name}"));
+    cmd.arg("-o").arg(out).args(objects).args(&opts.args);
+    run_tool("link", &mut cmd).map(|_| ())
+}
+
+/// `lld-link /dll` of `objects` (see [`Plan::LldLink`]): no entry point (TVM's libraries have
+/// none), exporting what the objects mark `dllexport`. The TVM runtime functions host code
+/// calls are found at load time by TVM on Windows (TVM's own link resolves them against
+/// `tvm.lib`); left unresolved here (`/force:unresolved`), as a library that mblob's runtime
+/// or TVM's fills in. Extra arguments are the linker's own (`/libpath:`, import libraries).
+fn link_dll(lld_link: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
+    tracing::debug!(lld_link = %lld_link.display(), "linking a dll with lld-link");
+    let mut cmd = Command::new(lld_link);
+    let mut out_arg = std::ffi::OsString::from("/out:");
+    out_arg.push(out);
+    // `/Brepro`: the same inputs give the same bytes (a hash where the time stamp would be).
+    cmd.args(["/dll", "/noentry", "/force:unresolved", "/nologo", "/Brepro"])
+        .arg(out_arg)
+        .args(objects)
+        .args(&opts.args);
+    run_tool("link", &mut cmd)?;
+    // lld-link writes the import library beside the dll: not part of the output.
+    let _ = std::fs::remove_file(out.with_extension("lib"));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -84,12 +84,17 @@ pub fn find_llvm_tool(name: &str) -> Option<PathBuf> {
 
 /// The plan for a Mach-O or COFF target (`None` for the others).
 fn apple_or_windows(target: &str) -> Option<Result<Plan>> {
+    apple_or_windows_with(target, find_llvm_tool)
+}
+
+/// [`apple_or_windows`] with the tool found by `find`.
+fn apple_or_windows_with(target: &str, find: impl Fn(&str) -> Option<PathBuf>) -> Option<Result<Plan>> {
     let (tool, plan): (&str, fn(PathBuf) -> Plan) = match crate::pack::host::format_of_triple(target) {
         object::BinaryFormat::MachO => ("ld64.lld", Plan::Ld64),
         object::BinaryFormat::Coff => ("lld-link", Plan::LldLink),
         _ => return None,
     };
-    Some(find_llvm_tool(tool).map(plan).ok_or_else(|| Error::MissingTool {
+    Some(find(tool).map(plan).ok_or_else(|| Error::MissingTool {
         target: target.to_owned(),
         tool: tool.to_owned(),
         hint: "install lld (apt-get install lld-14), or write the objects with `-o NAME.tar` or `-o NAME.a`".into(),
@@ -274,6 +279,10 @@ fn link_dylib(ld64: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) 
     cmd.args(["-dylib", "-arch", arch, "-platform_version", platform, version, version]);
     // As TVM links on macOS: the runtime's functions are found in the process at load time.
     cmd.args(["-undefined", "dynamic_lookup"]);
+    if arch == "arm64" {
+        // dyld kills unsigned arm64 code; lld signs ad hoc by default for macOS only.
+        cmd.arg("-adhoc_codesign");
+    }
     // The install name: the file's own name under the loading program's run paths (the path
     // the linker writes to is a temporary one).
     let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -306,6 +315,24 @@ fn link_dll(lld_link: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apple_and_windows_targets_link_with_lld_or_name_it() {
+        let found = |name: &str| Some(PathBuf::from(format!("/x/{name}")));
+        let plan = |t: &str| apple_or_windows_with(t, found).unwrap().unwrap();
+        assert_eq!(plan("arm64-apple-ios"), Plan::Ld64("/x/ld64.lld".into()));
+        assert_eq!(plan("x86_64-apple-macos"), Plan::Ld64("/x/ld64.lld".into()));
+        assert_eq!(plan("x86_64-pc-windows-gnu"), Plan::LldLink("/x/lld-link".into()));
+        assert!(apple_or_windows_with("aarch64-linux-android", found).is_none());
+        for (t, tool) in [("arm64-apple-macos", "ld64.lld"), ("x86_64-pc-windows-msvc", "lld-link")] {
+            let err = apple_or_windows_with(t, |_| None).unwrap().unwrap_err();
+            assert!(
+                matches!(&err, Error::MissingTool { target, tool: named, .. } if target == t && named == tool),
+                "{err}"
+            );
+            assert!(err.to_string().contains("apt-get install lld-14"), "{err}");
+        }
+    }
 
     #[test]
     fn only_other_machines_are_cross_targets() {

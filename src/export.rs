@@ -391,6 +391,13 @@ impl Export {
         self
     }
 
+    /// The target system's root for linking (an Android NDK's `sysroot`): `--sysroot=DIR`
+    /// for the compiler driver or `ld.lld`.
+    pub fn sysroot(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.link.sysroot = Some(dir.into());
+        self
+    }
+
     /// An extra link argument.
     pub fn link_arg(&mut self, arg: impl Into<String>) -> &mut Self {
         self.link.args.push(arg.into());

@@ -54,6 +54,9 @@ pub struct LinkOptions {
     pub script: Option<PathBuf>,
     /// The target triple of the objects (`None`: this machine).
     pub target: Option<String>,
+    /// The target system's root (an Android NDK's `sysroot`), given to the compiler driver and
+    /// `ld.lld` as `--sysroot=DIR`.
+    pub sysroot: Option<PathBuf>,
 }
 
 /// What links a library for a target.
@@ -226,6 +229,11 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
         tracing::debug!(dir = %dir.display(), "linking with ld.lld");
         cmd.arg(format!("-B{}", dir.display())).arg("-fuse-ld=lld");
     }
+    if let Some(root) = &opts.sysroot {
+        let mut arg = std::ffi::OsString::from("--sysroot=");
+        arg.push(root);
+        cmd.arg(arg);
+    }
     cmd.args(objects).args(&opts.args);
     if let Some(script) = &opts.script {
         // Not `-Wl,-T,PATH`: `-Wl` splits at commas, which a path may hold.
@@ -241,7 +249,13 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
 fn link_with_lld(lld: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
     tracing::debug!(lld = %lld.display(), target = ?opts.target, "linking with ld.lld directly");
     let mut cmd = Command::new(lld);
-    cmd.arg("-shared").arg("-o").arg(out).args(objects);
+    cmd.arg("-shared").arg("-o").arg(out);
+    if let Some(root) = &opts.sysroot {
+        let mut arg = std::ffi::OsString::from("--sysroot=");
+        arg.push(root);
+        cmd.arg(arg);
+    }
+    cmd.args(objects);
     for a in &opts.args {
         match a.strip_prefix("-Wl,") {
             Some(rest) => {

@@ -108,6 +108,17 @@ pub enum Error {
         /// What the target needs (`x86_64 COFF`).
         wanted: String,
     },
+    /// No tool installed can build the output for the target: found before anything is
+    /// written, naming the tool.
+    #[error("target {target}: {tool} is not installed: {hint}")]
+    MissingTool {
+        /// The target triple.
+        target: String,
+        /// The missing tool (`ld64.lld`, `lld-link`, ...).
+        tool: String,
+        /// What to do.
+        hint: String,
+    },
     /// Two models of one bundle under the same prefix: a program could find only one of them.
     #[error("two models under the prefix `{prefix}`: {} and {} (each model of a bundle needs its own prefix: rebuild one with another `--prefix`)", first.display(), second.display())]
     DuplicatePrefix {

@@ -391,6 +391,13 @@ impl Export {
         self
     }
 
+    /// The target system's root for linking (an Android NDK's `sysroot`): `--sysroot=DIR`
+    /// for the compiler driver or `ld.lld`.
+    pub fn sysroot(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.link.sysroot = Some(dir.into());
+        self
+    }
+
     /// An extra link argument.
     pub fn link_arg(&mut self, arg: impl Into<String>) -> &mut Self {
         self.link.args.push(arg.into());
@@ -433,7 +440,14 @@ impl Export {
     ///
     /// An output ending in `.tar` gets the objects instead, unlinked, in a tar archive (as TVM's
     /// `export_library("x.tar")`): the host objects as `lib0.o`, `lib1.o`... and the blob
-    /// object as `<prefix>devc.o`. The linker options do not apply to it.
+    /// object as `<prefix>devc.o`. The linker options do not apply to it. An output ending in
+    /// `.a` gets the same objects in a static archive (BSD format for Apple targets, GNU
+    /// otherwise), as MLC links model libraries into phone apps; see also
+    /// [`write_bundle`] for several models in one archive.
+    ///
+    /// For a target of another system ([`Export::target`]), a `.dylib` is linked with
+    /// `ld64.lld` (macOS, iOS; arm64 signed ad hoc), a `.dll` with `lld-link` (Windows), a
+    /// `.so` with the target's compiler or `ld.lld`; the blob object is TVM's for the triple.
     ///
     /// What can be checked is checked before any work: the options, the output path (an
     /// existing directory, a missing parent directory), the host files, and whether the host

@@ -54,6 +54,9 @@ pub struct LinkOptions {
     pub script: Option<PathBuf>,
     /// The target triple of the objects (`None`: this machine).
     pub target: Option<String>,
+    /// The target system's root (an Android NDK's `sysroot`), given to the compiler driver and
+    /// `ld.lld` as `--sysroot=DIR`.
+    pub sysroot: Option<PathBuf>,
 }
 
 /// What links a library for a target.
@@ -63,6 +66,42 @@ pub enum Plan {
     Driver(PathBuf),
     /// `ld.lld` itself (`ld.lld -shared ...`), for a target no driver is installed for.
     Lld(PathBuf),
+    /// LLVM's Mach-O linker, `ld64.lld -dylib`, for macOS and iOS: a `.dylib` as TVM's
+    /// `clang -dynamiclib -undefined dynamic_lookup` links it (lld signs arm64 ad hoc, as
+    /// Apple's linker does, so that dyld loads it).
+    Ld64(PathBuf),
+    /// LLVM's COFF linker, `lld-link /dll`, for Windows: a `.dll` exporting what the objects
+    /// mark `dllexport` (TVM's blob symbol and host functions).
+    LldLink(PathBuf),
+}
+
+/// An LLVM tool: on the PATH (also as `NAME-14` .. `NAME-19`, as Debian installs them), or in
+/// an LLVM install directory.
+pub fn find_llvm_tool(name: &str) -> Option<PathBuf> {
+    let versions = ["14", "15", "16", "17", "18", "19"];
+    let names = std::iter::once(name.to_owned()).chain(versions.iter().map(|v| format!("{name}-{v}")));
+    names.into_iter().find_map(|n| on_path(&n)).or_else(|| {
+        versions.iter().map(|v| PathBuf::from(format!("/usr/lib/llvm-{v}/bin/{name}"))).find(|p| p.is_file())
+    })
+}
+
+/// The plan for a Mach-O or COFF target (`None` for the others).
+fn apple_or_windows(target: &str) -> Option<Result<Plan>> {
+    apple_or_windows_with(target, find_llvm_tool)
+}
+
+/// [`apple_or_windows`] with the tool found by `find`.
+fn apple_or_windows_with(target: &str, find: impl Fn(&str) -> Option<PathBuf>) -> Option<Result<Plan>> {
+    let (tool, plan): (&str, fn(PathBuf) -> Plan) = match crate::pack::host::format_of_triple(target) {
+        object::BinaryFormat::MachO => ("ld64.lld", Plan::Ld64),
+        object::BinaryFormat::Coff => ("lld-link", Plan::LldLink),
+        _ => return None,
+    };
+    Some(find(tool).map(plan).ok_or_else(|| Error::MissingTool {
+        target: target.to_owned(),
+        tool: tool.to_owned(),
+        hint: "install lld (apt-get install lld-14), or write the objects with `-o NAME.tar` or `-o NAME.a`".into(),
+    }))
 }
 
 /// Whether `target` names a machine other than this one (another architecture, or not Linux).
@@ -112,13 +151,16 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// target's compiler, else `ld.lld`.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a target that nothing installed can link for, naming the tools.
+/// [`Error::MissingTool`] for a target that nothing installed can link for, naming the tools.
 pub fn plan(opts: &LinkOptions) -> Result<Plan> {
     if let Some(d) = &opts.driver {
         return Ok(Plan::Driver(d.clone()));
     }
     let target = opts.target.as_deref().filter(|t| is_cross(Some(t)));
     let Some(target) = target else { return Ok(Plan::Driver(driver(opts))) };
+    if let Some(plan) = apple_or_windows(target) {
+        return plan;
+    }
     let vars = target_cc_vars(target);
     if let Some(cc) = vars.iter().find_map(std::env::var_os) {
         return Ok(Plan::Driver(PathBuf::from(cc)));
@@ -131,12 +173,13 @@ pub fn plan(opts: &LinkOptions) -> Result<Plan> {
             return Ok(Plan::Lld(dir.join("ld.lld")));
         }
     }
-    Err(Error::Invalid {
-        what: format!("target {target}"),
-        detail: format!(
-            "no linker for it is installed: this machine's `cc` links only its own objects. Set {} (or \
-             TARGET_CC) to the target's C compiler, install `{}-gcc`, or install lld (apt-get install lld-14), \
-             which links the objects directly; or write the objects with `-o NAME.tar`",
+    Err(Error::MissingTool {
+        target: target.to_owned(),
+        tool: format!("a linker (`{}-gcc`, or ld.lld)", spellings(target).last().map_or(target, String::as_str)),
+        hint: format!(
+            "this machine's `cc` links only its own objects. Set {} (or TARGET_CC) to the target's C \
+             compiler, install `{}-gcc`, or install lld (apt-get install lld-14), which links the objects \
+             directly; or write the objects with `-o NAME.tar` or `-o NAME.a`",
             vars[1],
             spellings(target).last().map_or(target, String::as_str)
         ),
@@ -169,6 +212,8 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     let driver = match plan(opts)? {
         Plan::Driver(d) => d,
         Plan::Lld(lld) => return link_with_lld(&lld, objects, out, opts),
+        Plan::Ld64(ld64) => return link_dylib(&ld64, objects, out, opts),
+        Plan::LldLink(lld_link) => return link_dll(&lld_link, objects, out, opts),
     };
     let mut cmd = Command::new(driver);
     cmd.arg("-shared").arg("-fPIC").arg("-o").arg(out);
@@ -183,6 +228,11 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     if let Some(dir) = &lld {
         tracing::debug!(dir = %dir.display(), "linking with ld.lld");
         cmd.arg(format!("-B{}", dir.display())).arg("-fuse-ld=lld");
+    }
+    if let Some(root) = &opts.sysroot {
+        let mut arg = std::ffi::OsString::from("--sysroot=");
+        arg.push(root);
+        cmd.arg(arg);
     }
     cmd.args(objects).args(&opts.args);
     if let Some(script) = &opts.script {
@@ -199,7 +249,13 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
 fn link_with_lld(lld: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
     tracing::debug!(lld = %lld.display(), target = ?opts.target, "linking with ld.lld directly");
     let mut cmd = Command::new(lld);
-    cmd.arg("-shared").arg("-o").arg(out).args(objects);
+    cmd.arg("-shared").arg("-o").arg(out);
+    if let Some(root) = &opts.sysroot {
+        let mut arg = std::ffi::OsString::from("--sysroot=");
+        arg.push(root);
+        cmd.arg(arg);
+    }
+    cmd.args(objects);
     for a in &opts.args {
         match a.strip_prefix("-Wl,") {
             Some(rest) => {
@@ -217,9 +273,80 @@ fn link_with_lld(lld: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions
     run_tool("link", &mut cmd).map(|_| ())
 }
 
+/// The deployment target a `.dylib` is built for when the target triple names no version:
+/// macOS 11 (the first with arm64) and iOS 14, what TVM's wheels and MLC's apps need.
+fn apple_platform(target: &str) -> (&'static str, &'static str) {
+    if target.contains("ios") {
+        ("ios", "14.0")
+    } else {
+        ("macos", "11.0")
+    }
+}
+
+/// `ld64.lld -dylib` of `objects` (see [`Plan::Ld64`]); extra arguments are the linker's own.
+fn link_dylib(ld64: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
+    let target = opts.target.as_deref().unwrap_or_default();
+    let arch = if target.starts_with("x86_64") { "x86_64" } else { "arm64" };
+    let (platform, version) = apple_platform(target);
+    tracing::debug!(ld64 = %ld64.display(), target, "linking a dylib with ld64.lld");
+    let mut cmd = Command::new(ld64);
+    cmd.args(["-dylib", "-arch", arch, "-platform_version", platform, version, version]);
+    // As TVM links on macOS: the runtime's functions are found in the process at load time.
+    cmd.args(["-undefined", "dynamic_lookup"]);
+    if arch == "arm64" {
+        // dyld kills unsigned arm64 code; lld signs ad hoc by default for macOS only.
+        cmd.arg("-adhoc_codesign");
+    }
+    // The install name: the file's own name under the loading program's run paths (the path
+    // the linker writes to is a temporary one).
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    cmd.arg("-install_name").arg(format!("@rpath/{name}"));
+    cmd.arg("-o").arg(out).args(objects).args(&opts.args);
+    run_tool("link", &mut cmd).map(|_| ())
+}
+
+/// `lld-link /dll` of `objects` (see [`Plan::LldLink`]): no entry point (TVM's libraries have
+/// none), exporting what the objects mark `dllexport`. The TVM runtime functions host code
+/// calls are found at load time by TVM on Windows (TVM's own link resolves them against
+/// `tvm.lib`); left unresolved here (`/force:unresolved`), as a library that mblob's runtime
+/// or TVM's fills in. Extra arguments are the linker's own (`/libpath:`, import libraries).
+fn link_dll(lld_link: &Path, objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Result<()> {
+    tracing::debug!(lld_link = %lld_link.display(), "linking a dll with lld-link");
+    let mut cmd = Command::new(lld_link);
+    let mut out_arg = std::ffi::OsString::from("/out:");
+    out_arg.push(out);
+    // `/Brepro`: the same inputs give the same bytes (a hash where the time stamp would be).
+    cmd.args(["/dll", "/noentry", "/force:unresolved", "/nologo", "/Brepro"])
+        .arg(out_arg)
+        .args(objects)
+        .args(&opts.args);
+    run_tool("link", &mut cmd)?;
+    // lld-link writes the import library beside the dll: not part of the output.
+    let _ = std::fs::remove_file(out.with_extension("lib"));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn apple_and_windows_targets_link_with_lld_or_name_it() {
+        let found = |name: &str| Some(PathBuf::from(format!("/x/{name}")));
+        let plan = |t: &str| apple_or_windows_with(t, found).unwrap().unwrap();
+        assert_eq!(plan("arm64-apple-ios"), Plan::Ld64("/x/ld64.lld".into()));
+        assert_eq!(plan("x86_64-apple-macos"), Plan::Ld64("/x/ld64.lld".into()));
+        assert_eq!(plan("x86_64-pc-windows-gnu"), Plan::LldLink("/x/lld-link".into()));
+        assert!(apple_or_windows_with("aarch64-linux-android", found).is_none());
+        for (t, tool) in [("arm64-apple-macos", "ld64.lld"), ("x86_64-pc-windows-msvc", "lld-link")] {
+            let err = apple_or_windows_with(t, |_| None).unwrap().unwrap_err();
+            assert!(
+                matches!(&err, Error::MissingTool { target, tool: named, .. } if target == t && named == tool),
+                "{err}"
+            );
+            assert!(err.to_string().contains("apt-get install lld-14"), "{err}");
+        }
+    }
 
     #[test]
     fn only_other_machines_are_cross_targets() {

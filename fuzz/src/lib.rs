@@ -153,6 +153,17 @@ pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerForm
     let registry = registry();
     let owned = Bytes::from_vec(data.to_vec());
     let n = data.len();
+    // A bundle's models (`inspect` of an archive): each blob the file's own bytes.
+    let all = bounded(n, CONTAINER_FACTOR, "container::find_blobs", || mblob_runtime::container::find_blobs(&owned));
+    match all {
+        Err(e) => assert!(e.offset <= n as u64, "error offset {} past the input's {n} bytes: {e}", e.offset),
+        Ok(blobs) => {
+            for b in blobs.iter().filter_map(|b| b.file_offset.map(|at| (at, &b.bytes))) {
+                let start = usize::try_from(b.0).expect("an offset in the input");
+                assert_eq!(data.get(start..start + b.1.len()), Some(&b.1[..]), "a bundle's blob is not the file's bytes");
+            }
+        }
+    }
     let found = bounded(n, CONTAINER_FACTOR, "container::find_blob", || find_blob(&owned, None));
     let found = match found {
         Err(e) => {

@@ -309,6 +309,12 @@ def export_library(mod: Any, file_name: str, **kwargs: Any) -> Any:
     (:func:`fpack_blob` and :func:`fcompile`): the blob is written once, into the library.
     Other arguments (``workspace_dir``, ``options``, ``cc``, ...) go to TVM's ``export_library``.
 
+    The output's name picks what is written, for the target of the model's host code
+    (``llvm -mtriple=...``) as in ``mblob pack``: ``.so`` (Linux, Android), ``.dylib`` (macOS,
+    iOS: ``ld64.lld``, signed ad hoc), ``.dll`` (Windows: ``lld-link``), ``.a`` (a static
+    archive of the objects, as MLC ships for phones); a missing linker raises before anything
+    is written.
+
     Where the link is not mblob's, a ``.tar`` output or a caller's own ``fcompile`` (TVM's
     ``create_staticlib``, a cross compiler, ``ndk.create_shared``, ``fcompile=False``...), the
     imports are packed by :func:`fpack_imports` into a real object (``devc.o``) for the target

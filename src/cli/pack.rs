@@ -72,6 +72,11 @@ pub struct PackOptionsArgs {
     /// Linker: `auto` (ld.lld when installed), `lld`, or `default` (the compiler's, GNU ld).
     #[arg(long, value_name = "LINKER", default_value = "auto")]
     pub linker: Linker,
+    /// The target system's root for linking (an Android NDK's
+    /// `toolchains/llvm/prebuilt/*/sysroot`), passed as `--sysroot=DIR` to the target's
+    /// compiler (`CC_<target>`) or `ld.lld`.
+    #[arg(long, value_name = "DIR")]
+    pub sysroot: Option<PathBuf>,
     /// An extra argument for the link command (repeatable).
     #[arg(long = "link-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub link_args: Vec<String>,
@@ -134,6 +139,9 @@ impl PackOptionsArgs {
         }
         for a in &self.link_args {
             e.link_arg(a.clone());
+        }
+        if let Some(root) = &self.sysroot {
+            e.sysroot(root.clone());
         }
         e.keep_temp(self.keep_temp).force_layout(self.force_layout);
         if let Some(cc) = &self.cc {

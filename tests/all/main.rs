@@ -39,3 +39,4 @@ mod trio;
 mod user_019;
 mod user_027;
 mod user_kind;
+mod windows;

@@ -177,6 +177,14 @@ fn a_cross_target_links_with_the_targets_tools_or_is_refused_up_front() {
     assert!(!out.status.success());
     let args = std::fs::read_to_string(&log).expect("the target's compiler ran");
     assert!(args.contains("-shared") && args.contains("graph_add.lib0.o"), "{args}");
+    assert!(!args.contains("--sysroot"), "{args}");
+    // An NDK's sysroot goes to it.
+    let ndk = dir.path().join("ndk-sysroot");
+    let sysroot = ["--sysroot", ndk.to_str().unwrap()];
+    let out = run(&dir.path().join("a.so"), &sysroot, &[("CC_aarch64_unknown_linux_gnu", fake.as_os_str())]);
+    assert!(!out.status.success());
+    let args = std::fs::read_to_string(&log).unwrap();
+    assert!(args.contains(&format!("--sysroot={}", ndk.display())), "{args}");
     // Without a target compiler: ld.lld links the AArch64 objects itself, when installed.
     if mblob::link::find_lld().is_some() {
         let so = dir.path().join("b.so");

@@ -259,3 +259,11 @@ fn kv_cache_sized_from_a_memory_budget() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("44 positions") && stderr.contains("more than its 32"), "{stderr}");
 }
+
+#[test]
+fn gemma3_per_layer_sliding_window_gives_tvms_tokens_and_logits() {
+    // Gemma 3: five local layers (attention kind 3) and one global; the 1100-token prompt runs
+    // past the local layers' window (TVM's default 1024: MLC-LLM passes none), so those layers
+    // read only the window's pages, with TVM's RoPE theta 10000 of local layers.
+    runs_as_tvm("gemma3-q0f32");
+}

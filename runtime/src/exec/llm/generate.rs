@@ -715,7 +715,7 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Several sequences in one batch (the schedule is [`batch`]'s; see
+/// Several sequences in one batch (the schedule is the `batch` module's; see
 /// [`LanguageModel::generate_batch`]).
 impl LanguageModel {
     /// Embeds `ids` (`embed`): a `[n, hidden]` tensor on the model's device.

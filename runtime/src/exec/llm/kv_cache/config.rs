@@ -440,6 +440,15 @@ pub(super) fn decode<K>(
     ))
 }
 
+/// The kernel "at" a slot as the id of its `Value::Func`, for the layout tests.
+#[cfg(test)]
+pub(super) fn func_id(args: &[&Value], i: usize) -> Result<u32, KvCacheError> {
+    match get(args, i)? {
+        Value::Func(f) => Ok(*f),
+        v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,10 +493,7 @@ mod tests {
 
     fn decoded(args: &[Value]) -> Result<(CacheConfig, Kernels<u32>), KvCacheError> {
         let refs: Vec<&Value> = args.iter().collect();
-        decode(&refs, &mut |a, i| match a[i] {
-            Value::Func(f) => Ok(*f),
-            v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
-        })
+        decode(&refs, &mut func_id)
     }
 
     #[test]

@@ -111,6 +111,7 @@ pub(super) fn is_old_flashinfer_create(args: &[&Value]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::config::func_id;
     use super::*;
     use crate::array::NdArray;
     use crate::device::Device;
@@ -140,10 +141,7 @@ mod tests {
 
     fn decoded(args: &[Value]) -> Result<(CacheConfig, Kernels<u32>), KvCacheError> {
         let refs: Vec<&Value> = args.iter().collect();
-        decode(&refs, &mut |a, i| match a[i] {
-            Value::Func(f) => Ok(*f),
-            v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
-        })
+        decode(&refs, &mut func_id)
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Greedy text generation with a language-model library as MLC-LLM exports them, with the
+//! Text generation with a language-model library as MLC-LLM exports them, with the
 //! functions MLC-LLM's engine calls (`mlc-ai/mlc-llm`'s `cpp/serve/function_table.cc`):
 //! `embed`, `prefill`, `decode`, `create_tir_paged_kv_cache` and `_metadata`, the weights either
 //! bound into the library as constants or passed as the last parameter (`packed_params`, a
@@ -11,7 +11,12 @@
 //! through `decode`, each step framed by `vm.builtin.kv_state_begin_forward` and
 //! `vm.builtin.kv_state_end_forward` as MLC-LLM frames it, picking the token of largest logit
 //! (greedy decoding: the first of equal largest ones, as numpy's `argmax`). No tokenizer: token
-//! ids in, token ids out.
+//! ids in, token ids out. [`LanguageModel::generate_sampled`] draws each token with TVM's
+//! sampling builtin instead ([`Sampling`]), and [`LanguageModel::generate_batch`] runs several
+//! sequences in one batch through `batch_prefill` and `batch_decode`, as MLC-LLM's engine does.
+//! A model with a sliding window gets it on each sequence
+//! (`attention_kv_cache_enable_sliding_window_for_seq`), and the cache may be sized from a
+//! memory budget ([`GenerateOptions::kv_cache_bytes`]).
 //!
 //! ```no_run
 //! use mblob_runtime::device::Device;

@@ -434,15 +434,13 @@ fn kv_cache_errors_are_tvms() {
 fn refusals_and_bad_calls_are_errors() {
     let scenarios = json("scenarios.json");
     let mut llm = Llm::new("llm_consts.so", &scenarios);
-    let shapes = |v: &[i64]| v.iter().map(|&a| VmValue::Shape(vec![a])).collect::<Vec<_>>();
-    let err = llm.vm.invoke_values("create_tir_paged_kv_cache", &shapes(&[4, 128, 64, 16, 1])).unwrap_err();
-    assert!(
-        matches!(err.lm_error(), Some(mblob_runtime::exec::llm::kv_cache::KvCacheError::Unsupported(m)) if m.contains("sliding window")),
-        "{err}"
-    );
-
     llm.create(&[4, 16, 64, 16, 0]);
     llm.call("kv_state_add_sequence", &[VmValue::Int(0)]).unwrap();
+    // A cache made without sliding-window support refuses a window, with TVM's text.
+    let e = llm
+        .call("attention_kv_cache_enable_sliding_window_for_seq", &[VmValue::Int(0), VmValue::Int(16), VmValue::Int(4)])
+        .unwrap_err();
+    assert!(e.to_string().contains("The KV cache does not support sliding window."), "{e}");
     let e = llm.call("kv_state_begin_forward", &[VmValue::Shape(vec![0]), VmValue::Shape(vec![40])]).unwrap_err();
     assert!(e.to_string().contains("The KV cache is full"), "{e}");
     let shape = [2, 40, 4, 16];

@@ -1,4 +1,4 @@
-//! Greedy text generation with a language-model library as MLC-LLM exports them, with the
+//! Text generation with a language-model library as MLC-LLM exports them, with the
 //! functions MLC-LLM's engine calls (`mlc-ai/mlc-llm`'s `cpp/serve/function_table.cc`):
 //! `embed`, `prefill`, `decode`, `create_tir_paged_kv_cache` and `_metadata`, the weights either
 //! bound into the library as constants or passed as the last parameter (`packed_params`, a
@@ -11,7 +11,12 @@
 //! through `decode`, each step framed by `vm.builtin.kv_state_begin_forward` and
 //! `vm.builtin.kv_state_end_forward` as MLC-LLM frames it, picking the token of largest logit
 //! (greedy decoding: the first of equal largest ones, as numpy's `argmax`). No tokenizer: token
-//! ids in, token ids out.
+//! ids in, token ids out. [`LanguageModel::generate_sampled`] draws each token with TVM's
+//! sampling builtin instead ([`Sampling`]), and [`LanguageModel::generate_batch`] runs several
+//! sequences in one batch through `batch_prefill` and `batch_decode`, as MLC-LLM's engine does.
+//! A model with a sliding window gets it on each sequence
+//! (`attention_kv_cache_enable_sliding_window_for_seq`), and the cache may be sized from a
+//! memory budget ([`GenerateOptions::kv_cache_bytes`]).
 //!
 //! ```no_run
 //! use mblob_runtime::device::Device;
@@ -33,13 +38,12 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-pub use batch::Sampling;
-use batch::{logits_of, Sampler};
-
+use super::lm::sampler::Sampler;
+pub use super::lm::sampler::Sampling;
 use super::lm::{SamplingError, TensorCache, TensorCacheError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::vm::value::{ObjectRef, Value, VmError, VmValue};
+use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError, VmValue};
 use crate::exec::relax::vm::VirtualMachine;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -495,7 +499,7 @@ impl LanguageModel {
         mut on_token: impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
         let _span = tracing::debug_span!("lm_generate", prompt = prompt.len(), max_new_tokens).entered();
-        sampling.check()?;
+        sampling.check().map_err(GenerateError::Request)?;
         if prompt.is_empty() {
             return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
         }
@@ -520,7 +524,7 @@ impl LanguageModel {
         for chunk in prompt.chunks(self.prefill_chunk_size() as usize) {
             logits = self.forward(&cache, "prefill", chunk)?;
         }
-        let mut token = sampler.pick("prefill", &logits)?;
+        let mut token = pick(&mut sampler, "prefill", &logits)?;
         out.prefill_time = start.elapsed();
         out.tokens.push(token);
         out.logits.push(logits);
@@ -528,7 +532,7 @@ impl LanguageModel {
         while out.tokens.len() < max_new_tokens {
             let start = Instant::now();
             let logits = self.forward(&cache, "decode", &[token])?;
-            token = sampler.pick("decode", &logits)?;
+            token = pick(&mut sampler, "decode", &logits)?;
             out.decode_times.push(start.elapsed());
             out.tokens.push(token);
             out.logits.push(logits);
@@ -647,6 +651,32 @@ fn last_row(function: &'static str, logits: &NdArray) -> Result<Vec<f32>, Genera
     Ok(row.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
 }
 
+/// The logits a model function returned: the tensor, or the first item of its tuple.
+fn logits_of(function: &'static str, result: Value) -> Result<NdArray, GenerateError> {
+    match result {
+        Value::Tuple(items) => match tuple_item(&items, 0) {
+            Some(Value::Tensor(t)) => Ok(t),
+            other => Err(GenerateError::Result {
+                function,
+                detail: format!(
+                    "a tuple whose first item is {}, not the logits",
+                    other.as_ref().map_or("missing", kind)
+                ),
+            }),
+        },
+        Value::Tensor(t) => Ok(t),
+        v => Err(GenerateError::Result { function, detail: format!("{}, not the logits", kind(&v)) }),
+    }
+}
+
+/// The next token from `logits`: the sampler's draw, or the argmax when greedy.
+fn pick(sampler: &mut Sampler, function: &'static str, logits: &[f32]) -> Result<i32, GenerateError> {
+    match sampler.sample(logits)? {
+        Some(token) => Ok(token),
+        None => argmax(function, logits),
+    }
+}
+
 /// The index of the largest logit (the first of equal ones, as numpy's `argmax`).
 fn argmax(function: &'static str, logits: &[f32]) -> Result<i32, GenerateError> {
     if logits.iter().any(|x| x.is_nan()) {
@@ -687,6 +717,177 @@ fn kind(v: &Value) -> &'static str {
         Value::Null => "None",
         Value::Object(o) => o.type_key(),
         v => v.kind(),
+    }
+}
+
+/// Several sequences in one batch (the schedule is the `batch` module's; see
+/// [`LanguageModel::generate_batch`]).
+impl LanguageModel {
+    /// Embeds `ids` (`embed`): a `[n, hidden]` tensor on the model's device.
+    fn embed(&self, ids: &[i32]) -> Result<NdArray, GenerateError> {
+        let n = ids.len() as i64;
+        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let input = NdArray::from_bytes(&bytes, &[n], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
+        let input = Value::Tensor(input);
+        let mut args = vec![&input];
+        args.extend(self.packed.as_ref());
+        let embedded = match self.vm.call_vm_values("embed", &args)? {
+            Value::Tensor(t) => t,
+            v => {
+                return Err(GenerateError::Result { function: "embed", detail: format!("{}, not a tensor", kind(&v)) })
+            }
+        };
+        match embedded.shape()[..] {
+            [rows, _] if rows == n => Ok(embedded),
+            ref s => Err(GenerateError::Result {
+                function: "embed",
+                detail: format!("a tensor of shape {s:?} for {n} tokens (expected [{n}, hidden])"),
+            }),
+        }
+    }
+
+    /// One round of the batch: `kv_state_begin_forward` of `seqs` appending `lengths`, `embed`
+    /// of `ids` viewed as `shape(hidden)`, `function(embeddings, extra..., kv_cache, params)`,
+    /// `kv_state_end_forward`: one row of logits per sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_round(
+        &self,
+        cache: &Value,
+        function: &'static str,
+        seqs: &[i64],
+        lengths: &[i64],
+        ids: &[i32],
+        extra: Option<&Value>,
+        shape: impl Fn(i64) -> Vec<i64>,
+    ) -> Result<Vec<Vec<f32>>, GenerateError> {
+        let _span = tracing::trace_span!("lm_batch_round", function, sequences = seqs.len()).entered();
+        let shape_of = |v: &[i64]| Value::Shape(v.into());
+        self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[cache, &shape_of(seqs), &shape_of(lengths)])?;
+        let embedded = self.embed(ids)?;
+        let hidden = embedded.shape()[1];
+        let embedded = Value::Tensor(embedded.view(&shape(hidden), embedded.dtype()).map_err(VmError::from)?);
+        let mut args = vec![&embedded];
+        args.extend(extra);
+        args.push(cache);
+        args.extend(self.packed.as_ref());
+        let result = self.vm.call_vm_values(function, &args)?;
+        self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[cache])?;
+        batch::rows_of(&logits_of(function, result)?, seqs.len())
+            .map_err(|detail| GenerateError::Result { function, detail })
+    }
+
+    /// Generates `max_new_tokens` tokens after each of `prompts` in one batch, in a new KV
+    /// cache, as MLC-LLM's engine runs a batch (`cpp/serve/model.cc`: `BatchPrefill`,
+    /// `BatchDecode`); sequence `i` has id `i` and is seeded `sampling.seed + i`. The prompts are
+    /// prefilled in rounds of at most `prefill_chunk_size` tokens, each taking in the
+    /// sequences' order as many of each unfinished prompt's next tokens as still fit: one
+    /// `kv_state_begin_forward(ids, lengths)`, one `embed`, one `batch_prefill(embeddings
+    /// [1, n, hidden], logit_positions, kv_cache, params)` (`logit_positions`: each entry's last
+    /// token) and `kv_state_end_forward` a round; a sequence whose prompt ends in a round picks
+    /// its first token from that round's row. Then each decode step runs the whole batch
+    /// through `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
+    pub fn generate_batch(
+        &mut self,
+        prompts: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Generation>, GenerateError> {
+        let _span = tracing::debug_span!("lm_generate_batch", sequences = prompts.len(), max_new_tokens).entered();
+        sampling.check().map_err(GenerateError::Request)?;
+        if prompts.is_empty() {
+            return Err(GenerateError::Request("no prompt: give at least one".into()));
+        }
+        if prompts.len() as i64 > self.metadata.max_batch_size {
+            return Err(GenerateError::Request(format!(
+                "{} prompts, more than the model's max_batch_size {}",
+                prompts.len(),
+                self.metadata.max_batch_size
+            )));
+        }
+        for (i, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(GenerateError::Request(format!("prompt {i} is empty: give at least one token id")));
+            }
+            self.check_ids(p)?;
+        }
+        for name in ["batch_prefill", "batch_decode"] {
+            if !self.vm.functions().iter().any(|f| f.name == name) {
+                let available = self.vm.functions().iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");
+                let (name, why) = if name == "batch_prefill" {
+                    ("batch_prefill", "prefills several sequences in one batch")
+                } else {
+                    ("batch_decode", "decodes several sequences in one batch")
+                };
+                return Err(GenerateError::MissingFunction { name, why, available });
+            }
+        }
+        self.check_capacity(prompts.iter().map(Vec::len), max_new_tokens)?;
+        let mut outs: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation {
+                tokens: Vec::new(),
+                logits: Vec::new(),
+                prefill_time: Duration::ZERO,
+                decode_times: Vec::new(),
+            })
+            .collect();
+        self.cache = None;
+        let cache = self.new_cache()?;
+        for seq in 1..prompts.len() as i64 {
+            self.add_sequence(&cache, seq)?;
+        }
+        self.cache = Some(crate::exec::relax::vm::value::VmValue::Object(cache.clone()));
+        if max_new_tokens == 0 {
+            return Ok(outs);
+        }
+        let cache = Value::Object(cache);
+        let mut samplers: Vec<Sampler> =
+            (0..prompts.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
+        let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+        let start = Instant::now();
+        for round in batch::prefill_rounds(&lengths, self.prefill_chunk_size() as usize) {
+            let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
+            let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();
+            let ids: Vec<i32> =
+                round.iter().flat_map(|e| prompts[e.seq][e.start..e.start + e.len].iter().copied()).collect();
+            let mut positions = Vec::with_capacity(round.len());
+            let mut end = 0i32;
+            for e in &round {
+                end += e.len as i32;
+                positions.push(end - 1);
+            }
+            let bytes: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let positions = NdArray::from_bytes(&bytes, &[positions.len() as i64], DataType::I32, self.vm.devices()[0])
+                .map_err(VmError::from)?;
+            let n = ids.len() as i64;
+            let positions = Value::Tensor(positions);
+            let rows =
+                self.batch_round(&cache, "batch_prefill", &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
+            for (e, row) in round.iter().zip(rows) {
+                if e.start + e.len == lengths[e.seq] {
+                    let token = pick(&mut samplers[e.seq], "batch_prefill", &row)?;
+                    outs[e.seq].tokens.push(token);
+                    outs[e.seq].logits.push(row);
+                }
+            }
+        }
+        let prefill_time = start.elapsed();
+        let seqs: Vec<i64> = (0..prompts.len() as i64).collect();
+        let ones = vec![1i64; prompts.len()];
+        let b = prompts.len() as i64;
+        for _ in 1..max_new_tokens {
+            let start = Instant::now();
+            let ids: Vec<i32> = outs.iter().map(|o| o.tokens[o.tokens.len() - 1]).collect();
+            let rows = self.batch_round(&cache, "batch_decode", &seqs, &ones, &ids, None, |h| vec![b, 1, h])?;
+            for ((out, sampler), row) in outs.iter_mut().zip(&mut samplers).zip(rows) {
+                out.tokens.push(pick(sampler, "batch_decode", &row)?);
+                out.logits.push(row);
+            }
+            let took = start.elapsed();
+            outs.iter_mut().for_each(|o| o.decode_times.push(took));
+        }
+        outs.iter_mut().for_each(|o| o.prefill_time = prefill_time);
+        Ok(outs)
     }
 }
 

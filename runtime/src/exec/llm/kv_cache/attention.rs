@@ -21,6 +21,19 @@ fn run(k: &Kernel, args: &[Value]) -> Result<(), VmError> {
     call_kernel(&k.name, &k.f, &refs).map(|_| ())
 }
 
+/// Zeroes the 64 KiB of stack below the caller's frame, where the kernel called next puts its
+/// frame. TVM 0.27's CPU paged-prefill kernel (`_attention_prefill_cpu` in
+/// `python/tvm/relax/frontend/nn/llm/_prefill_kernels.py`) reads its running maximum `new_m`
+/// before writing it when a row's first columns are masked, which happens only with the
+/// per-layer window's mask (causal, sliding): it then computes with whatever its stack slot
+/// held. Left from earlier calls that can be a NaN; zero leaves the softmax exact (any finite
+/// start cancels), which is what TVM's runs give.
+#[inline(never)]
+fn scrub_stack() {
+    let mut below = [0u8; 64 * 1024];
+    std::hint::black_box(&mut below);
+}
+
 fn t(a: &NdArray) -> Value {
     Value::Tensor(a.clone())
 }
@@ -279,6 +292,9 @@ impl PagedKvCache {
                 args.push(causal.clone());
             }
             args.extend([inline.clone(), scale, theta, sm.clone()]);
+            if layer_sliding && !use_decode {
+                scrub_stack();
+            }
             run(if use_decode { decode } else { prefill }, &args)?;
             if is_first {
                 is_first = false;

@@ -234,7 +234,7 @@ impl Table {
                 }
                 page_indptr.push(page_indptr[page_indptr.len() - 1] + num_pages);
                 // The pages of the per-layer window: the last ones.
-                let window_pages = num_pages.min(self.layer_window_num_pages(length)) as usize;
+                let window_pages = self.layer_window_num_pages(length).clamp(0, num_pages) as usize;
                 page_indptr_sliding.push(page_indptr_sliding[page_indptr_sliding.len() - 1] + window_pages as i32);
                 page_indices_sliding.extend_from_slice(&page_indices[page_indices.len() - window_pages..]);
                 let last = &self.blocks[last];

@@ -11,6 +11,8 @@
 use std::collections::HashMap;
 
 use super::error::{check_cmp, check_false, out_of_pages, unknown_sequence, KvCacheError};
+#[cfg(test)]
+use crate::exec::relax::vm::value::VmError;
 
 /// TVM's `kPagedKVCacheMaxBlockDepth`: attention runs per depth of the block chains, at most
 /// this many (deeper blocks are folded into the last depth).
@@ -370,6 +372,15 @@ impl Table {
         if n == 0 {
             return Ok(());
         }
+        // After a round that failed for want of pages the sequence is longer than its blocks
+        // (TVM counts the lengths first); TVM's pop would then walk off the chain.
+        let held: i64 = self.trace(&self.seqs[&seq_id]).iter().map(|&i| self.blocks[i].seq_length).sum();
+        if held != seq_length {
+            return Err(KvCacheError::Check(format!(
+                "popn of sequence {seq_id}: its length is {seq_length} but its blocks hold {held} (a round that failed for want of pages)"
+            ))
+            .into());
+        }
         let mut n = n;
         let mut b = Some(self.seqs[&seq_id].last_block);
         while let Some(i) = b.filter(|&i| self.blocks[i].ref_cnt == 1) {
@@ -495,6 +506,12 @@ impl Table {
         let num_sink_pages = ((block.sink_length + ps - 1) / ps) as usize;
         let mut page_after = ((block.sliding_window_offset + length_to_slide) / ps) as usize;
         let start_after = (block.sliding_window_offset + length_to_slide) % ps;
+        if page_after > num_sink_pages && page_after > block.page_ids.len() {
+            return Err(check_false(
+                "page_idx_after_sliding <= block.page_ids.size()",
+                "the window would slide past the sequence's pages",
+            ));
+        }
         while page_after > num_sink_pages {
             let p = block.page_ids.remove(num_sink_pages);
             if p != TEMP_PAGE {
@@ -550,21 +567,67 @@ impl Table {
             self.blocks[b].page_ids.push(p);
         }
         self.blocks[b].seq_length += append_length;
-        self.slide_window(seq_id)?;
-        if self.support_sliding_window {
+        let replaced = self.slide_window(seq_id).and_then(|()| {
             for i in 0..self.blocks[b].page_ids.len() {
                 if self.blocks[b].page_ids[i] == TEMP_PAGE {
-                    let p = self.free_page()?;
-                    self.blocks[b].page_ids[i] = p;
+                    self.blocks[b].page_ids[i] = self.free_page()?;
                 }
             }
+            Ok(())
+        });
+        if replaced.is_err() {
+            // TVM fails here with the borrowed pages in the block; mblob drops them, so that no
+            // kernel ever gets page -1 (the block is then shorter in pages than in length, as
+            // after any round that ran out of pages).
+            self.blocks[b].page_ids.retain(|&p| p != TEMP_PAGE);
         }
-        Ok(())
+        replaced
     }
 
     /// `RemoveSequence` of a sequence whose last block `PopN` already freed (TVM walks from
     /// the block it left, which may be the freed ones' parent).
     fn remove_sequence_after_pop(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
         self.remove_sequence(seq_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sliding windows, forks, pops and rounds in any order on a small table: TVM's errors
+    /// (or success), never a panic, and the page count kept (no page lost or doubled).
+    #[test]
+    fn sliding_sequences_under_random_calls_keep_the_pages() {
+        for (page_size, mut seed) in [(4, 0x2545_f491_4f6c_dd1du64), (16, 7), (4, 0x9e37_79b9_7f4a_7c15)] {
+            let mut next = |n: i64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % n as u64) as i64
+            };
+            let mut t = Table::new(page_size, 12, true, None);
+            for _ in 0..3000 {
+                let id = next(4);
+                let _ = match next(7) {
+                    0 => t.add_sequence(id).map_err(VmError::from),
+                    1 => t.enable_sliding_window(id, 1 + next(40), next(8), true).map_err(VmError::from),
+                    2 => t.begin_forward(&[id], &[1 + next(20)]).map(|_| ()).map_err(VmError::from),
+                    3 => t.fork_sequence(id, next(4), next(30) - 1, &mut |_, _, _| Ok(())),
+                    4 => t.popn(id, next(10), &mut |_, _, _| Ok(())),
+                    5 => t.remove_sequence(id).map_err(VmError::from),
+                    _ => t.begin_forward(&[0, 1], &[1, 1]).map(|_| ()).map_err(VmError::from),
+                };
+                let held: usize = t
+                    .blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !t.free_blocks.contains(i))
+                    .map(|(_, b)| b.page_ids.len())
+                    .sum();
+                assert!(t.blocks.iter().all(|b| b.page_ids.iter().all(|&p| p != TEMP_PAGE)));
+                assert_eq!(held + t.free_pages.len(), 12, "pages lost or doubled");
+            }
+        }
     }
 }

@@ -88,6 +88,10 @@ pub(super) struct Kernel {
     pub f: PackedFunction,
 }
 
+/// Gives the kernel at a slot of the create call's arguments (the library's kernel; the
+/// layout tests give positions).
+pub(super) type KernelAt<'a, K> = dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError> + 'a;
+
 /// The library's kernels the cache calls (`K`: a kernel; the layout tests use positions).
 #[derive(Debug, Clone)]
 pub(super) struct Kernels<K = Kernel> {
@@ -150,12 +154,7 @@ pub(super) fn kernel(vm: &VirtualMachine, args: &[&Value], i: usize) -> Result<K
 
 /// An attention backend tuple: `("tirx", kernel)`, or `("tir", kernel)` as TVM 0.20 to 0.23
 /// spell TVM's TIR kernels; `None` for an empty tuple.
-fn backend<K>(
-    kernel: &mut dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError>,
-    args: &[&Value],
-    i: usize,
-    what: &str,
-) -> Result<Option<K>, KvCacheError> {
+fn backend<K>(kernel: &mut KernelAt<'_, K>, args: &[&Value], i: usize, what: &str) -> Result<Option<K>, KvCacheError> {
     let items = match get(args, i)? {
         Value::Tuple(t) => tuple_items(t),
         v => return Err(arg_err(i, format!("expected a tuple (backend, function), got {}", v.kind()))),
@@ -312,7 +311,7 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
 /// [`parse`] with `kernel` giving the kernel at a slot.
 pub(super) fn decode<K>(
     args: &[&Value],
-    kernel: &mut dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError>,
+    kernel: &mut KernelAt<'_, K>,
 ) -> Result<(CacheConfig, Kernels<K>), KvCacheError> {
     if args.len() != 28 && args.len() != 29 {
         return Err(KvCacheError::Check(format!(
@@ -441,6 +440,15 @@ pub(super) fn decode<K>(
     ))
 }
 
+/// The kernel "at" a slot as the id of its `Value::Func`, for the layout tests.
+#[cfg(test)]
+pub(super) fn func_id(args: &[&Value], i: usize) -> Result<u32, KvCacheError> {
+    match get(args, i)? {
+        Value::Func(f) => Ok(*f),
+        v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,10 +493,7 @@ mod tests {
 
     fn decoded(args: &[Value]) -> Result<(CacheConfig, Kernels<u32>), KvCacheError> {
         let refs: Vec<&Value> = args.iter().collect();
-        decode(&refs, &mut |a, i| match a[i] {
-            Value::Func(f) => Ok(*f),
-            v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
-        })
+        decode(&refs, &mut func_id)
     }
 
     #[test]

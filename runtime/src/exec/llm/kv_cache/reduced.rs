@@ -26,7 +26,7 @@
 //! create calls of 0.17 to 0.19 are refused, naming them.
 
 use super::config::{arg_err, get, heads, init, int, kernel, num_total_pages, rope, sizes};
-use super::config::{AttnKind, CacheConfig, Kernels};
+use super::config::{AttnKind, CacheConfig, KernelAt, Kernels};
 use super::error::KvCacheError;
 use crate::exec::relax::vm::value::Value;
 use crate::exec::relax::vm::VirtualMachine;
@@ -39,7 +39,7 @@ pub(super) fn parse(vm: &VirtualMachine, args: &[&Value]) -> Result<(CacheConfig
 /// [`parse`] with `kernel` giving the kernel at a slot.
 pub(super) fn decode<K>(
     args: &[&Value],
-    kernel: &mut dyn FnMut(&[&Value], usize) -> Result<K, KvCacheError>,
+    kernel: &mut KernelAt<'_, K>,
 ) -> Result<(CacheConfig, Kernels<K>), KvCacheError> {
     if (19..=21).contains(&args.len()) && matches!(args.get(1), Some(Value::Int(_))) {
         return Err(KvCacheError::Unsupported(format!(
@@ -111,6 +111,7 @@ pub(super) fn is_old_flashinfer_create(args: &[&Value]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::config::func_id;
     use super::*;
     use crate::array::NdArray;
     use crate::device::Device;
@@ -140,10 +141,7 @@ mod tests {
 
     fn decoded(args: &[Value]) -> Result<(CacheConfig, Kernels<u32>), KvCacheError> {
         let refs: Vec<&Value> = args.iter().collect();
-        decode(&refs, &mut |a, i| match a[i] {
-            Value::Func(f) => Ok(*f),
-            v => Err(arg_err(i, format!("not a function: {}", v.kind()))),
-        })
+        decode(&refs, &mut func_id)
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! TVM's language-model support for the Relax VM, other than the paged KV cache: the tensor
 //! cache of weights ([`tensor_cache`]), the sampling and logit-processing builtins
-//! ([`sampling`]) and the legacy `nn.KVCache` object ([`legacy_kv`]). Feature `llm`.
+//! ([`sampling`]), the legacy `nn.KVCache` object ([`legacy_kv`]), and how generation picks
+//! tokens with them ([`sampler`]: MLC-LLM's seeded draws). Feature `llm`.
 //!
 //! Each TVM builtin is one function here, named after it without the `vm.builtin.` prefix
 //! (`vm.builtin.sample_top_p_from_logits` is [`sampling::sample_top_p_from_logits`]), taking
@@ -16,6 +17,7 @@
 
 pub mod builtins;
 pub mod legacy_kv;
+pub mod sampler;
 pub mod sampling;
 pub mod tensor_cache;
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
-use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
+use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
 use mblob_runtime::format::DataType;
@@ -436,16 +436,16 @@ impl RelaxVm {
     /// Calls `name` with values in their Python form (see `vm_value`); returns the result
     /// with its structure.
     fn invoke_values(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
-        let values = args.iter().map(|a| vm_value(&a)).collect::<PyResult<Vec<_>>>()?;
+        let values = args.iter().map(|a| vm_value(&a, &mut Vec::new())).collect::<PyResult<Vec<_>>>()?;
         let result = run(py, || {
-            let mut vm = take(&self.inner, "VM")?;
-            vm.invoke_values(&name, &values).map_err(run_error)
+            let vm = take(&self.inner, "VM")?;
+            host_value(&vm.invoke(&name, &values).map_err(run_error)?)
         })?;
         py_value(py, &result)
     }
 
     /// Calls the packed function `name` (a VM builtin such as `vm.builtin.kv_state_popn`, a VM
-    /// function, a function of the library or one of mblob's global functions), as TVM's
+    /// function or one of mblob's global functions), as TVM's
     /// `tvm.get_global_func(name)(*args)`. Tensors are passed by reference, as TVM passes its
     /// arrays: the result comes with the contents of every tensor argument after the call, in
     /// order, so that what a builtin wrote into one (`debug_get_kv`, the in-place sampling
@@ -457,10 +457,10 @@ impl RelaxVm {
         args: &Bound<'py, PyList>,
     ) -> PyResult<(Py<PyAny>, Vec<PyTensor<'py>>)> {
         let mut arrays = Vec::new();
-        let values = args.iter().map(|a| vm_value_by_ref(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
+        let values = args.iter().map(|a| vm_value(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
         let (result, after) = run(py, || {
             let vm = take(&self.inner, "VM")?;
-            let result = vm.call_function(&name, &values).map_err(run_error)?;
+            let result = host_value(&vm.invoke(&name, &values).map_err(run_error)?)?;
             let after = arrays.iter().map(|a| a.to_tensor().map_err(run_error)).collect::<Result<Vec<_>, _>>()?;
             Ok((result, after))
         })?;
@@ -478,13 +478,17 @@ impl RelaxVm {
     ) -> PyResult<Vec<PyTensor<'py>>> {
         let outs = run(py, || {
             let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            let mut vm = take(&self.inner, "VM")?;
-            let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
-            for t in &mut outs {
-                t.dtype = numpy_dtype(t.dtype);
-            }
-            Ok(outs)
+                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
+            let vm = take(&self.inner, "VM")?;
+            let result = vm.invoke(&name, &inputs).map_err(run_error)?;
+            result
+                .flatten()
+                .into_iter()
+                .map(|leaf| match leaf {
+                    Value::Tensor(a) => a.to_tensor().map_err(run_error),
+                    v => Err(PyErrLater::Run(format!("`{name}` returned a {} where tensors were expected", v.kind()))),
+                })
+                .collect::<Result<Vec<_>, _>>()
         })?;
         Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
     }
@@ -517,8 +521,8 @@ impl LanguageModel {
             let options = GenerateOptions { page_size, ..GenerateOptions::default() };
             Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error)
         })?;
-        let metadata = match lm.vm().call_function("_metadata", &[]) {
-            Ok(VmValue::Str(s)) => s,
+        let metadata = match lm.vm().invoke("_metadata", &[]) {
+            Ok(Value::Str(s)) => s,
             _ => "{}".into(),
         };
         Ok(LanguageModel { inner: Mutex::new(lm), metadata })
@@ -693,34 +697,34 @@ impl PyObjectRef {
     }
 }
 
-/// [`vm_value`], with tensors (also inside tuples) as host arrays passed by reference, each
-/// also pushed to `arrays`.
-fn vm_value_by_ref(a: &Bound<'_, PyAny>, arrays: &mut Vec<NdArray>) -> PyResult<VmValue> {
-    if let Ok(items) = a.cast::<PyList>() {
-        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value_by_ref(&i, arrays)).collect::<PyResult<_>>()?));
-    }
-    match vm_value(a)? {
-        VmValue::Tensor(t) => {
-            let array = NdArray::from_tensor(&t, Device::cpu(0)).map_err(|e| RunError::new_err(e.to_string()))?;
-            arrays.push(array.clone());
-            Ok(VmValue::Array(array))
-        }
-        v => Ok(v),
-    }
+/// A value with its tensors copied to the host, to hand to Python once the GIL is held again.
+enum HostValue {
+    Tensor(Tensor),
+    Other(Value),
+    Tuple(Vec<HostValue>),
 }
 
-/// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
-/// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str, None or an
-/// [`PyObjectRef`].
-fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
+/// `v` with its tensors on the host (run without the GIL).
+fn host_value(v: &Value) -> Result<HostValue, PyErrLater> {
+    Ok(match v {
+        Value::Tensor(a) => HostValue::Tensor(a.to_tensor().map_err(run_error)?),
+        Value::Tuple(items) => HostValue::Tuple(items.iter().map(host_value).collect::<Result<_, _>>()?),
+        v => HostValue::Other(v.clone()),
+    })
+}
+
+/// A value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
+/// tensor (on the CPU, passed by reference: each is also pushed to `arrays`), `("s", [ints])` a
+/// shape, a list a tuple, an int, a float, a str, None or an [`PyObjectRef`].
+fn vm_value(a: &Bound<'_, PyAny>, arrays: &mut Vec<NdArray>) -> PyResult<Value> {
     if a.is_none() {
-        return Ok(VmValue::Null);
+        return Ok(Value::Null);
     }
     if let Ok(o) = a.cast::<PyObjectRef>() {
-        return Ok(VmValue::Object(o.get().inner.clone()));
+        return Ok(Value::Object(o.get().inner.clone()));
     }
     if let Ok(items) = a.cast::<PyList>() {
-        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value(&i)).collect::<PyResult<_>>()?));
+        return Ok(Value::Tuple(items.iter().map(|i| vm_value(&i, arrays)).collect::<PyResult<_>>()?));
     }
     if let Ok(t) = a.cast::<PyTuple>() {
         let tag: String = t.get_item(0)?.extract()?;
@@ -729,20 +733,24 @@ fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
                 let data: Vec<u8> = t.get_item(1)?.extract()?;
                 let dtype: String = t.get_item(2)?.extract()?;
                 let shape: Vec<i64> = t.get_item(3)?.extract()?;
-                tensor_of(&data, &dtype, shape).map(VmValue::Tensor).map_err(PyErrLater::into_py_err)
+                let Value::Tensor(array) = input_value(&data, &dtype, shape).map_err(PyErrLater::into_py_err)? else {
+                    unreachable!("input_value makes tensors")
+                };
+                arrays.push(array.clone());
+                Ok(Value::Tensor(array))
             }
-            "s" => Ok(VmValue::Shape(t.get_item(1)?.extract()?)),
+            "s" => Ok(Value::Shape(t.get_item(1)?.extract::<Vec<i64>>()?.into())),
             _ => Err(crate::InputError::new_err(format!("unknown value tag `{tag}`"))),
         };
     }
     if a.is_instance_of::<pyo3::types::PyBool>() || a.is_instance_of::<pyo3::types::PyInt>() {
-        return Ok(VmValue::Int(a.extract()?));
+        return Ok(Value::Int(a.extract()?));
     }
     if a.is_instance_of::<pyo3::types::PyFloat>() {
-        return Ok(VmValue::Float(a.extract()?));
+        return Ok(Value::Float(a.extract()?));
     }
     if a.is_instance_of::<pyo3::types::PyString>() {
-        return Ok(VmValue::Str(a.extract()?));
+        return Ok(Value::Str(a.extract()?));
     }
     Err(crate::InputError::new_err(format!(
         "cannot pass a {} to a Relax function (arrays, shapes, ints, floats, strings, None and tuples of them)",
@@ -750,28 +758,23 @@ fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
     )))
 }
 
-/// A VM result in its Python form (the inverse of [`vm_value`]).
-fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
+/// A result in its Python form (the inverse of [`vm_value`]).
+fn py_value(py: Python<'_>, v: &HostValue) -> PyResult<Py<PyAny>> {
     Ok(match v {
-        VmValue::Tensor(t) => {
+        HostValue::Tensor(t) => {
             let (data, dtype, shape) = to_py_tensor(py, t);
             ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
         }
-        VmValue::Shape(s) => ("s", s.clone()).into_pyobject(py)?.into_any().unbind(),
-        VmValue::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Null => py.None(),
-        VmValue::Tuple(items) => {
+        HostValue::Tuple(items) => {
             let items = items.iter().map(|i| py_value(py, i)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
-        VmValue::Object(o) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
-        VmValue::Array(a) => {
-            let t = a.to_tensor().map_err(|e| RunError::new_err(e.to_string()))?;
-            let (data, dtype, shape) = to_py_tensor(py, &t);
-            ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
-        }
+        HostValue::Other(Value::Shape(s)) => ("s", s.to_vec()).into_pyobject(py)?.into_any().unbind(),
+        HostValue::Other(Value::Int(i)) => i.into_pyobject(py)?.into_any().unbind(),
+        HostValue::Other(Value::Float(f)) => f.into_pyobject(py)?.into_any().unbind(),
+        HostValue::Other(Value::Str(s)) => s.into_pyobject(py)?.into_any().unbind(),
+        HostValue::Other(Value::Object(o)) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
+        HostValue::Other(_) => py.None(),
     })
 }
 

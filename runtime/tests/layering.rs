@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// Layers, lowest first: top-level modules, and the parts of `ffi` and `device` that sit at
 /// their own height (`ffi::call` below `module`, whose functions are `PackedFunction`s; the GPU
-/// backends above `ffi`, whose calls they offer). Files of one entry may not use each other's
+/// backends above `ffi`, whose calls they offer; `ffi::kernel_call` above `array`, whose
+/// arrays it passes to kernels). Files of one entry may not use each other's
 /// modules unless they are the same module.
 const RANKS: &[&str] = &[
     "bytes",
@@ -30,6 +31,7 @@ const RANKS: &[&str] = &[
     "device::backends",
     "device::storage",
     "array",
+    "ffi::kernel_call",
     "tree",
     "serialize",
     "registry",

@@ -24,7 +24,18 @@ VM).
 
 from __future__ import annotations
 
-from .device import Device, _device_list, _device_pair, _from_triple, _to_triple, as_numpy, cpu, cuda, opencl
+from .device import (
+    Device,
+    _device_list,
+    _device_pair,
+    _from_triple,
+    _tensor_arg,
+    _to_triple,
+    as_numpy,
+    cpu,
+    cuda,
+    opencl,
+)
 from .function import BenchmarkResult, PackedFunction
 from .graph import GraphModule
 from .llm import LanguageModel

@@ -139,6 +139,17 @@ def _to_triple(array: Any, what: str = "array") -> Tuple[bytes, str, List[int]]:
     return a.tobytes(), _dtype_name(a.dtype), list(a.shape)
 
 
+def _tensor_arg(array: Any, what: str = "array") -> Any:
+    """An array as the native side takes it: a native ``Tensor`` as it is (passed by reference,
+    uncopied), anything else as a C-contiguous numpy array (:func:`as_numpy`), which the native
+    side copies into its own memory."""
+    if isinstance(array, _native.Tensor):
+        return array
+    # Not np.ascontiguousarray: it makes a 0-d array 1-d.
+    a = as_numpy(array, what)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def _from_triple(t: Tuple[bytes, str, Sequence[int]]) -> np.ndarray:
     data, dtype, shape = t
     return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(tuple(shape)).copy()

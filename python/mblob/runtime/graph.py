@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from .. import _native
-from .device import _device_pair, _from_triple, _to_triple, as_numpy, cpu
+from .device import _device_pair, _from_triple, _tensor_arg, as_numpy, cpu
 from .function import BenchmarkResult, _time
 
 
@@ -69,7 +69,7 @@ class GraphModule:
 
     def _set(self, name: str, value: Any, call: str) -> None:
         a = as_numpy(value, f"{call}: input `{name}`")
-        self._e.set_input(name, *_to_triple(a))
+        self._e.set_input(name, _tensor_arg(a))
         self._known[name] = np.array(a, copy=True)
 
     def set_input(self, key: Union[str, int, None] = None, value: Any = None, **params: Any) -> None:
@@ -82,7 +82,7 @@ class GraphModule:
             name = self._input_name(key, "GraphModule.set_input")
             if name is None:
                 # The executor's own message lists the inputs.
-                self._e.set_input(str(key), *_to_triple(value, f"GraphModule.set_input: input `{key}`"))
+                self._e.set_input(str(key), _tensor_arg(value, f"GraphModule.set_input: input `{key}`"))
             else:
                 self._set(name, value, "GraphModule.set_input")
         for k, v in params.items():
@@ -98,7 +98,7 @@ class GraphModule:
     def get_output(self, index: int, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Output ``index`` as a new numpy array; with ``out`` (a numpy array of the output's
         shape), copied into ``out``, which is returned (TVM's ``get_output(index, out)``)."""
-        value = _from_triple(self._e.get_output(index))
+        value = self._e.get_output(index).numpy()
         if out is not None:
             out[...] = value
             return out
@@ -181,7 +181,7 @@ class GraphModule:
             if self.get_input_index(name) >= 0:
                 value = _from_triple((raw, dtype, shape))
                 # The library's own params are outside the executor's settable inputs.
-                self._e.set_input(name, raw, dtype, list(shape))
+                self._e.set_input(name, value)
                 self._known[name] = value
                 self._param_names.add(name)
 
@@ -225,7 +225,7 @@ class GraphModule:
                 self.set_input(**kwargs)
                 self._e.run()
                 for i in range(self._e.get_num_outputs()):
-                    self._e.get_output(i)
+                    self._e.get_output(i).numpy()
 
         else:
             if kwargs:

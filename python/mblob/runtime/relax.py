@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import numpy as np
 
 from .. import _native
-from .device import _device_list, _device_pair, _from_triple, _to_triple, as_numpy, cpu
+from .device import _device_list, _device_pair, _tensor_arg, as_numpy, cpu
 from .function import BenchmarkResult, _time
 from .module import Module
 
@@ -266,7 +266,7 @@ class ParamModule(Object):
     def __getitem__(self, name: str) -> Callable[..., Any]:
         if name != "get_params":
             raise _native.InputError(f"the parameter module has no function {name!r} (it has: get_params)")
-        return lambda: tuple(_from_triple(t) for t in self._native.get_params())
+        return lambda: tuple(t.numpy() for t in self._native.get_params())
 
     def get_function(self, name: str) -> Callable[..., Any]:
         """TVM's ``Module.get_function``: ``get_params``."""
@@ -283,9 +283,9 @@ def _call_function(vm: Any, name: str, args: Sequence[Any]) -> Any:
     packed = [_vm_arg(a) for a in args]
     result, after = vm.call_function(name, packed)
     arrays = [a for a in _flat(args) if isinstance(a, np.ndarray)]
-    for array, triple in zip(arrays, after):
+    for array, tensor in zip(arrays, after):
         if array.flags.writeable:
-            np.copyto(array, _from_triple(triple).reshape(array.shape), casting="unsafe")
+            np.copyto(array, tensor.numpy().reshape(array.shape), casting="unsafe")
     return _vm_result(result, vm)
 
 
@@ -300,10 +300,11 @@ def _flat(args: Sequence[Any]) -> List[Any]:
 
 
 def _vm_arg(a: Any, kind: str = "any") -> Any:
-    """An argument in the native VM's form: ("t", bytes, dtype, shape) for an array, ("s", ints)
-    for a shape, a list for a tuple; ints, floats, strings and None as they are."""
-    if isinstance(a, np.ndarray):
-        return ("t",) + _to_triple(a)
+    """An argument in the native VM's form: a native ``Tensor`` or a numpy array for an array
+    (:func:`_tensor_arg`), ("s", ints) for a shape, a list for a tuple; ints, floats, strings and
+    None as they are."""
+    if isinstance(a, (np.ndarray, _native.Tensor)):
+        return _tensor_arg(a)
     if isinstance(a, np.generic):
         return a.item()
     if isinstance(a, (tuple, list)):
@@ -316,7 +317,7 @@ def _vm_arg(a: Any, kind: str = "any") -> Any:
     if isinstance(a, Object):
         return a._native
     if hasattr(a, "__dlpack__") or hasattr(a, "__array__"):
-        return ("t",) + _to_triple(a)
+        return _tensor_arg(a)
     raise _native.InputError(f"cannot pass a {type(a).__name__} to a Relax function")
 
 
@@ -327,8 +328,8 @@ def _vm_result(v: Any, vm: Any = None) -> Any:
         return tuple(_vm_result(x, vm) for x in v)
     if isinstance(v, _native.Object):
         return _wrap_object(v, vm)
-    if isinstance(v, tuple) and v and v[0] == "t":
-        return _from_triple(v[1:])
+    if isinstance(v, _native.Tensor):
+        return v.numpy()
     if isinstance(v, tuple) and v and v[0] == "s":
         return tuple(v[1])
     return v

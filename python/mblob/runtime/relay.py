@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Tuple
 
 from .. import _native
-from .device import _device_list, _from_triple, _to_triple
+from .device import _device_list, _tensor_arg
 from .module import Module
 
 
@@ -33,7 +33,7 @@ class RelayVirtualMachine:
 
     def invoke(self, func_name: str, *args: Any) -> Any:
         """Calls VM function ``func_name`` with ``args``."""
-        return _relay_result(self._vm.invoke_nested(func_name, [_to_triple(a) for a in args]))
+        return _relay_result(self._vm.invoke_nested(func_name, [_tensor_arg(a) for a in args]))
 
     def run(self, *args: Any) -> Any:
         """Calls ``main``."""
@@ -50,7 +50,7 @@ def _relay_result(v: Any) -> Any:
     """A native Relay VM result as Python values: a list (an ADT's fields) becomes a tuple."""
     if isinstance(v, list):
         return tuple(_relay_result(x) for x in v)
-    return _from_triple(v)
+    return v.numpy()
 
 
 def relay_vm(mod: Module, device: Any = None) -> RelayVirtualMachine:

@@ -100,19 +100,24 @@ pub enum KernelArg<'a> {
     Null,
 }
 
-/// Calls `kernel` once with `args`, tensors as `DLTensor`s of their arrays (borrowed for the
-/// call), in the kernel's own convention; gives what it returned. The `DLTensor`s lie in an
-/// array on the stack sized to the call (most kernels take two to eight arguments), in a
-/// vector past that.
-pub fn call_kernel(kernel: &PackedFunction, args: &[KernelArg<'_>]) -> Result<Value, CallError> {
+/// Calls `kernel` once with `args`, each passed as `arg` makes it (tensors as `DLTensor`s of
+/// their arrays, borrowed for the call), in the kernel's own convention; gives what it
+/// returned. The `DLTensor`s lie in an array on the stack sized to the call (most kernels take
+/// two to eight arguments), in a vector past that; nothing else is collected.
+#[inline]
+pub fn call_kernel<T>(
+    kernel: &PackedFunction,
+    args: &[T],
+    arg: impl for<'b> Fn(&'b T) -> KernelArg<'b>,
+) -> Result<Value, CallError> {
     match args.len() {
-        0..=2 => call_in::<2>(kernel, args),
-        3..=4 => call_in::<4>(kernel, args),
-        5..=8 => call_in::<8>(kernel, args),
+        0..=2 => call_in::<2, T>(kernel, args, arg),
+        3..=4 => call_in::<4, T>(kernel, args, arg),
+        5..=8 => call_in::<8, T>(kernel, args, arg),
         _ => {
             let mut tensors: Vec<DLTensor> = args.iter().map(|_| UNUSED_DL_TENSOR).collect();
             let mut values: Vec<Value> = args.iter().map(|_| Value::None).collect();
-            call_with(kernel, args, &mut tensors, &mut values)
+            call_with(kernel, args, arg, &mut tensors, &mut values)
         }
     }
 }
@@ -128,25 +133,30 @@ pub fn call_kernel_arrays(kernel: &PackedFunction, arrays: &[&NdArray]) -> Resul
 
 /// [`call_kernel`] with arrays of `N` places (at least as many as the arguments).
 #[inline]
-fn call_in<const N: usize>(kernel: &PackedFunction, args: &[KernelArg<'_>]) -> Result<Value, CallError> {
+fn call_in<const N: usize, T>(
+    kernel: &PackedFunction,
+    args: &[T],
+    arg: impl for<'b> Fn(&'b T) -> KernelArg<'b>,
+) -> Result<Value, CallError> {
     let mut tensors: [DLTensor; N] = [UNUSED_DL_TENSOR; N];
     let mut values: [Value; N] = std::array::from_fn(|_| Value::None);
     let n = args.len();
-    call_with(kernel, args, &mut tensors[..n], &mut values[..n])
+    call_with(kernel, args, arg, &mut tensors[..n], &mut values[..n])
 }
 
 /// [`call_kernel`] with `tensors` and `values` (one place per argument) to encode the
 /// arguments in: the places are not touched again until the call returns, so that the
 /// pointers to the `DLTensor`s stay valid.
 #[inline]
-fn call_with(
+fn call_with<T>(
     kernel: &PackedFunction,
-    args: &[KernelArg<'_>],
+    args: &[T],
+    arg: impl for<'b> Fn(&'b T) -> KernelArg<'b>,
     tensors: &mut [DLTensor],
     values: &mut [Value],
 ) -> Result<Value, CallError> {
     for ((t, slot), a) in tensors.iter_mut().zip(values.iter_mut()).zip(args) {
-        *slot = match *a {
+        *slot = match arg(a) {
             KernelArg::Tensor(array) => {
                 *t = kernel_dl_tensor(array);
                 Value::Tensor(t as *mut DLTensor)

@@ -21,17 +21,13 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
             });
         }
     }
-    let kernel_args: smallvec::SmallVec<[KernelArg<'_>; 8]> = args
-        .iter()
-        .map(|v| match v {
-            Value::Tensor(a) => KernelArg::Tensor(a),
-            Value::Int(i) => KernelArg::Int(*i),
-            Value::Float(f) => KernelArg::Float(*f),
-            _ => KernelArg::Null,
-        })
-        .collect();
     let _span = tracing::trace_span!("relax_kernel", kernel = name).entered();
-    let called = kernel_call::call_kernel(kernel, &kernel_args);
+    let called = kernel_call::call_kernel(kernel, args, |v| match v {
+        Value::Tensor(a) => KernelArg::Tensor(a),
+        Value::Int(i) => KernelArg::Int(*i),
+        Value::Float(f) => KernelArg::Float(*f),
+        _ => KernelArg::Null,
+    });
     match called.map_err(|e| VmError::Kernel { name: name.to_owned(), code: e.code, message: e.message })? {
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),

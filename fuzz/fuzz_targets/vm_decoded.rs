@@ -64,8 +64,8 @@ fuzz_target!(|data: &[u8]| {
         for _ in 0..1 + count % 4 {
             mutate_vm::relax(&mut e, &mut choose);
         }
-        if let Ok(mut vm) = VirtualMachine::with_executable(tree, Arc::new(e), Device::cpu(0)) {
-            let _ = vm.call_values("forward", inputs);
+        if let Ok(vm) = VirtualMachine::with_executable(tree, Arc::new(e), Device::cpu(0)) {
+            let _ = vm.invoke("forward", inputs);
         }
     } else {
         let (tree, exec, inputs) = &set.relay;

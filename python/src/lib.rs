@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod run;
+mod tensor;
 
 create_exception!(mblob, Error, PyException, "Base class of every error mblob raises.");
 

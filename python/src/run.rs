@@ -1,23 +1,23 @@
 //! Loading and running: `mblob.load_module`, the graph/AOT executors, the Relax VM and the
 //! Relay VM.
 //!
-//! Tensors cross as `(bytes, dtype, shape)` triples (the Python side makes numpy arrays of
-//! them): abi3 for Python 3.9 has no buffer protocol, and the executors copy inputs into their
-//! own aligned storage anyway.
+//! Tensors cross as `mblob._native.Tensor`s ([`crate::tensor`]): results are `Tensor`s where
+//! the model left them, and arguments are `Tensor`s (by reference) or numpy arrays (copied into
+//! a CPU array). Host functions (`Library.call`) and params files still take and give bytes.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
-use mblob_runtime::exec::relax::{numpy_dtype, ObjectRef, ParamKind, VirtualMachine, VmValue};
+use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
 use mblob_runtime::format::DataType;
-use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
+use crate::tensor::{tensor_in, Tensor as PyTensorObj};
 use crate::{run, PyErrLater};
 
 crate::family_exception!(
@@ -25,20 +25,6 @@ crate::family_exception!(
     pyo3::exceptions::PyRuntimeError,
     "A model or function failed to run: a kernel error, a wrong input, an unsupported device (also a RuntimeError, as TVM's TVMError)."
 );
-
-/// A tensor as Python sees it: its bytes, dtype name and shape.
-type PyTensor<'py> = (Bound<'py, PyBytes>, String, Vec<i64>);
-
-fn tensor_of(data: &[u8], dtype: &str, shape: Vec<i64>) -> Result<Tensor, PyErrLater> {
-    let dt = DataType::parse(dtype).ok_or_else(|| PyErrLater::Input(format!("unknown dtype `{dtype}`")))?;
-    let n = data.len();
-    Tensor::new(dt, shape.clone(), data.to_vec())
-        .ok_or_else(|| PyErrLater::Input(format!("a {dtype} tensor of shape {shape:?} cannot hold {n} bytes")))
-}
-
-fn to_py_tensor<'py>(py: Python<'py>, t: &Tensor) -> PyTensor<'py> {
-    (PyBytes::new(py, &t.data), t.dtype.to_string(), t.shape.clone())
-}
 
 fn run_error(e: impl std::error::Error + 'static) -> PyErrLater {
     PyErrLater::Run(crate::message(&e))
@@ -256,12 +242,6 @@ impl GraphExecutor {
     }
 }
 
-/// A host tensor of Python's as a model input, on the CPU.
-fn input_value(data: &[u8], dtype: &str, shape: Vec<i64>) -> Result<Value, PyErrLater> {
-    let t = tensor_of(data, dtype, shape)?;
-    Ok(Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0)).map_err(run_error)?))
-}
-
 #[pymethods]
 impl GraphExecutor {
     /// Builds the executor of the library's factory on `devs` (`(device_type, id)` pairs):
@@ -340,12 +320,10 @@ impl GraphExecutor {
         })
     }
 
-    /// Copies a tensor into the input `name`.
-    fn set_input(&self, py: Python<'_>, name: String, data: Vec<u8>, dtype: String, shape: Vec<i64>) -> PyResult<()> {
-        self.with(py, move |e| {
-            let v = input_value(&data, &dtype, shape)?;
-            e.set_input(Some(&name), v).map_err(run_error)
-        })
+    /// Copies a tensor (a `Tensor` or a numpy array) into the input `name`.
+    fn set_input(&self, py: Python<'_>, name: String, array: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = Value::Tensor(tensor_in(array, &format!("input `{name}`"))?);
+        self.with(py, move |e| e.set_input(Some(&name), v).map_err(run_error))
     }
 
     /// Runs the model once.
@@ -353,18 +331,18 @@ impl GraphExecutor {
         self.with(py, |e| e.run().map_err(run_error))
     }
 
-    /// Output `index` as `(bytes, dtype, shape)`.
-    fn get_output<'py>(&self, py: Python<'py>, index: usize) -> PyResult<PyTensor<'py>> {
+    /// Output `index`, a `Tensor` on the host (a copy: the next run writes the executor's own).
+    fn get_output(&self, py: Python<'_>, index: usize) -> PyResult<Py<PyAny>> {
         let t = self.with(py, move |e| {
             let outputs = e.outputs().map_err(run_error)?;
             let count = outputs.len();
             let v = outputs.get(index).ok_or_else(|| run_error(ExecError::Index { what: "output", index, count }))?;
-            v.as_tensor()
-                .ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?
-                .to_tensor()
-                .map_err(run_error)
+            let out = v.as_tensor().ok_or_else(|| PyErrLater::Run(format!("output {index} is a {}", v.kind())))?;
+            // A copy, made while the executor is held: its own output storage is written again
+            // by the next run.
+            out.copy(Device::cpu(0)).map_err(run_error)
         })?;
-        Ok(to_py_tensor(py, &t))
+        PyTensorObj::py(py, t)
     }
 
     /// The number of outputs.
@@ -436,16 +414,16 @@ impl RelaxVm {
     /// Calls `name` with values in their Python form (see `vm_value`); returns the result
     /// with its structure.
     fn invoke_values(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
-        let values = args.iter().map(|a| vm_value(&a)).collect::<PyResult<Vec<_>>>()?;
+        let values = args.iter().map(|a| vm_value(&a, &mut Vec::new())).collect::<PyResult<Vec<_>>>()?;
         let result = run(py, || {
-            let mut vm = take(&self.inner, "VM")?;
-            vm.invoke_values(&name, &values).map_err(run_error)
+            let vm = take(&self.inner, "VM")?;
+            vm.invoke(&name, &values).map_err(run_error)
         })?;
         py_value(py, &result)
     }
 
     /// Calls the packed function `name` (a VM builtin such as `vm.builtin.kv_state_popn`, a VM
-    /// function, a function of the library or one of mblob's global functions), as TVM's
+    /// function or one of mblob's global functions), as TVM's
     /// `tvm.get_global_func(name)(*args)`. Tensors are passed by reference, as TVM passes its
     /// arrays: the result comes with the contents of every tensor argument after the call, in
     /// order, so that what a builtin wrote into one (`debug_get_kv`, the in-place sampling
@@ -455,38 +433,35 @@ impl RelaxVm {
         py: Python<'py>,
         name: String,
         args: &Bound<'py, PyList>,
-    ) -> PyResult<(Py<PyAny>, Vec<PyTensor<'py>>)> {
+    ) -> PyResult<(Py<PyAny>, Vec<Py<PyAny>>)> {
         let mut arrays = Vec::new();
-        let values = args.iter().map(|a| vm_value_by_ref(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
-        let (result, after) = run(py, || {
+        let values = args.iter().map(|a| vm_value(&a, &mut arrays)).collect::<PyResult<Vec<_>>>()?;
+        let result = run(py, || {
             let vm = take(&self.inner, "VM")?;
-            let result = vm.call_function(&name, &values).map_err(run_error)?;
-            let after = arrays.iter().map(|a| a.to_tensor().map_err(run_error)).collect::<Result<Vec<_>, _>>()?;
-            Ok((result, after))
+            vm.invoke(&name, &values).map_err(run_error)
         })?;
-        Ok((py_value(py, &result)?, after.iter().map(|t| to_py_tensor(py, t)).collect()))
+        let after = arrays.into_iter().map(|a| PyTensorObj::py(py, a)).collect::<PyResult<Vec<_>>>()?;
+        Ok((py_value(py, &result)?, after))
     }
 
-    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
-    /// bool in numpy's spelling either way: the VM passes it as the executable's TVM spells
-    /// it).
-    fn invoke<'py>(
-        &self,
-        py: Python<'py>,
-        name: String,
-        args: Vec<(Vec<u8>, String, Vec<i64>)>,
-    ) -> PyResult<Vec<PyTensor<'py>>> {
+    /// Calls VM function `name` with tensors (`Tensor`s or numpy arrays); returns its
+    /// `Tensor`s (a bool in numpy's spelling either way: the VM passes it as the executable's
+    /// TVM spells it).
+    fn invoke(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Vec<Py<PyAny>>> {
+        let inputs = tensors_in(args)?;
         let outs = run(py, || {
-            let inputs =
-                args.into_iter().map(|(d, t, s)| tensor_of(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
-            let mut vm = take(&self.inner, "VM")?;
-            let mut outs = vm.invoke(&name, &inputs).map_err(run_error)?;
-            for t in &mut outs {
-                t.dtype = numpy_dtype(t.dtype);
-            }
-            Ok(outs)
+            let vm = take(&self.inner, "VM")?;
+            let result = vm.invoke(&name, &inputs).map_err(run_error)?;
+            result
+                .flatten()
+                .into_iter()
+                .map(|leaf| match leaf {
+                    Value::Tensor(a) => Ok(a.clone()),
+                    v => Err(PyErrLater::Run(format!("`{name}` returned a {} where tensors were expected", v.kind()))),
+                })
+                .collect::<Result<Vec<_>, _>>()
         })?;
-        Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
+        outs.into_iter().map(|a| PyTensorObj::py(py, a)).collect()
     }
 }
 
@@ -517,8 +492,8 @@ impl LanguageModel {
             let options = GenerateOptions { page_size, ..GenerateOptions::default() };
             Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error)
         })?;
-        let metadata = match lm.vm().call_function("_metadata", &[]) {
-            Ok(VmValue::Str(s)) => s,
+        let metadata = match lm.vm().invoke("_metadata", &[]) {
+            Ok(Value::Str(s)) => s,
             _ => "{}".into(),
         };
         Ok(LanguageModel { inner: Mutex::new(lm), metadata })
@@ -590,37 +565,29 @@ impl RelayVm {
         self.inner.functions().into_iter().map(|f| (f.name, f.params)).collect()
     }
 
-    /// Calls VM function `name` with tensors `(bytes, dtype, shape)`; returns its tensors (a
-    /// returned tuple flattened).
-    fn invoke<'py>(
-        &self,
-        py: Python<'py>,
-        name: String,
-        args: Vec<(Vec<u8>, String, Vec<i64>)>,
-    ) -> PyResult<Vec<PyTensor<'py>>> {
+    /// Calls VM function `name` with tensors (`Tensor`s or numpy arrays); returns its
+    /// `Tensor`s (a returned tuple flattened).
+    fn invoke(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Vec<Py<PyAny>>> {
+        let inputs = tensors_in(args)?;
         let outs = run(py, || {
-            let inputs =
-                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
             let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
             out.flatten()
                 .into_iter()
-                .map(|v| v.as_tensor().expect("Relay VM results are tensors").to_tensor().map_err(run_error))
+                .map(|v| {
+                    v.as_tensor()
+                        .cloned()
+                        .ok_or_else(|| PyErrLater::Run(format!("a Relay VM result of kind {}", v.kind())))
+                })
                 .collect::<Result<Vec<_>, _>>()
         })?;
-        Ok(outs.iter().map(|t| to_py_tensor(py, t)).collect())
+        outs.into_iter().map(|a| PyTensorObj::py(py, a)).collect()
     }
 
     /// Calls VM function `name` as `invoke` does; returns its result with TVM's structure: a
-    /// tensor `(bytes, dtype, shape)`, or a list of fields for an ADT (a tuple), nested.
-    fn invoke_nested(
-        &self,
-        py: Python<'_>,
-        name: String,
-        args: Vec<(Vec<u8>, String, Vec<i64>)>,
-    ) -> PyResult<Py<PyAny>> {
+    /// `Tensor`, or a list of fields for an ADT (a tuple), nested.
+    fn invoke_nested(&self, py: Python<'_>, name: String, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
+        let inputs = tensors_in(args)?;
         let out = run(py, || {
-            let inputs =
-                args.into_iter().map(|(d, t, s)| input_value(&d, &t, s)).collect::<Result<Vec<_>, PyErrLater>>()?;
             let out = self.inner.invoke(&name, &inputs).map_err(run_error)?;
             relay_host(&out)
         })?;
@@ -628,15 +595,15 @@ impl RelayVm {
     }
 }
 
-/// A Relay VM result with its tensors on the host: a tensor, or an ADT's fields.
+/// A Relay VM result: a tensor, or an ADT's fields.
 enum RelayHost {
-    Tensor(Tensor),
+    Tensor(NdArray),
     Adt(Vec<RelayHost>),
 }
 
 fn relay_host(v: &Value) -> Result<RelayHost, PyErrLater> {
     Ok(match v {
-        Value::Tensor(t) => RelayHost::Tensor(t.to_tensor().map_err(run_error)?),
+        Value::Tensor(t) => RelayHost::Tensor(t.clone()),
         Value::Tuple(fields) => RelayHost::Adt(fields.iter().map(relay_host).collect::<Result<_, _>>()?),
         Value::Object(o) => match o.downcast_ref::<mblob_runtime::exec::relay_vm::Adt>() {
             Some(adt) => RelayHost::Adt(adt.fields.iter().map(relay_host).collect::<Result<_, _>>()?),
@@ -646,10 +613,10 @@ fn relay_host(v: &Value) -> Result<RelayHost, PyErrLater> {
     })
 }
 
-/// A Relay VM result in Python: a tensor triple, or a list of its fields for an ADT.
+/// A Relay VM result in Python: a `Tensor`, or a list of its fields for an ADT.
 fn relay_vm_value(py: Python<'_>, v: &RelayHost) -> PyResult<Py<PyAny>> {
     Ok(match v {
-        RelayHost::Tensor(t) => to_py_tensor(py, t).into_pyobject(py)?.into_any().unbind(),
+        RelayHost::Tensor(t) => PyTensorObj::py(py, t.clone())?,
         RelayHost::Adt(fields) => {
             let items = fields.iter().map(|f| relay_vm_value(py, f)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
@@ -678,71 +645,51 @@ impl PyObjectRef {
     }
 
     /// The weights of a module that `vm.builtin.param_module_from_cache*` made (what its
-    /// function `get_params` returns), as tensors `(bytes, dtype, shape)`.
-    fn get_params<'py>(&self, py: Python<'py>) -> PyResult<Vec<PyTensor<'py>>> {
+    /// function `get_params` returns), as `Tensor`s.
+    fn get_params(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         use mblob_runtime::exec::llm::lm::builtins::ParamModule;
         let module = self
             .inner
             .downcast_ref::<ParamModule>()
             .ok_or_else(|| RunError::new_err(format!("a {} has no function `get_params`", self.inner.type_key())))?;
-        module
-            .get_params()
-            .iter()
-            .map(|a| a.to_tensor().map(|t| to_py_tensor(py, &t)).map_err(|e| RunError::new_err(e.to_string())))
-            .collect()
+        module.get_params().iter().map(|a| PyTensorObj::py(py, a.clone())).collect()
     }
 }
 
-/// [`vm_value`], with tensors (also inside tuples) as host arrays passed by reference, each
-/// also pushed to `arrays`.
-fn vm_value_by_ref(a: &Bound<'_, PyAny>, arrays: &mut Vec<NdArray>) -> PyResult<VmValue> {
-    if let Ok(items) = a.cast::<PyList>() {
-        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value_by_ref(&i, arrays)).collect::<PyResult<_>>()?));
-    }
-    match vm_value(a)? {
-        VmValue::Tensor(t) => {
-            let array = NdArray::from_tensor(&t, Device::cpu(0)).map_err(|e| RunError::new_err(e.to_string()))?;
-            arrays.push(array.clone());
-            Ok(VmValue::Array(array))
-        }
-        v => Ok(v),
-    }
-}
-
-/// A VM value from its Python form (made by `mblob.runtime`): `("t", bytes, dtype, shape)` a
-/// tensor, `("s", [ints])` a shape, a list a tuple, an int, a float, a str, None or an
+/// A value from its Python form (made by `mblob.runtime`): a `Tensor` or a numpy array a tensor
+/// (passed by reference: each is also pushed to `arrays`; a numpy array is first copied to a CPU
+/// array), `("s", [ints])` a shape, a list a tuple, an int, a float, a str, None or an
 /// [`PyObjectRef`].
-fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
+fn vm_value(a: &Bound<'_, PyAny>, arrays: &mut Vec<NdArray>) -> PyResult<Value> {
     if a.is_none() {
-        return Ok(VmValue::Null);
+        return Ok(Value::Null);
     }
     if let Ok(o) = a.cast::<PyObjectRef>() {
-        return Ok(VmValue::Object(o.get().inner.clone()));
+        return Ok(Value::Object(o.get().inner.clone()));
     }
     if let Ok(items) = a.cast::<PyList>() {
-        return Ok(VmValue::Tuple(items.iter().map(|i| vm_value(&i)).collect::<PyResult<_>>()?));
+        return Ok(Value::Tuple(items.iter().map(|i| vm_value(&i, arrays)).collect::<PyResult<_>>()?));
+    }
+    if a.is_instance_of::<PyTensorObj>() || a.hasattr("__array_interface__")? {
+        let array = tensor_in(a, "a Relax function's argument")?;
+        arrays.push(array.clone());
+        return Ok(Value::Tensor(array));
     }
     if let Ok(t) = a.cast::<PyTuple>() {
         let tag: String = t.get_item(0)?.extract()?;
         return match tag.as_str() {
-            "t" => {
-                let data: Vec<u8> = t.get_item(1)?.extract()?;
-                let dtype: String = t.get_item(2)?.extract()?;
-                let shape: Vec<i64> = t.get_item(3)?.extract()?;
-                tensor_of(&data, &dtype, shape).map(VmValue::Tensor).map_err(PyErrLater::into_py_err)
-            }
-            "s" => Ok(VmValue::Shape(t.get_item(1)?.extract()?)),
+            "s" => Ok(Value::Shape(t.get_item(1)?.extract::<Vec<i64>>()?.into())),
             _ => Err(crate::InputError::new_err(format!("unknown value tag `{tag}`"))),
         };
     }
     if a.is_instance_of::<pyo3::types::PyBool>() || a.is_instance_of::<pyo3::types::PyInt>() {
-        return Ok(VmValue::Int(a.extract()?));
+        return Ok(Value::Int(a.extract()?));
     }
     if a.is_instance_of::<pyo3::types::PyFloat>() {
-        return Ok(VmValue::Float(a.extract()?));
+        return Ok(Value::Float(a.extract()?));
     }
     if a.is_instance_of::<pyo3::types::PyString>() {
-        return Ok(VmValue::Str(a.extract()?));
+        return Ok(Value::Str(a.extract()?));
     }
     Err(crate::InputError::new_err(format!(
         "cannot pass a {} to a Relax function (arrays, shapes, ints, floats, strings, None and tuples of them)",
@@ -750,29 +697,27 @@ fn vm_value(a: &Bound<'_, PyAny>) -> PyResult<VmValue> {
     )))
 }
 
-/// A VM result in its Python form (the inverse of [`vm_value`]).
-fn py_value(py: Python<'_>, v: &VmValue) -> PyResult<Py<PyAny>> {
+/// A result in its Python form (the inverse of [`vm_value`]): tensors as `Tensor`s, where the
+/// VM left them.
+fn py_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
     Ok(match v {
-        VmValue::Tensor(t) => {
-            let (data, dtype, shape) = to_py_tensor(py, t);
-            ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
-        }
-        VmValue::Shape(s) => ("s", s.clone()).into_pyobject(py)?.into_any().unbind(),
-        VmValue::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
-        VmValue::Null => py.None(),
-        VmValue::Tuple(items) => {
+        Value::Tensor(t) => PyTensorObj::py(py, t.clone())?,
+        Value::Tuple(items) => {
             let items = items.iter().map(|i| py_value(py, i)).collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
-        VmValue::Object(o) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
-        VmValue::Array(a) => {
-            let t = a.to_tensor().map_err(|e| RunError::new_err(e.to_string()))?;
-            let (data, dtype, shape) = to_py_tensor(py, &t);
-            ("t", data, dtype, shape).into_pyobject(py)?.into_any().unbind()
-        }
+        Value::Shape(s) => ("s", s.to_vec()).into_pyobject(py)?.into_any().unbind(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+        Value::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
+        Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+        Value::Object(o) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
+        Value::Null => py.None(),
     })
+}
+
+/// The tensors of a list of arguments ([`tensor_in`]).
+fn tensors_in(args: &Bound<'_, PyList>) -> PyResult<Vec<Value>> {
+    args.iter().enumerate().map(|(i, a)| Ok(Value::Tensor(tensor_in(&a, &format!("argument {i}"))?))).collect()
 }
 
 /// Registers the classes and functions of this file.
@@ -782,6 +727,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<GraphExecutor>()?;
     m.add_class::<RelaxVm>()?;
     m.add_class::<PyObjectRef>()?;
+    m.add_class::<PyTensorObj>()?;
     m.add_class::<LanguageModel>()?;
     m.add_class::<RelayVm>()?;
     m.add_function(wrap_pyfunction!(load_library, m)?)?;

@@ -7,9 +7,9 @@
 //! bench first checks mblob's output against TVM's (`relax_dispatch.out.0.npy`), then times
 //! RUNS calls (default 20000, after 1000 warm-up calls), one by one:
 //!
-//! - `invoke_arrays`: the input already on the device, the output left there, as TVM's
+//! - `invoke`: the input already on the device, the output left there, as TVM's
 //!   `vm["main"](x)` takes and returns them (the like-for-like row);
-//! - `invoke`: a host tensor copied in, the output copied out (what `mblob run` does).
+//! - `invoke` with copies: a host tensor copied into a new array, the output copied out.
 //!
 //! With `TVM_PYTHON` set to a Python that has TVM 0.27 (`apache-tvm`), it then runs
 //! `make.py --time RUNS` with it, which times TVM's VM on the same `.so` (`time_evaluator` and
@@ -23,6 +23,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use mblob_runtime::exec::relax::VirtualMachine;
+use mblob_runtime::exec::Value;
+use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 /// Mean, median and min in microseconds of `runs` timed calls of `f`.
@@ -46,25 +48,28 @@ fn main() {
     // SAFETY: TVM's library, built by make.py beside it for this bench.
     let tree =
         unsafe { load_library(&dir.join("relax_dispatch.so"), &Registry::default(), &LoadOptions::default()) }.unwrap();
-    let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+    let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
     let x = npyfile::tensor(&dir.join("relax_dispatch.in.x.npy"));
     let expected = npyfile::tensor(&dir.join("relax_dispatch.out.0.npy"));
-    let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap();
-    assert_eq!(out.len(), 1);
-    assert_eq!((out[0].dtype, &out[0].shape, &out[0].data[..]), (expected.dtype, &expected.shape, &expected.data[..]));
-    let xa = NdArray::from_bytes(&x.data, &x.shape, x.dtype, Device::cpu(0)).unwrap();
-    let got = vm.invoke_arrays("main", std::slice::from_ref(&xa)).unwrap();
-    assert_eq!(got[0].to_tensor().unwrap().data[..], expected.data[..]);
+    // A host tensor copied in, the output copied out.
+    let copied = |x: &Tensor| -> Tensor {
+        let input = Value::Tensor(NdArray::from_tensor(x, Device::cpu(0)).unwrap());
+        vm.invoke("main", &[input]).unwrap().as_tensor().expect("a tensor").to_tensor().unwrap()
+    };
+    let out = copied(&x);
+    assert_eq!((out.dtype, &out.shape, &out.data[..]), (expected.dtype, &expected.shape, &expected.data[..]));
+    let xa = [Value::Tensor(NdArray::from_bytes(&x.data, &x.shape, x.dtype, Device::cpu(0)).unwrap())];
+    let got = vm.invoke("main", &xa).unwrap();
+    assert_eq!(got.as_tensor().expect("a tensor").to_tensor().unwrap().data[..], expected.data[..]);
 
     println!("| who | runs | mean us | median us | min us |");
     println!("|---|---|---|---|---|");
     let arrays = time(runs, || {
-        std::hint::black_box(vm.invoke_arrays("main", std::slice::from_ref(&xa)).unwrap());
+        std::hint::black_box(vm.invoke("main", &xa).unwrap());
     });
-    println!("| mblob invoke_arrays | {runs} | {:.3} | {:.3} | {:.3} |", arrays.0, arrays.1, arrays.2);
-    let inputs = [x];
+    println!("| mblob invoke | {runs} | {:.3} | {:.3} | {:.3} |", arrays.0, arrays.1, arrays.2);
     let copies = time(runs, || {
-        std::hint::black_box(vm.invoke("main", &inputs).unwrap());
+        std::hint::black_box(copied(&x));
     });
     println!("| mblob invoke (copies in and out) | {runs} | {:.3} | {:.3} | {:.3} |", copies.0, copies.1, copies.2);
 
@@ -88,7 +93,7 @@ fn main() {
     }
     let tvm = report["time_evaluator"]["median_us"].as_f64().unwrap();
     println!(
-        "median ratio mblob/TVM (time_evaluator): invoke_arrays {:.2}, invoke {:.2}",
+        "median ratio mblob/TVM (time_evaluator): invoke {:.2}, with copies {:.2}",
         arrays.1 / tvm,
         copies.1 / tvm
     );

@@ -1,6 +1,6 @@
 //! Per-inference time of the Relax VM on TVM's relax goldens: `cargo bench -p mblob-runtime
 //! --bench relax_vm [-- NAME...]`. Prints mean, median and min over repeated `invoke` calls
-//! (inputs copied in, outputs copied out, as `mblob run` does). `relax_vm_tvm.py` measures
+//! (inputs copied in from host tensors, outputs copied out). `relax_vm_tvm.py` measures
 //! TVM's own VM on the same files for comparison.
 
 #[path = "../tests/support/npyfile.rs"]
@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::{load_library, Device, LoadOptions, Registry};
+use mblob_runtime::exec::Value;
+use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 fn main() {
     let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens/run");
@@ -24,17 +25,21 @@ fn main() {
         let tree =
             unsafe { load_library(&dir.join(format!("{name}.so")), &Registry::default(), &LoadOptions::default()) }
                 .unwrap();
-        let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+        let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
         let x = npyfile::tensor(&dir.join(format!("{name}.in.x.npy")));
-        let inputs = [x];
+        let run = || {
+            let input = Value::Tensor(NdArray::from_tensor(&x, Device::cpu(0)).unwrap());
+            let out = vm.invoke("main", &[input]).unwrap();
+            out.flatten().iter().filter_map(|v| v.as_tensor()).map(|t| t.to_tensor().unwrap()).collect::<Vec<_>>()
+        };
         for _ in 0..200 {
-            vm.invoke("main", &inputs).unwrap();
+            run();
         }
         let runs = 5000;
         let mut times = Vec::with_capacity(runs);
         for _ in 0..runs {
             let t = Instant::now();
-            let out = vm.invoke("main", &inputs).unwrap();
+            let out = run();
             times.push(t.elapsed().as_secs_f64() * 1e6);
             std::hint::black_box(out);
         }

@@ -14,6 +14,10 @@ use mblob_runtime::{load_library, Bytes, Device, DeviceType, LoadOptions, Loaded
 mod npyfile;
 use npyfile::tensor as npy;
 
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::HostCalls;
+
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 const ALIGN: usize = 64;
 
@@ -93,13 +97,13 @@ fn mlp_constants_are_held_once_and_give_tvms_output() {
         ("misaligned", Arc::new(placed_at(exec, 4)), Some(0)),
     ];
     for (what, exec, in_place) in cases {
-        let mut vm = VirtualMachine::with_executable(&tree, exec.clone(), CPU).unwrap();
+        let vm = VirtualMachine::with_executable(&tree, exec.clone(), CPU).unwrap();
         let held = check_held_once(&vm, &exec, what);
         if let Some(n) = in_place {
             assert_eq!(held, n, "{what}: constants held in place");
         }
         for _ in 0..2 {
-            let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let out = vm.call_tensors("main", std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(out.len(), 1);
             assert_eq!(out[0].shape, expected.shape, "{what}");
             assert!(out[0].data[..] == expected.data[..], "{what}: output differs from TVM's");

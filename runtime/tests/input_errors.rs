@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
+use mblob_runtime::exec::relax::{VirtualMachine, VmError};
+use mblob_runtime::exec::Value;
 use mblob_runtime::format::stream::DataType;
-use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::{load_library, Device, LoadOptions, Registry};
+use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 fn llm_vm() -> VirtualMachine {
     let so = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llm/llm_consts.so");
@@ -18,13 +18,13 @@ fn llm_vm() -> VirtualMachine {
     VirtualMachine::new(&tree, Device::cpu(0)).unwrap()
 }
 
-fn ids(n: i64) -> VmValue {
+fn ids(n: i64) -> Value {
     let data: Vec<u8> = (0..n as i32).flat_map(|i| (i % 256).to_le_bytes()).collect();
-    VmValue::Tensor(Tensor::new(DataType::I32, vec![n], data).unwrap())
+    Value::Tensor(NdArray::from_bytes(&data, &[n], DataType::I32, Device::cpu(0)).unwrap())
 }
 
-fn shape(v: i64) -> VmValue {
-    VmValue::Shape(vec![v])
+fn shape(v: i64) -> Value {
+    Value::Shape([v].into())
 }
 
 /// The model's functions are built for at most 64 tokens (`tir_var_upper_bound`): a prefill of
@@ -32,14 +32,14 @@ fn shape(v: i64) -> VmValue {
 /// `prefill_past_chunk_size`), an input error.
 #[test]
 fn inputs_over_the_models_bounds_are_input_errors() {
-    let mut vm = llm_vm();
+    let vm = llm_vm();
     let cache =
-        vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
-    vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(0)]).unwrap();
-    vm.call_function("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(65)]).unwrap();
-    let VmValue::Tensor(e) = vm.invoke_values("embed", &[ids(65)]).unwrap() else { panic!("embed") };
-    let e = VmValue::Tensor(Tensor { shape: vec![1, 65, 64], ..e });
-    let err = vm.invoke_values("prefill", &[e, cache]).unwrap_err();
+        vm.invoke("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
+    vm.invoke("vm.builtin.kv_state_add_sequence", &[cache.clone(), Value::Int(0)]).unwrap();
+    vm.invoke("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(65)]).unwrap();
+    let Value::Tensor(e) = vm.invoke("embed", &[ids(65)]).unwrap() else { panic!("embed") };
+    let e = Value::Tensor(e.view(&[1, 65, 64], e.dtype()).unwrap());
+    let err = vm.invoke("prefill", &[e, cache]).unwrap_err();
     let text = err.to_string();
     assert!(!text.contains("invalid program"), "{text}");
     match err.root() {
@@ -59,10 +59,10 @@ fn inputs_over_the_models_bounds_are_input_errors() {
 /// A KV-cache builtin given the cache alone says it needs more, counting as people do.
 #[test]
 fn too_few_arguments_say_how_many_are_needed() {
-    let mut vm = llm_vm();
+    let vm = llm_vm();
     let cache =
-        vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
-    let err = vm.call_function("vm.builtin.kv_state_add_sequence", &[cache]).unwrap_err();
+        vm.invoke("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
+    let err = vm.invoke("vm.builtin.kv_state_add_sequence", &[cache]).unwrap_err();
     let text = err.to_string();
     assert!(!text.contains("needs argument 1, but was given 1"), "{text}");
     assert!(text.contains("needs at least 2 arguments") && text.contains("was given 1"), "{text}");

@@ -17,7 +17,7 @@
 #![allow(dead_code)]
 
 use mblob_runtime::exec::llm::lm::TensorCache;
-use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
+use mblob_runtime::exec::relax::{VirtualMachine, VmError};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{Device, NdArray};
@@ -26,6 +26,10 @@ use serde_json::Value as Json;
 #[path = "support/llm_fixture.rs"]
 mod llm_fixture;
 use llm_fixture::{dir, f32s, ints, json, load, npy_f32};
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{Host, HostCalls};
 
 /// Logits and keys/values within this much of TVM's CPU records, relative to max(1, max |ref|).
 const RTOL: f32 = 1e-4;
@@ -42,8 +46,8 @@ fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
 struct Llm {
     vm: VirtualMachine,
     device: Device,
-    params: VmValue,
-    cache: VmValue,
+    params: Host,
+    cache: Host,
 }
 
 impl Llm {
@@ -56,33 +60,33 @@ impl Llm {
         cache.load(&dir().join("params"), device).unwrap();
         let arrays = cache.param_array_by_name(&names).unwrap();
         assert!(arrays.iter().all(|a| a.device() == device));
-        let params = VmValue::Tuple(arrays.into_iter().map(VmValue::Array).collect());
-        Llm { vm, device, params, cache: VmValue::Null }
+        let params = Host::Tuple(arrays.into_iter().map(Host::Array).collect());
+        Llm { vm, device, params, cache: Host::Null }
     }
 
-    fn call(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
+    fn call(&self, name: &str, args: &[Host]) -> Result<Host, VmError> {
         let mut all = vec![self.cache.clone()];
         all.extend_from_slice(args);
-        self.vm.call_function(&format!("vm.builtin.{name}"), &all)
+        self.vm.call_host(&format!("vm.builtin.{name}"), &all)
     }
 
-    fn int(&self, name: &str, args: &[VmValue]) -> i64 {
+    fn int(&self, name: &str, args: &[Host]) -> i64 {
         match self.call(name, args).unwrap() {
-            VmValue::Int(i) => i,
+            Host::Int(i) => i,
             v => panic!("{name}: {v:?}"),
         }
     }
 
-    fn invoke(&mut self, func: &str, mut args: Vec<VmValue>) -> Result<VmValue, VmError> {
+    fn invoke(&mut self, func: &str, mut args: Vec<Host>) -> Result<Host, VmError> {
         args.push(self.params.clone());
-        self.vm.invoke_values(func, &args)
+        self.vm.call_host(func, &args)
     }
 
     fn create(&mut self, args: &[i64]) {
-        let shapes: Vec<VmValue> = args.iter().map(|&a| VmValue::Shape(vec![a])).collect();
-        self.cache = self.vm.invoke_values("create_tir_paged_kv_cache", &shapes).unwrap();
+        let shapes: Vec<Host> = args.iter().map(|&a| Host::Shape(vec![a])).collect();
+        self.cache = self.vm.call_host("create_tir_paged_kv_cache", &shapes).unwrap();
         match &self.cache {
-            VmValue::Object(o) => assert_eq!(o.type_key(), "relax.vm.PagedAttentionKVCache"),
+            Host::Object(o) => assert_eq!(o.type_key(), "relax.vm.PagedAttentionKVCache"),
             v => panic!("create_tir_paged_kv_cache returned {v:?}"),
         }
     }
@@ -90,9 +94,7 @@ impl Llm {
     fn state(&self, seqs: impl IntoIterator<Item = i64>) -> Json {
         let lengths: serde_json::Map<String, Json> = seqs
             .into_iter()
-            .map(|s| {
-                (s.to_string(), Json::from(self.int("attention_kv_cache_get_sequence_length", &[VmValue::Int(s)])))
-            })
+            .map(|s| (s.to_string(), Json::from(self.int("attention_kv_cache_get_sequence_length", &[Host::Int(s)]))))
             .collect();
         serde_json::json!({
             "num_available_pages": self.int("attention_kv_cache_get_num_available_pages", &[]),
@@ -108,31 +110,31 @@ impl Llm {
         let lengths = ints(&step["lengths"]);
         let tokens = ints(&step["tokens"]);
         let func = step["func"].as_str().unwrap();
-        self.call("kv_state_begin_forward", &[VmValue::Shape(seq_ids), VmValue::Shape(lengths)])?;
+        self.call("kv_state_begin_forward", &[Host::Shape(seq_ids), Host::Shape(lengths)])?;
         let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
         let ids = Tensor::new(DataType::I32, vec![tokens.len() as i64], ids).unwrap();
-        let e = match self.invoke("embed", vec![VmValue::Tensor(ids)]).unwrap() {
-            VmValue::Tensor(t) => t,
+        let e = match self.invoke("embed", vec![Host::Tensor(ids)]).unwrap() {
+            Host::Tensor(t) => t,
             v => panic!("embed returned {v:?}"),
         };
         let n = tokens.len() as i64;
         let shape = if func == "batch_decode" { vec![n, 1, 64] } else { vec![1, n, 64] };
-        let e = VmValue::Tensor(Tensor::new(e.dtype, shape, e.data).unwrap());
+        let e = Host::Tensor(Tensor::new(e.dtype, shape, e.data).unwrap());
         let args = match step.get("logit_positions") {
             Some(p) => {
                 let p: Vec<u8> = ints(p).iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
                 let p = Tensor::new(DataType::I32, vec![p.len() as i64 / 4], p).unwrap();
-                vec![e, VmValue::Tensor(p), self.cache.clone()]
+                vec![e, Host::Tensor(p), self.cache.clone()]
             }
             None => vec![e, self.cache.clone()],
         };
         let out = self.invoke(func, args).unwrap_or_else(|e| panic!("{func}: {e}"));
         self.call("kv_state_end_forward", &[]).unwrap();
         match out {
-            VmValue::Tuple(items) if items.len() == 2 => {
+            Host::Tuple(items) if items.len() == 2 => {
                 assert_eq!(items[1], self.cache, "{func} returns the cache it was given");
                 match &items[0] {
-                    VmValue::Tensor(t) => Ok(t.clone()),
+                    Host::Tensor(t) => Ok(t.clone()),
                     v => panic!("{func} returned logits {v:?}"),
                 }
             }
@@ -162,7 +164,7 @@ fn scenario(lib: &str, device: Device, name: &str) -> (f32, f32) {
     let (mut worst_logit, mut worst_kv) = (0f32, 0f32);
     for (i, step) in steps.iter().enumerate() {
         let at = format!("{lib} on {device}: {name} step {i} ({})", step["op"]);
-        let int = |k: &str| VmValue::Int(step[k].as_i64().unwrap());
+        let int = |k: &str| Host::Int(step[k].as_i64().unwrap());
         match step["op"].as_str().unwrap() {
             "create" => llm.create(&ints(&step["args"])),
             "add_sequence" => drop(llm.call("kv_state_add_sequence", &[int("seq")]).unwrap()),
@@ -180,7 +182,7 @@ fn scenario(lib: &str, device: Device, name: &str) -> (f32, f32) {
                 reads += 1;
                 let k = NdArray::empty(&shape, DataType::F32, into).unwrap();
                 let v = NdArray::empty(&shape, DataType::F32, into).unwrap();
-                let args = [int("seq"), int("start"), int("end"), VmValue::Array(k.clone()), VmValue::Array(v.clone())];
+                let args = [int("seq"), int("start"), int("end"), Host::Array(k.clone()), Host::Array(v.clone())];
                 llm.call("attention_kv_cache_debug_get_kv", &args).unwrap_or_else(|e| panic!("{at}: {e}"));
                 for (got, file) in [(k, &step["k"]), (v, &step["v"])] {
                     let (want_shape, want) = npy_f32(file.as_str().unwrap());
@@ -324,7 +326,7 @@ mod opencl {
                 assert!(result.is_ok(), "{name}: call {i} after a failure");
                 let (op, args) = call.split_once('(').unwrap_or((call, ""));
                 let args = args.trim_end_matches(')');
-                let ints_of = |a: &str| list(a).into_iter().map(VmValue::Int).collect::<Vec<_>>();
+                let ints_of = |a: &str| list(a).into_iter().map(Host::Int).collect::<Vec<_>>();
                 result = match op {
                     "create" => {
                         llm.create(&list(args));
@@ -332,13 +334,13 @@ mod opencl {
                     }
                     "add_sequence" => list(args)
                         .into_iter()
-                        .try_for_each(|s| llm.call("kv_state_add_sequence", &[VmValue::Int(s)]).map(drop)),
+                        .try_for_each(|s| llm.call("kv_state_add_sequence", &[Host::Int(s)]).map(drop)),
                     "remove_sequence" | "fork_sequence" | "popn" => {
                         llm.call(&format!("kv_state_{op}"), &ints_of(args)).map(drop)
                     }
                     "begin_forward" => {
                         let (ids, lengths) = args.split_once("], ").unwrap();
-                        let shapes = [VmValue::Shape(list(ids)), VmValue::Shape(list(lengths))];
+                        let shapes = [Host::Shape(list(ids)), Host::Shape(list(lengths))];
                         llm.call("kv_state_begin_forward", &shapes).map(drop)
                     }
                     _ => {
@@ -412,9 +414,9 @@ mod opencl {
         let scenarios = json("scenarios.json");
         let mut llm = Llm::new(LIB, d, &scenarios);
         llm.create(&[4, 128, 64, 16, 0]);
-        llm.call("kv_state_add_sequence", &[VmValue::Int(0)]).unwrap();
+        llm.call("kv_state_add_sequence", &[Host::Int(0)]).unwrap();
         llm.forward(&scenarios["scenarios"]["single"]["steps"][2]).unwrap();
-        let VmValue::Object(o) = &llm.cache else { unreachable!() };
+        let Host::Object(o) = &llm.cache else { unreachable!() };
         let cache = o.downcast_ref::<PagedKvCache>().unwrap();
         assert_eq!(cache.config().device, d);
         cache.begin_forward(&[0], &[1]).unwrap();

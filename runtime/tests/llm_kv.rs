@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use mblob_runtime::exec::relax::{VirtualMachine, VmError, VmValue};
+use mblob_runtime::exec::relax::{VirtualMachine, VmError};
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
@@ -22,9 +22,13 @@ use serde_json::Value as Json;
 mod llm_fixture;
 use llm_fixture::{dir, f32s, ints, json, load, npy_f32};
 
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{Host, HostCalls};
+
 /// The 15 weights of `llm_params.so` in `param_names` order, sliced from the tensor cache's
 /// raw shards as its `tensor-cache.json` places them.
-fn packed_params(names: &[String]) -> VmValue {
+fn packed_params(names: &[String]) -> Host {
     let cache = json("params/tensor-cache.json");
     let mut found: BTreeMap<String, Tensor> = BTreeMap::new();
     for shard in cache["records"].as_array().unwrap() {
@@ -40,14 +44,14 @@ fn packed_params(names: &[String]) -> VmValue {
             found.insert(r["name"].as_str().unwrap().to_owned(), t);
         }
     }
-    VmValue::Tuple(names.iter().map(|n| VmValue::Tensor(found.remove(n).unwrap_or_else(|| panic!("{n}")))).collect())
+    Host::Tuple(names.iter().map(|n| Host::Tensor(found.remove(n).unwrap_or_else(|| panic!("{n}")))).collect())
 }
 
 /// A model library with its VM, its weights (for `llm_params.so`) and the current cache.
 struct Llm {
     vm: VirtualMachine,
-    params: Option<VmValue>,
-    cache: VmValue,
+    params: Option<Host>,
+    cache: Host,
 }
 
 impl Llm {
@@ -58,36 +62,36 @@ impl Llm {
                 scenarios["param_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
             packed_params(&names)
         });
-        Llm { vm, params, cache: VmValue::Null }
+        Llm { vm, params, cache: Host::Null }
     }
 
-    fn call(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
+    fn call(&self, name: &str, args: &[Host]) -> Result<Host, VmError> {
         let mut all = vec![self.cache.clone()];
         all.extend_from_slice(args);
-        self.vm.call_function(&format!("vm.builtin.{name}"), &all)
+        self.vm.call_host(&format!("vm.builtin.{name}"), &all)
     }
 
-    fn int(&self, name: &str, args: &[VmValue]) -> i64 {
+    fn int(&self, name: &str, args: &[Host]) -> i64 {
         match self.call(name, args).unwrap() {
-            VmValue::Int(i) => i,
+            Host::Int(i) => i,
             v => panic!("{name}: {v:?}"),
         }
     }
 
     /// A model function with the weights last, as `llm_params.so` takes them.
-    fn invoke(&mut self, func: &str, mut args: Vec<VmValue>) -> Result<VmValue, VmError> {
+    fn invoke(&mut self, func: &str, mut args: Vec<Host>) -> Result<Host, VmError> {
         if let Some(p) = &self.params {
             args.push(p.clone());
         }
-        self.vm.invoke_values(func, &args)
+        self.vm.call_host(func, &args)
     }
 
     fn create(&mut self, args: &[i64]) {
-        let shapes: Vec<VmValue> = args.iter().map(|&a| VmValue::Shape(vec![a])).collect();
+        let shapes: Vec<Host> = args.iter().map(|&a| Host::Shape(vec![a])).collect();
         // `create_tir_paged_kv_cache` takes no weights.
-        self.cache = self.vm.invoke_values("create_tir_paged_kv_cache", &shapes).unwrap();
+        self.cache = self.vm.call_host("create_tir_paged_kv_cache", &shapes).unwrap();
         match &self.cache {
-            VmValue::Object(o) => assert_eq!(o.type_key(), "relax.vm.PagedAttentionKVCache"),
+            Host::Object(o) => assert_eq!(o.type_key(), "relax.vm.PagedAttentionKVCache"),
             v => panic!("create_tir_paged_kv_cache returned {v:?}"),
         }
     }
@@ -96,9 +100,7 @@ impl Llm {
     fn state(&self, seqs: impl IntoIterator<Item = i64>) -> Json {
         let lengths: serde_json::Map<String, Json> = seqs
             .into_iter()
-            .map(|s| {
-                (s.to_string(), Json::from(self.int("attention_kv_cache_get_sequence_length", &[VmValue::Int(s)])))
-            })
+            .map(|s| (s.to_string(), Json::from(self.int("attention_kv_cache_get_sequence_length", &[Host::Int(s)]))))
             .collect();
         serde_json::json!({
             "num_available_pages": self.int("attention_kv_cache_get_num_available_pages", &[]),
@@ -113,32 +115,32 @@ impl Llm {
         let lengths = ints(&step["lengths"]);
         let tokens = ints(&step["tokens"]);
         let func = step["func"].as_str().unwrap();
-        self.call("kv_state_begin_forward", &[VmValue::Shape(seq_ids), VmValue::Shape(lengths)])
+        self.call("kv_state_begin_forward", &[Host::Shape(seq_ids), Host::Shape(lengths)])
             .map_err(|e| ("begin_forward", e))?;
         let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
         let ids = Tensor::new(DataType::I32, vec![tokens.len() as i64], ids).unwrap();
-        let e = match self.invoke("embed", vec![VmValue::Tensor(ids)]).map_err(|e| ("embed", e))? {
-            VmValue::Tensor(t) => t,
+        let e = match self.invoke("embed", vec![Host::Tensor(ids)]).map_err(|e| ("embed", e))? {
+            Host::Tensor(t) => t,
             v => panic!("embed returned {v:?}"),
         };
         let n = tokens.len() as i64;
         let shape = if func == "batch_decode" { vec![n, 1, 64] } else { vec![1, n, 64] };
-        let e = VmValue::Tensor(Tensor::new(e.dtype, shape, e.data).unwrap());
+        let e = Host::Tensor(Tensor::new(e.dtype, shape, e.data).unwrap());
         let args = match step.get("logit_positions") {
             Some(p) => {
                 let p: Vec<u8> = ints(p).iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
                 let p = Tensor::new(DataType::I32, vec![p.len() as i64 / 4], p).unwrap();
-                vec![e, VmValue::Tensor(p), self.cache.clone()]
+                vec![e, Host::Tensor(p), self.cache.clone()]
             }
             None => vec![e, self.cache.clone()],
         };
         let out = self.invoke(func, args).map_err(|e| (func_name(func), e))?;
         self.call("kv_state_end_forward", &[]).map_err(|e| ("end_forward", e))?;
         match out {
-            VmValue::Tuple(items) if items.len() == 2 => {
+            Host::Tuple(items) if items.len() == 2 => {
                 assert_eq!(items[1], self.cache, "{func} returns the cache it was given");
                 match &items[0] {
-                    VmValue::Tensor(t) => Ok(t.clone()),
+                    Host::Tensor(t) => Ok(t.clone()),
                     v => panic!("{func} returned logits {v:?}"),
                 }
             }
@@ -178,7 +180,7 @@ fn scenario(lib: &str, name: &str, threads: usize) {
     let mut forwards = 0;
     for (i, step) in steps.iter().enumerate() {
         let at = format!("{lib} {name} step {i} ({}) at {threads} threads", step["op"]);
-        let int = |k: &str| VmValue::Int(step[k].as_i64().unwrap());
+        let int = |k: &str| Host::Int(step[k].as_i64().unwrap());
         match step["op"].as_str().unwrap() {
             "create" => llm.create(&ints(&step["args"])),
             "add_sequence" => drop(llm.call("kv_state_add_sequence", &[int("seq")]).unwrap()),
@@ -192,7 +194,7 @@ fn scenario(lib: &str, name: &str, threads: usize) {
                 let shape = [2, end - start, 4, 16];
                 let k = NdArray::empty(&shape, DataType::F32, Device::cpu(0)).unwrap();
                 let v = NdArray::empty(&shape, DataType::F32, Device::cpu(0)).unwrap();
-                let args = [int("seq"), int("start"), int("end"), VmValue::Array(k.clone()), VmValue::Array(v.clone())];
+                let args = [int("seq"), int("start"), int("end"), Host::Array(k.clone()), Host::Array(v.clone())];
                 llm.call("attention_kv_cache_debug_get_kv", &args).unwrap();
                 for (got, file) in [(k, &step["k"]), (v, &step["v"])] {
                     let (want_shape, want) = npy_f32(file.as_str().unwrap());
@@ -334,7 +336,7 @@ fn forward_step(call: &str, prompt: &[i64]) -> Json {
 fn error_call(llm: &mut Llm, call: &str, prompt: &[i64]) -> Result<(), (String, VmError)> {
     let (op, args) = call.split_once('(').unwrap_or((call, ""));
     let args = args.trim_end_matches(')');
-    let plain = |r: Result<VmValue, VmError>| r.map(drop).map_err(|e| (op.to_owned(), e));
+    let plain = |r: Result<Host, VmError>| r.map(drop).map_err(|e| (op.to_owned(), e));
     match op {
         "create" => {
             llm.create(&parse_ints(args));
@@ -342,17 +344,17 @@ fn error_call(llm: &mut Llm, call: &str, prompt: &[i64]) -> Result<(), (String, 
         }
         "add_sequence" => {
             for s in parse_ints(args) {
-                plain(llm.call("kv_state_add_sequence", &[VmValue::Int(s)]))?;
+                plain(llm.call("kv_state_add_sequence", &[Host::Int(s)]))?;
             }
             Ok(())
         }
         "remove_sequence" | "fork_sequence" | "popn" => {
-            let args: Vec<VmValue> = parse_ints(args).into_iter().map(VmValue::Int).collect();
+            let args: Vec<Host> = parse_ints(args).into_iter().map(Host::Int).collect();
             plain(llm.call(&format!("kv_state_{op}"), &args))
         }
         "begin_forward" => {
             let (ids, lengths) = args.split_once("], ").unwrap();
-            let args = [VmValue::Shape(parse_ints(ids)), VmValue::Shape(parse_ints(lengths))];
+            let args = [Host::Shape(parse_ints(ids)), Host::Shape(parse_ints(lengths))];
             plain(llm.call("kv_state_begin_forward", &args))
         }
         "embed" => Ok(()),
@@ -363,13 +365,13 @@ fn error_call(llm: &mut Llm, call: &str, prompt: &[i64]) -> Result<(), (String, 
                 vec![2],
                 [1i32, 2].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>(),
             );
-            let e = match llm.invoke("embed", vec![VmValue::Tensor(ids.unwrap())]).unwrap() {
-                VmValue::Tensor(t) => t,
+            let e = match llm.invoke("embed", vec![Host::Tensor(ids.unwrap())]).unwrap() {
+                Host::Tensor(t) => t,
                 v => panic!("embed returned {v:?}"),
             };
             let e = Tensor::new(e.dtype, vec![2, 1, 64], e.data).unwrap();
             let cache = llm.cache.clone();
-            plain(llm.invoke("decode", vec![VmValue::Tensor(e), cache]))
+            plain(llm.invoke("decode", vec![Host::Tensor(e), cache]))
         }
         _ => {
             let step = forward_step(call, prompt);
@@ -435,29 +437,25 @@ fn refusals_and_bad_calls_are_errors() {
     let scenarios = json("scenarios.json");
     let mut llm = Llm::new("llm_consts.so", &scenarios);
     llm.create(&[4, 16, 64, 16, 0]);
-    llm.call("kv_state_add_sequence", &[VmValue::Int(0)]).unwrap();
+    llm.call("kv_state_add_sequence", &[Host::Int(0)]).unwrap();
     // A cache made without sliding-window support refuses a window, with TVM's text.
     let e = llm
-        .call("attention_kv_cache_enable_sliding_window_for_seq", &[VmValue::Int(0), VmValue::Int(16), VmValue::Int(4)])
+        .call("attention_kv_cache_enable_sliding_window_for_seq", &[Host::Int(0), Host::Int(16), Host::Int(4)])
         .unwrap_err();
     assert!(e.to_string().contains("The KV cache does not support sliding window."), "{e}");
-    let e = llm.call("kv_state_begin_forward", &[VmValue::Shape(vec![0]), VmValue::Shape(vec![40])]).unwrap_err();
+    let e = llm.call("kv_state_begin_forward", &[Host::Shape(vec![0]), Host::Shape(vec![40])]).unwrap_err();
     assert!(e.to_string().contains("The KV cache is full"), "{e}");
     let shape = [2, 40, 4, 16];
     let k = NdArray::empty(&shape, DataType::F32, Device::cpu(0)).unwrap();
-    let args = [0, 0, 40].map(VmValue::Int);
+    let args = [0, 0, 40].map(Host::Int);
     let mut kv = args.to_vec();
-    kv.extend([VmValue::Array(k.clone()), VmValue::Array(k.clone())]);
+    kv.extend([Host::Array(k.clone()), Host::Array(k.clone())]);
     assert!(llm.call("attention_kv_cache_debug_get_kv", &kv).is_err());
     // A wrong shape of the arrays, a range past the sequence, a negative start.
+    assert!(llm.call("attention_kv_cache_debug_get_kv", &[&[0, 0, 10].map(Host::Int)[..], &kv[3..]].concat()).is_err());
+    assert!(llm.call("attention_kv_cache_debug_get_kv", &[&[0, 0, 41].map(Host::Int)[..], &kv[3..]].concat()).is_err());
     assert!(llm
-        .call("attention_kv_cache_debug_get_kv", &[&[0, 0, 10].map(VmValue::Int)[..], &kv[3..]].concat())
-        .is_err());
-    assert!(llm
-        .call("attention_kv_cache_debug_get_kv", &[&[0, 0, 41].map(VmValue::Int)[..], &kv[3..]].concat())
-        .is_err());
-    assert!(llm
-        .call("attention_kv_cache_debug_get_kv", &[&[0, -1, 39].map(VmValue::Int)[..], &kv[3..]].concat())
+        .call("attention_kv_cache_debug_get_kv", &[&[0, -1, 39].map(Host::Int)[..], &kv[3..]].concat())
         .is_err());
     for (name, args) in [
         ("kv_state_fork_sequence", vec![0, 1, 36]),
@@ -466,25 +464,25 @@ fn refusals_and_bad_calls_are_errors() {
         ("kv_state_popn", vec![i64::MIN, 1]),
         ("kv_state_fork_sequence", vec![i64::MIN, 3, -1]),
     ] {
-        let args: Vec<VmValue> = args.into_iter().map(VmValue::Int).collect();
+        let args: Vec<Host> = args.into_iter().map(Host::Int).collect();
         let _ = llm.call(name, &args);
     }
     for lengths in [vec![0], vec![-3], vec![i64::MAX], vec![1, 1]] {
         let ids = vec![0; lengths.len()];
-        assert!(llm.call("kv_state_begin_forward", &[VmValue::Shape(ids), VmValue::Shape(lengths)]).is_err());
+        assert!(llm.call("kv_state_begin_forward", &[Host::Shape(ids), Host::Shape(lengths)]).is_err());
     }
     // Attention with a tensor that is not the fused QKV, and on a layer the cache lacks.
-    let qkv = VmValue::Array(NdArray::empty(&[1, 12, 16], DataType::F32, Device::cpu(0)).unwrap());
-    let o = VmValue::Array(NdArray::empty(&[1, 4, 16], DataType::F32, Device::cpu(0)).unwrap());
-    let bad = VmValue::Array(NdArray::empty(&[1, 5, 16], DataType::F32, Device::cpu(0)).unwrap());
+    let qkv = Host::Array(NdArray::empty(&[1, 12, 16], DataType::F32, Device::cpu(0)).unwrap());
+    let o = Host::Array(NdArray::empty(&[1, 4, 16], DataType::F32, Device::cpu(0)).unwrap());
+    let bad = Host::Array(NdArray::empty(&[1, 5, 16], DataType::F32, Device::cpu(0)).unwrap());
     let attn = "attention_kv_cache_attention_with_fused_qkv";
-    assert!(llm.call(attn, &[VmValue::Int(0), VmValue::Float(0.25), bad, o.clone()]).is_err());
-    assert!(llm.call(attn, &[VmValue::Int(2), VmValue::Float(0.25), qkv.clone(), o.clone()]).is_err());
+    assert!(llm.call(attn, &[Host::Int(0), Host::Float(0.25), bad, o.clone()]).is_err());
+    assert!(llm.call(attn, &[Host::Int(2), Host::Float(0.25), qkv.clone(), o.clone()]).is_err());
     llm.call("kv_state_clear", &[]).unwrap();
     assert_eq!(llm.int("attention_kv_cache_get_num_available_pages", &[]), 2);
     assert_eq!(llm.int("attention_kv_cache_empty", &[]), 1);
     // After a clear, a round is needed again before attention.
-    assert!(llm.call(attn, &[VmValue::Int(0), VmValue::Float(0.25), qkv, o]).is_err());
+    assert!(llm.call(attn, &[Host::Int(0), Host::Float(0.25), qkv, o]).is_err());
 }
 
 /// Every global function the fixture libraries call (`functions.json`) is served: what

@@ -11,13 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use mblob_runtime::exec::llm::lm::{legacy_kv, sampling, tensor_cache, AttentionKvCacheLegacy, TensorCache};
-use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
+use mblob_runtime::exec::relax::VirtualMachine;
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 #[path = "support/npyfile.rs"]
 mod npyfile;
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{Host, HostCalls};
 
 /// Held by the tests of the process-wide tensor cache (tests run in parallel).
 static GLOBAL_CACHE: Mutex<()> = Mutex::new(());
@@ -618,27 +622,23 @@ fn lm_builtins_through_the_vm() {
     let path = dir().join("llm_params.so");
     // SAFETY: the fixture is a library TVM built for these tests.
     let tree = unsafe { load_library(&path, &Registry::default(), &LoadOptions::default()) }.unwrap();
-    let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+    let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
     let params_dir = dir().join("params").display().to_string();
-    vm.call_function("vm.builtin.tensor_cache.clear", &[]).unwrap();
-    vm.call_function("vm.builtin.tensor_cache.load", &[VmValue::Str(params_dir), VmValue::Int(1), VmValue::Int(0)])
-        .unwrap();
+    vm.call_host("vm.builtin.tensor_cache.clear", &[]).unwrap();
+    vm.call_host("vm.builtin.tensor_cache.load", &[Host::Str(params_dir), Host::Int(1), Host::Int(0)]).unwrap();
     let names = param_names();
     let params = vm
-        .call_function(
+        .call_host(
             "vm.builtin.param_array_from_cache_by_name",
-            &[VmValue::Tuple(names.iter().map(|n| VmValue::Str(n.clone())).collect())],
+            &[Host::Tuple(names.iter().map(|n| Host::Str(n.clone())).collect())],
         )
         .unwrap();
-    let VmValue::Tuple(items) = &params else { panic!("{params:?}") };
+    let Host::Tuple(items) = &params else { panic!("{params:?}") };
     assert_eq!(items.len(), 15);
     let err = vm
-        .call_function(
+        .call_host(
             "vm.builtin.param_array_from_cache_by_name",
-            &[VmValue::Tuple(vec![
-                VmValue::Str("model.embed_tokens.weight".into()),
-                VmValue::Str("no.such.weight".into()),
-            ])],
+            &[Host::Tuple(vec![Host::Str("model.embed_tokens.weight".into()), Host::Str("no.such.weight".into())])],
         )
         .unwrap_err();
     assert!(err.to_string().contains(error_case("param_not_in_cache")["message"].as_str().unwrap()), "{err}");
@@ -650,24 +650,24 @@ fn lm_builtins_through_the_vm() {
     let tokens: Vec<u8> =
         step["tokens"].as_array().unwrap().iter().flat_map(|t| (t.as_i64().unwrap() as i32).to_le_bytes()).collect();
     let ids = Tensor::new(DataType::I32, vec![7], tokens).unwrap();
-    let e = match vm.invoke_values("embed", &[VmValue::Tensor(ids), params.clone()]).unwrap() {
-        VmValue::Tensor(t) => t,
+    let e = match vm.call_host("embed", &[Host::Tensor(ids), params.clone()]).unwrap() {
+        Host::Tensor(t) => t,
         v => panic!("embed returned {v:?}"),
     };
     assert_eq!(e, host(&npy("embed.prompt.npy")), "embed differs from TVM's");
 
     // `prefill` of the prompt: TVM's logits (within 1e-4, as the paged KV cache's tests) and
     // its greedy token.
-    let shape = |n| VmValue::Shape(vec![n]);
+    let shape = |n| Host::Shape(vec![n]);
     let cache =
-        vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
-    vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(0)]).unwrap();
-    vm.call_function("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)]).unwrap();
-    let e = VmValue::Tensor(Tensor::new(e.dtype, vec![1, 7, 64], e.data).unwrap());
-    let out = vm.invoke_values("prefill", &[e, cache.clone(), params]).unwrap();
-    vm.call_function("vm.builtin.kv_state_end_forward", &[cache]).unwrap();
-    let VmValue::Tuple(out) = out else { panic!("prefill returned {out:?}") };
-    let VmValue::Tensor(logits) = &out[0] else { panic!("{:?}", out[0]) };
+        vm.call_host("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)]).unwrap();
+    vm.call_host("vm.builtin.kv_state_add_sequence", &[cache.clone(), Host::Int(0)]).unwrap();
+    vm.call_host("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)]).unwrap();
+    let e = Host::Tensor(Tensor::new(e.dtype, vec![1, 7, 64], e.data).unwrap());
+    let out = vm.call_host("prefill", &[e, cache.clone(), params]).unwrap();
+    vm.call_host("vm.builtin.kv_state_end_forward", &[cache]).unwrap();
+    let Host::Tuple(out) = out else { panic!("prefill returned {out:?}") };
+    let Host::Tensor(logits) = &out[0] else { panic!("{:?}", out[0]) };
     assert_eq!(logits.shape, [1, 1, 256]);
     let got: Vec<f32> = logits.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let want = npy("single.logits.npy").to_f32().unwrap().unwrap();
@@ -685,48 +685,41 @@ fn lm_builtins_through_the_vm() {
     let logits = npy("builtins/logits.npy");
     let a = case["args"].as_array().unwrap();
     let token = vm
-        .call_function(
+        .call_host(
             "vm.builtin.sample_top_p_from_logits",
             &[
-                VmValue::Array(logits.clone()),
-                VmValue::Float(a[1].as_f64().unwrap()),
-                VmValue::Float(a[2].as_f64().unwrap()),
-                VmValue::Float(a[3].as_f64().unwrap()),
+                Host::Array(logits.clone()),
+                Host::Float(a[1].as_f64().unwrap()),
+                Host::Float(a[2].as_f64().unwrap()),
+                Host::Float(a[3].as_f64().unwrap()),
             ],
         )
         .unwrap();
-    assert_eq!(token, VmValue::Int(case["result"]["int"].as_i64().unwrap()));
-    vm.call_function("vm.builtin.apply_softmax_with_temperature", &[VmValue::Array(logits.clone()), VmValue::Int(1)])
-        .unwrap();
+    assert_eq!(token, Host::Int(case["result"]["int"].as_i64().unwrap()));
+    vm.call_host("vm.builtin.apply_softmax_with_temperature", &[Host::Array(logits.clone()), Host::Int(1)]).unwrap();
     assert_same("softmax through the VM", &logits, &npy("builtins/softmax_t1.out.npy"));
 
     // The legacy cache as a VM object.
     let legacy = json("legacy_kv_cache.json");
     let steps = legacy["steps"].as_array().unwrap();
-    let arg_tensor = |i: usize| VmValue::Tensor(host(&npy(steps[i]["args"][0]["tensor"].as_str().unwrap())));
+    let arg_tensor = |i: usize| Host::Tensor(host(&npy(steps[i]["args"][0]["tensor"].as_str().unwrap())));
     let c = vm
-        .call_function(
-            "vm.builtin.attention_kv_cache_create",
-            &[arg_tensor(0), VmValue::Shape(vec![4, 2, 4]), VmValue::Int(0)],
-        )
+        .call_host("vm.builtin.attention_kv_cache_create", &[arg_tensor(0), Host::Shape(vec![4, 2, 4]), Host::Int(0)])
         .unwrap();
-    let VmValue::Object(o) = &c else { panic!("{c:?}") };
+    let Host::Object(o) = &c else { panic!("{c:?}") };
     assert_eq!(o.type_key(), "relax.vm.AttentionKVCacheLegacy");
     for i in [1, 2] {
-        let same = vm.call_function("vm.builtin.attention_kv_cache_append", &[c.clone(), arg_tensor(i)]).unwrap();
+        let same = vm.call_host("vm.builtin.attention_kv_cache_append", &[c.clone(), arg_tensor(i)]).unwrap();
         assert_eq!(same, c, "append returns the cache it was given");
-        let view = vm.call_function("vm.builtin.attention_kv_cache_view", std::slice::from_ref(&c)).unwrap();
-        assert_eq!(view, VmValue::Tensor(host(&npy(steps[i]["view"].as_str().unwrap()))), "step {i}");
+        let view = vm.call_host("vm.builtin.attention_kv_cache_view", std::slice::from_ref(&c)).unwrap();
+        assert_eq!(view, Host::Tensor(host(&npy(steps[i]["view"].as_str().unwrap()))), "step {i}");
     }
-    vm.call_function("vm.builtin.attention_kv_cache_array_popn", &[VmValue::Tuple(vec![c.clone()]), VmValue::Int(2)])
-        .unwrap();
-    let view =
-        vm.call_function("vm.builtin.attention_kv_cache_view", &[c.clone(), VmValue::Shape(vec![4, 2, 4])]).unwrap();
-    let VmValue::Tensor(view) = view else { panic!("{view:?}") };
+    vm.call_host("vm.builtin.attention_kv_cache_array_popn", &[Host::Tuple(vec![c.clone()]), Host::Int(2)]).unwrap();
+    let view = vm.call_host("vm.builtin.attention_kv_cache_view", &[c.clone(), Host::Shape(vec![4, 2, 4])]).unwrap();
+    let Host::Tensor(view) = view else { panic!("{view:?}") };
     assert_eq!(view.shape, [4, 2, 4]);
-    let err = vm
-        .call_function("vm.builtin.attention_kv_cache_array_popn", &[VmValue::Tuple(vec![c]), VmValue::Int(5)])
-        .unwrap_err();
+    let err =
+        vm.call_host("vm.builtin.attention_kv_cache_array_popn", &[Host::Tuple(vec![c]), Host::Int(5)]).unwrap_err();
     assert!(err.to_string().contains("Check failed: n <= fill_count (5 vs. 4) :"), "{err}");
 }
 

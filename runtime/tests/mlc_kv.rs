@@ -11,11 +11,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
+use mblob_runtime::exec::relax::VirtualMachine;
 use mblob_runtime::format::DataType;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, LoadOptions, Registry};
 use serde_json::Value;
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{Host, HostCalls};
 
 /// The tensor cache builtins share one process-wide cache: one test at a time loads into it.
 static GLOBAL_CACHE: Mutex<()> = Mutex::new(());
@@ -41,7 +45,7 @@ fn ints(v: &Value) -> Vec<i32> {
 
 struct Model {
     vm: VirtualMachine,
-    params: VmValue,
+    params: Host,
     settings: Value,
 }
 
@@ -52,71 +56,67 @@ impl Model {
         let tree = unsafe { load_library(&dir.join("lib.so"), &Registry::default(), &LoadOptions::default()) }
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
-        let meta: Value = match vm.call_function("_metadata", &[]).unwrap() {
-            VmValue::Str(s) => serde_json::from_str(&s).unwrap(),
+        let meta: Value = match vm.call_host("_metadata", &[]).unwrap() {
+            Host::Str(s) => serde_json::from_str(&s).unwrap(),
             v => panic!("_metadata: {v:?}"),
         };
-        let names: Vec<VmValue> = meta["params"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| VmValue::Str(p["name"].as_str().unwrap().into()))
-            .collect();
+        let names: Vec<Host> =
+            meta["params"].as_array().unwrap().iter().map(|p| Host::Str(p["name"].as_str().unwrap().into())).collect();
         let params = {
             let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
-            let dir_arg = VmValue::Str(dir.to_str().unwrap().into());
-            vm.call_function("vm.builtin.tensor_cache.load", &[dir_arg, VmValue::Int(1), VmValue::Int(0)]).unwrap();
-            let params = vm.call_function("vm.builtin.param_array_from_cache_by_name_unpacked", &names).unwrap();
-            vm.call_function("vm.builtin.tensor_cache.clear", &[]).unwrap();
+            let dir_arg = Host::Str(dir.to_str().unwrap().into());
+            vm.call_host("vm.builtin.tensor_cache.load", &[dir_arg, Host::Int(1), Host::Int(0)]).unwrap();
+            let params = vm.call_host("vm.builtin.param_array_from_cache_by_name_unpacked", &names).unwrap();
+            vm.call_host("vm.builtin.tensor_cache.clear", &[]).unwrap();
             params
         };
         match &params {
-            VmValue::Tuple(items) => assert_eq!(items.len(), names.len()),
+            Host::Tuple(items) => assert_eq!(items.len(), names.len()),
             v => panic!("param_array_from_cache_by_name_unpacked: {v:?}"),
         }
         let settings = json(&dir.join("reference.json"))["settings"].clone();
         Model { vm, params, settings }
     }
 
-    fn builtin(&self, name: &str, args: &[VmValue]) -> VmValue {
-        self.vm.call_function(&format!("vm.builtin.{name}"), args).unwrap_or_else(|e| panic!("{name}: {e}"))
+    fn builtin(&self, name: &str, args: &[Host]) -> Host {
+        self.vm.call_host(&format!("vm.builtin.{name}"), args).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 
     /// `create_tir_paged_kv_cache` with TVM's settings, and sequence 0.
-    fn new_cache(&self) -> VmValue {
-        let s = |k: &str| VmValue::Shape(vec![self.settings[k].as_i64().unwrap()]);
-        let sliding = VmValue::Shape(vec![i64::from(self.settings["sliding_window_size"].as_i64().unwrap() != -1)]);
+    fn new_cache(&self) -> Host {
+        let s = |k: &str| Host::Shape(vec![self.settings[k].as_i64().unwrap()]);
+        let sliding = Host::Shape(vec![i64::from(self.settings["sliding_window_size"].as_i64().unwrap() != -1)]);
         let kv = self
             .vm
-            .call_function(
+            .call_host(
                 "create_tir_paged_kv_cache",
                 &[s("max_batch_size"), s("max_total_seq_len"), s("prefill_chunk_size"), s("page_size"), sliding],
             )
             .unwrap();
-        self.builtin("kv_state_add_sequence", &[kv.clone(), VmValue::Int(0)]);
+        self.builtin("kv_state_add_sequence", &[kv.clone(), Host::Int(0)]);
         kv
     }
 
     /// One forward step of `seq` over `ids` through `func`: the logits of the last position.
-    fn forward(&self, kv: &VmValue, seq: i64, ids: &[i32], func: &str) -> Vec<f32> {
+    fn forward(&self, kv: &Host, seq: i64, ids: &[i32], func: &str) -> Vec<f32> {
         let n = ids.len() as i64;
-        self.builtin("kv_state_begin_forward", &[kv.clone(), VmValue::Shape(vec![seq]), VmValue::Shape(vec![n])]);
+        self.builtin("kv_state_begin_forward", &[kv.clone(), Host::Shape(vec![seq]), Host::Shape(vec![n])]);
         let input =
             Tensor::new(DataType::I32, vec![n], ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-        let emb = match self.vm.call_function("embed", &[VmValue::Tensor(input), self.params.clone()]).unwrap() {
-            VmValue::Tensor(t) => t,
+        let emb = match self.vm.call_host("embed", &[Host::Tensor(input), self.params.clone()]).unwrap() {
+            Host::Tensor(t) => t,
             v => panic!("embed: {v:?}"),
         };
         let hidden = *emb.shape.last().unwrap();
         let emb = Tensor { shape: vec![1, n, hidden], ..emb };
-        let out = self.vm.call_function(func, &[VmValue::Tensor(emb), kv.clone(), self.params.clone()]).unwrap();
+        let out = self.vm.call_host(func, &[Host::Tensor(emb), kv.clone(), self.params.clone()]).unwrap();
         self.builtin("kv_state_end_forward", std::slice::from_ref(kv));
         let logits = match out {
-            VmValue::Tuple(items) => match items.into_iter().next() {
-                Some(VmValue::Tensor(t)) => t,
+            Host::Tuple(items) => match items.into_iter().next() {
+                Some(Host::Tensor(t)) => t,
                 v => panic!("{func}: {v:?}"),
             },
-            VmValue::Tensor(t) => t,
+            Host::Tensor(t) => t,
             v => panic!("{func}: {v:?}"),
         };
         let vocab = *logits.shape.last().unwrap() as usize;
@@ -152,13 +152,13 @@ fn fork_and_popn_as_tvm(name: &str) {
     }
     assert_eq!(argmax(&last), f["prefill_token"].as_i64().unwrap() as i32, "{name}: prefill token");
     rows.push(last);
-    m.builtin("kv_state_fork_sequence", &[kv.clone(), VmValue::Int(0), VmValue::Int(1), VmValue::Int(-1)]);
+    m.builtin("kv_state_fork_sequence", &[kv.clone(), Host::Int(0), Host::Int(1), Host::Int(-1)]);
     for (fed, tok) in ints(&f["fork"]["decode_fed"]).into_iter().zip(ints(&f["fork"]["tokens"])) {
         let row = m.forward(&kv, 1, &[fed], "decode");
         assert_eq!(argmax(&row), tok, "{name}: decode of the forked sequence");
         rows.push(row);
     }
-    m.builtin("kv_state_popn", &[kv.clone(), VmValue::Int(0), VmValue::Int(2)]);
+    m.builtin("kv_state_popn", &[kv.clone(), Host::Int(0), Host::Int(2)]);
     for (fed, tok) in ints(&f["popn"]["decode_fed"]).into_iter().zip(ints(&f["popn"]["tokens"])) {
         let row = m.forward(&kv, 0, &[fed], "decode");
         assert_eq!(argmax(&row), tok, "{name}: decode after popn");
@@ -202,7 +202,7 @@ fn sliding_window_as_tvm(name: &str) {
         let kv = m.new_cache();
         m.builtin(
             "attention_kv_cache_enable_sliding_window_for_seq",
-            &[kv.clone(), VmValue::Int(0), VmValue::Int(window), VmValue::Int(sink)],
+            &[kv.clone(), Host::Int(0), Host::Int(window), Host::Int(sink)],
         );
         kv
     };
@@ -224,8 +224,8 @@ fn sliding_window_as_tvm(name: &str) {
     }
     assert_eq!(argmax(rows.last().unwrap()), *tokens.last().unwrap(), "{name}: last token");
     // The window holds the sequence at its size: TVM's `seq_length` after sliding.
-    let len = m.builtin("attention_kv_cache_get_sequence_length", &[kv.clone(), VmValue::Int(0)]);
-    assert!(matches!(len, VmValue::Int(l) if l == window), "{name}: sequence length after sliding {len:?}");
+    let len = m.builtin("attention_kv_cache_get_sequence_length", &[kv.clone(), Host::Int(0)]);
+    assert!(matches!(len, Host::Int(l) if l == window), "{name}: sequence length after sliding {len:?}");
     for (i, row) in rows.iter().enumerate() {
         let want = &want[i * vocab..(i + 1) * vocab];
         let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -239,11 +239,8 @@ fn sliding_window_as_tvm(name: &str) {
         m.forward(&kv, 0, c, "prefill");
     }
     let err =
-        m.vm.call_function(
-            "vm.builtin.kv_state_fork_sequence",
-            &[kv.clone(), VmValue::Int(0), VmValue::Int(1), VmValue::Int(-1)],
-        )
-        .expect_err("a sliding sequence forks only within its sinks");
+        m.vm.call_host("vm.builtin.kv_state_fork_sequence", &[kv.clone(), Host::Int(0), Host::Int(1), Host::Int(-1)])
+            .expect_err("a sliding sequence forks only within its sinks");
     let want = f["fork_error"].as_str().unwrap();
     assert!(err.to_string().ends_with(want), "{name}: fork error {err}, TVM's: {want}");
 }

@@ -22,6 +22,10 @@ use mblob_runtime::{load_library, Device, DeviceType, LibraryModule, LoadOptions
 mod npyfile;
 use npyfile::tensor as npy;
 
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::HostCalls;
+
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
 /// The names mblob's shim provides (`shim::PROVIDED`), which the stand-in defines too.
@@ -248,11 +252,11 @@ fn run_model(name: &str) -> LoadedTree {
     let tree = load(&so);
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
     for (k, run) in meta["runs"].as_array().unwrap().iter().enumerate() {
         let inputs: Vec<Tensor> =
             run["inputs"].as_array().unwrap().iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
-        let outs = vm.invoke("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
+        let outs = vm.call_tensors("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
         let want = run["outputs"].as_array().unwrap();
         assert_eq!(outs.len(), want.len(), "{name} run {k}");
         for (o, w) in outs.iter().zip(want) {
@@ -350,10 +354,12 @@ fn mblob_then_other_provider() {
 
     run_model("relax_branch");
     drop(run_model("relax_fused"));
-    let mut vm = VirtualMachine::new(&fused, CPU).unwrap();
+    let vm = VirtualMachine::new(&fused, CPU).unwrap();
     let dir = relax_027();
-    let out =
-        vm.invoke("main", &[npy(&dir.join("relax_fused.run0.in.x.npy")), npy(&dir.join("relax_fused.run0.in.y.npy"))]);
+    let out = vm.call_tensors(
+        "main",
+        &[npy(&dir.join("relax_fused.run0.in.x.npy")), npy(&dir.join("relax_fused.run0.in.y.npy"))],
+    );
     assert!(out.unwrap()[1].data == npy(&dir.join("relax_fused.run0.out.1.npy")).data);
     assert_eq!(kernel_shape_error(&fused), before);
     assert_eq!(standin.calls(0), errors_before, "the model's error went to the stand-in");

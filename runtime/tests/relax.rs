@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::{
-    Constant, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmOutput, RELAX_EXECUTABLE,
+    Constant, FuncKind, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, RELAX_EXECUTABLE,
     RELAX_VM_EXECUTABLE,
 };
+use mblob_runtime::exec::Value;
 use mblob_runtime::ffi::threadpool;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
@@ -18,6 +19,10 @@ use mblob_runtime::{
 #[path = "support/npyfile.rs"]
 mod npyfile;
 use npyfile::tensor as npy;
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::HostCalls;
 
 const CPU: Device = Device { device_type: DeviceType::Cpu, device_id: 0 };
 
@@ -98,11 +103,11 @@ fn mlp_outputs_equal_tvms() {
     for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
         let dir = goldens().join("run");
         let tree = load(&dir.join(format!("{name}.so")));
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
         let x = npy(&dir.join(format!("{name}.in.x.npy")));
         let expected = npy(&dir.join(format!("{name}.out.0.npy")));
         for _ in 0..2 {
-            let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let out = vm.call_tensors("main", std::slice::from_ref(&x)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(out.len(), 1);
             assert_eq!(out[0].shape, expected.shape, "{name}");
             assert_eq!(out[0].dtype, expected.dtype, "{name}");
@@ -153,11 +158,11 @@ fn add_mul_every_version() {
 
         let tree = load(&dir.join("relax_add_mul.so"));
         assert_eq!(executable(&tree), &exec, "{version}: the loaded payload differs from the file");
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
         let x = npy(&dir.join("relax_add_mul.in.x.npy"));
         let y = npy(&dir.join("relax_add_mul.in.y.npy"));
         let expected = npy(&dir.join("relax_add_mul.out.0.npy"));
-        let out = vm.invoke("main", &[x, y]).unwrap_or_else(|e| panic!("{version}: {e}"));
+        let out = vm.call_tensors("main", &[x, y]).unwrap_or_else(|e| panic!("{version}: {e}"));
         assert_eq!(out.len(), 1);
         assert_eq!((&out[0].shape, &out[0].data[..]), (&expected.shape, &expected.data[..]), "{version}");
     }
@@ -224,11 +229,11 @@ fn mlp_vm(name: &str) -> (LoadedTree, Tensor) {
 fn wrong_inputs_get_tvms_messages() {
     for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
         let (tree, x) = mlp_vm(name);
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
         let ctx = r#"ErrorContext(fn=main, loc=param[0], param=x, annotation=R.Tensor((2, 64), dtype="float32")) "#;
 
         let wrong_dim = Tensor::new(DataType::F32, vec![2, 32], vec![0; 2 * 32 * 4]).unwrap();
-        let err = vm.invoke("main", &[wrong_dim]).unwrap_err();
+        let err = vm.call_tensors("main", &[wrong_dim]).unwrap_err();
         assert_eq!(
             err.root().to_string(),
             format!("RuntimeError: {ctx} match_cast error,  shape[1] mismatch to specified constant.")
@@ -236,22 +241,22 @@ fn wrong_inputs_get_tvms_messages() {
         assert!(err.to_string().contains("vm.builtin.match_shape"), "{err}");
 
         let wrong_ndim = Tensor::new(DataType::F32, vec![128], vec![0; 128 * 4]).unwrap();
-        let err = vm.invoke("main", &[wrong_ndim]).unwrap_err();
+        let err = vm.call_tensors("main", &[wrong_ndim]).unwrap_err();
         assert_eq!(err.root().to_string(), format!("ValueError: {ctx} expect Tensor with ndim 2 but get 1"));
 
         let wrong_dtype = Tensor::new(DataType::I32, vec![2, 64], vec![0; 2 * 64 * 4]).unwrap();
-        let err = vm.invoke("main", &[wrong_dtype]).unwrap_err();
+        let err = vm.call_tensors("main", &[wrong_dtype]).unwrap_err();
         assert_eq!(err.root().to_string(), format!("ValueError: {ctx} expect Tensor with dtype float32 but get int32"));
 
-        let err = vm.invoke("main", &[x.clone(), x.clone()]).unwrap_err();
+        let err = vm.call_tensors("main", &[x.clone(), x.clone()]).unwrap_err();
         assert_eq!(
             err.to_string(),
             "ValueError: Invoking function main expects 1 arguments (x), but 2 arguments were provided."
         );
-        let err = vm.invoke("softmax", std::slice::from_ref(&x)).unwrap_err();
+        let err = vm.call_tensors("softmax", std::slice::from_ref(&x)).unwrap_err();
         assert!(matches!(err, VmError::UnknownFunction { .. }), "{err}");
         // The VM still works after the errors.
-        assert_eq!(vm.invoke("main", &[x]).unwrap().len(), 1);
+        assert_eq!(vm.call_tensors("main", &[x]).unwrap().len(), 1);
     }
 }
 
@@ -370,7 +375,7 @@ fn tvm_027_feature_models() {
         };
         assert_eq!(exec.as_text().split('\n').collect::<Vec<_>>(), lines("as_text"), "{name}: as_text");
         assert_eq!(exec.stats().split('\n').collect::<Vec<_>>(), lines("stats"), "{name}: stats");
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
         for (k, run) in meta["runs"].as_array().unwrap().iter().enumerate() {
             let inputs: Vec<Tensor> =
                 run["inputs"].as_array().unwrap().iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
@@ -378,7 +383,7 @@ fn tvm_027_feature_models() {
                 run["inputs"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
             let main = vm.functions().into_iter().find(|f| f.name == "main").unwrap();
             assert_eq!(main.params, names, "{name}");
-            let outs = vm.invoke("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
+            let outs = vm.call_tensors("main", &inputs).unwrap_or_else(|e| panic!("{name} run {k}: {e}"));
             let want = run["outputs"].as_array().unwrap();
             assert_eq!(outs.len(), want.len(), "{name} run {k}");
             for (o, w) in outs.iter().zip(want) {
@@ -429,16 +434,17 @@ fn unseen_models_from_tvm_019_and_027() {
             };
             assert_eq!(exec.as_text().split('\n').collect::<Vec<_>>(), lines("as_text"), "{version}/{name}: as_text");
             assert_eq!(exec.stats().split('\n').collect::<Vec<_>>(), lines("stats"), "{version}/{name}: stats");
-            let mut vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{version}/{name}: {e}"));
+            let vm = VirtualMachine::new(&tree, CPU).unwrap_or_else(|e| panic!("{version}/{name}: {e}"));
             for run in meta["runs"].as_array().unwrap() {
                 let ins = run["inputs"].as_array().unwrap();
                 let inputs: Vec<Tensor> = ins.iter().map(|i| npy(&dir.join(i["file"].as_str().unwrap()))).collect();
                 let agree = run["threads_1_and_4_agree"].as_bool().unwrap();
-                let has_shape = run["outputs"].as_array().unwrap().iter().any(|o| o["kind"] == "shape");
                 for threads in [1, 4] {
                     threadpool::set_num_threads(threads);
                     let what = format!("{version}/{name} at {threads} threads");
-                    let outs = vm.invoke_outputs("main", &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let args: Vec<Value> = inputs.iter().map(hostvalue::tensor).collect();
+                    let result = vm.invoke("main", &args).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let outs = result.flatten();
                     let want = run["outputs"].as_array().unwrap();
                     assert_eq!(outs.len(), want.len(), "{what}");
                     for (j, (o, w)) in outs.iter().zip(want).enumerate() {
@@ -450,31 +456,24 @@ fn unseen_models_from_tvm_019_and_027() {
                         .as_str()
                         .unwrap();
                         let mut w_t = npy(&dir.join(file));
-                        if version == "tvm-0.19-unseen" && w_t.dtype == (DataType { code: 6, bits: 8, lanes: 1 }) {
-                            // TVM 0.19's bool is `uint1` (one byte per element), numpy's is `|b1`.
+                        if w_t.dtype == (DataType { code: 6, bits: 8, lanes: 1 }) {
+                            // A bool comes back as numpy spells it, `uint1` (one byte per
+                            // element, as TVM 0.19's bool), whichever TVM built the model.
                             w_t.dtype = DataType { code: 1, bits: 1, lanes: 1 };
                         }
                         match (o, w["kind"].as_str().unwrap()) {
-                            (VmOutput::Tensor(t), "tensor") => {
-                                assert_like_tvms(t, &w_t, agree, &format!("{what} out {j}"))
+                            (Value::Tensor(t), "tensor") => {
+                                assert_like_tvms(&t.to_tensor().unwrap(), &w_t, agree, &format!("{what} out {j}"))
                             }
-                            (VmOutput::Shape(s), "shape") => {
+                            (Value::Shape(s), "shape") => {
                                 let want: Vec<i64> = w_t
                                     .data
                                     .chunks_exact(8)
                                     .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
                                     .collect();
-                                assert_eq!(s, &want, "{what} out {j}");
+                                assert_eq!(s[..], want[..], "{what} out {j}");
                             }
                             (o, k) => panic!("{what} out {j}: got {o:?}, TVM returned a {k}"),
-                        }
-                    }
-                    // `invoke` (tensors only) gives the same, or names the shape it cannot return.
-                    match vm.invoke("main", &inputs) {
-                        Ok(t) => assert!(!has_shape && t.len() == want.len(), "{what}"),
-                        Err(e) => {
-                            assert!(has_shape, "{what}: {e}");
-                            assert!(matches!(e, VmError::Output { got: "runtime.ShapeTuple", .. }), "{what}: {e}");
                         }
                     }
                     seen += 1;
@@ -494,7 +493,7 @@ fn miscompiled_else_branch_is_a_typed_error() {
     for version in ["tvm-0.19-unseen", "tvm-0.27-unseen"] {
         let dir = goldens().join("relax").join(version);
         let tree = load(&dir.join("unseen_dynamic_branch.so"));
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
         let bool_dtype = if version == "tvm-0.19-unseen" {
             DataType { code: 1, bits: 1, lanes: 1 }
         } else {
@@ -503,7 +502,7 @@ fn miscompiled_else_branch_is_a_typed_error() {
         let c = Tensor::new(bool_dtype, vec![], vec![0]).unwrap();
         let x = npy(&dir.join("unseen_dynamic_branch.run0.in.x.npy"));
         let w = npy(&dir.join("unseen_dynamic_branch.run0.in.w.npy"));
-        let err = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_err();
+        let err = vm.call_tensors("main", &[c, x.clone(), w.clone()]).unwrap_err();
         assert!(
             matches!(
                 err.root(),
@@ -516,7 +515,7 @@ fn miscompiled_else_branch_is_a_typed_error() {
         // way (`uint1` as TVM 0.19 does, tvm-ffi's `kDLBool` as numpy's `|b1` reads).
         for spelling in [DataType { code: 1, bits: 1, lanes: 1 }, DataType { code: 6, bits: 8, lanes: 1 }] {
             let c = Tensor::new(spelling, vec![], vec![1]).unwrap();
-            let out = vm.invoke("main", &[c, x.clone(), w.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+            let out = vm.call_tensors("main", &[c, x.clone(), w.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
             assert_eq!(out[0].data, npy(&dir.join("unseen_dynamic_branch.run0.out.0.npy")).data, "{version}");
         }
     }
@@ -528,10 +527,10 @@ fn miscompiled_else_branch_is_a_typed_error() {
 fn dynamic_shape_mismatch_gets_tvms_message() {
     let dir = goldens().join("relax/tvm-0.27");
     let tree = load(&dir.join("relax_dynamic.so"));
-    let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+    let vm = VirtualMachine::new(&tree, CPU).unwrap();
     let x = Tensor::new(DataType::F32, vec![3, 4], vec![0; 48]).unwrap();
     let w = Tensor::new(DataType::F32, vec![5, 3], vec![0; 60]).unwrap();
-    let err = vm.invoke("main", &[x, w]).unwrap_err();
+    let err = vm.call_tensors("main", &[x, w]).unwrap_err();
     let ctx = r#"ErrorContext(fn=main, loc=param[1], param=w, annotation=R.Tensor((4, 3), dtype="float32")) "#;
     assert_eq!(
         err.root().to_string(),
@@ -550,11 +549,11 @@ fn vms_run_concurrently() {
         let expected = npy(&dir.join(format!("{name}.out.0.npy")));
         std::thread::scope(|s| {
             for _ in 0..4 {
-                let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+                let vm = VirtualMachine::new(&tree, CPU).unwrap();
                 let (x, expected) = (&x, &expected);
                 s.spawn(move || {
                     for _ in 0..50 {
-                        let out = vm.invoke("main", std::slice::from_ref(x)).unwrap();
+                        let out = vm.call_tensors("main", std::slice::from_ref(x)).unwrap();
                         assert!(out[0].data[..] == expected.data[..], "{name}");
                     }
                 });
@@ -619,15 +618,15 @@ fn kernel_errors_come_back_in_every_convention() {
     for (version, layout, _) in VERSIONS {
         let dir = add_mul_dir(version);
         let tree = load(&dir.join("relax_add_mul.so"));
-        let mut vm = add_program(&tree, layout, 0);
+        let vm = add_program(&tree, layout, 0);
         let x = npy(&dir.join("relax_add_mul.in.x.npy"));
         let y = npy(&dir.join("relax_add_mul.in.y.npy"));
-        let out = vm.invoke("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
+        let out = vm.call_tensors("main", &[x.clone(), y.clone()]).unwrap_or_else(|e| panic!("{version}: {e}"));
         let twice: Vec<f32> = out[0].to_f32().unwrap().iter().map(|v| v * 2.0).collect();
         assert_eq!(twice, npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap(), "{version}");
 
         let wrong = Tensor::new(DataType::F32, vec![3, 2], x.data.clone()).unwrap();
-        let err = vm.invoke("main", &[wrong, y]).unwrap_err();
+        let err = vm.call_tensors("main", &[wrong, y]).unwrap_err();
         match err.root() {
             VmError::Kernel { name, code, message } => {
                 assert_eq!(name, "add");
@@ -682,8 +681,8 @@ fn unsupported_programs_are_named() {
         ],
     )
     .unwrap();
-    let mut vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
-    let err = vm.invoke("main", &[]).unwrap_err();
+    let vm = VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), CPU).unwrap();
+    let err = vm.call_tensors("main", &[]).unwrap_err();
     assert!(matches!(err.root(), VmError::UnknownBuiltin { name, .. } if name == "vm.builtin.frobnicate"), "{err}");
     let err = build(func(FuncKind::Packed, "no_such_kernel", 0));
     assert!(matches!(&err, VmError::MissingFunction { name } if name == "no_such_kernel"), "{err}");
@@ -701,7 +700,7 @@ fn unsupported_programs_are_named() {
     assert!(spin.to_string().contains("jump to itself"), "{spin}");
 }
 
-/// The VM's device list is TVM's: the CPU alone for the CPU. `invoke_arrays` takes tensors
+/// The VM's device list is TVM's: the CPU alone for the CPU. `invoke` takes tensors
 /// already on it, passes them uncopied, and gives the outputs as they are (TVM's output, bit
 /// for bit); a tensor used as an input is not changed by the run.
 #[test]
@@ -709,20 +708,20 @@ fn arrays_in_and_out_on_the_cpu() {
     for name in ["relax_mlp_tvm019", "relax_mlp_tvm027"] {
         let dir = goldens().join("run");
         let (tree, x) = mlp_vm(name);
-        let mut vm = VirtualMachine::new(&tree, CPU).unwrap();
+        let vm = VirtualMachine::new(&tree, CPU).unwrap();
         assert_eq!(vm.devices(), [CPU]);
         let expected = npy(&dir.join(format!("{name}.out.0.npy")));
         let xa = NdArray::from_tensor(&x, CPU).unwrap();
         for _ in 0..2 {
-            let out = vm.invoke_arrays("main", std::slice::from_ref(&xa)).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(out.len(), 1);
-            assert_eq!(out[0].device(), CPU);
-            assert_eq!((out[0].shape(), out[0].dtype()), (&expected.shape[..], expected.dtype), "{name}");
-            assert!(out[0].to_bytes().unwrap() == expected.data[..], "{name}: output differs from TVM's");
+            let out = vm.invoke("main", &[Value::Tensor(xa.clone())]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let out = out.as_tensor().expect("main returns a tensor");
+            assert_eq!(out.device(), CPU);
+            assert_eq!((out.shape(), out.dtype()), (&expected.shape[..], expected.dtype), "{name}");
+            assert!(out.to_bytes().unwrap() == expected.data[..], "{name}: output differs from TVM's");
         }
         assert!(xa.to_bytes().unwrap() == x.data[..], "{name}: the input changed");
-        // The host-tensor entry gives the same.
-        assert!(vm.invoke("main", std::slice::from_ref(&x)).unwrap()[0].data[..] == expected.data[..]);
+        // A tensor made from the host form gives the same.
+        assert!(vm.call_tensors("main", std::slice::from_ref(&x)).unwrap()[0].data[..] == expected.data[..]);
     }
 }
 
@@ -756,10 +755,10 @@ fn alloc_storage_device_indices() {
     let x = npy(&dir.join("relax_add_mul.in.x.npy"));
     let y = npy(&dir.join("relax_add_mul.in.y.npy"));
     let want: Vec<f32> = npy(&dir.join("relax_add_mul.out.0.npy")).to_f32().unwrap().iter().map(|v| v / 2.0).collect();
-    let out = program(0).invoke("main", &[x.clone(), y.clone()]).unwrap();
+    let out = program(0).call_tensors("main", &[x.clone(), y.clone()]).unwrap();
     assert_eq!(out[0].to_f32().unwrap(), want, "device index 0");
     for index in [-1, 1, -2, 7] {
-        let err = program(index).invoke("main", &[x.clone(), y.clone()]).unwrap_err();
+        let err = program(index).call_tensors("main", &[x.clone(), y.clone()]).unwrap_err();
         // TVM's check and message (`src/runtime/vm/builtin.cc`, `VMAllocStorage`).
         assert!(
             matches!(err.root(), VmError::Check { kind: "InternalError", message }
@@ -813,7 +812,7 @@ fn run_device_golden(name: &str, device: Device) -> Result<(), VmError> {
     let dir = device_run();
     let meta = json(&dir.join(format!("{name}.json")));
     let tree = load(&dir.join(format!("{name}.so")));
-    let mut vm = VirtualMachine::new(&tree, device)?;
+    let vm = VirtualMachine::new(&tree, device)?;
     assert_eq!(vm.devices(), [device, Device::cpu(0)]);
     let entry = meta["entry"].as_str().unwrap();
     let rtol = meta["rtol"].as_f64().unwrap();
@@ -827,7 +826,7 @@ fn run_device_golden(name: &str, device: Device) -> Result<(), VmError> {
         let want: Vec<Tensor> = case["outputs"].as_array().unwrap().iter().map(file).collect();
         for run in 0..2 {
             let what = format!("{name} on {device}, case {k}, run {run}");
-            let outs = vm.invoke(entry, &inputs)?;
+            let outs = vm.call_tensors(entry, &inputs)?;
             assert_eq!(outs.len(), want.len(), "{what}");
             for (o, w) in outs.iter().zip(&want) {
                 assert_close(o, w, rtol, &what);
@@ -859,7 +858,7 @@ fn opencl_goldens_run_on_opencl() {
 
 /// On OpenCL, a run moves only what TVM's VM moves: the constants once when the VM is made,
 /// then per `invoke` one upload per input and one download per output, nothing between
-/// kernels; `invoke_arrays` with an input already on the device moves nothing at all.
+/// kernels; an input already on the device, the output left there, moves nothing at all.
 #[test]
 fn opencl_copies_inputs_outputs_and_constants_once() {
     let _serial = OPENCL.lock().unwrap_or_else(|e| e.into_inner());
@@ -874,13 +873,13 @@ fn opencl_copies_inputs_outputs_and_constants_once() {
     let want = npy(&dir.join(format!("{name}.out.0.npy")));
 
     let before = api.transfers();
-    let mut vm = VirtualMachine::new(&tree, device).unwrap();
+    let vm = VirtualMachine::new(&tree, device).unwrap();
     let d = api.transfers() - before;
     assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (constants, 0, 0), "creating the VM: {d:?}");
 
     for run in 0..3 {
         let before = api.transfers();
-        let out = vm.invoke("forward", std::slice::from_ref(&x)).unwrap();
+        let out = vm.call_tensors("forward", std::slice::from_ref(&x)).unwrap();
         let d = api.transfers() - before;
         assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (1, 1, 0), "invoke {run}: {d:?}");
         assert_eq!(d.host_to_device_bytes, x.data.len() as u64);
@@ -891,18 +890,20 @@ fn opencl_copies_inputs_outputs_and_constants_once() {
     // Inputs already on the device, outputs left there.
     let xa = NdArray::from_tensor(&x, device).unwrap();
     let before = api.transfers();
-    let out = vm.invoke_arrays("forward", std::slice::from_ref(&xa)).unwrap();
+    let out = vm.invoke("forward", &[Value::Tensor(xa)]).unwrap();
     let d = api.transfers() - before;
-    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (0, 0, 0), "invoke_arrays: {d:?}");
-    assert_eq!(out[0].device(), device);
-    assert_close(&out[0].to_tensor().unwrap(), &want, 1e-4, name);
+    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (0, 0, 0), "on the device: {d:?}");
+    let out = out.as_tensor().expect("forward returns a tensor").clone();
+    assert_eq!(out.device(), device);
+    assert_close(&out.to_tensor().unwrap(), &want, 1e-4, name);
     // A host input is copied to the device, once.
     let xh = NdArray::from_tensor(&x, Device::cpu(0)).unwrap();
     let before = api.transfers();
-    let out = vm.invoke_arrays("forward", std::slice::from_ref(&xh)).unwrap();
+    let out = vm.invoke("forward", &[Value::Tensor(xh)]).unwrap();
     let d = api.transfers() - before;
-    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (1, 0, 0), "invoke_arrays: {d:?}");
-    assert_close(&out[0].to_tensor().unwrap(), &want, 1e-4, name);
+    assert_eq!((d.host_to_device, d.device_to_host, d.device_to_device), (1, 0, 0), "a host input: {d:?}");
+    let out = out.as_tensor().expect("forward returns a tensor").clone();
+    assert_close(&out.to_tensor().unwrap(), &want, 1e-4, name);
 }
 
 /// The CUDA builds of the device-run goldens run to TVM's outputs on CUDA device 0: those for

@@ -7,9 +7,14 @@
 #[path = "support/npyfile.rs"]
 mod npyfile;
 
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::HostCalls;
+
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::exec::relax::VirtualMachine;
+use mblob_runtime::exec::Value;
 use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
 
 fn dir() -> PathBuf {
@@ -21,23 +26,24 @@ fn repeated_calls_give_tvms_output() {
     // SAFETY: TVM's library, built by make.py beside it.
     let tree = unsafe { load_library(&dir().join("relax_dispatch.so"), &Registry::default(), &LoadOptions::default()) }
         .unwrap();
-    let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+    let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
     let x = npyfile::tensor(&dir().join("relax_dispatch.in.x.npy"));
     let expected = npyfile::tensor(&dir().join("relax_dispatch.out.0.npy"));
     let xa = NdArray::from_bytes(&x.data, &x.shape, x.dtype, Device::cpu(0)).unwrap();
     let mut kept = Vec::new();
     for i in 0..50 {
-        let out = vm.invoke("main", std::slice::from_ref(&x)).unwrap();
+        let out = vm.call_tensors("main", std::slice::from_ref(&x)).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(
             (out[0].dtype, &out[0].shape, &out[0].data[..]),
             (expected.dtype, &expected.shape, &expected.data[..])
         );
-        let arrays = vm.invoke_arrays("main", std::slice::from_ref(&xa)).unwrap();
-        assert_eq!(arrays.len(), 1);
-        assert_eq!(arrays[0].to_tensor().unwrap().data[..], expected.data[..], "call {i}");
+        let Value::Tensor(array) = vm.invoke("main", &[Value::Tensor(xa.clone())]).unwrap() else {
+            panic!("main returns a tensor")
+        };
+        assert_eq!(array.to_tensor().unwrap().data[..], expected.data[..], "call {i}");
         if i % 7 == 0 {
-            kept.push(arrays.into_iter().next().unwrap());
+            kept.push(array);
         }
     }
     // The input is read, never written.

@@ -1,20 +1,28 @@
 //! The Relax VM with arguments and results beyond tensors, against TVM 0.27: the models of
 //! tests/fixtures/relax-vm (closures, shape, prim, string and tuple arguments, nested tuple
 //! results, `R.memory.view`, `match_cast`, a returned shape, an LLM builtin in one function)
-//! run through `VirtualMachine::invoke_values` and through `Model`, each result compared with
+//! run through `VirtualMachine::invoke` and through `Model`, each result compared with
 //! the one TVM's VM gave (structure and bytes), and bad arguments fail with TVM's messages.
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::exec::relax::{ParamKind, VirtualMachine, VmError, VmValue};
+use mblob_runtime::exec::relax::{ParamKind, VirtualMachine, VmError};
 use mblob_runtime::exec::{Model, Value};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::graph::Tensor;
-use mblob_runtime::NdArray;
 use mblob_runtime::{load_library, Device, LoadOptions, LoadedTree, Registry};
 
 #[path = "support/npyfile.rs"]
 mod npyfile;
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{host, Host, HostCalls};
+
+/// A host value as a model's input (host tensors on the CPU).
+fn input(v: Host) -> Value {
+    hostvalue::value(&v)
+}
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/relax-vm")
@@ -41,52 +49,23 @@ fn ints(t: &Tensor) -> Vec<i64> {
     t.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-/// A manifest value tree as a VM value.
-/// A host value as a model's input (host tensors on the CPU).
-fn input(v: VmValue) -> Value {
-    match v {
-        VmValue::Tensor(t) => Value::Tensor(NdArray::from_tensor(&t, Device::cpu(0)).unwrap()),
-        VmValue::Array(a) => Value::Tensor(a),
-        VmValue::Shape(s) => Value::Shape(s.into()),
-        VmValue::Int(i) => Value::Int(i),
-        VmValue::Float(f) => Value::Float(f),
-        VmValue::Str(s) => Value::Str(s),
-        VmValue::Tuple(items) => Value::Tuple(items.into_iter().map(input).collect()),
-        VmValue::Object(o) => Value::Object(o),
-        VmValue::Null => Value::Null,
-    }
-}
-
-/// A model's value on the host, to compare with TVM's.
-fn host(v: &Value) -> VmValue {
-    match v {
-        Value::Tensor(a) => VmValue::Tensor(a.to_tensor().unwrap()),
-        Value::Shape(s) => VmValue::Shape(s.to_vec()),
-        Value::Int(i) => VmValue::Int(*i),
-        Value::Float(f) => VmValue::Float(*f),
-        Value::Str(s) => VmValue::Str(s.clone()),
-        Value::Tuple(items) => VmValue::Tuple(items.iter().map(host).collect()),
-        Value::Object(o) => VmValue::Object(o.clone()),
-        Value::Null => VmValue::Null,
-    }
-}
-
-fn value(tree: &serde_json::Value) -> VmValue {
+/// A manifest value tree as a host value.
+fn value(tree: &serde_json::Value) -> Host {
     let file = |k: &str| tree[k].as_str().unwrap();
     if let Some(items) = tree["tuple"].as_array() {
-        VmValue::Tuple(items.iter().map(value).collect())
+        Host::Tuple(items.iter().map(value).collect())
     } else if tree.get("tensor").is_some() {
-        VmValue::Tensor(npy(file("tensor")))
+        Host::Tensor(npy(file("tensor")))
     } else if tree.get("shape").is_some() {
-        VmValue::Shape(ints(&npy(file("shape"))))
+        Host::Shape(ints(&npy(file("shape"))))
     } else if tree.get("int").is_some() {
-        VmValue::Int(ints(&npy(file("int")))[0])
+        Host::Int(ints(&npy(file("int")))[0])
     } else if tree.get("float").is_some() {
-        VmValue::Float(f64::from_le_bytes(npy(file("float")).data[..8].try_into().unwrap()))
+        Host::Float(f64::from_le_bytes(npy(file("float")).data[..8].try_into().unwrap()))
     } else if tree.get("null").is_some() {
-        VmValue::Null
+        Host::Null
     } else if let Some(s) = tree["str"].as_str() {
-        VmValue::Str(s.to_owned())
+        Host::Str(s.to_owned())
     } else {
         panic!("unknown value {tree}")
     }
@@ -102,12 +81,12 @@ fn results_equal_tvms_with_their_structure() {
     let mut ran = 0;
     for model in ["relax_vm_closure", "relax_vm_args", "relax_vm_llm", "relax_vm_misc"] {
         let tree = load(&format!("{model}.so"));
-        let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+        let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
         for case in cases(model) {
             let Some(expected) = case.get("outputs") else { continue };
             let f = case["function"].as_str().unwrap();
-            let args: Vec<VmValue> = case["inputs"].as_array().unwrap().iter().map(value).collect();
-            let got = vm.invoke_values(f, &args).unwrap_or_else(|e| panic!("{model}.{f}: {e}"));
+            let args: Vec<Host> = case["inputs"].as_array().unwrap().iter().map(value).collect();
+            let got = vm.call_host(f, &args).unwrap_or_else(|e| panic!("{model}.{f}: {e}"));
             assert_eq!(got, value(expected), "{model}.{f}: result differs from TVM's");
             ran += 1;
         }
@@ -124,11 +103,11 @@ fn bad_arguments_fail_with_tvms_messages() {
         ["relax_vm_args", "relax_vm_misc"].iter().flat_map(|m| cases(m).into_iter().map(move |c| (m, c)))
     {
         let tree = load(&format!("{model}.so"));
-        let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+        let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
         let Some(error) = case.get("error") else { continue };
         let f = case["function"].as_str().unwrap();
-        let args: Vec<VmValue> = case["inputs"].as_array().unwrap().iter().map(value).collect();
-        let err = vm.invoke_values(f, &args).expect_err(f);
+        let args: Vec<Host> = case["inputs"].as_array().unwrap().iter().map(value).collect();
+        let err = vm.call_host(f, &args).expect_err(f);
         let VmError::Check { kind, message } = err.root() else { panic!("{f}: {err}") };
         assert_eq!(*kind, error["kind"].as_str().unwrap(), "{f}: {err}");
         assert_eq!(message, error["message"].as_str().unwrap(), "{f}");
@@ -145,11 +124,11 @@ fn bad_arguments_fail_with_tvms_messages() {
 #[test]
 fn an_llm_builtin_is_refused_only_when_called() {
     let tree = load("relax_vm_llm.so");
-    let mut vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+    let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
     let x = npy("relax_vm_llm.fine.0.in0.npy");
-    let out = vm.invoke("fine", std::slice::from_ref(&x)).unwrap();
+    let out = vm.call_tensors("fine", std::slice::from_ref(&x)).unwrap();
     assert_eq!(out[0], npy("relax_vm_llm.fine.0.out.npy"));
-    let err = vm.invoke("cache", &[x]).unwrap_err();
+    let err = vm.call_tensors("cache", &[x]).unwrap_err();
     match err.root() {
         #[cfg(not(feature = "llm"))]
         VmError::UnknownBuiltin { name, reason } => {
@@ -199,8 +178,8 @@ fn model_takes_and_gives_values() {
     assert_eq!(flat.len(), expected.len());
     for (o, e) in flat.iter().zip(expected) {
         match (host(o), value(e)) {
-            (VmValue::Tensor(t), VmValue::Tensor(e)) => assert_eq!(t, e),
-            (VmValue::Shape(s), VmValue::Shape(e)) => assert_eq!(s, e),
+            (Host::Tensor(t), Host::Tensor(e)) => assert_eq!(t, e),
+            (Host::Shape(s), Host::Shape(e)) => assert_eq!(s, e),
             (o, e) => panic!("{o:?} vs TVM's {e:?}"),
         }
     }
@@ -217,7 +196,7 @@ fn model_takes_and_gives_values() {
     .unwrap();
     let mut m = Model::new(&tree, Device::cpu(0)).unwrap();
     assert_eq!(m.function(), Some("forward"));
-    m.set_input(None, input(VmValue::Tensor(npy("../device-run/dev_relax_mlp_opencl.in.x.npy")))).unwrap();
+    m.set_input(None, input(Host::Tensor(npy("../device-run/dev_relax_mlp_opencl.in.x.npy")))).unwrap();
     m.run().unwrap();
     let Value::Tensor(out) = &m.outputs().unwrap()[0] else { panic!("not a tensor") };
     let out = out.to_tensor().unwrap();
@@ -258,14 +237,14 @@ fn check_string_info_and_create_view_as_tvm() {
         VirtualMachine::with_executable(&tree, std::sync::Arc::new(exec), Device::cpu(0)).unwrap()
     };
 
-    let mut vm = vm_of(
+    let vm = vm_of(
         "vm.builtin.check_string_info",
         vec![Constant::Str(b"ErrorContext(test)".to_vec())],
         vec![Arg::Reg(Reg::Index(0)), Arg::Const(0)],
     );
     assert_eq!(vm.functions()[0].kinds, [ParamKind::Str]);
-    assert_eq!(vm.invoke_values("main", &[VmValue::Str("abc".into())]).unwrap(), VmValue::Null);
-    let err = vm.invoke_values("main", &[VmValue::Int(1)]).unwrap_err();
+    assert_eq!(vm.call_host("main", &[Host::Str("abc".into())]).unwrap(), Host::Null);
+    let err = vm.call_host("main", &[Host::Int(1)]).unwrap_err();
     let e = &b["check_string_info_int"];
     assert!(
         matches!(err.root(), VmError::Check { kind, message }
@@ -281,13 +260,13 @@ fn check_string_info_and_create_view_as_tvm() {
             vec![Arg::Reg(Reg::Index(0)), Arg::Const(0), Arg::Const(1), Arg::Imm(offset)],
         )
     };
-    let x = VmValue::Tensor(npy(ok["input"].as_str().unwrap()));
+    let x = Host::Tensor(npy(ok["input"].as_str().unwrap()));
     let shape: Vec<i64> = ok["shape"].as_array().unwrap().iter().map(|d| d.as_i64().unwrap()).collect();
-    let mut vm = view(shape, DataType::I32, ok["offset"].as_i64().unwrap());
-    let got = vm.invoke_values("main", std::slice::from_ref(&x)).unwrap();
-    assert_eq!(got, VmValue::Tensor(npy(ok["output"].as_str().unwrap())));
-    let mut vm = view(vec![4, 4], DataType::F32, 16);
-    let err = vm.invoke_values("main", &[x]).unwrap_err();
+    let vm = view(shape, DataType::I32, ok["offset"].as_i64().unwrap());
+    let got = vm.call_host("main", std::slice::from_ref(&x)).unwrap();
+    assert_eq!(got, Host::Tensor(npy(ok["output"].as_str().unwrap())));
+    let vm = view(vec![4, 4], DataType::F32, 16);
+    let err = vm.call_host("main", &[x]).unwrap_err();
     let e = &b["view_too_big"];
     assert!(
         matches!(err.root(), VmError::Check { kind, message }
@@ -307,19 +286,19 @@ fn check_string_info_and_create_view_as_tvm() {
         };
         let v = &case["value"];
         let arg = match v {
-            serde_json::Value::Bool(b) => VmValue::Int(i64::from(*b)),
-            serde_json::Value::String(s) => VmValue::Str(s.clone()),
-            n if n.is_i64() => VmValue::Int(n.as_i64().unwrap()),
-            n => VmValue::Float(n.as_f64().unwrap()),
+            serde_json::Value::Bool(b) => Host::Int(i64::from(*b)),
+            serde_json::Value::String(s) => Host::Str(s.clone()),
+            n if n.is_i64() => Host::Int(n.as_i64().unwrap()),
+            n => Host::Float(n.as_f64().unwrap()),
         };
-        let mut vm = vm_of(
+        let vm = vm_of(
             "vm.builtin.check_prim_value_info",
             vec![Constant::DataType(dtype), Constant::Str(b"ErrorContext(test)".to_vec())],
             vec![Arg::Reg(Reg::Index(0)), Arg::Const(0), Arg::Const(1)],
         );
-        let got = vm.invoke_values("main", std::slice::from_ref(&arg));
+        let got = vm.call_host("main", std::slice::from_ref(&arg));
         match (&case["error"], got) {
-            (serde_json::Value::Null, Ok(r)) => assert_eq!(r, VmValue::Null),
+            (serde_json::Value::Null, Ok(r)) => assert_eq!(r, Host::Null),
             (e, Err(err)) if !e.is_null() => assert!(
                 matches!(err.root(), VmError::Check { kind, message }
                     if *kind == e["kind"].as_str().unwrap() && message == e["message"].as_str().unwrap()),
@@ -329,10 +308,10 @@ fn check_string_info_and_create_view_as_tvm() {
         }
     }
     // Closures made or called wrongly are typed errors, not panics.
-    let mut vm = vm_of("vm.builtin.make_closure", vec![], vec![]);
-    let err = vm.invoke_values("main", &[VmValue::Int(0)]).unwrap_err();
+    let vm = vm_of("vm.builtin.make_closure", vec![], vec![]);
+    let err = vm.call_host("main", &[Host::Int(0)]).unwrap_err();
     assert!(matches!(err.root(), VmError::Program(m) if m.contains("needs at least 1 argument")), "{err}");
-    let mut vm = vm_of("vm.builtin.invoke_closure", vec![], vec![Arg::Reg(Reg::Vm), Arg::Reg(Reg::Index(0))]);
-    let err = vm.invoke_values("main", &[VmValue::Int(0)]).unwrap_err();
+    let vm = vm_of("vm.builtin.invoke_closure", vec![], vec![Arg::Reg(Reg::Vm), Arg::Reg(Reg::Index(0))]);
+    let err = vm.call_host("main", &[Host::Int(0)]).unwrap_err();
     assert!(matches!(err.root(), VmError::Type { expected: "a function or closure", .. }), "{err}");
 }

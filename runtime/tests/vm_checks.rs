@@ -6,9 +6,13 @@
 
 use std::sync::Arc;
 
-use mblob_runtime::exec::relax::{Arg, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError, VmValue};
+use mblob_runtime::exec::relax::{Arg, Instruction, Reg, RelaxExecutable, VirtualMachine, VmError};
 use mblob_runtime::exec::Value;
 use mblob_runtime::{Device, LoadedTree, NdArray};
+
+#[path = "support/host.rs"]
+mod hostvalue;
+use hostvalue::{Host, HostCalls};
 
 #[path = "support/vm_fixtures.rs"]
 mod vm_fixtures;
@@ -166,38 +170,34 @@ fn relax_builtin_checks_give_tvms_messages() {
     let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
     let x = |dims: &[i64], dtype: mblob_runtime::format::stream::DataType| {
         let n: i64 = dims.iter().product::<i64>() * i64::from(dtype.bits / 8);
-        VmValue::Array(NdArray::from_bytes(&vec![0; n as usize], dims, dtype, Device::cpu(0)).unwrap())
+        Host::Array(NdArray::from_bytes(&vec![0; n as usize], dims, dtype, Device::cpu(0)).unwrap())
     };
     use mblob_runtime::format::stream::DataType as D;
-    let shapes = |n: usize| VmValue::Tuple((1..=n as i64).map(|i| VmValue::Shape(vec![i])).collect());
-    let ctx = || VmValue::Str("ctx".into());
-    let cases: Vec<(&str, &str, Vec<VmValue>)> = vec![
-        ("tuple_getitem", "vm.builtin.tuple_getitem", vec![shapes(2), VmValue::Int(5)]),
-        ("tuple_getitem_negative", "vm.builtin.tuple_getitem", vec![shapes(1), VmValue::Int(-1)]),
-        ("tuple_reset_item", "vm.builtin.tuple_reset_item", vec![shapes(1), VmValue::Int(3)]),
-        ("reshape_larger", "vm.builtin.reshape", vec![x(&[2, 3], D::F32), VmValue::Shape(vec![4, 3])]),
-        ("reshape_smaller", "vm.builtin.reshape", vec![x(&[2, 3], D::F32), VmValue::Shape(vec![5])]),
+    let shapes = |n: usize| Host::Tuple((1..=n as i64).map(|i| Host::Shape(vec![i])).collect());
+    let ctx = || Host::Str("ctx".into());
+    let cases: Vec<(&str, &str, Vec<Host>)> = vec![
+        ("tuple_getitem", "vm.builtin.tuple_getitem", vec![shapes(2), Host::Int(5)]),
+        ("tuple_getitem_negative", "vm.builtin.tuple_getitem", vec![shapes(1), Host::Int(-1)]),
+        ("tuple_reset_item", "vm.builtin.tuple_reset_item", vec![shapes(1), Host::Int(3)]),
+        ("reshape_larger", "vm.builtin.reshape", vec![x(&[2, 3], D::F32), Host::Shape(vec![4, 3])]),
+        ("reshape_smaller", "vm.builtin.reshape", vec![x(&[2, 3], D::F32), Host::Shape(vec![5])]),
         ("tensor_to_shape_2d", "vm.builtin.tensor_to_shape", vec![x(&[2, 3], D::F32)]),
         ("tensor_to_shape_f32", "vm.builtin.tensor_to_shape", vec![x(&[2], D::F32)]),
         ("tensor_to_shape_i8", "vm.builtin.tensor_to_shape", vec![x(&[2], D { code: 0, bits: 8, lanes: 1 })]),
         (
             "match_shape_count",
             "vm.builtin.match_shape",
-            vec![VmValue::Shape(vec![2, 3]), VmValue::Null, VmValue::Int(5), VmValue::Int(0), VmValue::Int(2), ctx()],
+            vec![Host::Shape(vec![2, 3]), Host::Null, Host::Int(5), Host::Int(0), Host::Int(2), ctx()],
         ),
         (
             "match_shape_code",
             "vm.builtin.match_shape",
-            vec![VmValue::Shape(vec![2]), VmValue::Null, VmValue::Int(1), VmValue::Int(9), VmValue::Int(2), ctx()],
+            vec![Host::Shape(vec![2]), Host::Null, Host::Int(1), Host::Int(9), Host::Int(2), ctx()],
         ),
-        (
-            "make_shape_code",
-            "vm.builtin.make_shape",
-            vec![VmValue::Null, VmValue::Int(1), VmValue::Int(7), VmValue::Int(2)],
-        ),
+        ("make_shape_code", "vm.builtin.make_shape", vec![Host::Null, Host::Int(1), Host::Int(7), Host::Int(2)]),
     ];
     for (case, builtin, args) in cases {
-        let got = vm.call_function(builtin, &args);
+        let got = vm.call_host(builtin, &args);
         match (tvm("0.27", case), got) {
             (None, Ok(_)) => {}
             (None, Err(e)) => panic!("{case}: TVM accepts it, mblob: {e}"),
@@ -268,16 +268,16 @@ fn relax_program_arguments_reach_tvms_checks() {
     for (name, function, pc, arg, value, input) in cases {
         let mut exec = good.clone();
         set_arg(&mut exec, pc, arg, Arg::Imm(value));
-        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0)).unwrap();
-        let decoded = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        let vm = VirtualMachine::with_executable(&tree, Arc::new(exec), Device::cpu(0)).unwrap();
+        let decoded = check_of(&vm.invoke(function, std::slice::from_ref(&input)).unwrap_err());
         let so = mutant_so(SO, &good, pc, arg, value);
         if let Some(dir) = std::env::var_os("MBLOB_WRITE_MUTANTS") {
             std::fs::write(std::path::Path::new(&dir).join(format!("{name}.{function}.so")), &so).unwrap();
             continue;
         }
         // The same change in the file, read by mblob's reader, runs into the same check.
-        let mut vm = VirtualMachine::new(&load_bytes(&so), Device::cpu(0)).unwrap();
-        let read = check_of(&vm.call_values(function, std::slice::from_ref(&input)).unwrap_err());
+        let vm = VirtualMachine::new(&load_bytes(&so), Device::cpu(0)).unwrap();
+        let read = check_of(&vm.invoke(function, std::slice::from_ref(&input)).unwrap_err());
         assert_eq!(decoded, read, "{name}");
         let key = format!("exec:{name}");
         assert_eq!(recorded[&key]["fnv"].as_str(), Some(fnv(&so).as_str()), "{name}: TVM ran another file");
@@ -315,8 +315,8 @@ fn ensure_zero_offset_gives_kernels_offset_zero() {
         .unwrap();
     let Instruction::Call { dst, .. } = good.instructions[pc].clone() else { unreachable!() };
     let run = |e: RelaxExecutable| {
-        let mut vm = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)).unwrap();
-        vm.call_values("forward", &inputs).map(|_| ()).map_err(|e| e.to_string())
+        let vm = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)).unwrap();
+        vm.invoke("forward", &inputs).map(|_| ()).map_err(|e| e.to_string())
     };
     for offset in [64, 4] {
         let mut at_offset = good.clone();

@@ -55,8 +55,8 @@ fn mutated_relax_executables_run_or_fail_cleanly() {
         let exec = tree.find::<RelaxExecutable>().unwrap().clone();
         let inputs: Vec<Value> = inputs.iter().map(|p| npy(p)).collect();
         drive(so, &exec, mutate_vm::relax, |e| {
-            let Ok(mut vm) = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)) else { return false };
-            vm.call_values(function, &inputs).is_ok()
+            let Ok(vm) = VirtualMachine::with_executable(&tree, Arc::new(e), Device::cpu(0)) else { return false };
+            vm.invoke(function, &inputs).is_ok()
         });
     }
 }

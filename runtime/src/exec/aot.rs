@@ -20,10 +20,8 @@ use super::runner::{Param, Runner};
 use super::value::Value as ExecValue;
 use super::{check_devices, Device, ExecError, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
-use crate::ffi::call::PreparedCall;
-use crate::ffi::dlpack::DLTensor;
+use crate::ffi::kernel_call::KernelCall;
 use crate::ffi::metadata::{read_c_metadata, MetadataError, RawConstant, RawMetadata, RawTensorInfo};
-use crate::ffi::value::Value;
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -183,16 +181,10 @@ pub struct AotExecutor {
     /// Inputs, outputs, then (USMP) the constant pool and the workspace pools.
     arrays: Vec<NdArray>,
     entry: String,
-    call: PreparedCall,
+    call: KernelCall,
     params: Vec<Param>,
-    _tensors: Box<[DLTensor]>,
     _tree: LoadedTree,
 }
-
-// SAFETY: the raw pointers inside (the call's DLTensors) point into `arrays`,
-// owned by the executor; the library handles are `Send + Sync`.
-#[allow(unsafe_code)]
-unsafe impl Send for AotExecutor {}
 
 impl std::fmt::Debug for AotExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -250,15 +242,13 @@ impl AotExecutor {
             let k = metadata.inputs.len() + metadata.outputs.len();
             arrays[k].copy_from_bytes(&metadata.constant_pool)?;
         }
-        let mut tensors: Box<[DLTensor]> = arrays.iter().map(NdArray::dl_tensor).collect();
-        let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
-        let call = PreparedCall::new(main, args).map_err(|e| ExecError::Kernel {
+        let call = KernelCall::new(main, arrays.clone(), false).map_err(|e| ExecError::Kernel {
             node: "__tvm_main__".into(),
             function: entry.clone(),
             message: e.message,
         })?;
         let params = metadata.inputs.iter().cloned().map(Param::tensor).collect();
-        let exec = AotExecutor { metadata, arrays, entry, call, params, _tensors: tensors, _tree: tree.clone() };
+        let exec = AotExecutor { metadata, arrays, entry, call, params, _tree: tree.clone() };
         let mut params: Vec<&(String, PayloadTensor)> = factory.payload.params.iter().collect();
         params.sort_by_key(|(_, t)| std::cmp::Reverse(t.data.len()));
         for (name, t) in params {
@@ -334,11 +324,9 @@ impl Runner for AotExecutor {
 
     fn run(&mut self) -> Result<(), ExecError> {
         let _span = tracing::debug_span!("aot_run").entered();
-        // SAFETY: the entry takes the model's inputs then outputs, which the call's tensors
-        // describe (shapes and dtypes from the library's own metadata, 64-byte aligned
-        // buffers owned by the executor).
-        #[allow(unsafe_code)]
-        unsafe { self.call.invoke() }.map_err(|e| ExecError::Kernel {
+        // The entry takes the model's inputs then outputs, which the call's arrays are (shapes
+        // and dtypes from the library's own metadata).
+        self.call.invoke().map_err(|e| ExecError::Kernel {
             node: "__tvm_main__".into(),
             function: self.entry.clone(),
             message: e.message,

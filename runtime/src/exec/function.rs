@@ -50,7 +50,7 @@ impl Runner for RelaxFunction {
     fn run(&mut self) -> Result<(), ExecError> {
         let inputs = given_inputs(&self.function, &self.params, &self.inputs)?;
         self.result = None;
-        self.result = Some(self.vm.call_values(&self.function, &inputs).map_err(relax_error)?);
+        self.result = Some(self.vm.invoke(&self.function, &inputs).map_err(relax_error)?);
         Ok(())
     }
 
@@ -85,7 +85,7 @@ impl Runner for RelaxFunction {
     }
 
     fn call(&mut self, name: &str, args: Vec<Value>) -> Result<Value, ExecError> {
-        self.vm.call_values(name, &args).map_err(relax_error)
+        self.vm.invoke(name, &args).map_err(relax_error)
     }
 }
 

@@ -30,9 +30,7 @@ use crate::bytes::Bytes;
 use crate::device::api::DeviceApi;
 use crate::device::storage::Storage;
 use crate::device::Device;
-use crate::ffi::call::PreparedCall;
-use crate::ffi::dlpack::DLTensor;
-use crate::ffi::value::Value;
+use crate::ffi::kernel_call::KernelCall;
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::{LoadedModule, LoadedTree};
@@ -461,16 +459,13 @@ impl GraphFactory {
 enum OpKind {
     Nop,
     Copy { from: usize, to: usize },
-    Call(PreparedCall),
+    Call(KernelCall),
 }
 
 struct Op {
     node: String,
     function: String,
     kind: OpKind,
-    /// The tensors the call points to (kept alive and unmoved: boxed slices).
-    _tensors: Box<[DLTensor]>,
-    _shapes: Vec<Box<[i64]>>,
 }
 
 /// A graph executor: the storage of every entry on its device, and the ops.
@@ -493,11 +488,6 @@ pub struct GraphExecutor {
     queued: Option<Arc<dyn DeviceApi>>,
     _tree: LoadedTree,
 }
-
-// SAFETY: the raw pointers inside (DLTensors of the ops) point into `pools` and the ops' own
-// shape arrays, all owned by the executor; the kernels and library handles are `Send + Sync`.
-#[allow(unsafe_code)]
-unsafe impl Send for GraphExecutor {}
 
 impl std::fmt::Debug for GraphExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -578,21 +568,6 @@ impl GraphExecutor {
             }
             let mut ids: Vec<usize> = node.inputs.iter().map(|&e| graph.entry_id(e)).collect();
             ids.extend((0..node.num_outputs).map(|i| graph.entry_id(NodeEntry { node: nid, index: i })));
-            let mut shapes: Vec<Box<[i64]>> = ids
-                .iter()
-                .map(|&e| {
-                    if node.flatten_data {
-                        vec![graph.shape[e].iter().product::<i64>()].into_boxed_slice()
-                    } else {
-                        graph.shape[e].clone().into_boxed_slice()
-                    }
-                })
-                .collect();
-            let mut tensors: Box<[DLTensor]> = ids
-                .iter()
-                .zip(shapes.iter_mut())
-                .map(|(&e, s)| DLTensor { ndim: s.len() as i32, shape: s.as_mut_ptr(), ..entries[e].dl_tensor() })
-                .collect();
             let kind = match node.func_name.as_str() {
                 "__nop" => OpKind::Nop,
                 "__copy" => {
@@ -612,21 +587,15 @@ impl GraphExecutor {
                         node: node.name.clone(),
                         function: name.to_owned(),
                     })?;
-                    let args = tensors.iter_mut().map(|t| Value::Tensor(t)).collect();
-                    OpKind::Call(PreparedCall::new(f, args).map_err(|e| ExecError::Kernel {
+                    let arrays = ids.iter().map(|&e| entries[e].clone()).collect();
+                    OpKind::Call(KernelCall::new(f, arrays, node.flatten_data).map_err(|e| ExecError::Kernel {
                         node: node.name.clone(),
                         function: name.to_owned(),
                         message: e.message,
                     })?)
                 }
             };
-            ops.push(Op {
-                node: node.name.clone(),
-                function: node.func_name.clone(),
-                kind,
-                _tensors: tensors,
-                _shapes: shapes,
-            });
+            ops.push(Op { node: node.name.clone(), function: node.func_name.clone(), kind });
         }
         let input_index = graph.arg_nodes.iter().map(|&nid| (graph.nodes[nid].name.clone(), nid)).collect();
         let queued = pools.iter().find(|p| !p.device().is_cpu()).map(|p| p.api().clone());
@@ -770,12 +739,7 @@ impl Runner for GraphExecutor {
                     }
                 }
                 OpKind::Call(call) => {
-                    // SAFETY: the call's tensors point into this executor's pools (sized by
-                    // the graph's shapes and dtypes, 64-byte aligned on the CPU, device
-                    // allocations elsewhere) and its own shape arrays; the kernel is the one
-                    // the graph names for them.
-                    #[allow(unsafe_code)]
-                    unsafe { call.invoke() }.map_err(|e| ExecError::Kernel {
+                    call.invoke().map_err(|e| ExecError::Kernel {
                         node: op.node.clone(),
                         function: op.function.clone(),
                         message: e.message,

@@ -16,32 +16,21 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use super::error::check_device_code;
 use super::function::RelaxFunction;
 #[cfg(feature = "relay-vm")]
 use super::function::RelayFunction;
+use super::kind::{ModelKind, TensorInfo};
 use super::relax::{RelaxExecutable, VirtualMachine};
 #[cfg(feature = "relay-vm")]
 use super::relay_vm::RelayVm;
 use super::runner::{Param, Runner};
 use super::value::Value;
-use super::{aot, graph, Device, ExecError, TensorInfo};
+use super::{aot, graph, Device, ExecError};
 use crate::module::LoadedTree;
 use crate::payload::graph::GraphExecutorFactory;
 #[cfg(feature = "relay-vm")]
 use crate::payload::relay_vm::RelayVmExecutable;
-
-/// What kind of model a library holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelKind {
-    /// A `GraphExecutorFactory` (Relay's `relay.build`).
-    Graph,
-    /// An `AotExecutorFactory`.
-    Aot,
-    /// A Relax executable (`relax.build` / `tvm.compile`), run by the VM.
-    Relax,
-    /// A Relay VM executable (`VMExecutable`, `relay.vm.compile`), run by the Relay VM.
-    RelayVm,
-}
 
 /// A model ready to run on a device: a [`Runner`] and which inputs were given.
 pub struct Model {
@@ -93,7 +82,7 @@ impl Model {
     pub fn new(tree: &LoadedTree, device: Device) -> Result<Model, ExecError> {
         let kind = Model::kind_of(tree)
             .ok_or_else(|| ExecError::NoModel { modules: tree.type_keys().into_iter().map(str::to_owned).collect() })?;
-        super::check_device_code(tree, 0, device)?;
+        check_device_code(tree, 0, device)?;
         let runner: Box<dyn Runner + Send> = match kind {
             ModelKind::Relax => Box::new(RelaxFunction::new(
                 VirtualMachine::new(tree, device).map_err(|e| ExecError::Relax(Box::new(e)))?,

@@ -36,7 +36,7 @@ use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
 use crate::exec::pool::StoragePool;
 use crate::ffi::call::PackedFunction;
-use crate::ffi::dlpack::DLTensor;
+use crate::ffi::kernel_call;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::Tensor;
@@ -652,7 +652,7 @@ impl RelayVm {
         regs: &[Value],
     ) -> Result<(), RelayVmError> {
         let name = &self.exec.primitives[index];
-        let mut tensors: SmallVec<[DLTensor; 8]> = SmallVec::new();
+        let mut tensors: SmallVec<[&NdArray; 8]> = SmallVec::new();
         let mut empty_output = false;
         for (i, r) in args.iter().enumerate() {
             match &regs[*r as usize] {
@@ -660,14 +660,14 @@ impl RelayVm {
                     if i + 1 == args.len() && output_size == 1 && t.shape().contains(&0) {
                         empty_output = true;
                     }
-                    tensors.push(crate::exec::relax::checks::kernel_dl_tensor(t));
+                    tensors.push(t);
                 }
                 Value::Adt { fields, .. } => {
                     for f in fields.iter() {
                         let Value::Tensor(t) = f else {
                             return Err(program(format!("argument {i} of `{name}`: an ADT field is a {}", f.kind())));
                         };
-                        tensors.push(crate::exec::relax::checks::kernel_dl_tensor(t));
+                        tensors.push(t);
                     }
                 }
                 v => return Err(program(format!("argument {i} of `{name}` is a {}, not a tensor", v.kind()))),
@@ -677,14 +677,7 @@ impl RelayVm {
             return Ok(());
         }
         let _span = tracing::trace_span!("relay_vm_kernel", kernel = name.as_str()).entered();
-        // SAFETY: the function is one the library (or a module of its tree) exports under this
-        // name, called in the convention its module reports; that it is a kernel taking these
-        // tensors is what the library's TVM promises (the trust taken when it was opened with
-        // the `unsafe` `load_library`). Every `DLTensor` describes a live storage that a
-        // register holds for the whole call (an `NdArray` is never larger than its storage),
-        // with a shape that lives in the `NdArray`.
-        #[allow(unsafe_code)]
-        let called = unsafe { self.primitives[index].call_tensors(&mut tensors) };
+        let called = kernel_call::call_kernel_arrays(&self.primitives[index], &tensors);
         drop(tensors);
         called.map_err(|e| RelayVmError::Kernel { name: name.clone(), code: e.code, message: e.message })
     }

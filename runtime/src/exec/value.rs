@@ -5,14 +5,15 @@
 //! ([`crate::payload::graph::Tensor`]) is converted once, where it is read
 //! ([`NdArray::from_mapped`], [`NdArray::from_tensor`]).
 
+//!
+//! A leaf of `exec`: it names nothing of the runners or the VMs above it, which all speak it,
+//! as the LLM floor (`exec::llm`) does.
+
 use std::sync::Arc;
 
 use crate::array::{ArrayError, NdArray};
 use crate::device::Device;
 use crate::format::DataType;
-
-pub use super::relax::ObjectRef;
-pub use super::relax::ParamKind;
 
 /// A value passed to or returned by a model or a function: TVM's `Any` as Python sees it.
 #[derive(Debug, Clone)]
@@ -159,6 +160,69 @@ impl Value {
             },
         })
     }
+}
+
+/// A TVM runtime object a VM function or builtin made and the caller may hold and pass back,
+/// such as the paged KV cache (`relax.vm.PagedAttentionKVCache`). Objects change through
+/// their own methods (interior mutability): builtins get them by shared reference.
+pub trait VmObject: std::any::Any + std::fmt::Debug + Send + Sync {
+    /// TVM's type key of the object (e.g. `relax.vm.PagedAttentionKVCache`).
+    fn type_key(&self) -> &'static str;
+    /// The object as [`std::any::Any`], for [`ObjectRef::downcast_ref`].
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A shared reference to a [`VmObject`] (TVM's `ObjectRef`): cloning shares the object, and
+/// two references are equal when they name the same object.
+#[derive(Debug, Clone)]
+pub struct ObjectRef(Arc<dyn VmObject>);
+
+impl ObjectRef {
+    /// A reference to a new object.
+    pub fn new(object: impl VmObject) -> ObjectRef {
+        ObjectRef(Arc::new(object))
+    }
+
+    /// TVM's type key of the object.
+    pub fn type_key(&self) -> &'static str {
+        self.0.type_key()
+    }
+
+    /// The object as a `T`, when it is one.
+    pub fn downcast_ref<T: VmObject>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
+    }
+
+    /// Whether both name the same object.
+    pub fn ptr_eq(&self, other: &ObjectRef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl PartialEq for ObjectRef {
+    fn eq(&self, other: &ObjectRef) -> bool {
+        self.ptr_eq(other)
+    }
+}
+
+/// What a parameter of a VM function takes, as the function's own checks say (TVM's
+/// `VMShapeLower` puts a `check_*_info` of each parameter at the start of the function).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A tensor (`check_tensor_info`).
+    Tensor,
+    /// A shape (`check_shape_info`).
+    Shape,
+    /// A primitive value of this dtype (`check_prim_value_info`); `None` when any dtype.
+    Prim(Option<DataType>),
+    /// A tuple of this many elements (`check_tuple_info`).
+    Tuple(usize),
+    /// A function or closure (`check_func_info`).
+    Func,
+    /// A string (`check_string_info`).
+    Str,
+    /// Not checked (`R.Object`, or a module built without the checks).
+    Any,
 }
 
 #[cfg(test)]

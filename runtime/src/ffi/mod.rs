@@ -24,6 +24,7 @@ pub mod call;
 pub mod context;
 pub mod dlpack;
 pub mod globals;
+pub mod kernel_call;
 pub mod last_error;
 pub mod library;
 pub mod metadata;

@@ -43,8 +43,9 @@ pub use super::lm::sampler::Sampling;
 use super::lm::{SamplingError, TensorCache, TensorCacheError};
 use crate::array::NdArray;
 use crate::device::Device;
-use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError, VmValue};
+use crate::exec::relax::vm::value::{tuple_item, ObjectRef, Value, VmError};
 use crate::exec::relax::vm::VirtualMachine;
+use crate::exec::value::Value as ExecValue;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 
@@ -246,11 +247,11 @@ pub struct LanguageModel {
     vm: VirtualMachine,
     metadata: ModelMetadata,
     /// The `packed_params` tuple, when the functions take the weights as a parameter.
-    params: Option<VmValue>,
+    params: Option<ExecValue>,
     /// The same tuple as the VM's value, made once and passed to every call as it is.
     packed: Option<Value>,
     options: GenerateOptions,
-    cache: Option<VmValue>,
+    cache: Option<ExecValue>,
     /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
     vocab: Option<i64>,
 }
@@ -283,8 +284,8 @@ impl LanguageModel {
         param_count("decode", "runs one new token")?;
         param_count("create_tir_paged_kv_cache", "creates the KV cache (a TIR paged KV cache)")?;
         param_count("_metadata", "describes the model")?;
-        let metadata = match vm.call_function("_metadata", &[])? {
-            VmValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
+        let metadata = match vm.invoke("_metadata", &[])? {
+            ExecValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
                 .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
             v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
         };
@@ -329,7 +330,7 @@ impl LanguageModel {
             }
             (false, None) => None,
         };
-        let params = arrays.as_ref().map(|a| VmValue::Tuple(a.iter().cloned().map(VmValue::Array).collect()));
+        let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
         let mut lm = LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab };
@@ -395,7 +396,7 @@ impl LanguageModel {
     }
 
     /// The KV cache of the current generation, when one started.
-    pub fn kv_cache(&self) -> Option<&VmValue> {
+    pub fn kv_cache(&self) -> Option<&ExecValue> {
         self.cache.as_ref()
     }
 
@@ -410,9 +411,9 @@ impl LanguageModel {
     /// A new KV cache (`create_tir_paged_kv_cache`), with one empty sequence.
     fn new_cache(&mut self) -> Result<ObjectRef, GenerateError> {
         let _span = tracing::debug_span!("lm_create_kv_cache").entered();
-        let shape = |v: i64| VmValue::Shape(vec![v]);
+        let shape = |v: i64| ExecValue::Shape([v].into());
         let sliding = i64::from(self.metadata.sliding_window_size > 0);
-        let cache = self.vm.call_function(
+        let cache = self.vm.invoke(
             "create_tir_paged_kv_cache",
             &[
                 shape(self.metadata.max_batch_size),
@@ -422,7 +423,7 @@ impl LanguageModel {
                 shape(sliding),
             ],
         )?;
-        let VmValue::Object(cache) = cache else {
+        let ExecValue::Object(cache) = cache else {
             return Err(GenerateError::Result {
                 function: "create_tir_paged_kv_cache",
                 detail: format!("{}, not a KV cache object", vm_kind(&cache)),
@@ -435,17 +436,16 @@ impl LanguageModel {
     /// Adds sequence `seq` to the cache, with the model's sliding window when it has one (as
     /// MLC-LLM's engine does).
     fn add_sequence(&self, cache: &ObjectRef, seq: i64) -> Result<(), GenerateError> {
-        self.vm
-            .call_function("vm.builtin.kv_state_add_sequence", &[VmValue::Object(cache.clone()), VmValue::Int(seq)])?;
+        self.vm.invoke("vm.builtin.kv_state_add_sequence", &[ExecValue::Object(cache.clone()), ExecValue::Int(seq)])?;
         if self.metadata.sliding_window_size > 0 {
-            self.vm.call_function(
+            self.vm.invoke(
                 "vm.builtin.attention_kv_cache_enable_sliding_window_for_seq",
                 &[
-                    VmValue::Object(cache.clone()),
-                    VmValue::Int(seq),
-                    VmValue::Int(self.metadata.sliding_window_size),
+                    ExecValue::Object(cache.clone()),
+                    ExecValue::Int(seq),
+                    ExecValue::Int(self.metadata.sliding_window_size),
                     // MLC-LLM reads a negative sink size (Gemma 3 writes -1) as none.
-                    VmValue::Int(self.metadata.attention_sink_size.max(0)),
+                    ExecValue::Int(self.metadata.attention_sink_size.max(0)),
                 ],
             )?;
         }
@@ -515,7 +515,7 @@ impl LanguageModel {
         // Drop the previous cache first, so that its pages are free before the new one is made.
         self.cache = None;
         let cache = self.new_cache()?;
-        self.cache = Some(VmValue::Object(cache.clone()));
+        self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
             return Ok(out);
         }
@@ -572,9 +572,9 @@ impl LanguageModel {
     }
 
     /// The weights passed as `packed_params`, when the functions take them.
-    pub fn params(&self) -> Option<&[VmValue]> {
+    pub fn params(&self) -> Option<&[ExecValue]> {
         match &self.params {
-            Some(VmValue::Tuple(items)) => Some(items),
+            Some(ExecValue::Tuple(items)) => Some(items),
             _ => None,
         }
     }
@@ -585,7 +585,7 @@ impl LanguageModel {
             .unwrap_or_default()
             .iter()
             .filter_map(|v| match v {
-                VmValue::Array(a) => Some(a.clone()),
+                ExecValue::Tensor(a) => Some(a.clone()),
                 _ => None,
             })
             .collect()
@@ -602,7 +602,7 @@ fn vocab_range(vocab: Option<i64>) -> String {
 
 /// The vocabulary size the metadata or the loaded embedding weight gives (see
 /// [`LanguageModel::vocab_size`]).
-fn vocab_size(metadata: &ModelMetadata, params: Option<&VmValue>) -> Option<i64> {
+fn vocab_size(metadata: &ModelMetadata, params: Option<&ExecValue>) -> Option<i64> {
     if let Some(v) = metadata.vocab_size.filter(|&v| v > 0) {
         return Some(v);
     }
@@ -613,9 +613,8 @@ fn vocab_size(metadata: &ModelMetadata, params: Option<&VmValue>) -> Option<i64>
     };
     let index = metadata.params.iter().position(|p| is_embedding(&p.name))?;
     let loaded = match params {
-        Some(VmValue::Tuple(items)) => match items.get(index) {
-            Some(VmValue::Array(a)) => a.shape().first().copied(),
-            Some(VmValue::Tensor(t)) => t.shape.first().copied(),
+        Some(ExecValue::Tuple(items)) => match items.get(index) {
+            Some(ExecValue::Tensor(a)) => a.shape().first().copied(),
             _ => None,
         },
         _ => None,
@@ -692,16 +691,16 @@ fn argmax(function: &'static str, logits: &[f32]) -> Result<i32, GenerateError> 
 }
 
 /// A caller's value's kind, for errors.
-fn vm_kind(v: &VmValue) -> &'static str {
+fn vm_kind(v: &ExecValue) -> &'static str {
     match v {
-        VmValue::Tensor(_) | VmValue::Array(_) => "a tensor",
-        VmValue::Shape(_) => "a shape",
-        VmValue::Int(_) => "an integer",
-        VmValue::Float(_) => "a float",
-        VmValue::Str(_) => "a string",
-        VmValue::Tuple(_) => "a tuple",
-        VmValue::Null => "None",
-        VmValue::Object(o) => o.type_key(),
+        ExecValue::Tensor(_) => "a tensor",
+        ExecValue::Shape(_) => "a shape",
+        ExecValue::Int(_) => "an integer",
+        ExecValue::Float(_) => "a float",
+        ExecValue::Str(_) => "a string",
+        ExecValue::Tuple(_) => "a tuple",
+        ExecValue::Null => "None",
+        ExecValue::Object(o) => o.type_key(),
     }
 }
 
@@ -836,7 +835,7 @@ impl LanguageModel {
         for seq in 1..prompts.len() as i64 {
             self.add_sequence(&cache, seq)?;
         }
-        self.cache = Some(crate::exec::relax::vm::value::VmValue::Object(cache.clone()));
+        self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
             return Ok(outs);
         }

@@ -6,32 +6,15 @@
 //!   (`StorageObj::AllocTensor`), and the kernels TVM compiles check that offset against their
 //!   buffers' (0 unless a buffer says otherwise), failing with their own message (TVM 0.27:
 //!   `ValueError: Invalid a.byte_offset on argument #0 when calling: ... expected 0`). mblob
-//!   passes such tensors to kernels the same way ([`kernel_dl_tensor`]), so the kernel refuses
+//!   passes such tensors to kernels the same way ([`kernel_dl_tensor`](crate::ffi::kernel_call::kernel_dl_tensor)), so the kernel refuses
 //!   them as under TVM; before, it got a pointer into the middle of the storage (not 64-byte
 //!   aligned for most offsets, which TVM's kernels assume: a crash).
 
 use super::vm::value::check;
-use super::vm::value::VmError;
+use super::vm::VmError;
 use crate::array::NdArray;
-use crate::ffi::dlpack::DLTensor;
 use crate::format::DataType;
 use crate::payload::relax::executable::{dtype_name, Arg, FuncKind, Instruction, Reg, RelaxExecutable, MAX_VM_ARGS};
-
-/// The `DLTensor` a kernel gets for `a`, as TVM passes it: a tensor a VM placed at a non-zero
-/// offset of its storage ([`NdArray::vm_offset`]) comes as the storage's start and that
-/// `byte_offset`. On the CPU only, where pointers are addresses; a device tensor comes as its
-/// view (an OpenCL sub-buffer is no address to step back from).
-pub(crate) fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
-    let mut t = a.dl_tensor();
-    let offset = a.vm_offset();
-    if offset != 0 && a.device().is_cpu() {
-        // The view starts `offset` bytes into the storage it was made from (checked to lie
-        // within it when the VM made it): stepping back gives that storage's start.
-        t.data = t.data.cast::<u8>().wrapping_sub(offset).cast();
-        t.byte_offset = offset as u64;
-    }
-    t
-}
 
 /// A tensor of `needed` bytes (`None`: a size that overflows) at `offset` does not fit the
 /// storage of `size` bytes the program planned: TVM's check (`StorageObj::AllocTensor`), which

@@ -27,17 +27,18 @@
 //! that the model gives TVM's logits.
 //!
 //! The host drives it as MLC-LLM's runtime does, with
-//! [`VirtualMachine::call_function`](crate::exec::relax::VirtualMachine::call_function):
+//! [`VirtualMachine::invoke`](crate::exec::relax::VirtualMachine::invoke):
 //!
 //! ```no_run
-//! # use mblob_runtime::exec::relax::{VirtualMachine, VmValue};
-//! # fn f(vm: &mut VirtualMachine, embedding: VmValue) -> Result<(), Box<dyn std::error::Error>> {
-//! let shape = |n| VmValue::Shape(vec![n]);
-//! let cache = vm.invoke_values("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)])?;
-//! vm.call_function("vm.builtin.kv_state_add_sequence", &[cache.clone(), VmValue::Int(0)])?;
-//! vm.call_function("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)])?;
-//! let out = vm.invoke_values("prefill", &[embedding, cache.clone()])?;
-//! vm.call_function("vm.builtin.kv_state_end_forward", &[cache])?;
+//! # use mblob_runtime::exec::relax::VirtualMachine;
+//! # use mblob_runtime::exec::Value;
+//! # fn f(vm: &VirtualMachine, embedding: Value) -> Result<(), Box<dyn std::error::Error>> {
+//! let shape = |n: i64| Value::Shape(vec![n].into());
+//! let cache = vm.invoke("create_tir_paged_kv_cache", &[shape(4), shape(128), shape(64), shape(16), shape(0)])?;
+//! vm.invoke("vm.builtin.kv_state_add_sequence", &[cache.clone(), Value::Int(0)])?;
+//! vm.invoke("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(0), shape(7)])?;
+//! let out = vm.invoke("prefill", &[embedding, cache.clone()])?;
+//! vm.invoke("vm.builtin.kv_state_end_forward", &[cache])?;
 //! # Ok(()) }
 //! ```
 //!

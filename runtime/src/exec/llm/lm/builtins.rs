@@ -1,6 +1,6 @@
 //! The VM's side of the LM builtins: each `vm.builtin.*` name of [`super::BUILTINS`] as a
 //! function on VM values (arguments converted, the result made a VM value), for the Relax VM's
-//! dispatch and [`VirtualMachine::call_function`](crate::exec::relax::VirtualMachine::call_function).
+//! dispatch and [`VirtualMachine::invoke`](crate::exec::relax::VirtualMachine::invoke).
 //!
 //! Conversions: tensors are the VM's tensors (no copy; in-place builtins write into them),
 //! numbers accept integers where TVM takes a `double`, strings are UTF-8, `Array`s are tuples

@@ -12,7 +12,7 @@
 //! token id past the vocabulary, a window larger than the reserve), these return an error.
 //!
 //! [`BUILTINS`] lists the global function names; [`builtins`] serves them to the Relax VM
-//! (its dispatch, and [`VirtualMachine::call_function`](crate::exec::relax::VirtualMachine::call_function)
+//! (its dispatch, and [`VirtualMachine::invoke`](crate::exec::relax::VirtualMachine::invoke)
 //! for the host's calls such as `vm.builtin.tensor_cache.load`).
 
 pub mod builtins;

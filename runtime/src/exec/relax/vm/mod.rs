@@ -29,9 +29,11 @@
 //!
 //! Besides tensors, shapes, numbers, strings and tuples, registers hold runtime objects
 //! ([`ObjectRef`]: TVM's paged KV cache, `exec::llm::kv_cache` with the `llm` feature) that a
-//! caller gets back as [`VmValue::Object`] and passes in again, and function values that
-//! builtins resolve to the library's kernels. [`VirtualMachine::call_function`] calls a builtin
-//! or global function by name, as `tvm.get_global_func(name)(...)` does.
+//! caller gets back as [`Value::Object`](crate::exec::Value::Object) and passes in again, and
+//! function values that builtins resolve to the library's kernels. The one entry point,
+//! [`VirtualMachine::invoke`], takes and gives [`exec::Value`](crate::exec::Value)s and calls a
+//! VM function, or a builtin or global function by name as `tvm.get_global_func(name)(...)`
+//! does; the interpreter's own register values do not leave the VM.
 
 use std::sync::Arc;
 
@@ -54,12 +56,11 @@ pub mod value;
 pub(crate) use builtins::BuiltinFn;
 pub use builtins::{supported_builtins, Builtins, REFUSED_BUILTINS};
 pub(crate) use kernel::call_kernel;
-pub use value::{numpy_dtype, ObjectRef, ParamKind, VmError, VmObject, VmOutput, VmValue};
+pub use value::{numpy_dtype, ObjectRef, ParamKind, VmError, VmObject};
 pub(crate) use value::{tuple_items, Value};
 
 use crate::exec::pool::StoragePool;
 use decode::{Op, Quick};
-use io::write_back;
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
@@ -392,7 +393,7 @@ impl VirtualMachine {
     }
 
     /// Calls `callee` (named `name`) with `args`: the one dispatch of function-table calls and
-    /// of [`VirtualMachine::call_function`].
+    /// of [`VirtualMachine::invoke`].
     fn dispatch(&self, callee: &Callee, name: &str, args: &[&Value], depth: usize) -> Result<Value, VmError> {
         match callee {
             Callee::Vm(i) => self.call_vm(*i, args.iter().map(|v| (*v).clone()).collect(), depth + 1),
@@ -422,45 +423,15 @@ impl VirtualMachine {
         &self._tree
     }
 
-    /// Calls a packed function by name with `args`, as TVM's
-    /// `tvm.get_global_func(name)(*args)` does from Python: a VM builtin (the KV cache's
-    /// `vm.builtin.kv_state_add_sequence`, ...), a VM function, a function of the library or one
-    /// of mblob's global functions. Tensors are passed as [`VirtualMachine::invoke_values`]
-    /// passes them, [`VmValue::Array`]s by reference (a builtin that writes into its
-    /// arguments, such as `vm.builtin.attention_kv_cache_debug_get_kv`, writes into the
-    /// caller's arrays; an array off the VM's device is copied there for the call and copied
-    /// back after it); the result comes back as `invoke_values` gives it.
-    pub fn call_function(&self, name: &str, args: &[VmValue]) -> Result<VmValue, VmError> {
-        let _span = tracing::debug_span!("relax_vm_call_function", function = name, args = args.len()).entered();
-        let exec = self.executable();
-        let ffi_bool = exec.layout == Layout::Ffi;
-        let mut next = 0;
-        let values = args.iter().map(|v| self.upload_value(&mut next, v, ffi_bool)).collect::<Result<Vec<_>, _>>()?;
-        let callee = self.callee(name)?;
-        let refs: Vec<&Value> = values.iter().collect();
-        let result = self.dispatch(&callee, name, &refs, 0)?;
-        write_back(args, &values)?;
-        self.download_value(&result, name)
-    }
-
-    /// Calls a function by name as [`VirtualMachine::call_function`] does, with register values
-    /// as they are: tensors are passed wherever they are (the caller puts them on the VM's
+    /// Calls a function by name as [`VirtualMachine::invoke`] does, with register values as
+    /// they are: tensors are passed wherever they are (the caller puts them on the VM's
     /// device) and the result comes back as the program left it, tensors uncopied on the
     /// device. For callers inside the crate that keep values on the device between calls (the
     /// LLM floor's generation).
     #[cfg(feature = "llm")]
     pub(crate) fn call_vm_values(&self, name: &str, args: &[&Value]) -> Result<Value, VmError> {
         let _span = tracing::trace_span!("relax_vm_call_values", function = name, args = args.len()).entered();
-        self.dispatch(&self.callee(name)?, name, args, 0)
-    }
-
-    /// What a call of `name` by name reaches: a VM function of that name, else what the name
-    /// resolves to (a builtin, a function of the tree, one mblob provides).
-    fn callee(&self, name: &str) -> Result<Callee, VmError> {
-        match self.executable().functions.iter().position(|f| f.name == name && f.kind == FuncKind::Vm) {
-            Some(index) => Ok(Callee::Vm(index)),
-            None => resolve(&self._tree, &self.builtins, name),
-        }
+        self.dispatch(&self.callee_by_name(name)?, name, args, 0)
     }
 
     /// Calls a function value (a function of the table or a closure) with `args`, then the

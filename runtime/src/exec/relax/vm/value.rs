@@ -1,7 +1,8 @@
 //! The VM's values and errors, the leaf the rest of the VM (and the LLM builtins of
-//! `exec::llm`) build on: [`VmError`], the caller's values ([`VmValue`], [`VmOutput`]),
-//! runtime objects ([`ObjectRef`], [`VmObject`]), the register values (`Value`) and the
-//! argument access of builtins (`Args`).
+//! `exec::llm`) build on: [`VmError`], runtime objects ([`ObjectRef`], [`VmObject`]), what a
+//! parameter takes ([`ParamKind`]), the register values (`Value`, private to the VM and its
+//! builtins: callers give and get [`exec::Value`](crate::exec::Value)) and the argument access
+//! of builtins (`Args`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -9,7 +10,8 @@ use crate::array::{ArrayError, NdArray};
 use crate::device::storage::Storage;
 use crate::device::{Device, DeviceError};
 use crate::format::DataType;
-use crate::payload::graph::Tensor;
+
+pub use crate::exec::value::{ObjectRef, ParamKind, VmObject};
 
 /// An error of the Relax VM.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +45,7 @@ pub enum VmError {
     /// A tensor that cannot be made (a shape that overflows, data of the wrong size).
     #[error(transparent)]
     Array(ArrayError),
-    /// `invoke` of a name that is not a VM function.
+    /// `invoke` of a name that is neither a VM function nor a function the name resolves to.
     #[error("ValueError: Unknown function: {name} (VM functions: {})", available.join(", "))]
     UnknownFunction {
         /// The name asked for.
@@ -140,8 +142,8 @@ pub enum VmError {
     /// A size that does not fit in memory (an overflowing storage size).
     #[error("cannot allocate {0} bytes")]
     Alloc(u64),
-    /// A function returned something other than tensors.
-    #[error("function `{function}` returned {got}; which cannot be an output here (`invoke` returns tensors, `invoke_outputs` tensors and shapes, `invoke_values` tensors, shapes, numbers and strings, each also inside tuples)")]
+    /// A function returned a value a caller cannot hold (a storage, a closure, a data type).
+    #[error("function `{function}` returned {got}, which cannot be given to the caller (tensors, shapes, numbers, strings, objects, null and tuples of them can)")]
     Output {
         /// The function.
         function: String,
@@ -202,144 +204,6 @@ impl From<ArrayError> for VmError {
             e => VmError::Array(e),
         }
     }
-}
-
-/// One output of a VM function, as [`VirtualMachine::invoke_outputs`](super::VirtualMachine::invoke_outputs) returns them (a returned
-/// tuple flattened in order).
-#[derive(Debug, Clone)]
-pub enum VmOutput {
-    /// A tensor (TVM's `NDArray` / `Tensor`), copied to the host.
-    Tensor(Tensor),
-    /// A shape (TVM's `ShapeTuple` / `ffi.Shape`), such as `R.shape_of` returns.
-    Shape(Vec<i64>),
-}
-
-/// A TVM runtime object a VM function or builtin made and the caller may hold and pass back,
-/// such as the paged KV cache (`relax.vm.PagedAttentionKVCache`). Objects change through
-/// their own methods (interior mutability): builtins get them by shared reference.
-pub trait VmObject: std::any::Any + std::fmt::Debug + Send + Sync {
-    /// TVM's type key of the object (e.g. `relax.vm.PagedAttentionKVCache`).
-    fn type_key(&self) -> &'static str;
-    /// The object as [`std::any::Any`], for [`ObjectRef::downcast_ref`].
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-/// A shared reference to a [`VmObject`] (TVM's `ObjectRef`): cloning shares the object, and
-/// two references are equal when they name the same object.
-#[derive(Debug, Clone)]
-pub struct ObjectRef(Arc<dyn VmObject>);
-
-impl ObjectRef {
-    /// A reference to a new object.
-    pub fn new(object: impl VmObject) -> ObjectRef {
-        ObjectRef(Arc::new(object))
-    }
-
-    /// TVM's type key of the object.
-    pub fn type_key(&self) -> &'static str {
-        self.0.type_key()
-    }
-
-    /// The object as a `T`, when it is one.
-    pub fn downcast_ref<T: VmObject>(&self) -> Option<&T> {
-        self.0.as_any().downcast_ref::<T>()
-    }
-
-    /// Whether both name the same object.
-    pub fn ptr_eq(&self, other: &ObjectRef) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl PartialEq for ObjectRef {
-    fn eq(&self, other: &ObjectRef) -> bool {
-        self.ptr_eq(other)
-    }
-}
-
-/// A value passed to or returned by a VM function ([`VirtualMachine::invoke_values`](super::VirtualMachine::invoke_values)): what
-/// TVM's `relax.VirtualMachine` takes and gives in Python.
-#[derive(Debug, Clone)]
-pub enum VmValue {
-    /// A tensor (`R.Tensor`); returned ones are copied to the host.
-    Tensor(Tensor),
-    /// A shape (`R.Shape`, TVM's `ShapeTuple` / `ffi.Shape`).
-    Shape(Vec<i64>),
-    /// An integer or bool `R.Prim` value.
-    Int(i64),
-    /// A float `R.Prim` value.
-    Float(f64),
-    /// A string.
-    Str(String),
-    /// A tuple (`R.Tuple`), also nested and of one element.
-    Tuple(Vec<VmValue>),
-    /// Nothing (`None`), such as an `R.Object` the function set to null.
-    Null,
-    /// A runtime object (`R.Object`), such as the paged KV cache that
-    /// `create_tir_paged_kv_cache` returns: passed back as it is, shared.
-    Object(ObjectRef),
-    /// A tensor passed by reference (as TVM passes its `Tensor`s): a tensor on the VM's device
-    /// is given to the function itself, not copied, so that what the callee writes into it
-    /// (`vm.builtin.attention_kv_cache_debug_get_kv`) is seen by the caller. One on another
-    /// device is copied there. Results never come back in this form.
-    Array(NdArray),
-}
-
-impl PartialEq for VmValue {
-    /// Values equal as TVM compares them in Python: tensors, shapes, numbers and strings by
-    /// value, objects and arrays by identity (the same object, the same bytes of the same
-    /// storage with the same shape and dtype).
-    fn eq(&self, other: &VmValue) -> bool {
-        match (self, other) {
-            (VmValue::Tensor(a), VmValue::Tensor(b)) => a == b,
-            (VmValue::Shape(a), VmValue::Shape(b)) => a == b,
-            (VmValue::Int(a), VmValue::Int(b)) => a == b,
-            (VmValue::Float(a), VmValue::Float(b)) => a == b,
-            (VmValue::Str(a), VmValue::Str(b)) => a == b,
-            (VmValue::Tuple(a), VmValue::Tuple(b)) => a == b,
-            (VmValue::Null, VmValue::Null) => true,
-            (VmValue::Object(a), VmValue::Object(b)) => a == b,
-            (VmValue::Array(a), VmValue::Array(b)) => {
-                Arc::ptr_eq(a.storage(), b.storage()) && a.shape() == b.shape() && a.dtype() == b.dtype()
-            }
-            _ => false,
-        }
-    }
-}
-
-impl VmValue {
-    /// The leaves of the value, depth first (tuples flattened in order).
-    pub fn flatten(&self) -> Vec<&VmValue> {
-        fn walk<'a>(v: &'a VmValue, out: &mut Vec<&'a VmValue>) {
-            match v {
-                VmValue::Tuple(items) => items.iter().for_each(|i| walk(i, out)),
-                v => out.push(v),
-            }
-        }
-        let mut out = Vec::new();
-        walk(self, &mut out);
-        out
-    }
-}
-
-/// What a parameter of a VM function takes, as the function's own checks say (TVM's
-/// `VMShapeLower` puts a `check_*_info` of each parameter at the start of the function).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParamKind {
-    /// A tensor (`check_tensor_info`).
-    Tensor,
-    /// A shape (`check_shape_info`).
-    Shape,
-    /// A primitive value of this dtype (`check_prim_value_info`); `None` when any dtype.
-    Prim(Option<DataType>),
-    /// A tuple of this many elements (`check_tuple_info`).
-    Tuple(usize),
-    /// A function or closure (`check_func_info`).
-    Func,
-    /// A string (`check_string_info`).
-    Str,
-    /// Not checked (`R.Object`, or a module built without the checks).
-    Any,
 }
 
 /// A closure: a function of the table with arguments bound after the caller's (TVM's

@@ -23,5 +23,5 @@ pub mod tool;
 pub mod tree_json;
 pub mod tvm_tar;
 
-pub use error::{with_causes, Error, Result};
+pub use error::{with_causes, Detail, Error, Result};
 pub use mblob_runtime as runtime;

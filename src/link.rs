@@ -112,7 +112,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// target's compiler, else `ld.lld`.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a target that nothing installed can link for, naming the tools.
+/// [`Error::Target`] for a target that nothing installed can link for, naming the tools.
 pub fn plan(opts: &LinkOptions) -> Result<Plan> {
     if let Some(d) = &opts.driver {
         return Ok(Plan::Driver(d.clone()));
@@ -131,7 +131,7 @@ pub fn plan(opts: &LinkOptions) -> Result<Plan> {
             return Ok(Plan::Lld(dir.join("ld.lld")));
         }
     }
-    Err(Error::Invalid {
+    Err(Error::Target {
         what: format!("target {target}"),
         detail: format!(
             "no linker for it is installed: this machine's `cc` links only its own objects. Set {} (or \
@@ -139,7 +139,8 @@ pub fn plan(opts: &LinkOptions) -> Result<Plan> {
              which links the objects directly; or write the objects with `-o NAME.tar`",
             vars[1],
             spellings(target).last().map_or(target, String::as_str)
-        ),
+        )
+        .into(),
     })
 }
 
@@ -175,7 +176,7 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     let lld = match opts.linker {
         Linker::Default => None,
         Linker::Auto => find_lld(),
-        Linker::Lld => Some(find_lld().ok_or_else(|| Error::Invalid {
+        Linker::Lld => Some(find_lld().ok_or_else(|| Error::Options {
             what: "linker".into(),
             detail: "ld.lld is not installed (apt-get install lld-14), use `--linker default`".into(),
         })?),

@@ -59,7 +59,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
 use crate::export::Export;
-use crate::{Error, Result};
+use crate::{Detail, Error, Result};
 
 /// Reads `TREE.json` into an [`Export`] (tree and host files). Every file it names is opened
 /// here, so a missing one is found before the export does any work.
@@ -99,7 +99,8 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
 /// [`parse_tree_json`], and the packing the root names.
 pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
-    let bad = |at: &str, detail: String| Error::Invalid { what: format!("{} at {at}", path.display()), detail };
+    let bad =
+        |at: &str, detail: String| Error::Input { what: format!("{} at {at}", path.display()), detail: detail.into() };
     let mut de = serde_json::Deserializer::from_slice(text);
     let mut root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(&e.path().to_string());
@@ -108,8 +109,10 @@ pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Re
             if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
         bad(&at, detail)
     })?;
-    de.end()
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
+    de.end().map_err(|e| Error::Input {
+        what: path.display().to_string(),
+        detail: format!("not valid JSON: {e}").into(),
+    })?;
     let packing = take_packing(&mut root).map_err(|(at, detail)| bad(&at, detail))?;
     let mut b = Builder {
         json: path,
@@ -432,8 +435,8 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn bad(&self, at: &str, detail: impl Into<String>) -> Error {
-        Error::Invalid { what: format!("{} at {at}", self.json.display()), detail: detail.into() }
+    fn bad(&self, at: &str, detail: impl Into<Detail>) -> Error {
+        Error::Input { what: format!("{} at {at}", self.json.display()), detail: detail.into() }
     }
 
     fn node(&mut self, n: &NodeJson, at: &str) -> Result<ModuleId> {

@@ -74,7 +74,7 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
     let data = mblob_runtime::map_file(path)?;
     let report = inspect_bytes(&data, path, args.layout, args.prefix.as_deref())?;
     let (Some(blob), Some(layout)) = (report.blob.clone(), report.layout.and_then(Layout::from_name)) else {
-        return Err(Error::Invalid {
+        return Err(Error::Input {
             what: path.display().to_string(),
             detail: "holds no blob: a plain library has no modules to extract".into(),
         });
@@ -102,7 +102,7 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
         system_lib: report.system_lib,
     };
     let files = plan(&parsed, &blob, &registry, &host, &packing)
-        .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
+        .map_err(|detail| Error::Input { what: path.display().to_string(), detail: detail.into() })?;
 
     // Written into a fresh directory beside the output, moved into place when complete (`-o
     // a/b` creates `a` too, and removes it again on failure).
@@ -125,7 +125,7 @@ fn check_output_dir(out: &Path) -> Result<()> {
     match std::fs::read_dir(out) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                return Err(Error::Invalid {
+                return Err(Error::OutputPath {
                     what: out.display().to_string(),
                     detail: "exists and is not empty: extract writes into a new or empty directory".into(),
                 });

@@ -85,7 +85,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         return Ok(super::usage_error("generate", message));
     }
     let model = args.model.display().to_string();
-    let invalid = |detail: String| Error::Invalid { what: model.clone(), detail };
+    let invalid = |detail: String| Error::Run { what: model.clone(), detail: detail.into() };
     // SAFETY: generating with a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;

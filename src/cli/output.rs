@@ -273,13 +273,14 @@ pub(crate) fn check_run_dir(dir: &Path) -> Result<()> {
     for entry in entries {
         let entry = entry.map_err(Error::io(dir, "cannot list"))?;
         if !(is_run_output(&entry.file_name()) && entry.file_type().is_ok_and(|t| t.is_file())) {
-            return Err(Error::Invalid {
+            return Err(Error::OutputPath {
                 what: dir.display().to_string(),
                 detail: format!(
                     "holds {}, which is not an output of an earlier run: the outputs replace the directory as a \
                      whole, so give a new directory, an empty one or one that holds only out.K.npy files",
                     entry.file_name().to_string_lossy()
-                ),
+                )
+                .into(),
             });
         }
     }

@@ -460,7 +460,7 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
     if crate::tvm_tar::is_gzip(data) {
         let plain = crate::tvm_tar::gunzip(data, path)?;
         if !is_tar(&plain) {
-            return Err(Error::Invalid {
+            return Err(Error::Input {
                 what: path.display().to_string(),
                 detail: "a gzip stream that holds no tar archive".into(),
             });
@@ -527,9 +527,9 @@ fn is_tar(data: &[u8]) -> bool {
 /// what follows, must fit the file. Anything else (a text file, a truncated download) gets a
 /// message saying what the file is not, not a blob length of 8031924123371070824.
 fn check_raw_blob(data: &[u8], path: &Path) -> Result<()> {
-    let not = |detail: String| Error::Invalid {
+    let not = |detail: String| Error::Input {
         what: path.display().to_string(),
-        detail: format!("not an ELF file, a tar archive or a raw blob: {detail}"),
+        detail: format!("not an ELF file, a tar archive or a raw blob: {detail}").into(),
     };
     let Some(header) = data.get(..8) else {
         return Err(not(format!("{} bytes, fewer than a blob's 8-byte header", data.len())));
@@ -549,9 +549,9 @@ fn check_raw_blob(data: &[u8], path: &Path) -> Result<()> {
 /// Every regular member is read as a container (ELF, Mach-O, COFF, WebAssembly, an archive);
 /// those that are none, or are malformed, are listed in `tar.unread` with why.
 fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report> {
-    let bad = |e: io::Error| Error::Invalid {
+    let bad = |e: io::Error| Error::Input {
         what: path.display().to_string(),
-        detail: format!("not a readable tar archive: {e}"),
+        detail: format!("not a readable tar archive: {e}").into(),
     };
     let mut archive = tar::Archive::new(&data[..]);
     let mut members = Vec::new();
@@ -579,9 +579,9 @@ fn inspect_tar(data: &Bytes, path: &Path, prefix: Option<&str>) -> Result<Report
         match container::find_blob(&bytes, prefix) {
             Ok(Some(_)) => {
                 if let Some((first, _)) = &found {
-                    return Err(Error::Invalid {
+                    return Err(Error::Input {
                         what: path.display().to_string(),
-                        detail: format!("two members hold a blob: {first} and {name}"),
+                        detail: format!("two members hold a blob: {first} and {name}").into(),
                     });
                 }
                 let member_path = PathBuf::from(format!("{}({name})", path.display()));
@@ -647,14 +647,14 @@ fn load_tree(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Resu
             mblob_runtime::load_blob(data, layout, &registry, &options)
         }
         FileKind::Macho | FileKind::Pe | FileKind::Coff | FileKind::Wasm | FileKind::Archive => {
-            let identity = container::identify(data).ok_or_else(|| Error::Invalid {
+            let identity = container::identify(data).ok_or_else(|| Error::Input {
                 what: path.display().to_string(),
                 detail: "not a library this machine can load".into(),
             })?;
             return Err(mblob_runtime::Error::ForeignLibrary { path: path.to_owned(), identity }.into());
         }
         FileKind::Tar => {
-            return Err(Error::Invalid {
+            return Err(Error::Input {
                 what: path.display().to_string(),
                 detail: "a tar archive holds objects, which cannot be loaded: link them into a shared library first"
                     .into(),
@@ -662,11 +662,12 @@ fn load_tree(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Resu
         }
     };
     let loaded = loaded.map_err(|e| match unknown_key(&e) {
-        Some(key) => Error::Invalid {
+        Some(key) => Error::Input {
             what: path.display().to_string(),
             detail: format!(
                 "{e}: no loader knows `{key}`; pass --keep-unknown to keep such payloads as opaque bytes, as TVM does"
-            ),
+            )
+            .into(),
         },
         None => e.into(),
     })?;

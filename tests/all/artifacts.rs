@@ -159,7 +159,7 @@ fn a_shared_library_is_not_host_code() {
     let mut e = mblob::export::Export::from_tree(tree);
     e.object(&so);
     let err = e.write(&out).unwrap_err();
-    assert!(matches!(&err, mblob::Error::Invalid { detail, .. } if detail.contains("is a shared library")), "{err}");
+    assert!(matches!(&err, mblob::Error::HostCode { detail, .. } if detail.0.contains("is a shared library")), "{err}");
     assert!(!out.exists());
 }
 

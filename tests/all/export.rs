@@ -462,7 +462,7 @@ fn host_code_from_llvm_ir_files_and_inkwell_modules() {
     std::fs::write(&bad, "define i32 @f( {").unwrap();
     let so = dir.path().join("bad.so");
     let err = dense_relu_export().ir(&bad).write(&so).unwrap_err();
-    assert!(matches!(&err, mblob::Error::Invalid { what, .. } if what.contains("bad.ll")), "{err}");
+    assert!(matches!(&err, mblob::Error::Input { what, .. } if what.contains("bad.ll")), "{err}");
     assert!(err.to_string().contains("not valid LLVM IR"), "{err}");
     assert!(!so.exists());
 }

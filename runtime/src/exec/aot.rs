@@ -213,7 +213,7 @@ impl AotExecutor {
             MetadataError::Call(message) => {
                 ExecError::Kernel { node: "metadata_module".into(), function: "get_c_metadata".into(), message }
             }
-            other => ExecError::Metadata(other.to_string()),
+            other => ExecError::MetadataRead(other),
         })?;
         let metadata = metadata_of(raw)?;
         let entry = format!("{}___tvm_main__", metadata.mod_name);

@@ -342,17 +342,17 @@ pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
 /// Reads a params file as `relay.save_param_dict` writes it (and `extract` exports):
 /// `magic u64, reserved u64, names vec<str>, count u64, tensor{count}`.
 pub fn read_params(bytes: &Bytes) -> Result<Vec<(String, PayloadTensor)>, ExecError> {
-    let fail = |e: crate::format::FormatError| ExecError::Params(e.to_string());
+    let fail = ExecError::Params;
     let mut r = Reader::new(bytes, 0);
     let magic = r.read_u64("params magic").map_err(fail)?;
     if magic != PARAMS_MAGIC {
-        return Err(ExecError::Params(format!("magic is {magic:#018x}, expected {PARAMS_MAGIC:#018x}")));
+        return Err(ExecError::ParamsMagic { found: magic, expected: PARAMS_MAGIC });
     }
     r.read_u64("reserved").map_err(fail)?;
     let names = r.read_vec_str("param names").map_err(fail)?;
     let count = r.read_count("param count", 40).map_err(fail)?;
     if count != names.len() {
-        return Err(ExecError::Params(format!("{} names but {count} tensors", names.len())));
+        return Err(ExecError::ParamsCount { names: names.len(), tensors: count });
     }
     let mut out = Vec::with_capacity(count);
     for name in names {

@@ -147,7 +147,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
 }
 
 fn check_failed(what: &str) -> Error {
-    Error::Invalid { what: "demo check".into(), detail: what.into() }
+    Error::Run { what: "demo check".into(), detail: what.into() }
 }
 
 fn file_len(p: &std::path::Path) -> u64 {

@@ -256,7 +256,9 @@ fn is_c_identifier(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// The `func_name`s of a graph's `tvm_op` nodes.
+/// The `func_name`s of a graph's `tvm_op` nodes. Read leniently, not by the graph
+/// executor's parser: packing takes any graph TVM's `export_library` packs (it does not parse
+/// it), and checks only the functions it names.
 fn graph_functions(graph_json: &str) -> Result<Vec<String>> {
     let graph: serde_json::Value = serde_json::from_str(graph_json).map_err(|e| Error::Input {
         what: "the graph executor factory's graph".into(),

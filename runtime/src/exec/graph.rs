@@ -378,6 +378,13 @@ pub fn write_params(params: &[(String, PayloadTensor)], out: &mut dyn std::io::W
     Ok(())
 }
 
+/// How many bytes [`write_params`] writes for `params`.
+pub fn params_len(params: &[(String, PayloadTensor)]) -> u64 {
+    let names: u64 = params.iter().map(|(n, _)| 8 + n.len() as u64).sum();
+    let tensors: u64 = params.iter().map(|(_, t)| t.encoded_len()).sum();
+    8 + 8 + 8 + names + 8 + tensors
+}
+
 /// A graph factory of a loaded tree: the `GraphExecutorFactory` and the modules its kernels
 /// come from.
 #[derive(Debug, Clone)]
@@ -804,6 +811,20 @@ mod tests {
         {"op":"tvm_op","name":"f","attrs":{"func_name":"__copy","num_inputs":"1","num_outputs":"1","flatten_data":"0"},"inputs":[[0,0,0]]}],
         "arg_nodes":[0],"heads":[[1,0,0]],"node_row_ptr":[0,1,2],
         "attrs":{"dltype":["list_str",["float32","float32"]],"storage_id":["list_int",[0,1]],"shape":["list_shape",[[2],[2]]]}}"#;
+
+    /// TVM's params file (`graph_dense_relu.params`, `relay.save_param_dict` of TVM 0.19):
+    /// read and written back, the same bytes, and `params_len` its length.
+    #[test]
+    fn params_files_are_written_as_tvm_wrote_them() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tvm-goldens/graph_dense_relu.params");
+        let bytes = std::fs::read(path).unwrap();
+        let params = read_params(&Bytes::from_vec(bytes.clone())).unwrap();
+        let mut out = Vec::new();
+        write_params(&params, &mut out).unwrap();
+        assert!(out == bytes, "not TVM's bytes");
+        assert_eq!(params_len(&params), bytes.len() as u64);
+    }
 
     #[test]
     fn parses_and_refuses_bad_graphs_with_paths() {

@@ -145,7 +145,8 @@ impl Tensor {
         out.write_all(&self.data)
     }
 
-    fn encoded_len(&self) -> u64 {
+    /// How many bytes [`Tensor::write_to`] writes.
+    pub fn encoded_len(&self) -> u64 {
         8 + 8 + 8 + 4 + 4 + 8 * self.shape.len() as u64 + 8 + self.data.len() as u64
     }
 }

@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::device::{DeviceForm, DeviceModule, FunctionInfo, SpirvShader, DEVICE_TYPE_KEYS};
 use mblob_runtime::tree::DSO_TYPE_KEYS;
-use mblob_runtime::{Bytes, Layout, ModuleId, ModuleTree, Opaque, Registry};
+use mblob_runtime::{Bytes, Layout, ModuleId, ModuleTree, RawPayload, Registry};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -97,7 +97,7 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
 }
 
 /// [`parse_tree_json`], and the packing the root names.
-pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
+pub(crate) fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
     let bad =
         |at: &str, detail: String| Error::Input { what: format!("{} at {at}", path.display()), detail: detail.into() };
@@ -181,11 +181,10 @@ fn json_path(serde_path: &str) -> String {
     }
 }
 
-/// One module of `TREE.json`: every field any kind may have; which ones a kind allows is
-/// checked after reading (see [`Builder::node`]).
-/// One module of TREE.json: the one model of the format, which `mblob export` reads
-/// ([`parse_tree_json`]) and `mblob extract` writes. Which fields a module may have depends on
-/// its kind (see the [module docs](self)); a field that is `None` is not written.
+/// One module of TREE.json, the one model of the format: `mblob export` reads it
+/// ([`parse_tree_json`]) and `mblob extract` writes it. It has every field any kind may have;
+/// which ones a kind allows (see the [module docs](self)) is checked after reading. A field
+/// that is `None` is not written.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a module (a JSON object with a `type_key`)")]
 pub struct Node {
@@ -413,7 +412,7 @@ pub struct FunctionJson {
 
 impl FunctionJson {
     /// The JSON form of a function info (every field, `arg_extra_tags` included).
-    pub fn from_info(info: &FunctionInfo) -> FunctionJson {
+    pub(crate) fn from_info(info: &FunctionInfo) -> FunctionJson {
         FunctionJson {
             name: info.name.clone(),
             arg_types: info.arg_types.iter().map(|&t| TypeName(t)).collect(),
@@ -423,7 +422,7 @@ impl FunctionJson {
     }
 
     /// The function info of a `type_key` module (which decides the default extra tags).
-    pub fn to_info(&self, type_key: &str) -> FunctionInfo {
+    pub(crate) fn to_info(&self, type_key: &str) -> FunctionInfo {
         let arg_types: Vec<DataType> = self.arg_types.iter().map(|t| t.0).collect();
         let mut info = FunctionInfo::new(self.name.clone(), arg_types, self.launch_param_tags.clone());
         match &self.arg_extra_tags {
@@ -579,7 +578,7 @@ impl Builder<'_> {
         let at = format!("{at}.payload");
         let bytes = self.open(n.payload.as_deref().unwrap_or_default(), &at, "payload file")?;
         let Some(loader) = self.registry.get(key) else {
-            return Ok(self.tree.add_payload(Opaque::new(key, bytes)));
+            return Ok(self.tree.add_payload(RawPayload::new(key, bytes)));
         };
         let module = loader
             .load(bytes, Layout::Classic)

@@ -22,12 +22,12 @@ use crate::{Error, Result};
 pub const MAX_INFLATED: u64 = 8 << 30;
 
 /// Whether `data` starts as a gzip stream does (`1f 8b`).
-pub fn is_gzip(data: &[u8]) -> bool {
+pub(crate) fn is_gzip(data: &[u8]) -> bool {
     data.starts_with(&[0x1f, 0x8b])
 }
 
 /// Whether `data` is a tar archive: `ustar` (POSIX, or GNU's `ustar  `) at byte 257.
-pub fn is_tar(data: &[u8]) -> bool {
+pub(crate) fn is_tar(data: &[u8]) -> bool {
     data.get(257..262) == Some(b"ustar")
 }
 
@@ -140,7 +140,7 @@ impl TvmTar {
     }
 
     /// `archive(member)`, as errors name a member.
-    pub fn member_path(&self, member: &str) -> PathBuf {
+    pub(crate) fn member_path(&self, member: &str) -> PathBuf {
         PathBuf::from(format!("{}({member})", self.path.display()))
     }
 

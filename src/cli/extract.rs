@@ -79,7 +79,7 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
         });
     };
     let registry = Registry::default();
-    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque)
+    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepRaw)
         .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?;
     // A TVM `.tar` holds the host code beside the blob: its objects go with the extracted parts.
     let host: Vec<(String, Bytes)> = match mblob::tvm_tar::TvmTar::from_bytes(&data, path)? {

@@ -117,7 +117,7 @@ pub fn inspect_bytes(data: &Bytes, path: &Path, layout: Option<Layout>, prefix: 
         };
         (data.clone(), layout)
     };
-    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque).map_err(blob_error)?;
+    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepRaw).map_err(blob_error)?;
     fill(&mut report, &parsed, &blob, &registry);
     report.blob = Some(blob.clone());
     Ok(report)
@@ -241,7 +241,7 @@ fn empty_report(path: &Path, kind: FileKind) -> Report {
 #[allow(unsafe_code)]
 fn load_tree(path: &Path, data: &Bytes, report: &Report, args: &Options) -> Result<LoadedTree> {
     let registry = Registry::default();
-    let unknown = if args.keep_unknown { UnknownKeys::KeepOpaque } else { UnknownKeys::Error };
+    let unknown = if args.keep_unknown { UnknownKeys::KeepRaw } else { UnknownKeys::Error };
     let options = LoadOptions { prefix: args.prefix.clone(), unknown };
     let loaded = match report.kind {
         FileKind::Elf => {

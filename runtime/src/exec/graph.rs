@@ -337,7 +337,7 @@ impl Graph {
 }
 
 /// Magic of a params file (`save_param_dict`).
-pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
+pub(crate) const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
 
 /// Reads a params file as `relay.save_param_dict` writes it (and `extract` exports):
 /// `magic u64, reserved u64, names vec<str>, count u64, tensor{count}`.

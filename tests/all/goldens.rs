@@ -295,6 +295,14 @@ fn unknown_keys_error_or_stay_opaque() {
     assert_eq!(parsed.entries.iter().filter(|e| e.kind == EntryKind::Module).count(), 1);
 }
 
+/// The shape and values of a float32 `.npy` file (as TVM's scripts wrote its inputs and
+/// outputs, or as `mblob run` writes them).
+pub fn npy_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let bytes = read(path);
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
+}
+
 pub fn f32_file(path: &Path) -> Vec<f32> {
     read(path).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }

@@ -102,8 +102,6 @@ pub mod tree;
 
 pub use array::NdArray;
 pub use bytes::Bytes;
-#[cfg(feature = "cuda")]
-pub use device::cuda;
 pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};

@@ -759,7 +759,7 @@ fn rfc_factory_host_and_cuda_in_one_library() {
 
 #[cfg(feature = "cuda")]
 fn cuda_device(m: &std::sync::Arc<dyn mblob_runtime::Module>) -> Option<mblob_runtime::payload::device::DeviceModule> {
-    m.as_any().downcast_ref::<mblob_runtime::cuda::CudaModule>().map(|c| c.device_module().clone())
+    m.as_any().downcast_ref::<mblob_runtime::device::cuda::CudaModule>().map(|c| c.device_module().clone())
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -128,6 +128,11 @@ typedef struct mblob_export mblob_export;
 // freed before them.
 typedef struct mblob_library mblob_library;
 
+// A language model on a device (`mblob_llm_new`): the library's Relax VM, its weights and a
+// paged KV cache. Used by one call at a time (a call while another thread's uses it gets
+// `MBLOB_ERR_STATE`); freed with `mblob_llm_free`.
+typedef struct mblob_llm mblob_llm;
+
 // A model on a device (`mblob_model_new`): a graph executor, an AOT executor or a Relax VM
 // function. Used by one call at a time (a call while another thread's uses it gets
 // `MBLOB_ERR_STATE`); freed with `mblob_model_free`.
@@ -177,6 +182,18 @@ typedef struct mblob_dl_tensor {
   // Bytes from `data` to the first element.
   uint64_t byte_offset;
 } mblob_dl_tensor;
+
+// How `mblob_llm_generate` picks each token: greedily at `temperature` 0; else TVM's
+// `sample_top_p_from_logits` with MLC-LLM's draws (softmax at `temperature`, from the most
+// likely tokens holding `top_p` of the probability, draws seeded by `seed`).
+typedef struct mblob_llm_sampling {
+  // The softmax temperature; 0 is greedy decoding. Negative or not finite: refused.
+  double temperature;
+  // The probability mass of the most likely tokens drawn from, in (0, 1]; 1: all of them.
+  double top_p;
+  // The seed of the draws.
+  uint32_t seed;
+} mblob_llm_sampling;
 
 // DLPack's `DLManagedTensor`: a tensor and who frees it. Whoever holds one calls
 // `deleter(self)` once, when done with it (from any thread).
@@ -404,6 +421,65 @@ mblob_status mblob_library_call(const struct mblob_library *lib,
                                 const struct mblob_dl_tensor *const *args,
                                 size_t num_args,
                                 int64_t *ret);
+
+// Makes a language model of the MLC-LLM library `lib` (its VM functions `embed`, `prefill`,
+// `decode`, `create_tir_paged_kv_cache` and `_metadata`) on the device
+// `(device_type, device_id)` (DLPack's codes: `kDLCPU` = 1, `kDLCUDA` = 2, `kDLOpenCL` = 4)
+// and writes its handle to `*out`. `weights_dir` is the directory of its tensor cache
+// (`tensor-cache.json` and the shards) for a library whose functions take the weights as a
+// parameter (`packed_params`), NULL for one with the weights bound into it; giving the wrong
+// one of the two is `MBLOB_ERR_INVALID_ARGUMENT`. The weights are read (and copied to the
+// device) here, once.
+//
+// A library that is not an MLC-LLM model (a function missing, metadata that is not MLC's):
+// `MBLOB_ERR_NO_MODEL`; weights that cannot be read: `MBLOB_ERR_LOAD`. A library built
+// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`.
+//
+// # Safety
+// `lib` is NULL or a handle; `weights_dir` is NULL or a NUL-terminated string; `out` is NULL
+// or points to writable storage for one pointer.
+mblob_status mblob_llm_new(const struct mblob_library *lib,
+                           const char *weights_dir,
+                           int32_t device_type,
+                           int32_t device_id,
+                           struct mblob_llm **out);
+
+// Writes the vocabulary size of the model to `*out` (the metadata's `vocab_size`, else the
+// rows of the token embedding table), or -1 when neither says (then only negative token ids
+// are refused).
+//
+// # Safety
+// `llm` is NULL or a handle; `out` is NULL or points to writable storage.
+mblob_status mblob_llm_vocab_size(const struct mblob_llm *llm, int64_t *out);
+
+// Generates `max_new_tokens` tokens after the `n_prompt` token ids at `prompt_ids`, in a new
+// KV cache (nothing of an earlier call is kept), as `sampling` says (NULL: greedy), writes
+// them to `out_tokens` and their number to `*n_out`. Both are written only on success.
+//
+// Refused before anything runs: an empty prompt, or a prompt and new tokens that do not fit
+// the model's context window (`MBLOB_ERR_INPUT`); a token id that is negative or not below
+// the vocabulary size (`MBLOB_ERR_INPUT`, the message naming the id, its position and the
+// vocabulary size); `out_capacity` under `max_new_tokens` or a bad `sampling`
+// (`MBLOB_ERR_INVALID_ARGUMENT`). A failure of a kernel or of the VM: `MBLOB_ERR_RUN`.
+//
+// # Safety
+// `llm` is NULL or a handle; `prompt_ids` is NULL or points to `n_prompt` readable `int32_t`;
+// `sampling` is NULL or points to one readable `mblob_llm_sampling`; `out_tokens` is NULL or
+// points to `out_capacity` writable `int32_t`; `n_out` is NULL or points to writable storage.
+mblob_status mblob_llm_generate(struct mblob_llm *llm,
+                                const int32_t *prompt_ids,
+                                size_t n_prompt,
+                                size_t max_new_tokens,
+                                const struct mblob_llm_sampling *sampling,
+                                int32_t *out_tokens,
+                                size_t out_capacity,
+                                size_t *n_out);
+
+// Frees a language model; NULL does nothing.
+//
+// # Safety
+// No other call on `llm` is in progress, and `llm` is not used after this call.
+mblob_status mblob_llm_free(struct mblob_llm *llm);
 
 // Makes a model of what `lib` holds (a graph factory, an AOT factory, a Relax executable or
 // a Relay VM executable) on the device `(device_type, device_id)`, with DLPack's codes

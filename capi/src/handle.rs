@@ -11,6 +11,8 @@ use crate::status::{mblob_status, not_null, Failure, Result};
 pub(crate) enum Kind {
     Library,
     Model,
+    /// A language model (`mblob_llm_free`).
+    Llm,
     Tensor,
     /// A string mblob made for the caller (`mblob_string_free`).
     #[cfg_attr(not(feature = "inspect"), allow(dead_code))]
@@ -25,6 +27,7 @@ impl Kind {
         match self {
             Kind::Library => "mblob_library",
             Kind::Model => "mblob_model",
+            Kind::Llm => "mblob_llm",
             Kind::Tensor => "mblob_tensor",
             Kind::String => "string made by mblob",
             Kind::Export => "mblob_export",
@@ -75,7 +78,7 @@ pub(crate) fn is_live(m: &HashMap<usize, Kind>, kind: Kind, address: usize, what
     }
 }
 
-/// Which handles calls are using: a model or an export builder by one call at a time (taken
+/// Which handles calls are using: a model, a language model or an export builder by one call at a time (taken
 /// exclusively), a library or a tensor by any number (shared); a call that finds its handle
 /// taken the other way fails at once with `MBLOB_ERR_STATE` (a try-lock: nothing waits).
 /// Each call gives back what it took when it ends ([`call`]).
@@ -116,7 +119,7 @@ pub(crate) mod in_use {
         if HELD.with(|h| h.borrow().contains(&address)) {
             return Ok(());
         }
-        let exclusive = matches!(kind, Kind::Model | Kind::Export);
+        let exclusive = matches!(kind, Kind::Model | Kind::Llm | Kind::Export);
         users(|u| {
             let n = u.entry(address).or_insert(0);
             match (*n, exclusive) {

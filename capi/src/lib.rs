@@ -9,7 +9,8 @@
 //! `handle.rs` (the set of live handles and which calls use them), `args.rs` (reading C
 //! strings and buffers), `dlpack.rs` (DLPack's structs and the conversions to and from
 //! arrays), `library.rs` (loading, from a file or from memory, and calling a host function),
-//! `model.rs` (models: inputs, runs, outputs, `mblob_model_invoke`), `tensor.rs` (tensors and
+//! `model.rs` (models: inputs, runs, outputs, `mblob_model_invoke`), `llm.rs` (language
+//! models: `mblob_llm_generate` of token ids), `tensor.rs` (tensors and
 //! handing them out as DLPack); `inspect.rs` (feature `inspect`) the JSON report and
 //! `emit.rs` (feature `emit`) writing libraries, the two parts that link the `mblob` crate
 //! (without them the library is the runtime alone).
@@ -19,7 +20,7 @@
 //! rule of the API makes it valid.
 //!
 //! The conventions, after wasmtime's, tract's and ONNX Runtime's C APIs:
-//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_tensor`] (and
+//! - Opaque handles: [`mblob_library`], [`mblob_model`], [`mblob_llm`], [`mblob_tensor`] (and
 //!   `mblob_export`). Each is made by one function and freed by one (`mblob_*_free`); freeing
 //!   NULL does nothing.
 //! - Every call returns an [`mblob_status`]; on an error, [`mblob_last_error`] gives the
@@ -32,7 +33,7 @@
 //!   crash: except when the allocator has reused a freed handle's address for a new handle of
 //!   the same kind, which cannot be told apart.
 //! - Threads: a library may be shared by any number of threads (models made from it on each);
-//!   a model is used by one thread at a time (it may move between threads). This is enforced:
+//!   a model (or a language model) is used by one thread at a time (it may move between threads). This is enforced:
 //!   a call on a model (or an export builder) that another call is using fails at once with
 //!   [`mblob_status::MBLOB_ERR_STATE`] instead of waiting or corrupting it; a library or tensor
 //!   may be read by several calls at once, but freeing one that a call is using fails the same
@@ -50,6 +51,7 @@ mod handle;
 #[cfg(feature = "inspect")]
 mod inspect;
 mod library;
+mod llm;
 mod model;
 mod status;
 mod system;
@@ -62,6 +64,7 @@ pub use emit::*;
 #[cfg(feature = "inspect")]
 pub use inspect::*;
 pub use library::*;
+pub use llm::*;
 pub use model::*;
 pub use status::mblob_status;
 pub use system::*;
@@ -73,5 +76,6 @@ const _: () = {
     const fn send<T: Send>() {}
     send_sync::<library::mblob_library>();
     send::<model::mblob_model>();
+    send::<llm::mblob_llm>();
     send_sync::<tensor::mblob_tensor>();
 };

@@ -3,8 +3,9 @@
 //! each under its own prefix) and the `libmblob.a` of this build (feature `system-lib`) runs
 //! them with no `dlopen`: `examples/c/run_model.c` given `system://PREFIX` gives TVM's outputs
 //! bit for bit, and `support/system_lib_checks.c` opens each prefix (the LLM's functions are
-//! TVM's, and its compiled embedding kernel, called on its tensor cache's table, gives TVM's
-//! `embed` output) and gets typed errors for a prefix nobody registered and for a symbol
+//! TVM's, its compiled embedding kernel, called on its tensor cache's table, gives TVM's
+//! `embed` output, and `mblob_llm_generate` with its tensor cache gives TVM's greedy tokens and
+//! refuses a token id past the vocabulary) and gets typed errors for a prefix nobody registered and for a symbol
 //! registered twice. The program is linked with
 //! `--wrap=dlopen,--wrap=dlmopen` to `support/no_dlopen.c`, which aborts: a run that succeeds
 //! opened no library. It does not depend on `libmblob.so`.
@@ -150,6 +151,10 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
         .arg(table["shape"][1].to_string())
         .arg(&embed_out)
         .arg(tokens.join(","))
+        .arg("--generate")
+        .arg(&cache)
+        .arg(llm["tokens"].as_array().unwrap().len().to_string())
+        .arg(tokens.join(","))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
@@ -172,6 +177,17 @@ fn each_prefix_opens_and_bad_prefixes_are_typed_errors() {
     let want = npy(&fixtures().join("tinyllm.embed.npy"));
     assert_eq!(want.shape, [tokens.len() as i64, table["shape"][1].as_i64().unwrap()], "TVM's embed shape");
     assert!(std::fs::read(&embed_out).unwrap() == want.data, "the LLM's embedding kernel differs from TVM's embed");
+    // Generation with the linked LLM gives TVM's greedy tokens (one per step of its run), and
+    // a token id past the vocabulary is refused (status 6, MBLOB_ERR_INPUT) naming it.
+    let llm = facts("tinyllm");
+    let want: Vec<String> = llm["tokens"].as_array().unwrap().iter().map(|t| t[0].to_string()).collect();
+    assert_eq!(line("generate "), format!("generate {}", want.join(",")), "TVM's tokens");
+    let badid = line("badid ");
+    assert!(
+        badid.starts_with(&format!("badid 6 token id 256 (prompt position {})", tokens.len() - 1))
+            && badid.contains("the vocabulary has 256 ids"),
+        "{badid}"
+    );
     assert!(line("graph19_ ").starts_with("graph19_ kind "), "{stdout}");
     let missing = line("missing ");
     assert!(missing.starts_with("missing 4 no system library with prefix `nosuchmodel_`"), "{missing}");

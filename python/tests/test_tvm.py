@@ -310,6 +310,32 @@ def test_a_cross_built_model_gets_a_blob_object_for_its_machine(tmp_path):
         assert mblob.read_blob(tmp_path / f"{name}.devc.o") == mblob.read_blob(tmp_path / "tvm.devc.o"), name
 
 
+@pytest.mark.parametrize(
+    "triple, suffix, magic, linker",
+    [
+        ("arm64-apple-macos", "dylib", b"\xcf\xfa\xed\xfe\x0c\x00\x00\x01", "ld64.lld"),
+        ("x86_64-pc-windows-msvc", "dll", b"MZ", "lld-link"),
+        ("aarch64-linux-gnu", "a", b"!<arch>\n", None),
+    ],
+)
+def test_export_library_writes_other_platforms_containers(tmp_path, triple, suffix, magic, linker):
+    """`mblob.tvm.export_library` of a model TVM built for another platform: the container of
+    the output's name for that machine (a Mach-O arm64 `.dylib`, a PE `.dll`, an archive), with
+    TVM's serialized imports in it once. (`test_export_targets.py` checks the same without TVM,
+    more closely, on TVM's recorded objects.)"""
+    import shutil
+
+    if linker and not (shutil.which(linker) or shutil.which(f"{linker}-14")):
+        pytest.skip(f"no `{linker}` on PATH")
+    lib = relax_mlp(tvm.target.Target({"kind": "llvm", "mtriple": triple}))
+    out = tmp_path / f"model.{suffix}"
+    mblob.tvm.export_library(lib, str(out))
+    data = out.read_bytes()
+    assert data.startswith(magic), data[:8]
+    blob, _ = mblob.tvm.serialize_imports(lib.mod if hasattr(lib, "mod") else lib)
+    assert data.count(blob.tobytes()) == 1, "TVM's serialized imports, once"
+
+
 def test_a_callers_own_fcompile_gets_real_objects(tmp_path):
     """`mblob.tvm.export_library(..., fcompile=f)` with a link that is not mblob's (here TVM's
     `create_staticlib`, and a function that records what it is given): it is handed objects

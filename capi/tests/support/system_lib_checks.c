@@ -2,12 +2,16 @@
  * libmblob.a (see tests/system_lib.rs): prints what it finds, one fact a line.
  *
  *   system_lib_checks PREFIX... [--embed SHARD OFFSET VOCAB HIDDEN OUT TOKEN,TOKEN,...]
+ *                     [--generate WEIGHTS N TOKEN,TOKEN,...]
  *
  * For each PREFIX: "PREFIX functions NAME,NAME,..." (a Relax model's functions) or "PREFIX kind
  * K". With --embed: calls the LLM's (tinyllm_) compiled embedding kernel `take1` with
  * mblob_library_call on the embedding table (VOCAB x HIDDEN float32 at OFFSET in the tensor
  * cache's SHARD) and the tokens, writes the embeddings (raw float32) to OUT and prints
- * "embed N". Then: "missing STATUS MESSAGE" for a prefix no model has, and, after registering
+ * "embed N". With --generate: makes a language model (mblob_llm_new) of tinyllm_ with the
+ * tensor cache in the directory WEIGHTS, generates N tokens greedily after the tokens and prints
+ * "generate T,T,...", then "badid STATUS MESSAGE" for the same prompt with its last id made
+ * 256 (one past the vocabulary). Then: "missing STATUS MESSAGE" for a prefix no model has, and, after registering
  * a second address under graph19_'s context symbol, "conflict RC STATUS MESSAGE". */
 #define _POSIX_C_SOURCE 200112L
 #include <stdio.h>
@@ -34,6 +38,41 @@ static mblob_dl_tensor host_tensor(void *data, int32_t ndim, int64_t *shape, uin
     return t;
 }
 
+/* Reads comma-separated token ids from `p` into `ids` (at most 256); their number. */
+static int64_t parse_ids(const char *p, int32_t *ids) {
+    int64_t n = 0;
+    while (*p && n < 256) {
+        ids[n++] = (int32_t)strtol(p, (char **)&p, 10);
+        if (*p == ',') p++;
+    }
+    return n;
+}
+
+/* The --generate check; 0 on success. */
+static int generate(char **a) {
+    int32_t ids[256], out[256];
+    int64_t n = parse_ids(a[2], ids);
+    size_t want = (size_t)atol(a[1]), got = 0, k;
+    struct mblob_library *lib = NULL;
+    struct mblob_llm *llm = NULL;
+    mblob_status st;
+    if (want > 256 || n < 1) return 1;
+    if (mblob_library_load_system("tinyllm_", &lib) != MBLOB_OK || mblob_llm_new(lib, a[0], 1, 0, &llm) != MBLOB_OK ||
+        mblob_llm_generate(llm, ids, (size_t)n, want, NULL, out, 256, &got) != MBLOB_OK) {
+        printf("generate error %s\n", mblob_last_error());
+        return 1;
+    }
+    printf("generate ");
+    for (k = 0; k < got; k++) printf("%s%d", k ? "," : "", (int)out[k]);
+    printf("\n");
+    ids[n - 1] = 256;
+    st = mblob_llm_generate(llm, ids, (size_t)n, want, NULL, out, 256, &got);
+    printf("badid %d %s\n", (int)st, mblob_last_error());
+    mblob_llm_free(llm);
+    mblob_library_free(lib);
+    return 0;
+}
+
 /* The --embed check; 0 on success. */
 static int embed(char **a) {
     const char *shard = a[0], *out = a[4];
@@ -41,16 +80,12 @@ static int embed(char **a) {
     int64_t vocab = atol(a[2]), hidden = atol(a[3]), n = 0;
     int64_t wshape[2], ishape[1], oshape[2], ret = 0;
     int32_t ids[256];
-    const char *p = a[5];
     void *weight = NULL, *result = NULL;
     FILE *f;
     struct mblob_library *lib = NULL;
     mblob_dl_tensor w, i, o;
     const mblob_dl_tensor *args[3];
-    while (*p && n < 256) {
-        ids[n++] = (int32_t)strtol(p, (char **)&p, 10);
-        if (*p == ',') p++;
-    }
+    n = parse_ids(a[5], ids);
     if (posix_memalign(&weight, 64, (size_t)(vocab * hidden * 4)) || posix_memalign(&result, 64, (size_t)(n * hidden * 4)))
         return 1;
     f = fopen(shard, "rb");
@@ -83,6 +118,11 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--embed") == 0) {
             if (i + 6 >= argc || embed(argv + i + 1)) return 1;
             i += 6;
+            continue;
+        }
+        if (strcmp(argv[i], "--generate") == 0) {
+            if (i + 3 >= argc || generate(argv + i + 1)) return 1;
+            i += 3;
             continue;
         }
         struct mblob_library *lib = NULL;

@@ -312,7 +312,7 @@ static SYSTEM_CONTEXTS: Mutex<Vec<(String, &'static ContextHandle)>> = Mutex::ne
 /// Opens the system library of `prefix` (see [`crate::ffi::system_lib`]): its image (symbols
 /// from the registry, a context behind the prefix's handle), and its blob when it has one.
 #[cfg(feature = "system-lib")]
-pub(crate) fn open_system(prefix: &str) -> Result<(Arc<Image>, Abi, Option<FoundBlob>)> {
+pub(crate) fn open_system(prefix: &str) -> Result<(Arc<Image>, Layout, Option<FoundBlob>)> {
     let (lib, blob) = crate::ffi::system_lib::SystemLibrary::open(prefix)?;
     let path = PathBuf::from(format!("system://{prefix}"));
     let mut contexts = SYSTEM_CONTEXTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use crate::ffi::value::Abi;
 use crate::format::{Layout, SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI};
 
 pub use crate::error::SystemLibError;
@@ -36,7 +35,7 @@ pub use crate::error::SystemLibError;
 struct Entry {
     addr: usize,
     /// The calling convention of the function that registered it.
-    abi: Abi,
+    abi: Layout,
 }
 
 /// The symbols registered so far, and the names registered again at another address.
@@ -62,7 +61,7 @@ fn table() -> std::sync::MutexGuard<'static, Table> {
 /// `addr` must be what a TVM `system-lib` build registers under `name`: a function of its
 /// convention, a pointer-sized writable context slot, or a blob (8-byte length, then that
 /// many bytes), valid for the rest of the process. Opening a prefix trusts these addresses.
-pub unsafe fn register_symbol(name: &str, addr: *mut c_void, abi: Abi) -> Result<(), SystemLibError> {
+pub unsafe fn register_symbol(name: &str, addr: *mut c_void, abi: Layout) -> Result<(), SystemLibError> {
     let addr = addr as usize;
     let mut t = table();
     match t.symbols.get(name) {
@@ -102,7 +101,7 @@ pub fn registered_prefixes() -> Vec<String> {
 #[derive(Debug, Clone)]
 pub struct SystemLibrary {
     prefix: String,
-    abi: Abi,
+    abi: Layout,
 }
 
 /// What a prefix holds: its library, its blob (symbol, layout, bytes) when it has one.
@@ -159,7 +158,7 @@ impl SystemLibrary {
     }
 
     /// The calling convention of its functions (that of the function that registered it).
-    pub fn abi(&self) -> Abi {
+    pub fn abi(&self) -> Layout {
         self.abi
     }
 
@@ -188,11 +187,12 @@ mod exports {
     use crate::ffi::context as ctx;
     use crate::ffi::last_error::set_last_error;
     use crate::ffi::threadpool::{ParallelGroupEnv, ParallelLambda};
-    use crate::ffi::value::{Abi, TVMFFIAny, TVMValue};
+    use crate::ffi::value::{TVMFFIAny, TVMValue};
+    use crate::format::Layout;
 
     /// Both registration functions: records the symbol, -1 (with the last error) when the name
     /// was registered before at another address or is not a string.
-    fn register(name: *const c_char, ptr: *mut c_void, abi: Abi) -> c_int {
+    fn register(name: *const c_char, ptr: *mut c_void, abi: Layout) -> c_int {
         std::panic::catch_unwind(|| {
             if name.is_null() {
                 return -1;
@@ -220,13 +220,13 @@ mod exports {
     /// `TVMBackendRegisterSystemLibSymbol` (TVM up to 0.21).
     #[no_mangle]
     pub extern "C" fn TVMBackendRegisterSystemLibSymbol(name: *const c_char, ptr: *mut c_void) -> c_int {
-        register(name, ptr, Abi::Packed)
+        register(name, ptr, Layout::Classic)
     }
 
     /// `TVMFFIEnvModRegisterSystemLibSymbol` (tvm-ffi, TVM 0.22+).
     #[no_mangle]
     pub extern "C" fn TVMFFIEnvModRegisterSystemLibSymbol(name: *const c_char, ptr: *mut c_void) -> c_int {
-        register(name, ptr, Abi::Ffi)
+        register(name, ptr, Layout::Ffi)
     }
 
     /// `TVMAPISetLastError`.
@@ -333,7 +333,7 @@ mod tests {
     use super::*;
 
     /// Registers `name` at `addr` (a fake address: these tests never dereference it).
-    fn reg(name: &str, addr: usize, abi: Abi) -> Result<(), SystemLibError> {
+    fn reg(name: &str, addr: usize, abi: Layout) -> Result<(), SystemLibError> {
         // SAFETY: nothing opens these prefixes' blobs or calls their functions; only their
         // names and addresses are compared.
         unsafe { register_symbol(name, addr as *mut c_void, abi) }
@@ -341,13 +341,13 @@ mod tests {
 
     #[test]
     fn names_are_found_as_tvm_system_library_finds_them() {
-        reg("unitffi___tvm_ffi__library_ctx", 0x10, Abi::Ffi).unwrap();
-        reg("__tvm_ffi_unitffi_add", 0x20, Abi::Ffi).unwrap();
-        reg("__tvm_ffi_add_unprefixed", 0x30, Abi::Ffi).unwrap();
-        reg("unitffi_plain", 0x40, Abi::Ffi).unwrap();
+        reg("unitffi___tvm_ffi__library_ctx", 0x10, Layout::Ffi).unwrap();
+        reg("__tvm_ffi_unitffi_add", 0x20, Layout::Ffi).unwrap();
+        reg("__tvm_ffi_add_unprefixed", 0x30, Layout::Ffi).unwrap();
+        reg("unitffi_plain", 0x40, Layout::Ffi).unwrap();
         let (lib, blob) = SystemLibrary::open("unitffi_").unwrap();
         assert!(blob.is_none(), "no blob registered: a single library module");
-        assert_eq!(lib.abi(), Abi::Ffi, "the convention of the function that registered it");
+        assert_eq!(lib.abi(), Layout::Ffi, "the convention of the function that registered it");
         // tvm-ffi's GetSymbolWithSymbolPrefix: `__tvm_ffi_` + prefix + name first.
         assert_eq!(lib.address("__tvm_ffi_add"), Some(0x20 as *mut c_void));
         // Then the name as it is.
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_prefix_nobody_registered_is_refused_naming_those_that_did() {
-        reg("unitheld___tvm_module_ctx", 0x50, Abi::Packed).unwrap();
+        reg("unitheld___tvm_module_ctx", 0x50, Layout::Classic).unwrap();
         match SystemLibrary::open("unitnobody_") {
             Err(SystemLibError::NotLinked { prefix, held }) => {
                 assert_eq!(prefix, "unitnobody_");
@@ -372,10 +372,10 @@ mod tests {
 
     #[test]
     fn a_second_address_for_a_name_is_refused_and_the_prefix_does_not_open() {
-        reg("unitdup___tvm_module_ctx", 0x60, Abi::Packed).unwrap();
-        reg("unitdup___tvm_module_ctx", 0x60, Abi::Packed).expect("the same address again is no conflict");
+        reg("unitdup___tvm_module_ctx", 0x60, Layout::Classic).unwrap();
+        reg("unitdup___tvm_module_ctx", 0x60, Layout::Classic).expect("the same address again is no conflict");
         assert!(SystemLibrary::open("unitdup_").is_ok());
-        let e = reg("unitdup___tvm_module_ctx", 0x70, Abi::Packed).unwrap_err();
+        let e = reg("unitdup___tvm_module_ctx", 0x70, Layout::Classic).unwrap_err();
         assert!(matches!(e, SystemLibError::Conflict { first: 0x60, second: 0x70, .. }), "{e:?}");
         match SystemLibrary::open("unitdup_") {
             Err(SystemLibError::Conflict { prefix, symbol, first, second }) => {
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn a_blob_length_past_the_limit_is_refused() {
         static HUGE: [u8; 8] = u64::MAX.to_le_bytes();
-        reg("unithuge___tvm_dev_mblob", HUGE.as_ptr() as usize, Abi::Packed).unwrap();
+        reg("unithuge___tvm_dev_mblob", HUGE.as_ptr() as usize, Layout::Classic).unwrap();
         match SystemLibrary::open("unithuge_") {
             Err(SystemLibError::BlobSize { len, .. }) => assert_eq!(len, u64::MAX),
             other => panic!("{other:?}"),

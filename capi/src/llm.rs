@@ -1,0 +1,232 @@
+//! Language models: an MLC-LLM library (`mlc_llm compile`) with its weights, generating
+//! tokens from a prompt of token ids (`mblob_llm_*`), over
+//! `mblob_runtime::exec::llm::generate::LanguageModel`.
+//!
+//! Without the crate feature `llm` (the LLM builtins of the Relax VM) the functions are there
+//! but `mblob_llm_new` fails with `MBLOB_ERR_UNSUPPORTED`.
+
+use std::ffi::c_char;
+
+use crate::call::call;
+use crate::handle::{check, publish, release, Kind};
+use crate::library::mblob_library;
+use crate::status::{mblob_status, not_null, Failure};
+
+/// How `mblob_llm_generate` picks each token: greedily at `temperature` 0; else TVM's
+/// `sample_top_p_from_logits` with MLC-LLM's draws (softmax at `temperature`, from the most
+/// likely tokens holding `top_p` of the probability, draws seeded by `seed`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct mblob_llm_sampling {
+    /// The softmax temperature; 0 is greedy decoding. Negative or not finite: refused.
+    pub temperature: f64,
+    /// The probability mass of the most likely tokens drawn from, in (0, 1]; 1: all of them.
+    pub top_p: f64,
+    /// The seed of the draws.
+    pub seed: u32,
+}
+
+/// A language model on a device (`mblob_llm_new`): the library's Relax VM, its weights and a
+/// paged KV cache. Used by one call at a time (a call while another thread's uses it gets
+/// `MBLOB_ERR_STATE`); freed with `mblob_llm_free`.
+pub struct mblob_llm {
+    #[cfg(feature = "llm")]
+    lm: mblob_runtime::exec::llm::generate::LanguageModel,
+    /// The vocabulary size, -1 when unknown.
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
+    vocab: i64,
+}
+
+/// Makes a language model of the MLC-LLM library `lib` (its VM functions `embed`, `prefill`,
+/// `decode`, `create_tir_paged_kv_cache` and `_metadata`) on the device
+/// `(device_type, device_id)` (DLPack's codes: `kDLCPU` = 1, `kDLCUDA` = 2, `kDLOpenCL` = 4)
+/// and writes its handle to `*out`. `weights_dir` is the directory of its tensor cache
+/// (`tensor-cache.json` and the shards) for a library whose functions take the weights as a
+/// parameter (`packed_params`), NULL for one with the weights bound into it; giving the wrong
+/// one of the two is `MBLOB_ERR_INVALID_ARGUMENT`. The weights are read (and copied to the
+/// device) here, once.
+///
+/// A library that is not an MLC-LLM model (a function missing, metadata that is not MLC's):
+/// `MBLOB_ERR_NO_MODEL`; weights that cannot be read: `MBLOB_ERR_LOAD`. A library built
+/// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`.
+///
+/// # Safety
+/// `lib` is NULL or a handle; `weights_dir` is NULL or a NUL-terminated string; `out` is NULL
+/// or points to writable storage for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_llm_new(
+    lib: *const mblob_library,
+    weights_dir: *const c_char,
+    device_type: i32,
+    device_id: i32,
+    out: *mut *mut mblob_llm,
+) -> mblob_status {
+    call(|| {
+        // SAFETY: the API forbids freeing `lib` while a call on it is in progress, as
+        // `checked` needs (a library is never changed).
+        let lib = unsafe { crate::handle::checked(Kind::Library, lib, "lib", out) }?;
+        let weights = if weights_dir.is_null() {
+            None
+        } else {
+            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+            Some(unsafe { crate::args::c_path(weights_dir, "weights_dir") }?)
+        };
+        let handle = imp::new(lib, weights, device_type, device_id)?;
+        publish(Kind::Llm, handle, out);
+        Ok(())
+    })
+}
+
+/// Writes the vocabulary size of the model to `*out` (the metadata's `vocab_size`, else the
+/// rows of the token embedding table), or -1 when neither says (then only negative token ids
+/// are refused).
+///
+/// # Safety
+/// `llm` is NULL or a handle; `out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_llm_vocab_size(llm: *const mblob_llm, out: *mut i64) -> mblob_status {
+    // SAFETY: the caller's contract is `handle_get`'s.
+    unsafe { crate::call::handle_get(Kind::Llm, llm, "llm", out, |l| Ok(l.vocab)) }
+}
+
+/// Generates `max_new_tokens` tokens after the `n_prompt` token ids at `prompt_ids`, in a new
+/// KV cache (nothing of an earlier call is kept), as `sampling` says (NULL: greedy), writes
+/// them to `out_tokens` and their number to `*n_out`. Both are written only on success.
+///
+/// Refused before anything runs: an empty prompt, or a prompt and new tokens that do not fit
+/// the model's context window (`MBLOB_ERR_INPUT`); a token id that is negative or not below
+/// the vocabulary size (`MBLOB_ERR_INPUT`, the message naming the id, its position and the
+/// vocabulary size); `out_capacity` under `max_new_tokens` or a bad `sampling`
+/// (`MBLOB_ERR_INVALID_ARGUMENT`). A failure of a kernel or of the VM: `MBLOB_ERR_RUN`.
+///
+/// # Safety
+/// `llm` is NULL or a handle; `prompt_ids` is NULL or points to `n_prompt` readable `int32_t`;
+/// `sampling` is NULL or points to one readable `mblob_llm_sampling`; `out_tokens` is NULL or
+/// points to `out_capacity` writable `int32_t`; `n_out` is NULL or points to writable storage.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_llm_generate(
+    llm: *mut mblob_llm,
+    prompt_ids: *const i32,
+    n_prompt: usize,
+    max_new_tokens: usize,
+    sampling: *const mblob_llm_sampling,
+    out_tokens: *mut i32,
+    out_capacity: usize,
+    n_out: *mut usize,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Llm, llm, "llm")?;
+        not_null(prompt_ids, "prompt_ids")?;
+        not_null(out_tokens, "out_tokens")?;
+        not_null(n_out, "n_out")?;
+        if out_capacity < max_new_tokens {
+            return Err(Failure::new(
+                mblob_status::MBLOB_ERR_INVALID_ARGUMENT,
+                format!("out_tokens holds {out_capacity} tokens, fewer than max_new_tokens ({max_new_tokens})"),
+            ));
+        }
+        let sampling = if sampling.is_null() {
+            mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
+        } else {
+            // SAFETY: not NULL, and the caller passes a readable `mblob_llm_sampling`.
+            unsafe { sampling.read() }
+        };
+        // SAFETY: not NULL, and the caller passes `n_prompt` readable ids that outlive the call.
+        let prompt = unsafe { std::slice::from_raw_parts(prompt_ids, n_prompt) };
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
+        let l = unsafe { &mut *llm };
+        let tokens = imp::generate(l, prompt, max_new_tokens, &sampling)?;
+        // SAFETY: not NULL; the caller passes `out_capacity` writable ids, and
+        // `tokens.len() <= max_new_tokens <= out_capacity`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(tokens.as_ptr(), out_tokens, tokens.len());
+            n_out.write(tokens.len());
+        }
+        Ok(())
+    })
+}
+
+/// Frees a language model; NULL does nothing.
+///
+/// # Safety
+/// No other call on `llm` is in progress, and `llm` is not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_llm_free(llm: *mut mblob_llm) -> mblob_status {
+    call(|| release(Kind::Llm, llm, "llm"))
+}
+
+#[cfg(feature = "llm")]
+mod imp {
+    use std::path::Path;
+
+    use mblob_runtime::exec::llm::generate::{GenerateError, GenerateOptions, LanguageModel, Sampling};
+    use mblob_runtime::exec::relax::VmError;
+    use mblob_runtime::Device;
+
+    use super::{mblob_llm, mblob_llm_sampling};
+    use crate::library::mblob_library;
+    use crate::status::{mblob_status, Failure, Result};
+
+    pub(super) fn new(
+        lib: &mblob_library,
+        weights: Option<&Path>,
+        device_type: i32,
+        device_id: i32,
+    ) -> Result<mblob_llm> {
+        let device = Device::from_dlpack(device_type, device_id);
+        let lm = LanguageModel::new(&lib.tree, device, weights, &GenerateOptions::default()).map_err(failure)?;
+        let vocab = lm.vocab_size().unwrap_or(-1);
+        Ok(mblob_llm { lm, vocab })
+    }
+
+    pub(super) fn generate(
+        l: &mut mblob_llm,
+        prompt: &[i32],
+        max_new_tokens: usize,
+        sampling: &mblob_llm_sampling,
+    ) -> Result<Vec<i32>> {
+        let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
+        sampling.check().map_err(|e| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, e))?;
+        let out = l.lm.generate_sampled(prompt, max_new_tokens, &sampling, |_| {}).map_err(failure)?;
+        Ok(out.tokens)
+    }
+
+    /// The status of a generation error, by cause.
+    fn failure(e: GenerateError) -> Failure {
+        use mblob_status::*;
+        let status = match &e {
+            GenerateError::TokenId { .. } | GenerateError::Request(_) => MBLOB_ERR_INPUT,
+            GenerateError::MissingFunction { .. } | GenerateError::Metadata { .. } => MBLOB_ERR_NO_MODEL,
+            GenerateError::WeightsMode(_) => MBLOB_ERR_INVALID_ARGUMENT,
+            GenerateError::Weights(_) => MBLOB_ERR_LOAD,
+            GenerateError::Vm(v) => match v.root() {
+                VmError::InputBound { .. } => MBLOB_ERR_INPUT,
+                VmError::NoExecutable(_) => MBLOB_ERR_NO_MODEL,
+                VmError::UnsupportedDevice { .. } | VmError::Device(_) => MBLOB_ERR_DEVICE,
+                _ => MBLOB_ERR_RUN,
+            },
+            _ => MBLOB_ERR_RUN,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+#[cfg(not(feature = "llm"))]
+mod imp {
+    use std::path::Path;
+
+    use super::{mblob_llm, mblob_llm_sampling};
+    use crate::library::mblob_library;
+    use crate::status::{mblob_status, Failure, Result};
+
+    pub(super) fn new(_: &mblob_library, _: Option<&Path>, _: i32, _: i32) -> Result<mblob_llm> {
+        Err(Failure::new(
+            mblob_status::MBLOB_ERR_UNSUPPORTED,
+            "this libmblob was built without the `llm` feature: it runs no language model",
+        ))
+    }
+
+    pub(super) fn generate(_: &mut mblob_llm, _: &[i32], _: usize, _: &mblob_llm_sampling) -> Result<Vec<i32>> {
+        Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "this libmblob was built without the `llm` feature"))
+    }
+}

@@ -22,6 +22,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod dlpack;
 mod run;
 mod tensor;
 

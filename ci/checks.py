@@ -31,10 +31,12 @@ UNSAFE_FOLDERS = ["runtime/src/ffi/", "runtime/src/device/", "capi/src/"]
 # Single files at an FFI edge outside those folders, where all of their crate's `unsafe` of
 # one kind lives.
 UNSAFE_FILES = [
-    # The Python package's edge with CPython's capsule API: `Tensor.__dlpack__` hands a
-    # tensor's memory to the consumer in a PyCapsule whose destructor and DLPack deleter are C
-    # callbacks over raw pointers; PyO3 has no safe DLPack capsule (its own capsules free their
-    # value on destruction, which a consumer that took the tensor must not see).
+    # The Python package's edge with memory Python owns or is handed: `Tensor.__dlpack__`
+    # hands a tensor's memory to the consumer in a PyCapsule whose destructor and DLPack
+    # deleter are C callbacks over raw pointers (PyO3 has no safe DLPack capsule: its own
+    # capsules free their value on destruction, which a consumer that took the tensor must not
+    # see), and `export` reads numpy's parameter arrays in place through their array interface
+    # (PyO3's safe buffer API needs Python 3.11's stable ABI; the package targets 3.9).
     "python/src/dlpack.rs",
 ]
 

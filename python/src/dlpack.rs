@@ -12,8 +12,12 @@
 //! deleter drops: the array's storage and shape stay where the `DLTensor` points as long as
 //! the consumer holds them.
 //!
-//! This file is the package's FFI edge with CPython's capsule API: every `unsafe` of the
-//! Python crate's tensors is here (ci/checks.py allows it by name).
+//! The other direction, for `export`'s parameters: [`ArrayBytes`] reads a numpy `uint8`
+//! array's bytes in place, through numpy's array interface (a raw address).
+//!
+//! This file is the package's FFI edge with memory that Python owns or is handed (CPython's
+//! capsule API, numpy's array interface): every `unsafe` of the Python crate is here
+//! (ci/checks.py allows it by name).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
@@ -172,4 +176,48 @@ fn make<M: Managed>(py: Python<'_>, array: NdArray, flags: u64) -> PyResult<Boun
     }
     // SAFETY: `PyCapsule_New` returned a new, non-null reference, which the `Bound` owns.
     Ok(unsafe { Bound::from_owned_ptr(py, object) })
+}
+
+/// The bytes of a one-dimensional, C-contiguous numpy `uint8` array, read in place and kept
+/// alive with it: the data of a parameter tensor. (PyO3's buffer protocol support needs the
+/// stable ABI of Python 3.11; this package targets 3.9, so numpy's array interface is used.)
+pub(crate) struct ArrayBytes {
+    _owner: Py<PyAny>,
+    addr: usize,
+    len: usize,
+}
+
+impl ArrayBytes {
+    /// Reads the array interface of `array` and checks it describes `len` contiguous bytes.
+    pub(crate) fn new(array: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayBytes> {
+        let bad = |why: &str| {
+            crate::InputError::new_err(format!("{what}: {why} (expected a 1-d contiguous uint8 numpy array)"))
+        };
+        let iface = array.getattr("__array_interface__").map_err(|_| bad("no __array_interface__"))?;
+        let typestr: String = iface.get_item("typestr")?.extract()?;
+        let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
+        let strides = iface.get_item("strides").ok().filter(|s| !s.is_none());
+        let (addr, _readonly): (usize, bool) = iface.get_item("data")?.extract()?;
+        if typestr != "|u1" || shape.len() != 1 || strides.is_some() {
+            return Err(bad(&format!("typestr {typestr}, shape {shape:?}")));
+        }
+        if addr == 0 && shape[0] != 0 {
+            return Err(bad("null data"));
+        }
+        Ok(ArrayBytes { _owner: array.clone().unbind(), addr, len: shape[0] })
+    }
+}
+
+impl AsRef<[u8]> for ArrayBytes {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ArrayBytes::new` took `addr` and `len` from the array interface of a
+        // C-contiguous one-dimensional `uint8` numpy array (strides None), which numpy keeps
+        // valid and in place while the array lives, and `_owner` holds a reference to it for as
+        // long as this view exists. The arrays are the model's parameters, which nothing
+        // writes to during `export_library`.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
 }

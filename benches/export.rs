@@ -27,7 +27,7 @@ use std::time::Instant;
 use mblob::export::{Backend, Export};
 use mblob::link::{find_lld, Linker};
 use mblob::pack::CStyle;
-use mblob_runtime::{load_library, map_file, serialize, Layout, LoadOptions, ModuleTree, Opaque, Registry};
+use mblob_runtime::{load_library, map_file, serialize, Layout, LoadOptions, ModuleTree, RawPayload, Registry};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -70,7 +70,7 @@ fn children_max_rss_kib() -> u64 {
 fn child(payload: &Path, backend: &str, linker: &str, out: &Path) {
     let bytes = map_file(payload).expect("payload");
     let mut e = Export::new();
-    e.import(Opaque::new("bench.Payload", bytes));
+    e.import(RawPayload::new("bench.Payload", bytes));
     e.backend(backend.parse::<Backend>().expect("backend")).linker(linker.parse::<Linker>().expect("linker"));
     let t = Instant::now();
     let report = e.write(out).expect("export");
@@ -140,7 +140,7 @@ fn payload_file(dir: &Path, mib: u64) -> PathBuf {
 fn blob_file(dir: &Path, payload: &Path) -> PathBuf {
     let mut tree = ModuleTree::new();
     let root = tree.add_dso("llvm");
-    let p = tree.add_payload(Opaque::new("bench.Payload", map_file(payload).unwrap()));
+    let p = tree.add_payload(RawPayload::new("bench.Payload", map_file(payload).unwrap()));
     tree.import(root, p);
     let s = serialize(&tree).unwrap();
     let path = dir.join("blob.bin");
@@ -395,7 +395,7 @@ fn load_scaling(dir: &Path) {
         drop(f);
         let so = dir.join(format!("load-{len}.so"));
         let mut e = Export::new();
-        e.import(Opaque::new("bench.Payload", map_file(&payload).unwrap()));
+        e.import(RawPayload::new("bench.Payload", map_file(&payload).unwrap()));
         e.write(&so).unwrap();
         let _ = std::fs::remove_file(&payload);
         let registry = Registry::empty();

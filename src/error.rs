@@ -153,14 +153,124 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
-    /// An option or input description that makes no sense.
+    /// An input that is not what it should be: a TREE.json, a TVM tar, an object, IR or graph
+    /// file that does not read, a file that holds no blob, parameters that do not match the model.
     #[error("{what}: {detail}")]
-    Invalid {
-        /// The option or input.
+    Input {
+        /// What it is about (a file, an option, `target T`, `layout L`).
         what: String,
         /// What is wrong.
-        detail: String,
+        #[source]
+        detail: Detail,
     },
+    /// A target machine that the route, the host objects or the installed tools do not fit.
+    #[error("{what}: {detail}")]
+    Target {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// A blob layout whose TVM cannot use the host code or a payload of the tree (host code of
+    /// another TVM generation, a Relax type key it has no loader for); `--force-layout` writes
+    /// it anyway.
+    #[error("{what}: {detail}")]
+    Layout {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// Host code that does not fit the library: a shared library given as an object, functions
+    /// the model calls that no host object defines, none given.
+    #[error("{what}: {detail}")]
+    HostCode {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// An option, or a combination of options, that makes no sense (a symbol prefix that is no
+    /// C identifier, a linker that is not installed).
+    #[error("{what}: {detail}")]
+    Options {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// An output path that cannot be written as asked (a directory where a file is named, a
+    /// directory that is not empty).
+    #[error("{what}: {detail}")]
+    OutputPath {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// A module tree that TVM could not load back as packed (modules no import reaches, a blob
+    /// too large to lay out).
+    #[error("{what}: {detail}")]
+    Tree {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// A linked library whose layout is not the one the direct route planned (another linker,
+    /// a host object with large data of its own).
+    #[error("{what}: {detail}")]
+    Linked {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// Running a model or a function failed (`run`, `generate`, the demo's checks).
+    #[error("{what}: {detail}")]
+    Run {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+    /// A writer that broke its own contract (a blob source that wrote other than it announced,
+    /// an object without the section it was made with): a bug in mblob.
+    #[error("{what}: {detail}")]
+    Internal {
+        /// What it is about (a file, an option, `target T`, `layout L`).
+        what: String,
+        /// What is wrong.
+        #[source]
+        detail: Detail,
+    },
+}
+
+/// What is wrong, in words: the source of an [`Error`] whose cause is named by its variant
+/// (`Error::Input`, `Error::Layout`, ...). The error's text is `what: detail`; [`with_causes`]
+/// does not repeat it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Detail(pub String);
+
+impl From<String> for Detail {
+    fn from(s: String) -> Detail {
+        Detail(s)
+    }
+}
+
+impl From<&str> for Detail {
+    fn from(s: &str) -> Detail {
+        Detail(s.to_owned())
+    }
 }
 
 impl Error {
@@ -171,6 +281,12 @@ impl Error {
             e @ Error::Io { .. } => Error::Step { step, source: Box::new(e) },
             e => e,
         }
+    }
+
+    /// An [`Error::Input`]: `what` (a file, an input) is not what it should be, as `detail`
+    /// says.
+    pub fn input(what: impl Into<String>, detail: impl Into<Detail>) -> Error {
+        Error::Input { what: what.into(), detail: detail.into() }
     }
 
     /// An [`Error::Io`] for `path`.

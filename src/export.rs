@@ -542,7 +542,7 @@ impl Export {
             self.check_everything_is_packed(&serialized)?;
             let len = serialized
                 .blob_len(&self.tree, self.layout)
-                .map_err(|e| Error::Invalid { what: "the module tree".into(), detail: e.to_string() })?;
+                .map_err(|e| Error::Tree { what: "the module tree".into(), detail: e.to_string().into() })?;
             let detail = format!("{} modules, blob {}", self.tree.len(), human_size(len));
             Ok(((serialized, len), detail))
         })?;
@@ -634,7 +634,7 @@ impl Export {
             Backend::Llvm => llvm_pack(watched, opts, tmp)?,
             // Written into the linked library instead (see `run_stages`).
             Backend::Direct => {
-                return Err(Error::Invalid {
+                return Err(Error::Internal {
                     what: "the direct backend".into(),
                     detail: "writes no blob object (an internal error: it should have been replaced)".into(),
                 })
@@ -660,7 +660,7 @@ impl Export {
     /// nothing reachable from the root imports, or a payload root that imports nothing (TVM
     /// packs a blob only when the root imports something, so such a root has no place).
     fn check_everything_is_packed(&self, serialized: &Serialized) -> Result<()> {
-        let invalid = |detail: String| Error::Invalid { what: "the module tree".into(), detail };
+        let invalid = |detail: String| Error::Tree { what: "the module tree".into(), detail: detail.into() };
         let key = |m: ModuleId| self.tree.kind(m).map(|k| k.type_key().to_owned()).unwrap_or_default();
         if let Some(&m) = serialized.unreachable.first() {
             return Err(invalid(format!(

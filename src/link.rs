@@ -220,7 +220,7 @@ pub fn link_shared(objects: &[PathBuf], out: &Path, opts: &LinkOptions) -> Resul
     let lld = match opts.linker {
         Linker::Default => None,
         Linker::Auto => find_lld(),
-        Linker::Lld => Some(find_lld().ok_or_else(|| Error::Invalid {
+        Linker::Lld => Some(find_lld().ok_or_else(|| Error::Options {
             what: "linker".into(),
             detail: "ld.lld is not installed (apt-get install lld-14), use `--linker default`".into(),
         })?),

@@ -40,7 +40,7 @@ pub fn read_source(path: &Path, layout: Option<Layout>) -> Result<(Bytes, Layout
     if mblob_runtime::container::identify(&data).is_some() {
         let found = mblob_runtime::container::find_blob(&data, None)
             .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?
-            .ok_or_else(|| Error::Invalid {
+            .ok_or_else(|| Error::Input {
                 what: path.display().to_string(),
                 detail: "has no blob symbol: a plain library has no module tree to pack".into(),
             })?;
@@ -81,7 +81,7 @@ pub fn module_tree_of(blob: &Bytes, layout: Layout, path: &Path) -> Result<Modul
         other => Error::from(other),
     })?;
     ModuleTree::from_loaded(&loaded, "llvm")
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: e.to_string() })
+        .map_err(|e| Error::Input { what: path.display().to_string(), detail: e.to_string().into() })
 }
 
 /// What a blob object (a `devc.o`, TVM's or mblob's) says about how it was packed.
@@ -134,10 +134,10 @@ pub fn blob_object(path: &Path) -> Result<Option<BlobObject>> {
 /// are empty (which gives the order), and the real tensors come from the model's arrays.
 ///
 /// # Errors
-/// [`Error::Invalid`] when the template has no graph executor factory, or when the names of
+/// [`Error::Input`] when the template has no graph executor factory, or when the names of
 /// `params` are not exactly those of the factory's parameters.
 pub fn with_graph_params(template: &ModuleTree, mut params: HashMap<String, Tensor>) -> Result<ModuleTree> {
-    let invalid = |detail: String| Error::Invalid { what: "the graph parameters".into(), detail };
+    let invalid = |detail: String| Error::Input { what: "the graph parameters".into(), detail: detail.into() };
     let mut tree = ModuleTree::new();
     let mut factories = 0;
     for id in template.ids() {

@@ -53,13 +53,13 @@ use std::path::{Path, PathBuf};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::device::{DeviceForm, DeviceModule, FunctionInfo, SpirvShader, DEVICE_TYPE_KEYS};
 use mblob_runtime::tree::DSO_TYPE_KEYS;
-use mblob_runtime::{Bytes, Layout, ModuleId, ModuleTree, Opaque, Registry};
+use mblob_runtime::{Bytes, Layout, ModuleId, ModuleTree, RawPayload, Registry};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
 use crate::export::Export;
-use crate::{Error, Result};
+use crate::{Detail, Error, Result};
 
 /// Reads `TREE.json` into an [`Export`] (tree and host files). Every file it names is opened
 /// here, so a missing one is found before the export does any work.
@@ -97,19 +97,22 @@ pub fn parse_tree_json(text: &[u8], name: &Path, base: &Path) -> Result<Export> 
 }
 
 /// [`parse_tree_json`], and the packing the root names.
-pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
+pub(crate) fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Result<(Export, Packing)> {
     let path = name;
-    let bad = |at: &str, detail: String| Error::Invalid { what: format!("{} at {at}", path.display()), detail };
+    let bad =
+        |at: &str, detail: String| Error::Input { what: format!("{} at {at}", path.display()), detail: detail.into() };
     let mut de = serde_json::Deserializer::from_slice(text);
-    let mut root: NodeJson = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let mut root: Node = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = json_path(&e.path().to_string());
         let inner = e.into_inner();
         let detail =
             if inner.is_syntax() || inner.is_eof() { format!("not valid JSON: {inner}") } else { inner.to_string() };
         bad(&at, detail)
     })?;
-    de.end()
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid JSON: {e}") })?;
+    de.end().map_err(|e| Error::Input {
+        what: path.display().to_string(),
+        detail: format!("not valid JSON: {e}").into(),
+    })?;
     let packing = take_packing(&mut root).map_err(|(at, detail)| bad(&at, detail))?;
     let mut b = Builder {
         json: path,
@@ -143,7 +146,7 @@ pub fn parse_tree_json_with_packing(text: &[u8], name: &Path, base: &Path) -> Re
 /// Takes the root's packing fields out of `root`: `layout`, `symbol`, `prefix`,
 /// `system_lib`. A `symbol` names the layout and the prefix too; where both are given they must
 /// agree.
-fn take_packing(root: &mut NodeJson) -> std::result::Result<Packing, (String, String)> {
+fn take_packing(root: &mut Node) -> std::result::Result<Packing, (String, String)> {
     let mut packing = Packing::default();
     if let Some(name) = root.layout.take() {
         let layout = Layout::from_name(&name).ok_or_else(|| {
@@ -178,36 +181,73 @@ fn json_path(serde_path: &str) -> String {
     }
 }
 
-/// One module of `TREE.json`: every field any kind may have; which ones a kind allows is
-/// checked after reading (see [`Builder::node`]).
-#[derive(Debug, Deserialize)]
+/// One module of TREE.json, the one model of the format: `mblob export` reads it
+/// ([`parse_tree_json`]) and `mblob extract` writes it. It has every field any kind may have;
+/// which ones a kind allows (see the [module docs](self)) is checked after reading. A field
+/// that is `None` is not written.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a module (a JSON object with a `type_key`)")]
-struct NodeJson {
-    // How the tree was packed (the root only).
-    layout: Option<String>,
-    symbol: Option<String>,
-    prefix: Option<String>,
-    system_lib: Option<bool>,
-    type_key: Option<String>,
-    id: Option<serde_json::Value>,
-    imports: Option<Vec<NodeJson>>,
-    // DSO parts.
-    objects: Option<Vec<String>>,
-    sources: Option<Vec<String>>,
-    ir: Option<Vec<String>>,
-    // Payload modules.
-    payload: Option<String>,
-    // A graph executor factory from TVM's files.
-    graph: Option<String>,
-    params: Option<String>,
-    module_name: Option<String>,
-    // Device modules from their parts.
-    format: Option<String>,
-    data: Option<String>,
-    functions: Option<FunctionTable>,
-    version: Option<String>,
-    smap: Option<Ordered<String>>,
-    shaders: Option<Ordered<ShaderJson>>,
+pub struct Node {
+    /// Root only: the blob layout the tree was packed in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    /// Root only: the blob symbol (which names the layout and the prefix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// Root only: TVM's `c_symbol_prefix`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Root only: whether the blob registers itself as a system library.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_lib: Option<bool>,
+    /// Nodes with the same id are one module (imported more than once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<serde_json::Value>,
+    /// The module's type key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub type_key: Option<String>,
+    /// DSO parts: object files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<Vec<String>>,
+    /// DSO parts: C sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sources: Option<Vec<String>>,
+    /// DSO parts: LLVM IR files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ir: Option<Vec<String>>,
+    /// Payload modules: the file with the payload as a classic blob holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// A graph executor factory from TVM's files: the graph JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
+    /// A graph executor factory from TVM's files: the params file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<String>,
+    /// A graph executor factory from TVM's files: the model's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_name: Option<String>,
+    /// Device modules: Metal's `MetalModule` version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Device modules: the code's format (`ptx`, `cl`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// Device modules: the file with the code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Device modules: the function table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub functions: Option<FunctionTable>,
+    /// Device modules with one source per kernel: kernel to file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub smap: Option<Ordered<String>>,
+    /// Vulkan: kernel to shader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shaders: Option<Ordered<ShaderJson>>,
+    /// The modules it imports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imports: Option<Vec<Node>>,
 }
 
 /// Fields of a DSO part.
@@ -220,10 +260,10 @@ const GRAPH_FIELDS: [&str; 6] = ["type_key", "id", "imports", "graph", "params",
 const DEVICE_FIELDS: [&str; 9] =
     ["type_key", "id", "imports", "format", "data", "functions", "version", "smap", "shaders"];
 
-impl NodeJson {
+impl Node {
     /// The fields present, by name.
     fn present(&self) -> Vec<&'static str> {
-        let NodeJson {
+        let Node {
             layout,
             symbol,
             prefix,
@@ -282,10 +322,10 @@ pub struct ShaderJson {
     pub data: String,
 }
 
-/// A JSON object read with its keys in file order (TVM's maps keep the order they were
+/// A JSON object read and written with its keys in file order (TVM's maps keep the order they were
 /// written in, and the blob must come out the same); a key given twice is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Ordered<V>(Vec<(String, V)>);
+pub struct Ordered<V>(pub Vec<(String, V)>);
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -372,7 +412,7 @@ pub struct FunctionJson {
 
 impl FunctionJson {
     /// The JSON form of a function info (every field, `arg_extra_tags` included).
-    pub fn from_info(info: &FunctionInfo) -> FunctionJson {
+    pub(crate) fn from_info(info: &FunctionInfo) -> FunctionJson {
         FunctionJson {
             name: info.name.clone(),
             arg_types: info.arg_types.iter().map(|&t| TypeName(t)).collect(),
@@ -382,7 +422,7 @@ impl FunctionJson {
     }
 
     /// The function info of a `type_key` module (which decides the default extra tags).
-    pub fn to_info(&self, type_key: &str) -> FunctionInfo {
+    pub(crate) fn to_info(&self, type_key: &str) -> FunctionInfo {
         let arg_types: Vec<DataType> = self.arg_types.iter().map(|t| t.0).collect();
         let mut info = FunctionInfo::new(self.name.clone(), arg_types, self.launch_param_tags.clone());
         match &self.arg_extra_tags {
@@ -432,11 +472,11 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn bad(&self, at: &str, detail: impl Into<String>) -> Error {
-        Error::Invalid { what: format!("{} at {at}", self.json.display()), detail: detail.into() }
+    fn bad(&self, at: &str, detail: impl Into<Detail>) -> Error {
+        Error::Input { what: format!("{} at {at}", self.json.display()), detail: detail.into() }
     }
 
-    fn node(&mut self, n: &NodeJson, at: &str) -> Result<ModuleId> {
+    fn node(&mut self, n: &Node, at: &str) -> Result<ModuleId> {
         let id = n.id.as_ref().map(|i| i.to_string());
         if let Some((_, m)) = id.as_ref().and_then(|id| self.ids.iter().find(|(i, _)| i == id)) {
             return Ok(*m);
@@ -511,7 +551,7 @@ impl Builder<'_> {
     }
 
     /// Refuses a field that `what` does not take.
-    fn only(&self, n: &NodeJson, allowed: &[&str], at: &str, what: &str) -> Result<()> {
+    fn only(&self, n: &Node, allowed: &[&str], at: &str, what: &str) -> Result<()> {
         match n.present().into_iter().find(|f| !allowed.contains(f)) {
             Some(f) => {
                 Err(self.bad(at, format!("`{f}` does not belong to {what} (its fields: {})", allowed.join(", "))))
@@ -534,11 +574,11 @@ impl Builder<'_> {
     }
 
     /// A payload file in classic bytes: decoded when the kind is known, else kept opaque.
-    fn payload_file(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
+    fn payload_file(&mut self, key: &str, n: &Node, at: &str) -> Result<ModuleId> {
         let at = format!("{at}.payload");
         let bytes = self.open(n.payload.as_deref().unwrap_or_default(), &at, "payload file")?;
         let Some(loader) = self.registry.get(key) else {
-            return Ok(self.tree.add_payload(Opaque::new(key, bytes)));
+            return Ok(self.tree.add_payload(RawPayload::new(key, bytes)));
         };
         let module = loader
             .load(bytes, Layout::Classic)
@@ -551,7 +591,7 @@ impl Builder<'_> {
     /// `params` (none: no params), and `module_name` (default `default`). The graph is parsed
     /// and each param it takes checked against its input (dtype and shape); the params keep
     /// the file's order.
-    fn graph_factory(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
+    fn graph_factory(&mut self, key: &str, n: &Node, at: &str) -> Result<ModuleId> {
         use mblob_runtime::exec::graph::{read_params, Graph};
         use mblob_runtime::payload::graph::{GraphExecutorFactory, GRAPH_EXECUTOR_FACTORY, GRAPH_RUNTIME_FACTORY};
         if key != GRAPH_EXECUTOR_FACTORY && key != GRAPH_RUNTIME_FACTORY {
@@ -583,7 +623,7 @@ impl Builder<'_> {
 
     /// A device module from its parts: `format`, `functions`, and its code in `data`, `smap`
     /// or `shaders`. The field order of the payload follows from the kind and the fields.
-    fn device_module(&mut self, key: &str, n: &NodeJson, at: &str) -> Result<ModuleId> {
+    fn device_module(&mut self, key: &str, n: &Node, at: &str) -> Result<ModuleId> {
         if !DEVICE_TYPE_KEYS.contains(&key) {
             return Err(self.bad(
                 at,

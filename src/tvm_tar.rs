@@ -22,12 +22,12 @@ use crate::{Error, Result};
 pub const MAX_INFLATED: u64 = 8 << 30;
 
 /// Whether `data` starts as a gzip stream does (`1f 8b`).
-pub fn is_gzip(data: &[u8]) -> bool {
+pub(crate) fn is_gzip(data: &[u8]) -> bool {
     data.starts_with(&[0x1f, 0x8b])
 }
 
 /// Whether `data` is a tar archive: `ustar` (POSIX, or GNU's `ustar  `) at byte 257.
-pub fn is_tar(data: &[u8]) -> bool {
+pub(crate) fn is_tar(data: &[u8]) -> bool {
     data.get(257..262) == Some(b"ustar")
 }
 
@@ -36,7 +36,7 @@ pub fn is_tar(data: &[u8]) -> bool {
 /// # Errors
 /// A corrupt or truncated stream, or one that inflates past the limit; the error names `path`.
 pub fn gunzip(data: &[u8], path: &Path) -> Result<Bytes> {
-    let bad = |detail: String| Error::Invalid { what: path.display().to_string(), detail };
+    let bad = |detail: String| Error::Input { what: path.display().to_string(), detail: detail.into() };
     let mut out = Vec::new();
     flate2::read::MultiGzDecoder::new(data)
         .take(MAX_INFLATED + 1)
@@ -105,7 +105,7 @@ impl TvmTar {
         let plain = if gzip { gunzip(data, path)? } else { data.clone() };
         if !is_tar(&plain) {
             if gzip {
-                return Err(Error::Invalid {
+                return Err(Error::Input {
                     what: path.display().to_string(),
                     detail: "a gzip stream that holds no tar archive (TVM's export_library(\"x.tar\") writes a \
                              gzip-compressed tar)"
@@ -114,12 +114,12 @@ impl TvmTar {
             }
             return Ok(None);
         }
-        let bad = |member: Option<&str>, e: std::io::Error| Error::Invalid {
+        let bad = |member: Option<&str>, e: std::io::Error| Error::Input {
             what: match member {
                 Some(m) => format!("{}({m})", path.display()),
                 None => path.display().to_string(),
             },
-            detail: format!("not a readable tar archive: {e}"),
+            detail: format!("not a readable tar archive: {e}").into(),
         };
         let mut archive = tar::Archive::new(&plain[..]);
         let mut members = Vec::new();
@@ -140,7 +140,7 @@ impl TvmTar {
     }
 
     /// `archive(member)`, as errors name a member.
-    pub fn member_path(&self, member: &str) -> PathBuf {
+    pub(crate) fn member_path(&self, member: &str) -> PathBuf {
         PathBuf::from(format!("{}({member})", self.path.display()))
     }
 
@@ -156,9 +156,9 @@ impl TvmTar {
                 .map_err(|source| mblob_runtime::Error::Container { path: self.member_path(&m.name), source })?;
             let Some(info) = info else { continue };
             if let Some(first) = &found {
-                return Err(Error::Invalid {
+                return Err(Error::Input {
                     what: self.path.display().to_string(),
-                    detail: format!("two members hold a blob: {} and {}", first.member, m.name),
+                    detail: format!("two members hold a blob: {} and {}", first.member, m.name).into(),
                 });
             }
             found = Some(BlobMember {
@@ -193,7 +193,7 @@ impl TvmTar {
     /// # Errors
     /// No member holds a blob, or its blob cannot be read (the error names the member).
     pub fn module_tree(&self, prefix: Option<&str>) -> Result<(ModuleTree, mblob_runtime::Layout)> {
-        let found = self.blob_member(prefix)?.ok_or_else(|| Error::Invalid {
+        let found = self.blob_member(prefix)?.ok_or_else(|| Error::Input {
             what: self.path.display().to_string(),
             detail: format!(
                 "no member holds a blob symbol (members: {}; not objects: {}): TVM's export_library(\"x.tar\") \
@@ -205,7 +205,8 @@ impl TvmTar {
                     .map(|m| m.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            ),
+            )
+            .into(),
         })?;
         let tree = crate::repack::module_tree_of(&found.blob, found.layout, &self.member_path(&found.member))?;
         Ok((tree, found.layout))
@@ -221,7 +222,7 @@ impl TvmTar {
         for m in self.host_objects() {
             let plain = Path::new(&m.name).file_name().is_some_and(|f| f == m.name.as_str());
             if !plain {
-                return Err(Error::Invalid {
+                return Err(Error::Input {
                     what: self.member_path(&m.name).display().to_string(),
                     detail: "a host object's name must be a plain file name (TVM's are lib0.o, lib1.o, lib0.c, ...)"
                         .into(),

@@ -39,7 +39,7 @@ fn report_json(report: &mblob::inspect::Report) -> Result<String> {
 }
 
 fn inspect_failure(e: mblob::Error) -> Failure {
-    Failure::new(mblob_status::MBLOB_ERR_LOAD, e.to_string())
+    Failure::new(mblob_status::MBLOB_ERR_LOAD, mblob::with_causes(&e))
 }
 
 /// Inspects the file at `path` (a shared library, a raw `.blob`, a `.tar`) and writes its

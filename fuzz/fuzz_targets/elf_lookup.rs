@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     bounded(data.len(), READ_FACTOR, "find_blob + parse_blob + loaders", || {
         let Ok(Some(found)) = find_blob(data, None) else { return };
         let blob = found.bytes(data).expect("find_blob checked the symbol lies in the file");
-        let Ok(parsed) = parse_blob(blob, found.layout, registry, UnknownKeys::KeepOpaque) else { return };
+        let Ok(parsed) = parse_blob(blob, found.layout, registry, UnknownKeys::KeepRaw) else { return };
         for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
             if let Some(loader) = registry.get(e.type_key) {
                 let payload = owned.slice_ref(e.payload).expect("the payload lies in the input");

@@ -112,10 +112,10 @@ pub fn blob(data: &[u8], layout: Layout) {
     let owned = Bytes::from_vec(data.to_vec());
     let n = data.len();
     let mut opaque_ok = false;
-    for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
+    for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
         // (The two need not agree: in a legacy blob, whose entries carry no length, the opaque
         // search may split the bytes differently once unknown keys are allowed.)
-        let what = if unknown == UnknownKeys::Error { "parse_blob(Error)" } else { "parse_blob(KeepOpaque)" };
+        let what = if unknown == UnknownKeys::Error { "parse_blob(Error)" } else { "parse_blob(KeepRaw)" };
         let parsed = bounded(n, READ_FACTOR, what, || parse_blob(data, layout, registry, unknown));
         match &parsed {
             Ok(p) => check_parsed(data, p),
@@ -180,7 +180,7 @@ pub fn container(data: &[u8], formats: &[mblob_runtime::container::ContainerForm
         assert_eq!(data.get(start..start + blob.len()), Some(&blob[..]), "the blob is not the file's bytes");
     }
     bounded(blob.len(), READ_FACTOR, "parse_blob + loaders of a container's blob", || {
-        let Ok(parsed) = parse_blob(&blob, found.layout, registry, UnknownKeys::KeepOpaque) else { return };
+        let Ok(parsed) = parse_blob(&blob, found.layout, registry, UnknownKeys::KeepRaw) else { return };
         for e in parsed.entries.iter().filter(|e| e.kind == EntryKind::Module) {
             if let Some(loader) = registry.get(e.type_key) {
                 let payload = blob.slice_ref(e.payload).expect("the payload lies in the blob");

@@ -123,7 +123,17 @@ fn to_py(e: MError) -> PyErr {
     match &e {
         MError::Runtime(r) => runtime_class(r, msg),
         MError::Io { .. } => FileError::new_err(msg),
-        MError::Invalid { .. } | MError::FeatureDisabled { .. } => InputError::new_err(msg),
+        MError::Input { .. }
+        | MError::Target { .. }
+        | MError::Layout { .. }
+        | MError::HostCode { .. }
+        | MError::Options { .. }
+        | MError::OutputPath { .. }
+        | MError::Tree { .. }
+        | MError::Linked { .. }
+        | MError::Run { .. }
+        | MError::Internal { .. }
+        | MError::FeatureDisabled { .. } => InputError::new_err(msg),
         MError::Step { source, .. } if matches!(**source, MError::Io { .. }) => FileError::new_err(msg),
         _ => ExportError::new_err(msg),
     }
@@ -472,7 +482,7 @@ fn pack_blob_file(
         let tree = mblob::repack::module_tree_of(&data, opts.layout, &blob_path)?;
         let serialized = mblob_runtime::serialize(&tree).map_err(MError::from)?;
         let blob = SerializedBlob::new(&serialized, &tree, opts.layout)
-            .map_err(|e| MError::Invalid { what: blob_path.display().to_string(), detail: e.to_string() })?;
+            .map_err(|e| MError::input(blob_path.display().to_string(), e.to_string()))?;
         // TVM links the returned object itself, so the direct route (which writes the blob
         // into a library after linking) falls back to the LLVM object, as `Export` does where
         // it needs an object.
@@ -497,13 +507,10 @@ fn pack_blob_file(
 fn check_blob_header(data: &[u8], path: &Path) -> Result<(), PyErrLater> {
     let claimed = data.get(..8).map(|h| u64::from_le_bytes(h.try_into().unwrap_or_default()));
     if claimed.is_none() || claimed != (data.len() as u64).checked_sub(8) {
-        return Err(PyErrLater::Mblob(MError::Invalid {
-            what: path.display().to_string(),
-            detail: format!(
-                "not a blob: {} bytes, whose first 8 do not give the length of the rest ({claimed:?})",
-                data.len()
-            ),
-        }));
+        return Err(PyErrLater::Mblob(MError::input(
+            path.display().to_string(),
+            format!("not a blob: {} bytes, whose first 8 do not give the length of the rest ({claimed:?})", data.len()),
+        )));
     }
     Ok(())
 }

@@ -119,3 +119,13 @@ def test_errors_form_one_family():
     for cls in (mblob.FormatError, mblob.LoadError, mblob.ExportError, mblob.InputError, mblob.FileError):
         assert issubclass(cls, mblob.Error)
     assert issubclass(mblob.Error, Exception)
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.21.0", "0.27.0.post1"])
+def test_layout_of_version_is_the_layout_that_tvm_wrote(version):
+    """`mblob.tvm.layout_of_version` (Rust's `Layout::of_version`) of each TVM version is the
+    layout of the library that version built."""
+    so = golden(f"other_versions/tvm-{version}/relax_add_mul.so")
+    assert mblob.tvm.layout_of_version(version) == mblob.inspect(so)["layout"]
+    with pytest.raises(mblob.InputError):
+        mblob.tvm.layout_of_version("not a version")

@@ -101,7 +101,7 @@ impl NdArray {
     }
 
     /// An empty tensor from `api`'s device.
-    pub fn empty_with(shape: &[i64], dtype: DataType, api: &Arc<dyn DeviceApi>) -> Result<NdArray, ArrayError> {
+    pub(crate) fn empty_with(shape: &[i64], dtype: DataType, api: &Arc<dyn DeviceApi>) -> Result<NdArray, ArrayError> {
         let n = NdArray::checked_len(dtype, shape)?;
         Ok(NdArray { storage: Storage::with_api(api.clone(), n)?, shape: shape.into(), dtype, nbytes: n, vm_offset: 0 })
     }
@@ -183,7 +183,7 @@ impl NdArray {
 
     /// [`NdArray::in_storage`] with a shape the caller already holds shared (a VM's constant
     /// shape), which the tensor then shares instead of copying.
-    pub fn in_storage_shared(
+    pub(crate) fn in_storage_shared(
         storage: &Arc<Storage>,
         offset: usize,
         shape: Arc<[i64]>,
@@ -210,13 +210,13 @@ impl NdArray {
 
     /// This tensor, marked as placed by a VM's `alloc_tensor` at byte `offset` of its storage
     /// (`self` is the view there): [`NdArray::vm_offset`].
-    pub fn with_vm_offset(self, offset: usize) -> NdArray {
+    pub(crate) fn with_vm_offset(self, offset: usize) -> NdArray {
         NdArray { vm_offset: offset, ..self }
     }
 
     /// The byte offset a VM's `alloc_tensor` placed this tensor at in its storage (0 for every
     /// other tensor): what TVM passes to kernels as the `DLTensor`'s `byte_offset`.
-    pub fn vm_offset(&self) -> usize {
+    pub(crate) fn vm_offset(&self) -> usize {
         self.vm_offset
     }
 

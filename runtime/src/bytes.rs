@@ -46,7 +46,7 @@ impl Bytes {
 
     /// True when the bytes are a view of a read-only file mapping, whose pages
     /// [`Bytes::release`] gives back.
-    pub fn is_mapped(&self) -> bool {
+    pub(crate) fn is_mapped(&self) -> bool {
         self.release.is_some()
     }
 

@@ -29,6 +29,33 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Running what TVM built: [`load_library`] opens the library (its code runs, so it is
+//! `unsafe`: load only what you trust) and [`exec::Model`] runs whichever model it holds (graph,
+//! AOT, Relax, Relay VM) on a device, with [`exec::Value`]s in and out. Here TVM 0.19's
+//! `relay.build` of a dense + relu layer, against TVM's own output:
+//!
+//! ```
+//! use mblob_runtime::exec::{Model, Value};
+//! use mblob_runtime::{format::DataType, load_library, Device, LoadOptions, NdArray, Registry};
+//!
+//! let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens");
+//! let f32s = |name: &str| -> Vec<u8> { std::fs::read(goldens.join(name)).unwrap() };
+//! // SAFETY: a library TVM built for this test suite.
+//! let tree = unsafe { load_library(&goldens.join("graph_dense_relu.so"), &Registry::default(), &LoadOptions::default()) }?;
+//! let mut model = Model::new(&tree, Device::cpu(0))?;
+//! let x = model.params()[0].tensor.clone().unwrap();
+//! let input = NdArray::from_bytes(&f32s("graph_dense_relu.in.x.f32"), &x.shape, DataType::F32, Device::cpu(0))?;
+//! model.set_input(Some("x"), Value::Tensor(input))?;
+//! model.run()?;
+//! let out = model.outputs()?[0].to_array()?.unwrap().to_bytes()?;
+//! assert!(out == f32s("graph_dense_relu.out.0.f32"), "TVM's output, bit for bit");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The TVM version is one axis, [`Layout`]: the blob's layout and symbol, the calling
+//! convention of the host code ([`format::convention::classify`] tells it from the symbols),
+//! the numbering of a Relax executable's constants and its type key all follow from it.
+//!
 //! Parts, each depending only on those before it (`runtime/tests/layering.rs` checks):
 //! - `Bytes` (shared views of a mapping) and [`format`](mod@format), the floor: the byte
 //!   layouts ([`format::stream`], [`format::dtype`], [`format::classic`], [`format::ffi`],
@@ -75,12 +102,9 @@ pub mod tree;
 
 pub use array::NdArray;
 pub use bytes::Bytes;
-#[cfg(feature = "cuda")]
-pub use device::cuda;
 pub use device::{Device, DeviceError, DeviceType};
 pub use error::{Error, FormatError, FormatErrorKind, Result};
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
-pub use ffi::packed;
 #[cfg(feature = "system-lib")]
 pub use ffi::system_lib::SystemLibError;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
@@ -88,7 +112,7 @@ pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
 pub use load::load_system_lib;
 pub use load::{load_blob, load_library, load_library_bytes, map_file, LoadOptions};
 pub use module::{LoadedModule, LoadedTree, Module, Origin, Symbol, TreeShape};
-pub use payload::{Opaque, Payload, RawPayload};
+pub use payload::{Payload, RawPayload};
 pub use registry::{Loader, LoaderError, Measure, Registry};
 pub use serialize::{serialize, Group, SerializeError, Serialized};
 pub use tree::{ModuleId, ModuleKind, ModuleTree};

@@ -210,9 +210,6 @@ impl Loader for RelayVmLoader {
 #[derive(Debug, Clone)]
 pub struct RawLoader(pub &'static str);
 
-/// The earlier name of [`RawLoader`].
-pub use RawLoader as OpaqueLoader;
-
 impl Loader for RawLoader {
     fn type_key(&self) -> &str {
         self.0

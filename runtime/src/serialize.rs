@@ -200,7 +200,7 @@ impl Serialized {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::RawPayload as Opaque;
+    use crate::payload::RawPayload;
 
     fn keys(tree: &ModuleTree, s: &Serialized) -> Vec<String> {
         s.groups
@@ -216,8 +216,8 @@ mod tests {
     fn siblings_in_reverse_import_order() {
         let mut t = ModuleTree::new();
         let root = t.add_dso("llvm");
-        let a = t.add_payload(Opaque::new("A", vec![]));
-        let b = t.add_payload(Opaque::new("B", vec![]));
+        let a = t.add_payload(RawPayload::new("A", vec![]));
+        let b = t.add_payload(RawPayload::new("B", vec![]));
         t.import(root, a).import(root, b);
         let s = serialize(&t).unwrap();
         assert_eq!(keys(&t, &s), ["_lib", "B", "A"]);
@@ -228,9 +228,9 @@ mod tests {
     #[test]
     fn rfc_scenario() {
         let mut t = ModuleTree::new();
-        let gef = t.add_payload(Opaque::new("GraphExecutorFactory", vec![]));
+        let gef = t.add_payload(RawPayload::new("GraphExecutorFactory", vec![]));
         let llvm = t.add_dso("llvm");
-        let cuda = t.add_payload(Opaque::new("cuda", vec![]));
+        let cuda = t.add_payload(RawPayload::new("cuda", vec![]));
         t.import(gef, llvm).import(llvm, cuda);
         let s = serialize(&t).unwrap();
         assert_eq!(keys(&t, &s), ["GraphExecutorFactory", "_lib", "cuda"]);
@@ -242,7 +242,7 @@ mod tests {
     fn merge_cycle_is_refused_with_names() {
         let mut t = ModuleTree::new();
         let root = t.add_dso("llvm");
-        let gef = t.add_payload(Opaque::new("GraphExecutorFactory", vec![]));
+        let gef = t.add_payload(RawPayload::new("GraphExecutorFactory", vec![]));
         let inner = t.add_dso("llvm");
         t.import(root, gef).import(gef, inner);
         let err = serialize(&t).unwrap_err();
@@ -261,7 +261,7 @@ mod tests {
     fn shared_child_and_lone_library() {
         let mut t = ModuleTree::new();
         let root = t.add_dso("llvm");
-        let c = t.add_payload(Opaque::new("X", vec![1]));
+        let c = t.add_payload(RawPayload::new("X", vec![1]));
         t.import(root, c).import(root, c);
         let s = serialize(&t).unwrap();
         assert_eq!(s.import_tree.child_indices, [1]);

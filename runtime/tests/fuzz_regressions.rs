@@ -90,7 +90,7 @@ fn legacy_many(m: usize, key: &[u8], payload: &[u8]) -> Vec<u8> {
 fn peaks(data: &[u8], layout: Layout) -> (usize, usize) {
     let registry = Registry::default();
     let owned = Bytes::from_vec(data.to_vec());
-    let (parsed, parse) = peak_during(|| parse_blob(data, layout, &registry, UnknownKeys::KeepOpaque).map(drop));
+    let (parsed, parse) = peak_during(|| parse_blob(data, layout, &registry, UnknownKeys::KeepRaw).map(drop));
     parsed.expect("parses");
     let (loaded, load) = peak_during(|| load_blob(&owned, layout, &registry, &LoadOptions::keep_unknown()).map(drop));
     loaded.expect("loads");
@@ -132,7 +132,7 @@ fn forged_counts_allocate_nothing_large() {
     forged.push((blob(body.clone()), Layout::Ffi));
     forged.push((blob(body), Layout::Classic));
     for (data, layout) in forged {
-        for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
+        for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
             let (r, peak) = peak_during(|| parse_blob(&data, layout, &registry, unknown).map(drop));
             let err = r.expect_err("a forged count is refused");
             assert_eq!(err.offset, 8, "{err}");
@@ -147,7 +147,7 @@ fn forged_counts_allocate_nothing_large() {
 /// search for an opaque payload's end.
 fn opaque_relax_registry() -> Registry {
     let mut r = Registry::default();
-    r.register(mblob_runtime::registry::OpaqueLoader("relax.Executable"));
+    r.register(mblob_runtime::registry::RawLoader("relax.Executable"));
     r
 }
 
@@ -163,7 +163,7 @@ fn legacy_opaque_blob_reads_in_both_modes() {
         .expect("the regression input");
     let registry = opaque_relax_registry();
     let strict = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::Error).expect("strict parse");
-    let opaque = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepOpaque).expect("opaque parse");
+    let opaque = parse_blob(&data, Layout::Classic, &registry, UnknownKeys::KeepRaw).expect("opaque parse");
     for parsed in [&strict, &opaque] {
         assert!(parsed.import_tree.is_none());
         assert_eq!(parsed.entries.len(), 4);
@@ -197,7 +197,7 @@ fn load_measures_payloads_that_do_not_decode_as_the_parser_does() {
         let path = format!("{}/tests/fuzz_regressions/{name}", env!("CARGO_MANIFEST_DIR"));
         let data = std::fs::read(&path).expect("the regression input");
         let registry = Registry::default();
-        let parsed = parse_blob(&data, layout, &registry, UnknownKeys::KeepOpaque);
+        let parsed = parse_blob(&data, layout, &registry, UnknownKeys::KeepRaw);
         assert!(parsed.is_err(), "{name}: the measured reading is refused");
         let loaded = load_blob(&Bytes::from_vec(data), layout, &registry, &LoadOptions::keep_unknown());
         assert!(
@@ -230,7 +230,7 @@ fn opaque_before_long_tail(candidates: usize, tail: usize) -> Vec<u8> {
 fn opaque_search_looks_at_a_bounded_number_of_positions() {
     let data = opaque_before_long_tail(100, 16 << 10);
     let registry = opaque_relax_registry();
-    for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
+    for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
         let err = parse_blob(&data, Layout::Classic, &registry, unknown).expect_err("no valid end");
         assert_eq!(err.offset, 16);
         match err.kind {
@@ -260,7 +260,7 @@ fn opaque_search_cap_leaves_room_for_real_blobs() {
     let registry = opaque_relax_registry();
     for (k, size) in [(1, 4 << 20), (3, 256 << 10), (10, 4 << 10)] {
         let data = classic_opaque_chain(k, size);
-        for unknown in [UnknownKeys::Error, UnknownKeys::KeepOpaque] {
+        for unknown in [UnknownKeys::Error, UnknownKeys::KeepRaw] {
             let parsed = parse_blob(&data, Layout::Classic, &registry, unknown).expect("parses");
             assert_eq!(parsed.entries.len(), k + 2);
             assert!(parsed.entries[..k].iter().all(|e| e.payload.len() == size), "k={k}");

@@ -97,7 +97,7 @@ fn a_cuda_payload_is_found_as_a_device_module_with_or_without_the_cuda_feature()
         let loaded = load_blob(&blob_of(&tree, layout), layout, &Registry::default(), &LoadOptions::default()).unwrap();
         assert_eq!(loaded.find::<DeviceModule>(), Some(&device), "{layout}");
         #[cfg(feature = "cuda")]
-        assert_eq!(loaded.find::<mblob_runtime::cuda::CudaModule>().unwrap().device_module(), &device);
+        assert_eq!(loaded.find::<mblob_runtime::device::cuda::CudaModule>().unwrap().device_module(), &device);
     }
 }
 

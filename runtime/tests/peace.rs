@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mblob_runtime::exec::relax::VirtualMachine;
-use mblob_runtime::packed::DLTensor;
+use mblob_runtime::ffi::dlpack::DLTensor;
 use mblob_runtime::payload::graph::Tensor;
 use mblob_runtime::{load_library, Device, DeviceType, LibraryModule, LoadOptions, LoadedTree, Module, Registry};
 

@@ -164,8 +164,10 @@ fn an_unknown_global_function_is_refused_naming_it() {
     assert!(tvm.contains("Cannot find function mblob.test.no_such_function"), "{tvm}");
     let (mut a, mut b) = ([1f32; 4], [0f32; 4]);
     let (mut sa, mut sb) = ([4i64], [4i64]);
-    let mut tensors =
-        [mblob_runtime::packed::DLTensor::f32(&mut a, &mut sa), mblob_runtime::packed::DLTensor::f32(&mut b, &mut sb)];
+    let mut tensors = [
+        mblob_runtime::ffi::dlpack::DLTensor::f32(&mut a, &mut sa),
+        mblob_runtime::ffi::dlpack::DLTensor::f32(&mut b, &mut sb),
+    ];
     // SAFETY: the kernel takes two float32 tensors of 4 elements, as built.
     let e = unsafe { f.call_tensors(&mut tensors) }.unwrap_err();
     assert!(e.message.contains("Cannot find function mblob.test.no_such_function"), "{}", e.message);

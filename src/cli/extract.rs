@@ -22,13 +22,12 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use mblob::tree_json::{FunctionTable, ShaderJson};
+use mblob::tree_json::{FunctionTable, Node, Ordered, ShaderJson};
 use mblob_runtime::format::{self, EntryKind, ParsedBlob, UnknownKeys};
 use mblob_runtime::payload::device::{DeviceForm, DeviceModule};
-use mblob_runtime::payload::graph::GraphExecutorFactory;
+use mblob_runtime::payload::graph::{GraphExecutorFactory, Tensor as PayloadTensor};
 use mblob_runtime::payload::relax::{Constant, RelaxExecutable};
 use mblob_runtime::{Bytes, ImportTree, Layout, LoadedTree, Registry};
-use serde::Serialize;
 
 use super::inspect::parse_layout;
 use crate::inspect::inspect_bytes;
@@ -80,23 +79,23 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
         });
     }
     let (Some(blob), Some(layout)) = (report.blob.clone(), report.layout.and_then(Layout::from_name)) else {
-        return Err(Error::Invalid {
+        return Err(Error::Input {
             what: path.display().to_string(),
             detail: "holds no blob: a plain library has no modules to extract".into(),
         });
     };
     let registry = Registry::default();
-    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepOpaque)
+    let parsed = format::parse_blob(&blob, layout, &registry, UnknownKeys::KeepRaw)
         .map_err(|source| mblob_runtime::Error::Blob { path: path.clone(), source })?;
     // A TVM `.tar` holds the host code beside the blob: its objects go with the extracted parts.
-    let host: Vec<(String, Vec<u8>)> = match mblob::tvm_tar::TvmTar::from_bytes(&data, path)? {
+    let host: Vec<(String, Bytes)> = match mblob::tvm_tar::TvmTar::from_bytes(&data, path)? {
         Some(tar) => tar
             .host_objects()
             .into_iter()
             .map(|m| {
                 let base =
                     Path::new(&m.name).file_name().map_or_else(|| m.name.clone(), |n| n.to_string_lossy().into());
-                (safe(&base), m.data.to_vec())
+                (safe(&base), m.data.clone())
             })
             .collect(),
         None => Vec::new(),
@@ -108,19 +107,24 @@ pub fn run(args: &ExtractArgs) -> Result<ExitCode> {
         system_lib: report.system_lib,
     };
     let files = plan(&parsed, &blob, &registry, &host, &packing)
-        .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?;
+        .map_err(|detail| Error::Input { what: path.display().to_string(), detail: detail.into() })?;
 
     // Written into a fresh directory beside the output, moved into place when complete (`-o
     // a/b` creates `a` too, and removes it again on failure).
     let staged = super::output::StagedDir::new(out)?;
-    for (name, bytes) in &files {
-        staged.write(name, bytes)?;
+    for (name, content) in &files {
+        match content {
+            FileData::Bytes(bytes) => staged.write(name, bytes)?,
+            FileData::Params(tensors) => {
+                staged.write_with(name, &mut |w| mblob_runtime::exec::graph::write_params(tensors, w))?
+            }
+        }
     }
     staged.commit(check_output_dir)?;
     if !args.quiet {
         println!("wrote {} files to {} ({} layout)", files.len(), out.display(), layout.name());
-        for (name, bytes) in &files {
-            println!("  {name:<32} {:>10} bytes", bytes.len());
+        for (name, content) in &files {
+            println!("  {name:<32} {:>10} bytes", content.len());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -131,7 +135,7 @@ fn check_output_dir(out: &Path) -> Result<()> {
     match std::fs::read_dir(out) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                return Err(Error::Invalid {
+                return Err(Error::OutputPath {
                     what: out.display().to_string(),
                     detail: "exists and is not empty: extract writes into a new or empty directory".into(),
                 });
@@ -143,59 +147,6 @@ fn check_output_dir(out: &Path) -> Result<()> {
     }
 }
 
-/// A node of the `tree.json` that extract writes (the fields `mblob export` reads), serialized
-/// with every map in the order of the payload.
-#[derive(Debug, Clone, Default, Serialize)]
-struct OutNode {
-    /// Root only: how the source was packed (`layout`, `symbol`, `prefix`, `system_lib`), so
-    /// that `mblob export tree.json` rebuilds the same library by default.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    layout: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    symbol: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prefix: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system_lib: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    type_key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    objects: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    format: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    functions: Option<FunctionTable>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    smap: Option<InOrder<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shaders: Option<InOrder<ShaderJson>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    imports: Vec<OutNode>,
-}
-
-/// A JSON object whose keys keep this order.
-#[derive(Debug, Clone, Default)]
-struct InOrder<V>(Vec<(String, V)>);
-
-impl<V: Serialize> Serialize for InOrder<V> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
-}
-
 /// How the source library was packed, for the root of `tree.json`.
 struct Packing {
     layout: String,
@@ -204,15 +155,39 @@ struct Packing {
     system_lib: Option<bool>,
 }
 
-/// Every file to write, name and bytes, with `tree.json` last.
+/// What a file extract writes holds: bytes (views of the mapped input, or text made here), or
+/// tensors written as a params file straight into the file.
+enum FileData {
+    Bytes(Bytes),
+    Params(Vec<(String, PayloadTensor)>),
+}
+
+impl FileData {
+    /// The file's length.
+    fn len(&self) -> u64 {
+        match self {
+            FileData::Bytes(b) => b.len() as u64,
+            FileData::Params(tensors) => mblob_runtime::exec::graph::params_len(tensors),
+        }
+    }
+}
+
+impl From<Vec<u8>> for FileData {
+    fn from(v: Vec<u8>) -> FileData {
+        FileData::Bytes(Bytes::from_vec(v))
+    }
+}
+
+/// Every file to write, name and what it holds, with `tree.json` last. Nothing is copied:
+/// payloads, code and parameters are views of the input, written out as they are read.
 fn plan(
     parsed: &ParsedBlob<'_>,
     blob: &Bytes,
     registry: &Registry,
-    host: &[(String, Vec<u8>)],
+    host: &[(String, Bytes)],
     packing: &Packing,
-) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+) -> std::result::Result<Vec<(String, FileData)>, String> {
+    let mut files: Vec<(String, FileData)> = Vec::new();
     let mut used = HashSet::new();
     let mut name = |wanted: String| -> String {
         let mut n = wanted.clone();
@@ -224,25 +199,25 @@ fn plan(
         n
     };
     let modules: Vec<_> = parsed.modules().collect();
-    let mut nodes: Vec<OutNode> = Vec::with_capacity(modules.len());
+    let mut nodes: Vec<Node> = Vec::with_capacity(modules.len());
     for (i, e) in modules.iter().enumerate() {
         if e.kind == EntryKind::Lib {
-            nodes.push(OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), ..OutNode::default() });
+            nodes.push(Node { type_key: Some("llvm".into()), objects: Some(vec![]), ..Node::default() });
             continue;
         }
-        let mut node = OutNode { type_key: Some(e.type_key.to_owned()), ..OutNode::default() };
+        let mut node = Node { type_key: Some(e.type_key.to_owned()), ..Node::default() };
         let payload_file = name(format!("{i}.{}.bin", safe(e.type_key)));
-        files.push((payload_file.clone(), e.payload.to_vec()));
         let payload = blob.slice_ref(e.payload).unwrap_or_else(|| Bytes::from_vec(e.payload.to_vec()));
+        files.push((payload_file.clone(), FileData::Bytes(payload.clone())));
         let module = registry.get(e.type_key).and_then(|l| l.load(payload, parsed.layout).ok());
         let any = module.as_ref().and_then(|m| m.as_payload()).map(|p| p.as_any());
         if let Some(g) = any.and_then(|a| a.downcast_ref::<GraphExecutorFactory>()) {
-            files.push((name(format!("{i}.graph.json")), g.graph_json.as_bytes().to_vec()));
-            files.push((name(format!("{i}.params")), params_file(g)));
+            files.push((name(format!("{i}.graph.json")), g.graph_json.as_bytes().to_vec().into()));
+            files.push((name(format!("{i}.params")), FileData::Params(g.params.clone())));
         }
         if let Some(x) = any.and_then(|a| a.downcast_ref::<RelaxExecutable>()) {
-            if let Some(bytes) = relax_constants_file(x) {
-                files.push((name(format!("{i}.constants.params")), bytes));
+            if let Some(tensors) = relax_constants(x) {
+                files.push((name(format!("{i}.constants.params")), FileData::Params(tensors)));
             }
         }
         match any.and_then(|a| a.downcast_ref::<DeviceModule>()) {
@@ -260,24 +235,24 @@ fn plan(
         let mut objects = Vec::with_capacity(host.len());
         for (n, bytes) in host {
             let n = name(n.clone());
-            files.push((n.clone(), bytes.clone()));
+            files.push((n.clone(), FileData::Bytes(bytes.clone())));
             objects.push(n);
         }
         give_objects(&mut tree, &objects);
     }
     let mut text = serde_json::to_vec_pretty(&tree).map_err(|e| e.to_string())?;
     text.push(b'\n');
-    files.push((name("tree.json".into()), text));
+    files.push((name("tree.json".into()), text.into()));
     Ok(files)
 }
 
 /// Lists `objects` as the host code of every `llvm` part of `node`'s tree (a blob has one
 /// `_lib`; the host objects of a TVM `.tar` are its code).
-fn give_objects(node: &mut OutNode, objects: &[String]) {
+fn give_objects(node: &mut Node, objects: &[String]) {
     if node.type_key.as_deref() == Some("llvm") && node.objects.as_ref().is_some_and(Vec::is_empty) {
         node.objects = Some(objects.to_vec());
     }
-    for child in &mut node.imports {
+    for child in node.imports.iter_mut().flatten() {
         give_objects(child, objects);
     }
 }
@@ -286,8 +261,8 @@ fn give_objects(node: &mut OutNode, objects: &[String]) {
 fn device_parts(
     i: usize,
     d: &DeviceModule,
-    node: &mut OutNode,
-    files: &mut Vec<(String, Vec<u8>)>,
+    node: &mut Node,
+    files: &mut Vec<(String, FileData)>,
     name: &mut dyn FnMut(String) -> String,
 ) -> std::result::Result<(), String> {
     if d.type_key != mblob_runtime::payload::device::WEBGPU {
@@ -299,32 +274,32 @@ fn device_parts(
     let table = FunctionTable::of(&d.functions);
     let mut text = serde_json::to_vec_pretty(&table).map_err(|e| e.to_string())?;
     text.push(b'\n');
-    files.push((name(format!("{i}.functions.json")), text));
+    files.push((name(format!("{i}.functions.json")), text.into()));
     node.functions = Some(table);
     match &d.form {
         DeviceForm::FmtFmapData => {
             let f = name(format!("{i}.{}.{}", safe(&d.type_key), code_extension(&d.format)));
-            files.push((f.clone(), d.data.to_vec()));
+            files.push((f.clone(), FileData::Bytes(d.data.clone())));
             node.data = Some(f);
         }
         DeviceForm::FmtFmapShaders => {
             let mut shaders = Vec::new();
             for (kernel, s) in &d.shaders {
                 let f = name(format!("{i}.{}.spv", safe(kernel)));
-                files.push((f.clone(), s.words.to_vec()));
+                files.push((f.clone(), FileData::Bytes(s.words.clone())));
                 shaders.push((kernel.clone(), ShaderJson { flag: s.flag, data: f }));
             }
-            node.shaders = Some(InOrder(shaders));
+            node.shaders = Some(Ordered(shaders));
         }
         _ => {
             let ext = source_extension(&d.type_key);
             let mut smap = Vec::new();
             for (kernel, src) in &d.sources {
                 let f = name(format!("{i}.{}.{ext}", safe(kernel)));
-                files.push((f.clone(), src.to_vec()));
+                files.push((f.clone(), FileData::Bytes(src.clone())));
                 smap.push((kernel.clone(), f));
             }
-            node.smap = Some(InOrder(smap));
+            node.smap = Some(Ordered(smap));
         }
     }
     Ok(())
@@ -332,11 +307,12 @@ fn device_parts(
 
 /// The nested TREE.json of the blob's import tree; a module imported more than once is
 /// written once with an `id` and referred to by it after.
-fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
+fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<Node>) -> Node {
     let Some(tree) = &parsed.import_tree else {
         // Legacy: the library imports every module (in descending order, as below).
-        let imports = nodes.into_iter().rev().collect();
-        return OutNode { type_key: Some("llvm".into()), objects: Some(vec![]), imports, ..OutNode::default() };
+        let imports: Vec<Node> = nodes.into_iter().rev().collect();
+        let imports = (!imports.is_empty()).then_some(imports);
+        return Node { type_key: Some("llvm".into()), objects: Some(vec![]), imports, ..Node::default() };
     };
     let mut count = vec![0usize; nodes.len()];
     for &c in &tree.child_indices {
@@ -346,26 +322,28 @@ fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
     }
     struct Walk<'a> {
         tree: &'a ImportTree,
-        nodes: &'a [OutNode],
+        nodes: &'a [Node],
         count: &'a [usize],
         seen: Vec<bool>,
     }
     impl Walk<'_> {
-        fn node(&mut self, i: usize, depth: usize) -> OutNode {
+        fn node(&mut self, i: usize, depth: usize) -> Node {
             let mut node = self.nodes.get(i).cloned().unwrap_or_default();
             if self.count.get(i).copied().unwrap_or(0) > 1 {
                 if self.seen[i] {
-                    return OutNode { id: Some(i), ..OutNode::default() };
+                    return Node { id: Some(i.into()), ..Node::default() };
                 }
                 self.seen[i] = true;
-                node.id = Some(i);
+                node.id = Some(i.into());
             }
             // The blob lists children in ascending index order, and the serializer numbers the
             // last import first: imports in descending order number as in the blob. (The blob
             // parser checked the tree; the depth bound only keeps a forged one from recursing
             // without end.)
             if depth < LoadedTree::MAX_SHAPE_DEPTH {
-                node.imports = self.tree.children(i).iter().rev().map(|&c| self.node(c as usize, depth + 1)).collect();
+                let imports: Vec<Node> =
+                    self.tree.children(i).iter().rev().map(|&c| self.node(c as usize, depth + 1)).collect();
+                node.imports = (!imports.is_empty()).then_some(imports);
             }
             node
         }
@@ -374,17 +352,9 @@ fn tree_json(parsed: &ParsedBlob<'_>, nodes: Vec<OutNode>) -> OutNode {
     walk.node(0, 0)
 }
 
-/// TVM's params file (`save_param_dict`), written by the runtime's writer beside its reader.
-fn params_file(g: &GraphExecutorFactory) -> Vec<u8> {
-    let mut out = Vec::new();
-    // Writing into a Vec cannot fail.
-    let _ = mblob_runtime::exec::graph::write_params(&g.params, &mut out);
-    out
-}
-
 /// A Relax executable's tensor constants in TVM's params format, named `c[K]` by their
 /// index in the constant pool (as TVM's VM text names them); `None` when it has none.
-fn relax_constants_file(x: &RelaxExecutable) -> Option<Vec<u8>> {
+fn relax_constants(x: &RelaxExecutable) -> Option<Vec<(String, PayloadTensor)>> {
     let tensors: Vec<(String, _)> = x
         .constants
         .iter()
@@ -394,13 +364,7 @@ fn relax_constants_file(x: &RelaxExecutable) -> Option<Vec<u8>> {
             _ => None,
         })
         .collect();
-    if tensors.is_empty() {
-        return None;
-    }
-    let mut out = Vec::new();
-    // Writing into a Vec cannot fail.
-    let _ = mblob_runtime::exec::graph::write_params(&tensors, &mut out);
-    Some(out)
+    (!tensors.is_empty()).then_some(tensors)
 }
 
 /// The file extension of a device module's code, by its format.

@@ -118,7 +118,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         return Ok(super::usage_error("generate", message));
     }
     let model = args.model.display().to_string();
-    let invalid = |detail: String| Error::Invalid { what: model.clone(), detail };
+    let invalid = |detail: String| Error::Run { what: model.clone(), detail: detail.into() };
     // SAFETY: generating with a model means running its code: the user asked for this file.
     #[allow(unsafe_code)]
     let tree = unsafe { load_library(&args.model, &Registry::default(), &LoadOptions::keep_unknown()) }?;
@@ -138,9 +138,9 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let ids = prompt_ids(&line.replace(char::is_whitespace, ",")).map_err(|e| Error::Invalid {
+            let ids = prompt_ids(&line.replace(char::is_whitespace, ",")).map_err(|e| Error::Input {
                 what: path.display().to_string(),
-                detail: format!("line {}: {e}", n + 1),
+                detail: format!("line {}: {e}", n + 1).into(),
             })?;
             prompts.push(ids);
         }

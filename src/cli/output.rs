@@ -16,7 +16,7 @@
 //!   file a program creates.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -160,8 +160,19 @@ impl StagedDir {
 
     /// Writes the file `name` of the outputs (named in errors as it will be: `DEST/name`).
     pub(crate) fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.write_with(name, &mut |w| w.write_all(bytes))
+    }
+
+    /// Writes the file `name` of the outputs as `content` writes it, through a buffer (what
+    /// it writes is never all in memory at once).
+    pub(crate) fn write_with(
+        &self,
+        name: &str,
+        content: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<()> {
         check_cancelled()?;
-        write_new(&self.staging.join(name), bytes).map_err(|(action, e)| Error::io(self.dest.join(name), action)(e))?;
+        write_new_with(&self.staging.join(name), content)
+            .map_err(|(action, e)| Error::io(self.dest.join(name), action)(e))?;
         check_cancelled()
     }
 
@@ -220,10 +231,21 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 /// Creates `path` (it must not exist) with the umask's mode and writes `bytes`; on failure the
 /// file is removed. `Err` carries the action that failed.
 fn write_new(path: &Path, bytes: &[u8]) -> std::result::Result<(), (&'static str, std::io::Error)> {
-    let mut f: File =
+    write_new_with(path, &mut |w| w.write_all(bytes))
+}
+
+/// [`write_new`] of what `content` writes, through a buffer.
+fn write_new_with(
+    path: &Path,
+    content: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> std::result::Result<(), (&'static str, std::io::Error)> {
+    let f: File =
         OpenOptions::new().write(true).create_new(true).mode(0o666).open(path).map_err(|e| ("cannot create", e))?;
-    if let Err(e) = f.write_all(bytes).and_then(|()| f.sync_data()) {
-        drop(f);
+    let mut w = io::BufWriter::with_capacity(1 << 20, f);
+    let written = content(&mut w).and_then(|()| w.flush());
+    let synced = written.and_then(|()| w.get_ref().sync_data());
+    if let Err(e) = synced {
+        drop(w);
         let _ = fs::remove_file(path);
         return Err(("cannot write", e));
     }
@@ -273,13 +295,14 @@ pub(crate) fn check_run_dir(dir: &Path) -> Result<()> {
     for entry in entries {
         let entry = entry.map_err(Error::io(dir, "cannot list"))?;
         if !(is_run_output(&entry.file_name()) && entry.file_type().is_ok_and(|t| t.is_file())) {
-            return Err(Error::Invalid {
+            return Err(Error::OutputPath {
                 what: dir.display().to_string(),
                 detail: format!(
                     "holds {}, which is not an output of an earlier run: the outputs replace the directory as a \
                      whole, so give a new directory, an empty one or one that holds only out.K.npy files",
                     entry.file_name().to_string_lossy()
-                ),
+                )
+                .into(),
             });
         }
     }

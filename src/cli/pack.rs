@@ -304,7 +304,7 @@ fn run_from_tar(args: &PackArgs, tar: &mblob::tvm_tar::TvmTar) -> Result<ExitCod
     } else {
         let objects = tar.write_host_objects(dir.path())?;
         if objects.is_empty() {
-            return Err(Error::Invalid {
+            return Err(Error::HostCode {
                 what: args.from.display().to_string(),
                 detail: "holds no host objects (TVM's lib0.o, ...): give them with --host, or pass --blob-only".into(),
             });
@@ -342,7 +342,7 @@ fn is_source(path: &std::path::Path) -> bool {
 /// shared library given as host code is refused by the export itself, as in every route.)
 fn check_host(args: &PackArgs) -> Result<()> {
     if args.host.is_empty() && !args.blob_only {
-        return Err(Error::Invalid {
+        return Err(Error::HostCode {
             what: "--host".into(),
             detail: format!(
                 "missing: the new library needs the host code of {} (its model functions), which the \
@@ -350,7 +350,8 @@ fn check_host(args: &PackArgs) -> Result<()> {
                  `lib0.o` (export_library(\"x.tar\") writes them), or pass --blob-only for a library \
                  with the blob alone",
                 args.from.display()
-            ),
+            )
+            .into(),
         });
     }
     Ok(())

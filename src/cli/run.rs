@@ -150,8 +150,13 @@ fn check_output_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
-    Error::Invalid { what: what.into(), detail: detail.into() }
+fn invalid(what: impl Into<String>, detail: impl Into<mblob::Detail>) -> Error {
+    Error::Input { what: what.into(), detail: detail.into() }
+}
+
+/// Running `what` failed as `e` says.
+fn run_failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Run { what: what.to_owned(), detail: e.to_string().into() }
 }
 
 /// The device to run on: the one asked for, else the one kind of device code the library
@@ -260,7 +265,13 @@ fn graph_tree(lib: &LoadedTree, model: &str, graph: &Path, params_path: Option<&
     let factory = exec::graph::GraphFactory::from_parts(&json, lib, params).map_err(|e| {
         let what = match (&e, params_path) {
             (exec::ExecError::MissingFunction { .. }, _) => format!("{graph_name} does not match {model}"),
-            (exec::ExecError::Params(_) | exec::ExecError::ParamMismatch { .. }, Some(p)) => {
+            (
+                exec::ExecError::Params(_)
+                | exec::ExecError::ParamsMagic { .. }
+                | exec::ExecError::ParamsCount { .. }
+                | exec::ExecError::ParamMismatch { .. },
+                Some(p),
+            ) => {
                 format!("{} does not match {graph_name}", p.display())
             }
             _ => graph_name.clone(),
@@ -288,7 +299,7 @@ fn run_model(
     inputs: &[(Option<String>, NdArray)],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
-    let fail = |e: exec::ExecError| invalid(model, e.to_string());
+    let fail = |e: exec::ExecError| run_failed(model, e);
     let mut m = Model::new(tree, device).map_err(fail)?;
     let kind = m.kind();
     // A Relax or Relay VM model runs `--function`, else what `Model::new` chose (`main`, or a
@@ -352,7 +363,7 @@ fn run_model(
             }
             o => o.to_array(),
         }
-        .map_err(|e| invalid(model, format!("output {i}: {e}")))?;
+        .map_err(|e| run_failed(model, format!("output {i}: {e}")))?;
         outputs.extend(array);
     }
     Ok((outputs, times))
@@ -381,10 +392,10 @@ fn run_function(
     outputs: &[String],
     repeat: Option<usize>,
 ) -> Result<Outcome> {
-    let fail = |e: exec::ExecError| invalid(model, e.to_string());
+    let fail = |e: exec::ExecError| run_failed(model, e);
     let mut args: Vec<Value> = Vec::new();
     for (_, a) in inputs {
-        args.push(Value::Tensor(a.to_device(device).map_err(|e| invalid(model, e.to_string()))?));
+        args.push(Value::Tensor(a.to_device(device).map_err(|e| run_failed(model, e))?));
     }
     for spec in outputs {
         let (_, dtype, shape) = parse_output(spec)?;

@@ -69,9 +69,9 @@ impl HostInputs<'_> {
                 match fs::metadata(path) {
                     Ok(m) if m.is_file() => {}
                     Ok(_) => {
-                        return Err(Error::Invalid {
+                        return Err(Error::Input {
                             what: path.display().to_string(),
-                            detail: format!("is not a file (given as a {kind})"),
+                            detail: format!("is not a file (given as a {kind})").into(),
                         })
                     }
                     Err(source) => {
@@ -138,9 +138,10 @@ pub(crate) fn compile_ir(path: &Path, opts: &PackOptions, dir: &Path) -> Result<
     let bytes = fs::read(path).map_err(Error::io(path, "cannot read"))?;
     let buf = inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(&bytes, "ir");
     drop(bytes);
-    let module = ctx
-        .create_module_from_ir(buf)
-        .map_err(|e| Error::Invalid { what: path.display().to_string(), detail: format!("not valid LLVM IR: {e}") })?;
+    let module = ctx.create_module_from_ir(buf).map_err(|e| Error::Input {
+        what: path.display().to_string(),
+        detail: format!("not valid LLVM IR: {e}").into(),
+    })?;
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "ir".into());
     let out = dir.join(format!("{stem}.ir.o"));
     emit_llvm_object(&module, &opts.triple(), &out)?;

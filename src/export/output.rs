@@ -24,7 +24,7 @@ fn next_export() -> u64 {
 /// Checks what can be checked about the output path before any work: it names a file (not
 /// an existing directory, not `..`), in a directory that exists.
 pub(crate) fn check_output(output: &Path) -> Result<()> {
-    let invalid = |detail: &str| Error::Invalid { what: output.display().to_string(), detail: detail.into() };
+    let invalid = |detail: &str| Error::OutputPath { what: output.display().to_string(), detail: detail.into() };
     if output.is_dir() {
         return Err(invalid("is a directory: name the file to write in it (for example DIR/model.so)"));
     }

@@ -1,20 +1,18 @@
 //! Filling a [`Report`] from a parsed blob: what each payload kind holds, decoded with its
 //! loader (which runs no code), the host code of a shared library, the import tree.
 
+use super::relax::{describe_relax, describe_relax_more};
+use super::report::{
+    AotReport, DeviceReport, GraphReport, GraphTensor, HostFunction, HostReport, LoadedNode, ModuleReport, NamedLen,
+    ParamReport, Report, TreeNode,
+};
+use crate::tree_json::FunctionTable;
 use mblob_runtime::exec::aot::{AotFactory, AotFactoryPayload, AOT_EXECUTOR_FACTORY};
 use mblob_runtime::format::{EntryKind, ParsedBlob};
 use mblob_runtime::payload::device::DeviceModule;
 use mblob_runtime::payload::graph::GraphExecutorFactory;
 use mblob_runtime::payload::relax::RelaxExecutable;
 use mblob_runtime::{Bytes, Layout, LoadedTree, Registry, TreeShape};
-use serde::Deserialize;
-
-use super::relax::{describe_relax, describe_relax_more};
-use super::{
-    AotReport, DeviceReport, GraphReport, GraphTensor, HostFunction, HostReport, LoadedNode, ModuleReport, NamedLen,
-    ParamReport, Report, TreeNode,
-};
-use crate::tree_json::FunctionTable;
 
 pub(super) fn fill(report: &mut Report, parsed: &ParsedBlob<'_>, blob: &Bytes, registry: &Registry) {
     report.layout = Some(parsed.layout.name());
@@ -167,74 +165,32 @@ fn describe_graph(g: &GraphExecutorFactory) -> GraphReport {
     }
 }
 
-/// The parts of TVM's graph JSON that say what goes in and out.
-#[derive(Deserialize)]
-struct GraphJson {
-    nodes: Vec<GraphNode>,
-    arg_nodes: Vec<usize>,
-    heads: Vec<Vec<u64>>,
-    node_row_ptr: Option<Vec<usize>>,
-    attrs: GraphAttrs,
-}
-
-#[derive(Deserialize)]
-struct GraphNode {
-    name: String,
-    #[serde(default)]
-    attrs: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-#[derive(Deserialize)]
-struct GraphAttrs {
-    dltype: (String, Vec<String>),
-    shape: (String, Vec<Vec<i64>>),
-}
-
 /// The graph's inputs (argument nodes that are not stored parameters) and outputs (heads),
-/// with the shape and type of their entries (`node_row_ptr[node] + output index`).
+/// with the shape and type of their entries, read by the graph executor's own parser (which
+/// refuses what TVM's `GraphExecutor::Load` refuses, with the JSON path).
 pub(super) fn graph_io(
     json: &str,
     params: &[(String, mblob_runtime::payload::graph::Tensor)],
 ) -> std::result::Result<(Vec<GraphTensor>, Vec<GraphTensor>), String> {
-    let g: GraphJson = serde_json::from_str(json).map_err(|e| format!("graph JSON: {e}"))?;
-    let row_ptr = match g.node_row_ptr {
-        Some(r) => r,
-        None => {
-            // Older graphs: one entry per node unless `num_outputs` says otherwise.
-            let mut r = vec![0usize];
-            for n in &g.nodes {
-                let outs = n.attrs.as_ref().and_then(|a| a.get("num_outputs")).and_then(|v| match v {
-                    serde_json::Value::String(s) => s.parse().ok(),
-                    v => v.as_u64().and_then(|n| usize::try_from(n).ok()),
-                });
-                r.push(r.last().copied().unwrap_or(0).saturating_add(outs.unwrap_or(1)));
-            }
-            r
-        }
-    };
-    let tensor = |node: usize, index: usize| -> std::result::Result<GraphTensor, String> {
-        let n = g.nodes.get(node).ok_or_else(|| format!("node {node} does not exist"))?;
+    use mblob_runtime::exec::graph::{Graph, NodeEntry};
+    let g = Graph::parse(json).map_err(|e| e.to_string())?;
+    let tensor = |e: NodeEntry| -> std::result::Result<GraphTensor, String> {
+        let name =
+            g.nodes.get(e.node).map(|n| n.name.clone()).ok_or_else(|| format!("node {} does not exist", e.node))?;
         let entry =
-            row_ptr.get(node).and_then(|r| r.checked_add(index)).ok_or_else(|| format!("node {node} has no entry"))?;
-        let shape = g.attrs.shape.1.get(entry).ok_or_else(|| format!("entry {entry} has no shape"))?;
-        let dtype = g.attrs.dltype.1.get(entry).ok_or_else(|| format!("entry {entry} has no dltype"))?;
-        Ok(GraphTensor { name: n.name.clone(), shape: shape.clone(), dtype: dtype.clone() })
+            g.node_row_ptr.get(e.node).map(|r| r + e.index).ok_or_else(|| format!("node {} has no entry", e.node))?;
+        let shape = g.shape.get(entry).ok_or_else(|| format!("entry {entry} has no shape"))?;
+        let dtype = g.dltype.get(entry).ok_or_else(|| format!("entry {entry} has no dltype"))?;
+        Ok(GraphTensor { name, shape: shape.clone(), dtype: dtype.to_string() })
     };
     let mut inputs = Vec::new();
     for &node in &g.arg_nodes {
-        let t = tensor(node, 0)?;
+        let t = tensor(NodeEntry { node, index: 0 })?;
         if !params.iter().any(|(p, _)| *p == t.name) {
             inputs.push(t);
         }
     }
-    let mut outputs = Vec::new();
-    for head in &g.heads {
-        let (Some(&node), Some(&index)) = (head.first(), head.get(1)) else {
-            return Err("a head is not [node, index, version]".into());
-        };
-        let as_usize = |v: u64| usize::try_from(v).map_err(|_| format!("head index {v} out of range"));
-        outputs.push(tensor(as_usize(node)?, as_usize(index)?)?);
-    }
+    let outputs = g.heads.iter().map(|&h| tensor(h)).collect::<std::result::Result<_, _>>()?;
     Ok((inputs, outputs))
 }
 

@@ -5,7 +5,7 @@ use mblob_runtime::payload::relax::executable::{Arg, Instruction, Reg};
 use mblob_runtime::payload::relax::{Constant, FuncKind, RelaxExecutable};
 use serde_json::Value;
 
-use super::{RelaxCall, RelaxConstant, RelaxFunction, RelaxReport, RelaxString};
+use super::report::{RelaxCall, RelaxConstant, RelaxFunction, RelaxReport, RelaxString};
 
 /// The function table of a Relax executable, as the runtime's reader decoded it (the loader
 /// that `describe` already ran; it accepts only the VM version string TVM has written).

@@ -2,7 +2,7 @@
 
 use mblob_runtime::TreeShape;
 
-use super::{AotReport, FileKind, LoadedNode, ModuleReport, RelaxReport, Report, TreeNode};
+use super::report::{AotReport, FileKind, LoadedNode, ModuleReport, RelaxReport, Report, TreeNode};
 
 /// The text form of a report.
 pub fn render_text(r: &Report) -> String {
@@ -249,7 +249,7 @@ fn abbreviate(text: &str) -> String {
 
 /// The builtin calls with constant arguments, for the text form: one line per builtin, with
 /// the arguments of its first call and how many calls there are (`--json` lists every call).
-fn render_calls(s: &mut String, r: &super::RelaxReport) {
+fn render_calls(s: &mut String, r: &super::report::RelaxReport) {
     use std::fmt::Write as _;
     const AT: &str = "           ";
     let mut seen: Vec<(&str, usize, String)> = Vec::new();

@@ -29,21 +29,23 @@ pub fn detect(path: &Path) -> Result<Option<Layout>> {
 /// none has a marker.
 ///
 /// # Errors
-/// [`Error::Invalid`] when two objects use different conventions; [`Error::Io`].
+/// [`Error::Layout`] when two objects use different conventions; [`Error::Io`].
 pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
     let mut found: Option<(Layout, PathBuf)> = None;
     for path in objects {
         let Some(c) = detect(path)? else { continue };
         match &found {
             Some((first, first_path)) if *first != c => {
-                return Err(Error::Invalid {
+                return Err(Error::Layout {
                     what: path.display().to_string(),
                     detail: format!(
-                        "uses {}, but {} uses {}: host objects of two TVM versions cannot share a library",
-                        c.convention_text(),
+                        "uses the {} calling convention, but {} uses the {} one: host objects of two TVM \
+                         versions cannot share a library",
+                        c.convention_name(),
                         first_path.display(),
-                        first.convention_text()
-                    ),
+                        first.convention_name()
+                    )
+                    .into(),
                 })
             }
             Some(_) => {}
@@ -57,22 +59,24 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
 /// calling convention, and the Relax executable's type key (renamed in TVM 0.20).
 ///
 /// # Errors
-/// [`Error::Invalid`] naming the detected convention (or the payload) and the layout that
+/// [`Error::Layout`] naming the detected convention (or the payload) and the layout that
 /// fits; `Export::force_layout` skips this check.
 pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
     if let Some((code, path)) = detect_all(objects)? {
         if code != layout {
-            return Err(Error::Invalid {
+            return Err(Error::Layout {
                 what: format!("layout {layout}"),
                 detail: format!(
-                    "the host object {} uses {}, which the TVM that reads the {layout} layout \
-                     cannot call; the layout that fits is `{}` (re-packing changes the container, not \
-                     the compiled host code: build the host code with the TVM you target, or pass \
-                     --force-layout to write it anyway)",
+                    "the host object {} uses the {} calling convention ({}), which the TVM that reads \
+                     the {layout} layout cannot call; the layout that fits is `{}` (re-packing changes the \
+                     container, not the compiled host code: build the host code with the TVM you target, \
+                     or pass --force-layout to write it anyway)",
                     path.display(),
+                    code.convention_name(),
                     code.convention_text(),
                     code.name()
-                ),
+                )
+                .into(),
             });
         }
     }
@@ -83,14 +87,15 @@ pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> R
     for id in tree.ids() {
         let Some(key) = tree.kind(id).map(|k| k.type_key()) else { continue };
         if (key == "relax.Executable" || key == "relax.VMExecutable") && !accepted.contains(&key) {
-            return Err(Error::Invalid {
+            return Err(Error::Layout {
                 what: format!("layout {layout}"),
                 detail: format!(
                     "the tree holds a `{key}`, a type key the TVM of this layout has no loader for (it reads \
                      {}); TVM 0.19 and earlier name the Relax executable `relax.Executable`, 0.20 and later \
                      `relax.VMExecutable`: keep layout classic",
                     accepted.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" or ")
-                ),
+                )
+                .into(),
             });
         }
     }

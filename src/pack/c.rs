@@ -87,7 +87,7 @@ impl Write for HexLines<'_> {
 /// the source names by its absolute path) and returns the source's path.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a bad prefix, or for [`CStyle::Fast`] with a target that is not
+/// [`Error::Options`] for a bad prefix, [`Error::Target`] for [`CStyle::Fast`] with a target that is not
 /// ELF (its assembly directives are ELF's); [`Error::Io`] when a file cannot be written (the
 /// files written so far are removed).
 pub fn write_source(blob: &dyn BlobSource, opts: &PackOptions, style: CStyle, dir: &Path) -> Result<PathBuf> {
@@ -126,7 +126,7 @@ fn write_source_with(
             write_tvm_text(blob, opts, &mut out).and_then(|_| out.flush()).map_err(Error::io(&path, "cannot write"))?;
         }
         CStyle::Fast => {
-            let section = opts.section_for(len).ok_or_else(|| Error::Invalid {
+            let section = opts.section_for(len).ok_or_else(|| Error::Target {
                 what: format!("target {}", opts.triple()),
                 detail: "the fast C form uses ELF assembly directives; use TVM's C text for other targets".into(),
             })?;
@@ -138,9 +138,9 @@ fn write_source_with(
             blob.write_blob(&mut pieces).and_then(|_| pieces.bin.flush()).map_err(Error::io(&bin, "cannot write"))?;
             let written: u64 = pieces.list.iter().map(|p| p.len).sum();
             if written != len {
-                return Err(Error::Invalid {
+                return Err(Error::Internal {
                     what: bin.display().to_string(),
-                    detail: format!("the blob source wrote {written} bytes but announced {len}"),
+                    detail: format!("the blob source wrote {written} bytes but announced {len}").into(),
                 });
             }
             let bin = bin.canonicalize().map_err(Error::io(&bin, "cannot resolve"))?;
@@ -419,14 +419,15 @@ fn check_machine(object: &Path, triple: &str, cmd: &std::process::Command) -> Re
     let found = object::File::parse(data.as_ref()).map(|f| f.architecture());
     match found {
         Ok(found) if found == want => Ok(()),
-        found => Err(Error::Invalid {
+        found => Err(Error::Target {
             what: object.display().to_string(),
             detail: format!(
                 "compiled for {} by `{}`, but the target is {triple} ({want:?}): set CC (or CXX) to a compiler \
                  for the target",
                 found.map(|a| format!("{a:?}")).unwrap_or_else(|_| "an unknown machine".into()),
                 cmd.get_program().to_string_lossy()
-            ),
+            )
+            .into(),
         }),
     }
 }
@@ -572,7 +573,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let opts = PackOptions { target: Some("x86_64-pc-windows-msvc".into()), ..PackOptions::default() };
         let err = write_source(&vec![0u8; 16], &opts, CStyle::Fast, dir.path()).unwrap_err();
-        assert!(matches!(err, Error::Invalid { .. }), "{err}");
+        assert!(matches!(err, Error::Target { .. }), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files left behind");
     }
 

@@ -72,12 +72,12 @@ pub fn supports(opts: &PackOptions) -> bool {
 /// fragment); returns their paths. Pass the script to the linker as `-Wl,-T,<script>`.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a bad prefix or options the route does not support ([`supports`]),
+/// [`Error::Options`] for a bad prefix, [`Error::Target`] for options the route does not support ([`supports`]),
 /// [`Error::Io`] when a file cannot be written.
 pub fn write_placeholder(opts: &PackOptions, dir: &Path) -> Result<(PathBuf, PathBuf)> {
     opts.check()?;
     if !supports(opts) {
-        return Err(Error::Invalid {
+        return Err(Error::Target {
             what: format!("target {}", opts.triple()),
             detail: "the direct route writes x86-64 and AArch64 ELF libraries without --system-lib only".into(),
         });
@@ -103,8 +103,9 @@ pub fn write_placeholder(opts: &PackOptions, dir: &Path) -> Result<(PathBuf, Pat
     // Without it the linker would make the library's stack executable.
     let note = obj.add_section(Vec::new(), b".note.GNU-stack".to_vec(), SectionKind::Other);
     obj.section_mut(note).flags = SectionFlags::Elf { sh_type: elf::SHT_PROGBITS, sh_flags: elf::SectionFlags(0) };
-    let bytes =
-        obj.write().map_err(|e| Error::Invalid { what: "the placeholder object".into(), detail: e.to_string() })?;
+    let bytes = obj
+        .write()
+        .map_err(|e| Error::Internal { what: "the placeholder object".into(), detail: e.to_string().into() })?;
     let path = dir.join(format!("{}.o", opts.file_stem()));
     std::fs::write(&path, bytes).map_err(Error::io(&path, "cannot write"))?;
     let script = dir.join(format!("{}.ld", opts.file_stem()));
@@ -137,14 +138,14 @@ struct Plan {
 /// [`write_placeholder`] for `symbol`, and fixes the sizes (see the module docs).
 ///
 /// # Errors
-/// [`Error::Invalid`] naming the library when its layout is not the one the linker script asks
+/// [`Error::Linked`] naming the library when its layout is not the one the linker script asks
 /// for (another linker, a host object with its own large data...), or when the blob source
 /// writes a length other than the one it announced; [`Error::Io`] when the file cannot be
 /// read or written.
 pub fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result<()> {
     let len = blob.blob_len();
     let _span = tracing::info_span!("place", library = %library.display(), bytes = len).entered();
-    let invalid = |detail: String| Error::Invalid { what: library.display().to_string(), detail };
+    let invalid = |detail: String| Error::Linked { what: library.display().to_string(), detail: detail.into() };
     // The library holds the host code and a 1-byte placeholder: small whatever the blob.
     let data = std::fs::read(library).map_err(Error::io(library, "cannot read"))?;
     let plan = plan(&data, symbol, len).map_err(invalid)?;

@@ -31,8 +31,8 @@ pub struct HostCode {
 /// Reads `paths` as host objects.
 ///
 /// # Errors
-/// [`Error::Invalid`] for a shared library (it cannot be linked into another library: its
-/// functions would be missing from the output) or for objects of two machines; [`Error::Io`]
+/// [`Error::HostCode`] for a shared library (it cannot be linked into another library: its
+/// functions would be missing from the output), [`Error::Target`] for objects of two machines; [`Error::Io`]
 /// when a file cannot be read.
 pub fn read(paths: &[PathBuf]) -> Result<HostCode> {
     let mut host = HostCode::default();
@@ -46,7 +46,7 @@ pub fn read(paths: &[PathBuf]) -> Result<HostCode> {
         let (arch, format) = (file.architecture(), file.format());
         match &host.machine {
             Some((first, _, first_path)) if *first != arch => {
-                return Err(Error::Invalid {
+                return Err(Error::Target {
                     what: path.display().to_string(),
                     detail: format!(
                         "is host code for {}, but {} is for {}: objects of two machines cannot be linked \
@@ -54,7 +54,8 @@ pub fn read(paths: &[PathBuf]) -> Result<HostCode> {
                         arch_name(arch),
                         first_path.display(),
                         arch_name(*first)
-                    ),
+                    )
+                    .into(),
                 });
             }
             Some(_) => {}
@@ -76,7 +77,7 @@ pub fn read(paths: &[PathBuf]) -> Result<HostCode> {
 /// `mblob.pack(host=...)` and TREE.json's `objects`.
 fn refuse_shared(path: &Path, kind: ObjectKind) -> Result<()> {
     if kind == ObjectKind::Dynamic {
-        return Err(Error::Invalid {
+        return Err(Error::HostCode {
             what: path.display().to_string(),
             detail: "is a shared library, which cannot be linked into another one (its functions would be \
                      missing from the output): give the object files (or sources) it was built from, e.g. \
@@ -140,7 +141,7 @@ impl HostCode {
     /// machine, when they are for it or there are none).
     ///
     /// # Errors
-    /// [`Error::Invalid`] when `target` names another machine than the host objects, or when
+    /// [`Error::Target`] when `target` names another machine than the host objects, or when
     /// the host objects are for a machine other than this one for which no triple is known
     /// (give the target).
     pub fn target(&self, target: Option<&str>) -> Result<Option<String>> {
@@ -163,13 +164,14 @@ impl HostCode {
                 (Architecture::X86_64 | Architecture::Aarch64, BinaryFormat::Elf) => {
                     Ok(Some(format!("{}-unknown-linux-gnu", arch_name(*arch))))
                 }
-                _ => Err(Error::Invalid {
+                _ => Err(Error::Target {
                     what: path.display().to_string(),
                     detail: format!(
                         "is host code for {} ({format:?}), not this machine: give the target triple \
                          (--target) the blob object is built for",
                         arch_name(*arch)
-                    ),
+                    )
+                    .into(),
                 }),
             }
         }
@@ -188,7 +190,7 @@ impl HostCode {
     /// its system library finds them by the name without it.
     ///
     /// # Errors
-    /// [`Error::Invalid`] naming the missing functions (the library would load, then fail
+    /// [`Error::HostCode`] naming the missing functions (the library would load, then fail
     /// when the model runs).
     pub fn check_defines(&self, tree: &ModuleTree, layout: Layout, objects: usize, prefix: &str) -> Result<()> {
         if self.opaque {
@@ -202,14 +204,15 @@ impl HostCode {
         }
         let shown = missing.iter().take(8).map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
         let more = if missing.len() > 8 { format!(" and {} more", missing.len() - 8) } else { String::new() };
-        Err(Error::Invalid {
+        Err(Error::HostCode {
             what: "host code".into(),
             detail: format!(
                 "the model calls {} function(s) that the {objects} host object(s) do not define: {shown}{more}. \
                  Give the object files the model was compiled to (TVM's `lib0.o`, ...; export_library(\"x.tar\") \
                  writes them), or pass --allow-missing-functions to write the library anyway",
                 missing.len()
-            ),
+            )
+            .into(),
         })
     }
 }
@@ -221,7 +224,7 @@ impl HostCode {
 /// `vm.builtin.alloc_storage`, have dotted names).
 ///
 /// # Errors
-/// [`Error::Invalid`] for a factory whose graph or payload cannot be read.
+/// [`Error::Input`] for a factory whose graph or payload cannot be read.
 pub fn called_functions(tree: &ModuleTree, layout: Layout) -> Result<Vec<String>> {
     let mut names = std::collections::BTreeSet::new();
     for id in tree.ids() {
@@ -232,7 +235,7 @@ pub fn called_functions(tree: &ModuleTree, layout: Layout) -> Result<Vec<String>
         } else if let Some(x) = any.downcast_ref::<RelaxExecutable>() {
             names.extend(relax_functions(x));
         } else if let Some(raw) = any.downcast_ref::<RawPayload>() {
-            let invalid = |e: String| Error::Invalid { what: format!("the `{}` module", raw.type_key), detail: e };
+            let invalid = |e: String| Error::Input { what: format!("the `{}` module", raw.type_key), detail: e.into() };
             match raw.type_key.as_str() {
                 "AotExecutorFactory" => {
                     let f = mblob_runtime::exec::aot::AotFactoryPayload::read(&raw.bytes)
@@ -265,10 +268,14 @@ fn is_c_identifier(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// The `func_name`s of a graph's `tvm_op` nodes.
+/// The `func_name`s of a graph's `tvm_op` nodes. Read leniently, not by the graph
+/// executor's parser: packing takes any graph TVM's `export_library` packs (it does not parse
+/// it), and checks only the functions it names.
 fn graph_functions(graph_json: &str) -> Result<Vec<String>> {
-    let graph: serde_json::Value = serde_json::from_str(graph_json)
-        .map_err(|e| Error::Invalid { what: "the graph executor factory's graph".into(), detail: e.to_string() })?;
+    let graph: serde_json::Value = serde_json::from_str(graph_json).map_err(|e| Error::Input {
+        what: "the graph executor factory's graph".into(),
+        detail: e.to_string().into(),
+    })?;
     let nodes = graph.get("nodes").and_then(|n| n.as_array()).map(Vec::as_slice).unwrap_or_default();
     Ok(nodes
         .iter()

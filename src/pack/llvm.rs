@@ -126,7 +126,7 @@ pub fn blob_type(ctx: &Context, len: u64) -> Result<BasicTypeEnum<'_>> {
 /// Writes `<dir>/<stem>.o` holding `blob` under the blob symbol (see the module docs for how).
 ///
 /// # Errors
-/// [`Error::Invalid`] for a bad prefix or a target that is not ELF, [`Error::TooLarge`] above
+/// [`Error::Options`] for a bad prefix, [`Error::Target`] for a target that is not ELF, [`Error::TooLarge`] above
 /// [`MAX_BLOB`],
 /// [`Error::Llvm`] when LLVM refuses the target or the emission, [`Error::Io`] when the object
 /// cannot be written (checked before LLVM writes: LLVM aborts the process on a failed write).
@@ -394,9 +394,9 @@ impl<'a> GrownObject<'a> {
         blob.write_blob(&mut w).map_err(&io_err)?;
         let after = w.get_ref().written + w.buffer().len() as u64;
         if after - before != self.len {
-            return Err(Error::Invalid {
+            return Err(Error::Internal {
                 what: path.display().to_string(),
-                detail: format!("the blob source wrote {} bytes but announced {}", after - before, self.len),
+                detail: format!("the blob source wrote {} bytes but announced {}", after - before, self.len).into(),
             });
         }
         let pad_to = |w: &mut io::BufWriter<super::AtWriter<'_>>, to: u64| -> io::Result<()> {
@@ -420,12 +420,12 @@ impl<'a> GrownObject<'a> {
 /// (Linux), when the file name itself is UTF-8; otherwise the error says so.
 ///
 /// # Errors
-/// [`Error::Llvm`] when LLVM fails, [`Error::Invalid`] for a path LLVM cannot be given.
+/// [`Error::Llvm`] when LLVM fails, [`Error::OutputPath`] for a path LLVM cannot be given.
 pub fn write_module(tm: &TargetMachine, module: &Module<'_>, path: &Path, step: &'static str) -> Result<()> {
     if path.to_str().is_some() {
         return tm.write_to_file(module, FileType::Object, path).map_err(|e| llvm(step)(e.to_string()));
     }
-    let not_utf8 = |detail: &str| Error::Invalid { what: path.display().to_string(), detail: detail.into() };
+    let not_utf8 = |detail: &str| Error::OutputPath { what: path.display().to_string(), detail: detail.into() };
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -599,7 +599,7 @@ fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource, large: bool) -> 
         // Mapped, not read: only the headers and the symbol table are touched.
         let data = mblob_runtime::map_file(path)?;
         locate(&data, symbol, blob.blob_len())
-            .map_err(|detail| Error::Invalid { what: path.display().to_string(), detail })?
+            .map_err(|detail| Error::Internal { what: path.display().to_string(), detail: detail.into() })?
     };
     let file = OpenOptions::new().write(true).open(path).map_err(Error::io(path, "cannot open"))?;
     let mut w = io::BufWriter::with_capacity(1 << 20, super::AtWriter { file: &file, pos: place.offset, written: 0 });
@@ -607,13 +607,13 @@ fn place_blob(path: &Path, symbol: &str, blob: &dyn BlobSource, large: bool) -> 
     let written = w.get_ref().written;
     drop(w);
     if written != blob.blob_len() {
-        return Err(Error::Invalid {
+        return Err(Error::Internal {
             what: path.display().to_string(),
-            detail: format!("the blob source wrote {written} bytes but announced {}", blob.blob_len()),
+            detail: format!("the blob source wrote {written} bytes but announced {}", blob.blob_len()).into(),
         });
     }
     if large {
-        let (at, flags) = place.sh_flags_at.ok_or_else(|| Error::Invalid {
+        let (at, flags) = place.sh_flags_at.ok_or_else(|| Error::Internal {
             what: path.display().to_string(),
             detail: "large data flag requested for an object that is not ELF64".into(),
         })?;

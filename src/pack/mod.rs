@@ -131,12 +131,13 @@ impl PackOptions {
     pub fn check(&self) -> crate::Result<()> {
         let bad = self.prefix.chars().find(|c| matches!(c, '/' | '\\') || c.is_whitespace() || c.is_control());
         if let Some(c) = bad {
-            return Err(crate::Error::Invalid {
+            return Err(crate::Error::Options {
                 what: "symbol prefix".into(),
                 detail: format!(
                     "`{}` holds {c:?}, which cannot be part of a file name or symbol (`<prefix>devc.o`)",
                     self.prefix.escape_debug()
-                ),
+                )
+                .into(),
             });
         }
         Ok(())
@@ -149,13 +150,14 @@ impl PackOptions {
         let ok = self.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !self.prefix.bytes().next().is_some_and(|b| b.is_ascii_digit());
         if !ok {
-            return Err(crate::Error::Invalid {
+            return Err(crate::Error::Options {
                 what: "symbol prefix".into(),
                 detail: format!(
                     "`{}` is not a C identifier prefix (letters, digits, `_`), which the C route writes into C \
                      names: use the llvm or direct route",
                     self.prefix
-                ),
+                )
+                .into(),
             });
         }
         Ok(())
@@ -275,7 +277,7 @@ mod tests {
         }
         for bad in ["a/b", "a b", "x\0", "a\\b", "\n"] {
             let err = o(bad).check().unwrap_err();
-            assert!(matches!(&err, crate::Error::Invalid { what, .. } if what == "symbol prefix"), "{bad}: {err}");
+            assert!(matches!(&err, crate::Error::Options { what, .. } if what == "symbol prefix"), "{bad}: {err}");
         }
         for good in ["", "demo_", "_x", "A9"] {
             assert!(o(good).check_c().is_ok(), "{good}");

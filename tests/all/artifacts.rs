@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use object::{Object, ObjectSymbol};
 
-use crate::goldens::{goldens, json, read};
+use crate::goldens::{goldens, json, npy_f32, read};
 
 fn cross() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cross-aarch64")
@@ -159,7 +159,7 @@ fn a_shared_library_is_not_host_code() {
     let mut e = mblob::export::Export::from_tree(tree);
     e.object(&so);
     let err = e.write(&out).unwrap_err();
-    assert!(matches!(&err, mblob::Error::Invalid { detail, .. } if detail.contains("is a shared library")), "{err}");
+    assert!(matches!(&err, mblob::Error::HostCode { detail, .. } if detail.0.contains("is a shared library")), "{err}");
     assert!(!out.exists());
 }
 
@@ -292,14 +292,9 @@ fn forced_layouts_run_the_host_code_in_its_own_convention() {
         let input = format!("x={}", g.join("graph_dense_relu.in.x.npy").display());
         let o = mblob(&[p("run"), &so, p("--input"), p(&input), p("--output-dir"), &out], dir.path());
         assert_ok(&o);
-        let values = |path: &Path| {
-            let bytes = read(path);
-            let f = npyz::NpyFile::new(&bytes[..]).unwrap();
-            (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
-        };
         assert_eq!(
-            values(&out.join("out.0.npy")),
-            values(&g.join("graph_dense_relu.out.0.npy")),
+            npy_f32(&out.join("out.0.npy")),
+            npy_f32(&g.join("graph_dense_relu.out.0.npy")),
             "{layout}: not TVM's output"
         );
     }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::thread;
 
-use mblob_runtime::packed::{call_packed, DLTensor};
+use mblob_runtime::ffi::call::call_packed;
+use mblob_runtime::ffi::dlpack::DLTensor;
 use mblob_runtime::{load_library, LoadOptions, Registry};
 
 use crate::goldens::{f32_file, goldens, run_dense_relu};

@@ -379,7 +379,7 @@ fn corrupt_payload_errors_name_the_field_and_offset() {
 /// The CUDA path (feature `cuda`): `cuda` payloads load as `CudaModule`s.
 #[cfg(feature = "cuda")]
 mod cuda {
-    use mblob_runtime::cuda::CudaModule;
+    use mblob_runtime::device::cuda::CudaModule;
     use mblob_runtime::exec::call::call_device_kernel as call;
     use mblob_runtime::exec::Value as CallArg;
     use mblob_runtime::format::DataType;

@@ -8,7 +8,7 @@ use std::process::Command;
 use mblob::export::{Backend, Export};
 use mblob::link::{find_lld, Linker};
 use mblob::pack::direct::SECTION;
-use mblob_runtime::{elf, Layout, Opaque};
+use mblob_runtime::{elf, Layout, RawPayload};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
 use crate::export::load;
@@ -40,7 +40,7 @@ fn export(extra: usize) -> Export {
     let mut e = crate::export::golden_export(&goldens(), g, Layout::Classic);
     if extra > 0 {
         let bytes: Vec<u8> = (0..extra as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
-        e.import(Opaque::new("metadata", bytes));
+        e.import(RawPayload::new("metadata", bytes));
     }
     e
 }
@@ -207,7 +207,7 @@ fn direct_build_id_changes_with_the_blob() {
         let write = |name: &str, fill: u8| {
             let so = dir.path().join(name);
             let mut e = export(0);
-            e.import(Opaque::new("metadata", vec![fill; 50_000]));
+            e.import(RawPayload::new("metadata", vec![fill; 50_000]));
             e.linker(linker.clone()).backend(Backend::Direct).write(&so).unwrap();
             readelf_clean(&so);
             so
@@ -220,7 +220,7 @@ fn direct_build_id_changes_with_the_blob() {
         // A library linked the usual way has a note of the same size.
         let plain = dir.path().join("plain.so");
         let mut e = export(0);
-        e.import(Opaque::new("metadata", vec![1; 50_000]));
+        e.import(RawPayload::new("metadata", vec![1; 50_000]));
         e.linker(linker.clone()).backend(linked_route()).write(&plain).unwrap();
         assert_eq!(build_id(&plain).len(), ia.len(), "{linker:?}: the note's size is the linker's");
     }

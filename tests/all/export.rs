@@ -462,7 +462,7 @@ fn host_code_from_llvm_ir_files_and_inkwell_modules() {
     std::fs::write(&bad, "define i32 @f( {").unwrap();
     let so = dir.path().join("bad.so");
     let err = dense_relu_export().ir(&bad).write(&so).unwrap_err();
-    assert!(matches!(&err, mblob::Error::Invalid { what, .. } if what.contains("bad.ll")), "{err}");
+    assert!(matches!(&err, mblob::Error::Input { what, .. } if what.contains("bad.ll")), "{err}");
     assert!(err.to_string().contains("not valid LLVM IR"), "{err}");
     assert!(!so.exists());
 }
@@ -662,7 +662,7 @@ fn llvm_ir_text_and_bitcode_are_host_code() {
         assert!(m.write_bitcode_to_path(&bc));
     }
     let mut e = Export::new();
-    e.ir(&ll).ir(&bc).import(mblob_runtime::Opaque::new("metadata", vec![1u8, 2, 3]));
+    e.ir(&ll).ir(&bc).import(mblob_runtime::RawPayload::new("metadata", vec![1u8, 2, 3]));
     let so = dir.path().join("ir.so");
     e.write(&so).unwrap();
     let loaded = load(&so);
@@ -759,7 +759,7 @@ fn rfc_factory_host_and_cuda_in_one_library() {
 
 #[cfg(feature = "cuda")]
 fn cuda_device(m: &std::sync::Arc<dyn mblob_runtime::Module>) -> Option<mblob_runtime::payload::device::DeviceModule> {
-    m.as_any().downcast_ref::<mblob_runtime::cuda::CudaModule>().map(|c| c.device_module().clone())
+    m.as_any().downcast_ref::<mblob_runtime::device::cuda::CudaModule>().map(|c| c.device_module().clone())
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -769,7 +769,7 @@ fn cuda_device(_: &std::sync::Arc<dyn mblob_runtime::Module>) -> Option<mblob_ru
 
 #[test]
 fn modules_that_would_be_left_out_are_refused() {
-    use mblob_runtime::Opaque;
+    use mblob_runtime::RawPayload;
     let dir = tempfile::tempdir().unwrap();
     let so = dir.path().join("out.so");
     let lib0 = goldens().join("graph_dense_relu.lib0.o");
@@ -777,14 +777,14 @@ fn modules_that_would_be_left_out_are_refused() {
     // Added to the tree, imported by nothing.
     let mut e = Export::new();
     e.object(&lib0);
-    e.import(Opaque::new("example.Used", b"used".to_vec()));
-    e.tree_mut().add_payload(Opaque::new("example.Orphan", b"lost".to_vec()));
+    e.import(RawPayload::new("example.Used", b"used".to_vec()));
+    e.tree_mut().add_payload(RawPayload::new("example.Orphan", b"lost".to_vec()));
     let err = e.write(&so).unwrap_err().to_string();
     assert!(err.contains("module 2 (`example.Orphan`) is not imported"), "{err}");
 
     // A payload root that imports nothing: TVM writes no blob for it.
     let mut tree = mblob_runtime::ModuleTree::new();
-    tree.add_payload(Opaque::new("example.Alone", b"alone".to_vec()));
+    tree.add_payload(RawPayload::new("example.Alone", b"alone".to_vec()));
     let mut e = Export::from_tree(tree);
     e.object(&lib0);
     let err = e.write(&so).unwrap_err().to_string();
@@ -808,7 +808,7 @@ fn progress_reports_each_stage_and_the_bytes_packed() {
         let packed: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
         let mut e = Export::new();
         e.object(goldens().join("graph_dense_relu.lib0.o"));
-        e.import(mblob_runtime::Opaque::new("example.Big", payload.clone()));
+        e.import(mblob_runtime::RawPayload::new("example.Big", payload.clone()));
         let (ev, pk) = (events.clone(), packed.clone());
         e.backend(backend).progress(move |p| match p {
             Progress::Packed { done, total } => pk.lock().unwrap().push((done, total)),

@@ -290,7 +290,7 @@ fn the_library_refuses_host_objects_the_layout_cannot_call() {
     let v27 = goldens().join("other_versions/tvm-0.27.0.post1/relax_add_mul.lib0.o");
     let mut e = Export::new();
     e.object(&v27);
-    e.import(mblob_runtime::Opaque::new("x.Opaque", vec![1u8, 2, 3]));
+    e.import(mblob_runtime::RawPayload::new("x.Opaque", vec![1u8, 2, 3]));
     let so = dir.path().join("x.so");
     let err = e.layout(Layout::Classic).write(&so).unwrap_err().to_string();
     assert!(err.contains("0.22+") && err.contains("`ffi`"), "{err}");
@@ -303,7 +303,7 @@ fn an_empty_tree_is_a_new_export() {
     // `from_tree` of an empty tree once gave a host id that named nothing: imports vanished.
     let dir = tempfile::tempdir().unwrap();
     let mut e = Export::from_tree(mblob_runtime::ModuleTree::new());
-    e.import(mblob_runtime::Opaque::new("x.Opaque", vec![9u8; 10]));
+    e.import(mblob_runtime::RawPayload::new("x.Opaque", vec![9u8; 10]));
     let so = dir.path().join("x.so");
     let report = e.write(&so).unwrap();
     assert!(report.symbol.is_some());

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mblob::export::Export;
-use mblob_runtime::Opaque;
+use mblob_runtime::RawPayload;
 
 /// A library opened with `dlopen`, for calling the plain C functions of host sources.
 pub struct Lib(*mut c_void);
@@ -86,7 +86,7 @@ fn host_source(dir: &Path) -> (PathBuf, PathBuf) {
 
 fn export_with_payload() -> Export {
     let mut e = Export::new();
-    e.import(Opaque::new("x.Opaque", vec![1u8, 2, 3]));
+    e.import(RawPayload::new("x.Opaque", vec![1u8, 2, 3]));
     e
 }
 

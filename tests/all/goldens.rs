@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use mblob_runtime::format::{self, EntryKind, UnknownKeys};
 use mblob_runtime::payload::graph::{GraphExecutorFactory, Tensor, GRAPH_EXECUTOR_FACTORY};
 use mblob_runtime::{
-    elf, load_blob, load_library, serialize, Bytes, Layout, LoadOptions, ModuleId, ModuleTree, Opaque, Payload,
+    elf, load_blob, load_library, serialize, Bytes, Layout, LoadOptions, ModuleId, ModuleTree, Payload, RawPayload,
     Registry, TreeShape,
 };
 use serde_json::Value;
@@ -58,7 +58,7 @@ pub fn tree_from_manifest(desc: &Value, payload_for: &mut dyn FnMut(&str) -> Byt
         let m = if mblob_runtime::tree::DSO_TYPE_KEYS.contains(&key) {
             tree.add_dso(key)
         } else {
-            tree.add_payload(Opaque::new(key, payload_for(key)))
+            tree.add_payload(RawPayload::new(key, payload_for(key)))
         };
         ids.push((id, m));
         for child in desc["imports"].as_array().unwrap() {
@@ -271,7 +271,7 @@ fn blobs_load_from_memory_too() {
         }
         let opaque_or_graph = root
             .as_any()
-            .downcast_ref::<Opaque>()
+            .downcast_ref::<RawPayload>()
             .map(|o| o.bytes.as_ptr())
             .or_else(|| root.as_any().downcast_ref::<GraphExecutorFactory>().map(|g| g.params[0].1.data.as_ptr()));
         let p = opaque_or_graph.unwrap() as usize;
@@ -286,13 +286,21 @@ fn unknown_keys_error_or_stay_opaque() {
     let err = load_blob(&blob, Layout::Classic, &Registry::empty(), &LoadOptions::default()).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("relax.Executable") && text.contains("registered"), "{text}");
-    // Opaque mode finds the end of the unknown payload and keeps it byte for byte.
+    // Raw mode finds the end of the unknown payload and keeps it byte for byte.
     let loaded = load_blob(&blob, Layout::Classic, &Registry::empty(), &LoadOptions::keep_unknown()).unwrap();
-    let o = loaded.find::<Opaque>().unwrap();
+    let o = loaded.find::<RawPayload>().unwrap();
     assert_eq!(o.bytes.len(), 1867);
-    registry.register(mblob_runtime::registry::OpaqueLoader("relax.Executable"));
+    registry.register(mblob_runtime::registry::RawLoader("relax.Executable"));
     let parsed = format::parse_blob(&blob, Layout::Classic, &registry, UnknownKeys::Error).unwrap();
     assert_eq!(parsed.entries.iter().filter(|e| e.kind == EntryKind::Module).count(), 1);
+}
+
+/// The shape and values of a float32 `.npy` file (as TVM's scripts wrote its inputs and
+/// outputs, or as `mblob run` writes them).
+pub fn npy_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let bytes = read(path);
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
 }
 
 pub fn f32_file(path: &Path) -> Vec<f32> {
@@ -302,7 +310,8 @@ pub fn f32_file(path: &Path) -> Vec<f32> {
 /// Runs graph_dense_relu's fused kernel from a loaded tree: weights from the factory's params
 /// (read from the blob), input from TVM's input file; returns the output.
 pub fn run_dense_relu(loaded: &mblob_runtime::LoadedTree) -> Vec<f32> {
-    use mblob_runtime::packed::{call_packed, DLTensor};
+    use mblob_runtime::ffi::call::call_packed;
+    use mblob_runtime::ffi::dlpack::DLTensor;
     let g = loaded.find::<GraphExecutorFactory>().expect("graph factory");
     let mut x = f32_file(&goldens().join("graph_dense_relu.in.x.f32"));
     let mut p0 = g.param("p0").unwrap().to_f32().unwrap();
@@ -343,7 +352,8 @@ fn golden_kernels_run_and_give_tvms_outputs() {
     let (mut sa, mut sb) = ([a.len() as i64], [b.len() as i64]);
     let f = lib.get_function("add_one").unwrap();
     {
-        use mblob_runtime::packed::{call_packed, DLTensor};
+        use mblob_runtime::ffi::call::call_packed;
+        use mblob_runtime::ffi::dlpack::DLTensor;
         let mut args = [DLTensor::f32(&mut a, &mut sa), DLTensor::f32(&mut b, &mut sb)];
         // SAFETY: `add_one` takes two float32 tensors of shape [4].
         #[allow(unsafe_code)]

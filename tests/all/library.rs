@@ -123,7 +123,7 @@ fn calls_back_with_a_bad_handle_or_name_fail_with_a_message() {
         ("mblob_test_ffi_call", "the function handle is null"),
     ] {
         assert_eq!(call_int(&tree, name), -1, "{name}");
-        let err = mblob_runtime::packed::last_error();
+        let err = mblob_runtime::ffi::last_error::last_error();
         assert!(err.contains(message), "{name}: {err}");
     }
 }

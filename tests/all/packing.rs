@@ -211,6 +211,23 @@ fn a_cross_target_links_with_the_targets_tools_or_is_refused_up_front() {
     assert!(!so.exists());
 }
 
+/// `mblob pack --from FROM --host HOST --layout LAYOUT --force-layout -o SO`, which must succeed.
+fn pack_forced(from: &Path, host: &Path, layout: &str, so: &Path) {
+    let args: [&OsStr; 10] = [
+        "pack".as_ref(),
+        "--from".as_ref(),
+        from.as_os_str(),
+        "--host".as_ref(),
+        host.as_os_str(),
+        "--layout".as_ref(),
+        layout.as_ref(),
+        "--force-layout".as_ref(),
+        "-o".as_ref(),
+        so.as_os_str(),
+    ];
+    ok(&mblob(&args));
+}
+
 /// One classifier of host code: TVM 0.19 code packed under the tvm-ffi layout's symbol
 /// (`--force-layout`) is reported by `inspect` in its own convention (classic packed), the one
 /// the loader calls it in, not the layout's.
@@ -220,18 +237,7 @@ fn inspect_reports_the_codes_convention_not_the_layouts() {
     let dir = tempfile::tempdir().unwrap();
     let so = dir.path().join("forced.so");
     let (from, host) = (g.join("graph_dense_relu.so"), g.join("graph_dense_relu.lib0.o"));
-    ok(&mblob(&[
-        "pack".as_ref(),
-        "--from".as_ref(),
-        from.as_os_str(),
-        "--host".as_ref(),
-        host.as_os_str(),
-        "--layout".as_ref(),
-        "ffi".as_ref(),
-        "--force-layout".as_ref(),
-        "-o".as_ref(),
-        so.as_os_str(),
-    ]));
+    pack_forced(&from, &host, "ffi", &so);
     let out = mblob(&["inspect".as_ref(), "--json".as_ref(), so.as_os_str()]);
     ok(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -257,18 +263,7 @@ fn a_forced_relax_build_is_reported_and_called_as_its_code_is() {
     assert_eq!(mblob::pack::abi::detect(&host).unwrap(), Some(Layout::Classic));
     for layout in [Layout::Classic021, Layout::Ffi] {
         let so = dir.path().join(format!("forced-{layout}.so"));
-        ok(&mblob(&[
-            "pack".as_ref(),
-            "--from".as_ref(),
-            from.as_os_str(),
-            "--host".as_ref(),
-            host.as_os_str(),
-            "--layout".as_ref(),
-            layout.name().as_ref(),
-            "--force-layout".as_ref(),
-            "-o".as_ref(),
-            so.as_os_str(),
-        ]));
+        pack_forced(&from, &host, layout.name(), &so);
         let out = mblob(&["inspect".as_ref(), "--json".as_ref(), so.as_os_str()]);
         ok(&out);
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -293,14 +288,9 @@ fn a_forced_relax_build_is_reported_and_called_as_its_code_is() {
             "--output-dir".as_ref(),
             out_dir.as_os_str(),
         ]));
-        let values = |path: &Path| {
-            let bytes = std::fs::read(path).unwrap();
-            let f = npyz::NpyFile::new(&bytes[..]).unwrap();
-            (f.shape().to_vec(), f.into_vec::<f32>().unwrap())
-        };
         assert_eq!(
-            values(&out_dir.join("out.0.npy")),
-            values(&g.join("relax_add_mul.out.0.npy")),
+            crate::goldens::npy_f32(&out_dir.join("out.0.npy")),
+            crate::goldens::npy_f32(&g.join("relax_add_mul.out.0.npy")),
             "{layout}: not TVM's output"
         );
     }

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
+use mblob_runtime::ffi::dlpack::{DLDataType, DLDevice, DLTensor};
 use mblob_runtime::ffi::Value;
-use mblob_runtime::packed::{DLDataType, DLDevice, DLTensor};
 use mblob_runtime::{load_library, Layout, LoadOptions, LoadedTree, NdArray, Registry};
 
 use crate::goldens::{f32_file, goldens};

@@ -94,13 +94,13 @@ impl Identity {
     }
 
     /// `built for MACHINE/OS`, for messages.
-    pub fn built_for(&self) -> String {
+    pub(crate) fn built_for(&self) -> String {
         format!("built for {}/{} ({})", self.machine, self.format.os(), self.format)
     }
 }
 
 /// The machine this process runs on, named as [`Identity::machine`] names machines.
-pub fn host_machine() -> &'static str {
+pub(crate) fn host_machine() -> &'static str {
     machine_name(if cfg!(target_arch = "x86_64") {
         object::Architecture::X86_64
     } else if cfg!(target_arch = "aarch64") {
@@ -250,7 +250,7 @@ pub fn identify(data: &[u8]) -> Option<Identity> {
 /// the container by its magic, the machine from the ELF or Mach-O header (`unknown` for the
 /// others). Unlike [`identify`] it does not read the whole file with every format's reader, so
 /// a program that only loads libraries (the C library) does not carry them.
-pub fn identify_header(data: &[u8]) -> Option<Identity> {
+pub(crate) fn identify_header(data: &[u8]) -> Option<Identity> {
     #[cfg(feature = "containers")]
     use object::read::macho::MachHeader;
     use object::FileKind as K;
@@ -619,11 +619,12 @@ fn find_by_symbols(
 }
 
 /// The functions a system-lib blob registers itself with (TVM up to 0.21, and 0.22+).
-pub const REGISTER_FUNCTIONS: [&str; 2] = ["TVMBackendRegisterSystemLibSymbol", "TVMFFIEnvModRegisterSystemLibSymbol"];
+pub(crate) const REGISTER_FUNCTIONS: [&str; 2] =
+    ["TVMBackendRegisterSystemLibSymbol", "TVMFFIEnvModRegisterSystemLibSymbol"];
 
 /// Whether the object or library `data` calls a system-lib registration function (an undefined
 /// symbol of that name, with Mach-O's `_` in front or not).
-pub fn calls_registration(data: &[u8]) -> bool {
+pub(crate) fn calls_registration(data: &[u8]) -> bool {
     let Ok(file) = object::File::parse(data) else { return false };
     let is_register = |name: &str| {
         REGISTER_FUNCTIONS.contains(&name.strip_prefix('_').unwrap_or(name)) || REGISTER_FUNCTIONS.contains(&name)

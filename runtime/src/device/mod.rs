@@ -82,7 +82,7 @@ impl DeviceType {
     }
 
     /// The type of DLPack code `code`.
-    pub fn from_code(code: i32) -> DeviceType {
+    pub(crate) fn from_code(code: i32) -> DeviceType {
         match code {
             1 => DeviceType::Cpu,
             2 => DeviceType::Cuda,
@@ -117,7 +117,7 @@ impl DeviceType {
 
     /// The device type of a device module's type key (`cuda`, `opencl`, `vulkan`, `metal`,
     /// `webgpu`, `rocm`/`hip`, `hexagon`), or `None` for host kinds.
-    pub fn of_module_key(type_key: &str) -> Option<DeviceType> {
+    pub(crate) fn of_module_key(type_key: &str) -> Option<DeviceType> {
         Some(match type_key {
             "cuda" => DeviceType::Cuda,
             "opencl" | "opencl_xml" | "sdaccel" | "aocl" => DeviceType::OpenCl,

@@ -26,7 +26,7 @@ use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 use crate::payload::graph::Tensor as PayloadTensor;
-use crate::payload::Opaque;
+use crate::payload::RawPayload;
 
 /// Type key of the AOT executor factory.
 pub const AOT_EXECUTOR_FACTORY: &str = "AotExecutorFactory";
@@ -89,8 +89,11 @@ impl AotFactory {
                     modules: tree.type_keys().into_iter().map(str::to_owned).collect(),
                 },
             )?;
-        let opaque =
-            m.module.as_any().downcast_ref::<Opaque>().ok_or(ExecError::PayloadKind { kind: AOT_EXECUTOR_FACTORY })?;
+        let opaque = m
+            .module
+            .as_any()
+            .downcast_ref::<RawPayload>()
+            .ok_or(ExecError::PayloadKind { kind: AOT_EXECUTOR_FACTORY })?;
         let payload = AotFactoryPayload::read(&opaque.bytes)?;
         Ok(AotFactory { tree: tree.clone(), index, payload })
     }
@@ -205,7 +208,7 @@ impl AotExecutor {
             MetadataError::Call(message) => {
                 ExecError::Kernel { node: "metadata_module".into(), function: "get_c_metadata".into(), message }
             }
-            other => ExecError::Metadata(other.to_string()),
+            other => ExecError::MetadataRead(other),
         })?;
         let metadata = metadata_of(raw)?;
         let entry = format!("{}___tvm_main__", metadata.mod_name);
@@ -288,7 +291,7 @@ impl AotExecutor {
 impl Metadata {
     /// The index of the input called `name`, as written in the metadata or before TVM
     /// sanitized it (every character other than an ASCII letter or digit made `_`).
-    pub fn input_index(&self, name: &str) -> Option<usize> {
+    pub(crate) fn input_index(&self, name: &str) -> Option<usize> {
         self.inputs.iter().position(|i| i.name == name).or_else(|| {
             let sanitized: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
             self.inputs.iter().position(|i| i.name == sanitized)

@@ -12,9 +12,26 @@ pub enum ExecError {
     /// The graph JSON is malformed or inconsistent (what, where).
     #[error("graph JSON: {0}")]
     Graph(String),
-    /// A params file is malformed (what, where).
+    /// A params file (`save_param_dict`) does not read: its bytes end early or hold a length
+    /// past the end (the offset is in the source).
     #[error("params: {0}")]
-    Params(String),
+    Params(#[source] crate::format::FormatError),
+    /// A params file does not start with TVM's params magic.
+    #[error("params: magic is {found:#018x}, expected {expected:#018x}")]
+    ParamsMagic {
+        /// The magic read.
+        found: u64,
+        /// TVM's (`kTVMNDArrayListMagic`).
+        expected: u64,
+    },
+    /// A params file has another number of names than of tensors.
+    #[error("params: {names} names but {tensors} tensors")]
+    ParamsCount {
+        /// The names.
+        names: usize,
+        /// The tensors.
+        tensors: usize,
+    },
     /// A param of a graph's params differs from the graph's input of that name.
     #[error("params: param `{name}` is {dtype} {shape:?}, the graph's input `{name}` is {expected_dtype} {expected_shape:?}")]
     ParamMismatch {
@@ -214,9 +231,12 @@ pub enum ExecError {
         /// What for.
         what: String,
     },
-    /// The AOT metadata the library returns is unusable.
+    /// The AOT metadata the library returns is inconsistent (a shape, a constant pool).
     #[error("AOT metadata: {0}")]
     Metadata(String),
+    /// The AOT metadata the library returns is no metadata struct this reader takes.
+    #[error("AOT metadata: {0}")]
+    MetadataRead(#[source] crate::ffi::metadata::MetadataError),
 }
 
 /// Checks that executors that run on the CPU alone (AOT) were asked for the CPU.

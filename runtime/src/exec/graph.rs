@@ -335,22 +335,22 @@ impl Graph {
 }
 
 /// Magic of a params file (`save_param_dict`).
-pub const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
+pub(crate) const PARAMS_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
 
 /// Reads a params file as `relay.save_param_dict` writes it (and `extract` exports):
 /// `magic u64, reserved u64, names vec<str>, count u64, tensor{count}`.
 pub fn read_params(bytes: &Bytes) -> Result<Vec<(String, PayloadTensor)>, ExecError> {
-    let fail = |e: crate::format::FormatError| ExecError::Params(e.to_string());
+    let fail = ExecError::Params;
     let mut r = Reader::new(bytes, 0);
     let magic = r.read_u64("params magic").map_err(fail)?;
     if magic != PARAMS_MAGIC {
-        return Err(ExecError::Params(format!("magic is {magic:#018x}, expected {PARAMS_MAGIC:#018x}")));
+        return Err(ExecError::ParamsMagic { found: magic, expected: PARAMS_MAGIC });
     }
     r.read_u64("reserved").map_err(fail)?;
     let names = r.read_vec_str("param names").map_err(fail)?;
     let count = r.read_count("param count", 40).map_err(fail)?;
     if count != names.len() {
-        return Err(ExecError::Params(format!("{} names but {count} tensors", names.len())));
+        return Err(ExecError::ParamsCount { names: names.len(), tensors: count });
     }
     let mut out = Vec::with_capacity(count);
     for name in names {
@@ -374,6 +374,13 @@ pub fn write_params(params: &[(String, PayloadTensor)], out: &mut dyn std::io::W
         t.write_to(out)?;
     }
     Ok(())
+}
+
+/// How many bytes [`write_params`] writes for `params`.
+pub fn params_len(params: &[(String, PayloadTensor)]) -> u64 {
+    let names: u64 = params.iter().map(|(n, _)| 8 + n.len() as u64).sum();
+    let tensors: u64 = params.iter().map(|(_, t)| t.encoded_len()).sum();
+    8 + 8 + 8 + names + 8 + tensors
 }
 
 /// A graph factory of a loaded tree: the `GraphExecutorFactory` and the modules its kernels
@@ -768,6 +775,20 @@ mod tests {
         {"op":"tvm_op","name":"f","attrs":{"func_name":"__copy","num_inputs":"1","num_outputs":"1","flatten_data":"0"},"inputs":[[0,0,0]]}],
         "arg_nodes":[0],"heads":[[1,0,0]],"node_row_ptr":[0,1,2],
         "attrs":{"dltype":["list_str",["float32","float32"]],"storage_id":["list_int",[0,1]],"shape":["list_shape",[[2],[2]]]}}"#;
+
+    /// TVM's params file (`graph_dense_relu.params`, `relay.save_param_dict` of TVM 0.19):
+    /// read and written back, the same bytes, and `params_len` its length.
+    #[test]
+    fn params_files_are_written_as_tvm_wrote_them() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tvm-goldens/graph_dense_relu.params");
+        let bytes = std::fs::read(path).unwrap();
+        let params = read_params(&Bytes::from_vec(bytes.clone())).unwrap();
+        let mut out = Vec::new();
+        write_params(&params, &mut out).unwrap();
+        assert!(out == bytes, "not TVM's bytes");
+        assert_eq!(params_len(&params), bytes.len() as u64);
+    }
 
     #[test]
     fn parses_and_refuses_bad_graphs_with_paths() {

@@ -47,7 +47,7 @@ use crate::payload::relay_vm::{FormatVersion, Instruction, RegName, RelayVmExecu
 pub const MAX_FRAMES: usize = 100_000;
 /// Registers of all live frames together, at most (a deep recursion of a function with many
 /// registers fails here first).
-pub const MAX_STACK_REGISTERS: usize = 1 << 22;
+pub(crate) const MAX_STACK_REGISTERS: usize = 1 << 22;
 
 /// An error of the Relay VM.
 #[derive(Debug, thiserror::Error)]

@@ -74,7 +74,7 @@ pub fn last_search_work() -> (u64, u64) {
 }
 
 /// Parses a classic body whose first byte lies at `base`.
-pub fn parse_body<'a>(
+pub(crate) fn parse_body<'a>(
     body: &'a [u8],
     base: u64,
     layout: Layout,
@@ -468,7 +468,7 @@ fn key_at(bytes: &[u8]) -> Option<&str> {
 }
 
 /// Bytes of the classic body for these entries.
-pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
+pub(crate) fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     let mut n = 8;
     if let Some(tree) = tree {
         for e in entries {
@@ -483,7 +483,7 @@ pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportT
 }
 
 /// Writes the classic body. Without a tree (a lone library) the body is `count = 0`.
-pub fn write_body(
+pub(crate) fn write_body(
     out: &mut dyn Write,
     layout: Layout,
     entries: &[BlobEntry<'_>],

@@ -124,7 +124,7 @@ fn strict_parse<'a>(data: &'a [u8], layout: Layout, sizer: &dyn PayloadSizer) ->
 }
 
 /// Whether `key` looks like a type key: 1 to 128 bytes of letters, digits, `_`, `.` or `-`.
-pub fn is_plausible_key(key: &str) -> bool {
+pub(crate) fn is_plausible_key(key: &str) -> bool {
     is_plausible_key_bytes(key.as_bytes())
 }
 

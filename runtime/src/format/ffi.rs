@@ -15,7 +15,7 @@ use super::stream::{self, Reader};
 use super::{BlobEntry, Entry, EntryKind, ImportTree, Layout, LIB_KEY};
 
 /// Parses a tvm-ffi body whose first byte lies at `base`.
-pub fn parse_body(body: &[u8], base: u64) -> Result<(Vec<Entry<'_>>, Option<ImportTree>), FormatError> {
+pub(crate) fn parse_body(body: &[u8], base: u64) -> Result<(Vec<Entry<'_>>, Option<ImportTree>), FormatError> {
     let mut r = Reader::new(body, base);
     let tree_at = r.offset();
     let row_ptr = r.read_vec_u64("indptr")?;
@@ -64,7 +64,7 @@ fn lone_tree() -> ImportTree {
 
 /// Bytes of the tvm-ffi body for these entries. Without a tree (a lone library) the body is a
 /// one-module tree holding `_lib`.
-pub fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
+pub(crate) fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     let lone = [BlobEntry::Lib];
     let (entries, tree_len) = match tree {
         Some(t) => (entries, t.encoded_len()),
@@ -83,7 +83,7 @@ pub fn body_len(entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Res
 }
 
 /// Writes the tvm-ffi body.
-pub fn write_body(out: &mut dyn Write, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<()> {
+pub(crate) fn write_body(out: &mut dyn Write, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<()> {
     let lone_entries = [BlobEntry::Lib];
     let lone = lone_tree();
     let (entries, tree) = match tree {

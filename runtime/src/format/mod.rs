@@ -31,18 +31,18 @@ use stream::Reader;
 
 /// Key of the placeholder entry that stands for the library (all DSO modules merged).
 /// Written by [`write_blob`], read by [`parse_blob`]; it carries no payload in any layout.
-pub const LIB_KEY: &str = "_lib";
+pub(crate) const LIB_KEY: &str = "_lib";
 
 /// Key of the classic layout's last entry, which holds the CSR import tree.
 /// Written by [`classic::write_body`], read by [`classic::parse_body`].
-pub const IMPORT_TREE_KEY: &str = "_import_tree";
+pub(crate) const IMPORT_TREE_KEY: &str = "_import_tree";
 
 /// Blob symbol of TVM 0.8 to 0.20 ([`Layout::Classic`]).
-pub const SYMBOL_CLASSIC: &str = "__tvm_dev_mblob";
+pub(crate) const SYMBOL_CLASSIC: &str = "__tvm_dev_mblob";
 /// Blob symbol of TVM 0.21 ([`Layout::Classic021`]).
-pub const SYMBOL_CLASSIC_021: &str = "__tvm_ffi_library_bin";
+pub(crate) const SYMBOL_CLASSIC_021: &str = "__tvm_ffi_library_bin";
 /// Blob symbol of TVM 0.22 and later ([`Layout::Ffi`]).
-pub const SYMBOL_FFI: &str = "__tvm_ffi__library_bin";
+pub(crate) const SYMBOL_FFI: &str = "__tvm_ffi__library_bin";
 
 /// The TVM generation: the one version axis of mblob. Each variant is a span of TVM releases
 /// that agree on everything mblob reads or writes: the blob's layout and symbol, how compiled
@@ -100,12 +100,12 @@ impl Layout {
     }
 
     /// Whether device function infos carry `arg_extra_tags` (TVM 0.21 and later).
-    pub fn has_arg_extra_tags(self) -> bool {
+    pub(crate) fn has_arg_extra_tags(self) -> bool {
         !matches!(self, Layout::Classic)
     }
 
     /// Whether payloads are framed as strings.
-    pub fn frames_payloads(self) -> bool {
+    pub(crate) fn frames_payloads(self) -> bool {
         matches!(self, Layout::Ffi)
     }
 
@@ -312,7 +312,7 @@ impl<'a> ParsedBlob<'a> {
     }
 
     /// Number of module entries.
-    pub fn module_count(&self) -> usize {
+    pub(crate) fn module_count(&self) -> usize {
         self.modules().count()
     }
 }
@@ -353,12 +353,6 @@ pub enum UnknownKeys {
     /// the next entry from which the rest of the blob parses completely; in the tvm-ffi layout
     /// payloads are framed, so unknown keys are always kept.
     KeepRaw,
-}
-
-#[allow(non_upper_case_globals)]
-impl UnknownKeys {
-    /// The earlier name of [`UnknownKeys::KeepRaw`].
-    pub const KeepOpaque: UnknownKeys = UnknownKeys::KeepRaw;
 }
 
 /// Parses a whole blob symbol (8-byte header included) in `layout`.
@@ -408,7 +402,7 @@ pub enum BlobEntry<'p> {
 
 /// Bytes of the body [`write_blob`] writes (header not included); fails with the error of a
 /// payload that cannot say its length.
-pub fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
+pub(crate) fn body_len(layout: Layout, entries: &[BlobEntry<'_>], tree: Option<&ImportTree>) -> io::Result<u64> {
     match layout {
         Layout::Classic | Layout::Classic021 => classic::body_len(layout, entries, tree),
         Layout::Ffi => ffi::body_len(entries, tree),

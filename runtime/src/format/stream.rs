@@ -41,19 +41,19 @@ impl<'a> Reader<'a> {
 
     /// Reads a `str` and returns where its bytes lie within the reader's own input (for taking
     /// the same range of a shared buffer without copying).
-    pub fn read_str_range(&mut self, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
+    pub(crate) fn read_str_range(&mut self, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
         let bytes = self.read_str_bytes(what)?;
         Ok(self.pos - bytes.len()..self.pos)
     }
 
     /// Takes the next `n` bytes and returns where they lie within the reader's own input.
-    pub fn read_range(&mut self, n: u64, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
+    pub(crate) fn read_range(&mut self, n: u64, what: &'static str) -> Result<std::ops::Range<usize>, FormatError> {
         let bytes = self.read_bytes(n, what)?;
         Ok(self.pos - bytes.len()..self.pos)
     }
 
     /// Bytes not yet read.
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.data.len() - self.pos
     }
 
@@ -112,28 +112,28 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a little-endian `i64`.
-    pub fn read_i64(&mut self, what: &'static str) -> Result<i64, FormatError> {
+    pub(crate) fn read_i64(&mut self, what: &'static str) -> Result<i64, FormatError> {
         self.read_array(what).map(i64::from_le_bytes)
     }
 
     /// Reads a little-endian `i32`.
-    pub fn read_i32(&mut self, what: &'static str) -> Result<i32, FormatError> {
+    pub(crate) fn read_i32(&mut self, what: &'static str) -> Result<i32, FormatError> {
         self.read_array(what).map(i32::from_le_bytes)
     }
 
     /// Reads a little-endian `u16`.
-    pub fn read_u16(&mut self, what: &'static str) -> Result<u16, FormatError> {
+    pub(crate) fn read_u16(&mut self, what: &'static str) -> Result<u16, FormatError> {
         self.read_array(what).map(u16::from_le_bytes)
     }
 
     /// Reads a `u8`.
-    pub fn read_u8(&mut self, what: &'static str) -> Result<u8, FormatError> {
+    pub(crate) fn read_u8(&mut self, what: &'static str) -> Result<u8, FormatError> {
         self.read_array::<1>(what).map(|[b]| b)
     }
 
     /// Reads a `u64` element count and checks that `count * min_elem_size` bytes remain, so
     /// that no caller allocates more than the input could fill.
-    pub fn read_count(&mut self, what: &'static str, min_elem_size: u64) -> Result<usize, FormatError> {
+    pub(crate) fn read_count(&mut self, what: &'static str, min_elem_size: u64) -> Result<usize, FormatError> {
         let at = self.offset();
         let count = self.read_u64(what)?;
         let remaining = self.remaining() as u64;
@@ -145,7 +145,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a `str` as raw bytes.
-    pub fn read_str_bytes(&mut self, what: &'static str) -> Result<&'a [u8], FormatError> {
+    pub(crate) fn read_str_bytes(&mut self, what: &'static str) -> Result<&'a [u8], FormatError> {
         let at = self.offset();
         let len = self.read_u64(what)?;
         let remaining = self.remaining() as u64;
@@ -156,14 +156,14 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a `str` that must be UTF-8.
-    pub fn read_str(&mut self, what: &'static str) -> Result<&'a str, FormatError> {
+    pub(crate) fn read_str(&mut self, what: &'static str) -> Result<&'a str, FormatError> {
         let at = self.offset();
         let bytes = self.read_str_bytes(what)?;
         std::str::from_utf8(bytes).map_err(|_| FormatError::new(at, FormatErrorKind::NotUtf8 { what }))
     }
 
     /// Reads a `vec<u64>`.
-    pub fn read_vec_u64(&mut self, what: &'static str) -> Result<Vec<u64>, FormatError> {
+    pub(crate) fn read_vec_u64(&mut self, what: &'static str) -> Result<Vec<u64>, FormatError> {
         let n = self.read_count(what, 8)?;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -183,7 +183,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a `DLDataType`.
-    pub fn read_dtype(&mut self, what: &'static str) -> Result<DataType, FormatError> {
+    pub(crate) fn read_dtype(&mut self, what: &'static str) -> Result<DataType, FormatError> {
         Ok(DataType { code: self.read_u8(what)?, bits: self.read_u8(what)?, lanes: self.read_u16(what)? })
     }
 }
@@ -201,7 +201,7 @@ pub fn write_str(out: &mut dyn Write, s: impl AsRef<[u8]>) -> io::Result<()> {
 }
 
 /// Bytes taken by a `str` of `len` bytes.
-pub fn str_len(len: u64) -> u64 {
+pub(crate) fn str_len(len: u64) -> u64 {
     8 + len
 }
 
@@ -218,7 +218,7 @@ pub fn write_vec_str<S: AsRef<[u8]>>(out: &mut dyn Write, v: &[S]) -> io::Result
 }
 
 /// Writes a `DLDataType`.
-pub fn write_dtype(out: &mut dyn Write, t: DataType) -> io::Result<()> {
+pub(crate) fn write_dtype(out: &mut dyn Write, t: DataType) -> io::Result<()> {
     out.write_all(&[t.code, t.bits])?;
     out.write_all(&t.lanes.to_le_bytes())
 }

@@ -101,12 +101,12 @@ pub struct Owned {
 }
 
 /// The number of elements of `shape` (`None` on a negative extent or an overflow).
-pub fn numel(shape: &[i64]) -> Option<usize> {
+pub(crate) fn numel(shape: &[i64]) -> Option<usize> {
     shape.iter().try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
 }
 
 /// Bytes per element of a scalar dtype whose size is a whole number of bytes (bool: one byte).
-pub fn elem_bytes(dtype: DataType) -> Option<usize> {
+pub(crate) fn elem_bytes(dtype: DataType) -> Option<usize> {
     if dtype.lanes != 1 {
         return None;
     }

@@ -26,7 +26,7 @@ pub const GRAPH_EXECUTOR_FACTORY: &str = "GraphExecutorFactory";
 pub const GRAPH_RUNTIME_FACTORY: &str = "GraphRuntimeFactory";
 
 /// Magic number that starts every tensor (`kTVMNDArrayMagic`).
-pub const TENSOR_MAGIC: u64 = 0xDD5E_40F0_96B4_A13F;
+pub(crate) const TENSOR_MAGIC: u64 = 0xDD5E_40F0_96B4_A13F;
 
 /// A tensor in TVM's `SaveDLTensor` format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,7 +131,7 @@ impl Tensor {
     }
 
     /// Writes the tensor.
-    pub fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
+    pub(crate) fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
         stream::write_u64(out, TENSOR_MAGIC)?;
         stream::write_u64(out, 0)?;
         out.write_all(&self.device.0.to_le_bytes())?;
@@ -145,7 +145,8 @@ impl Tensor {
         out.write_all(&self.data)
     }
 
-    fn encoded_len(&self) -> u64 {
+    /// How many bytes [`Tensor::write_to`] writes.
+    pub(crate) fn encoded_len(&self) -> u64 {
         8 + 8 + 8 + 4 + 4 + 8 * self.shape.len() as u64 + 8 + self.data.len() as u64
     }
 }

@@ -68,9 +68,6 @@ pub struct RawPayload {
     pub bytes: Bytes,
 }
 
-/// The earlier name of [`RawPayload`].
-pub use RawPayload as Opaque;
-
 impl RawPayload {
     /// Raw payload bytes of kind `type_key`.
     pub fn new(type_key: impl Into<String>, bytes: impl Into<Bytes>) -> RawPayload {
@@ -104,6 +101,3 @@ pub const RAW_KNOWN_KEYS: &[&str] = &[
     "metadata",
     "const_loader",
 ];
-
-/// The earlier name of [`RAW_KNOWN_KEYS`].
-pub const OPAQUE_KNOWN_KEYS: &[&str] = RAW_KNOWN_KEYS;

@@ -37,10 +37,10 @@ use crate::payload::graph::Tensor;
 /// The type key of a Relay VM executable.
 pub const VM_EXECUTABLE: &str = "VMExecutable";
 /// `kTVMVMBytecodeMagic`.
-pub const MAGIC: u64 = 0xD225_DE2F_4214_151D;
+pub(crate) const MAGIC: u64 = 0xD225_DE2F_4214_151D;
 /// Registers a function may declare at most (far beyond what TVM's compiler makes; a larger
 /// count is a forged one, refused before any call allocates it).
-pub const MAX_REGISTERS: u64 = 1 << 20;
+pub(crate) const MAX_REGISTERS: u64 = 1 << 20;
 
 /// Which TVM releases' layout the executable has (told by its version string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -147,7 +147,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
 }
 
 fn check_failed(what: &str) -> Error {
-    Error::Invalid { what: "demo check".into(), detail: what.into() }
+    Error::Run { what: "demo check".into(), detail: what.into() }
 }
 
 fn file_len(p: &std::path::Path) -> u64 {
@@ -182,7 +182,7 @@ fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expected: &[f32]) -> Result<()> {
-    use mblob_runtime::cuda::CudaModule;
+    use mblob_runtime::device::cuda::CudaModule;
     use mblob_runtime::exec::call::call_device_kernel;
     use mblob_runtime::exec::Value;
     use mblob_runtime::{Device, NdArray};

@@ -35,10 +35,10 @@ use cudarc::nvrtc::sys;
 
 /// The library NVRTC is looked for as, for messages.
 #[cfg(windows)]
-pub const LIBRARY: &str = "nvrtc64_120_0.dll";
+pub(crate) const LIBRARY: &str = "nvrtc64_120_0.dll";
 /// The library NVRTC is looked for as, for messages.
 #[cfg(not(windows))]
-pub const LIBRARY: &str = "libnvrtc.so.12";
+pub(crate) const LIBRARY: &str = "libnvrtc.so.12";
 
 /// TVM's program name.
 const PROGRAM_NAME: &str = "tvm_kernels.cu";
@@ -225,7 +225,7 @@ fn version_text() -> String {
 }
 
 /// The architectures NVRTC compiles for, as `XY` for compute capability X.Y (ascending).
-pub fn supported_archs() -> Result<Vec<u32>, NvrtcError> {
+pub(crate) fn supported_archs() -> Result<Vec<u32>, NvrtcError> {
     static ARCHS: OnceLock<Result<Vec<u32>, NvrtcError>> = OnceLock::new();
     ARCHS
         .get_or_init(|| {
@@ -373,7 +373,7 @@ typedef struct CUtensorMap_st CUtensorMap;
 ";
 
 /// The source as TVM hands it to NVRTC: `#include <cuda.h>` lines dropped, the preamble first.
-pub fn prepare_source(source: &str) -> String {
+pub(crate) fn prepare_source(source: &str) -> String {
     let kept: Vec<&str> = source.lines().filter(|l| l.trim() != "#include <cuda.h>").collect();
     let body = kept.join("\n");
     let mut out = String::with_capacity(PREAMBLE.len() + TENSOR_MAP.len() + body.len());

@@ -69,7 +69,7 @@ pub struct LaunchParams {
 
 impl LaunchParams {
     /// Reads the tags.
-    pub fn from_tags<S: AsRef<str>>(tags: &[S]) -> Result<LaunchParams, LaunchError> {
+    pub(crate) fn from_tags<S: AsRef<str>>(tags: &[S]) -> Result<LaunchParams, LaunchError> {
         let mut p = LaunchParams {
             axes: Vec::new(),
             dyn_shared_memory: false,
@@ -98,7 +98,7 @@ impl LaunchParams {
 
     /// How many values a caller passes after the kernel arguments: one per thread axis, plus
     /// one for the dynamic shared memory.
-    pub fn extent_count(&self) -> usize {
+    pub(crate) fn extent_count(&self) -> usize {
         self.axes.len() + usize::from(self.dyn_shared_memory)
     }
 

@@ -45,7 +45,7 @@ pub const CUDA: &str = "cuda";
 /// Type key of OpenCL modules.
 pub const OPENCL: &str = "opencl";
 /// Type key of Metal modules.
-pub const METAL: &str = "metal";
+pub(crate) const METAL: &str = "metal";
 /// Type key of WebGPU modules.
 pub const WEBGPU: &str = "webgpu";
 /// Type key of Vulkan modules.
@@ -61,7 +61,7 @@ pub const DEVICE_TYPE_KEYS: &[&str] =
     &["cuda", "opencl", "hip", "hexagon", "metal", "hsaco", "aocl", "sdaccel", "hex", "vulkan", "webgpu"];
 
 /// The version string that starts a `MetalModule` payload (`kMetalModuleVersion`).
-pub const METAL_MODULE_VERSION: &str = "0.1.0";
+pub(crate) const METAL_MODULE_VERSION: &str = "0.1.0";
 
 /// What TVM knows about one kernel (`runtime::FunctionInfo`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

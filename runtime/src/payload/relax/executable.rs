@@ -66,11 +66,11 @@ pub const VM_VERSION: &str = "0.14";
 pub const VM_VERSIONS_BEFORE_0_14: &[&str] = &["0.12.dev0", "0.13.dev0"];
 
 /// First special register.
-pub const BEGIN_SPECIAL_REG: i64 = 1 << 54;
+pub(crate) const BEGIN_SPECIAL_REG: i64 = 1 << 54;
 /// `%void`: reads as null, writes are dropped.
-pub const VOID_REGISTER: i64 = BEGIN_SPECIAL_REG;
+pub(crate) const VOID_REGISTER: i64 = BEGIN_SPECIAL_REG;
 /// `%vm`: the VM itself (first argument of `vm.builtin.alloc_storage`).
-pub const VM_REGISTER: i64 = BEGIN_SPECIAL_REG + 1;
+pub(crate) const VM_REGISTER: i64 = BEGIN_SPECIAL_REG + 1;
 
 /// The kind of constant `tag` stands for in an executable of the TVM generation `layout`
 /// (the numbering follows the TVM version, and so the blob layout the executable was found in):

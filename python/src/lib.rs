@@ -22,6 +22,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod dlpack;
 mod run;
 mod tensor;
 
@@ -383,50 +384,6 @@ impl HostTools {
     }
 }
 
-/// The bytes of a one-dimensional, C-contiguous numpy `uint8` array, read in place and kept
-/// alive with it: the data of a parameter tensor. (PyO3's buffer protocol support needs the
-/// stable ABI of Python 3.11; this package targets 3.9, so numpy's array interface is used.)
-struct ArrayBytes {
-    _owner: Py<PyAny>,
-    addr: usize,
-    len: usize,
-}
-
-impl ArrayBytes {
-    /// Reads the array interface of `array` and checks it describes `len` contiguous bytes.
-    fn new(array: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayBytes> {
-        let bad =
-            |why: &str| InputError::new_err(format!("{what}: {why} (expected a 1-d contiguous uint8 numpy array)"));
-        let iface = array.getattr("__array_interface__").map_err(|_| bad("no __array_interface__"))?;
-        let typestr: String = iface.get_item("typestr")?.extract()?;
-        let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
-        let strides = iface.get_item("strides").ok().filter(|s| !s.is_none());
-        let (addr, _readonly): (usize, bool) = iface.get_item("data")?.extract()?;
-        if typestr != "|u1" || shape.len() != 1 || strides.is_some() {
-            return Err(bad(&format!("typestr {typestr}, shape {shape:?}")));
-        }
-        if addr == 0 && shape[0] != 0 {
-            return Err(bad("null data"));
-        }
-        Ok(ArrayBytes { _owner: array.clone().unbind(), addr, len: shape[0] })
-    }
-}
-
-#[allow(unsafe_code)]
-impl AsRef<[u8]> for ArrayBytes {
-    fn as_ref(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `ArrayBytes::new` took `addr` and `len` from the array interface of a
-        // C-contiguous one-dimensional `uint8` numpy array (strides None), which numpy keeps
-        // valid and in place while the array lives, and `_owner` holds a reference to it for as
-        // long as this view exists. The arrays are the model's parameters, which nothing
-        // writes to during `export_library`.
-        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
-    }
-}
-
 /// Writes a graph model's library: the module tree of the raw blob `template` (TVM's
 /// serialization of the model's factory with empty parameters), with the parameters given as
 /// `(name, dtype, shape, bytes)` in its factory, linked with `host` by the direct route.
@@ -448,10 +405,10 @@ fn pack_graph_params<'py>(
     let layout = layout(layout_name)?;
     let mut tensors = std::collections::HashMap::with_capacity(params.len());
     for (name, dtype, shape, array) in params {
-        let bytes = ArrayBytes::new(&array, &format!("parameter `{name}`"))?;
+        let bytes = dlpack::ArrayBytes::new(&array, &format!("parameter `{name}`"))?;
         let dt = mblob_runtime::format::DataType::parse(&dtype)
             .ok_or_else(|| InputError::new_err(format!("parameter `{name}`: unknown dtype `{dtype}`")))?;
-        let n = bytes.len;
+        let n = bytes.as_ref().len();
         let data = mblob_runtime::Bytes::from_owner(std::sync::Arc::new(bytes));
         let tensor = mblob_runtime::payload::graph::Tensor::new(dt, shape.clone(), data).ok_or_else(|| {
             InputError::new_err(format!(

@@ -3,7 +3,8 @@
 //!
 //! Tensors cross as `mblob._native.Tensor`s ([`crate::tensor`]): results are `Tensor`s where
 //! the model left them, and arguments are `Tensor`s (by reference) or numpy arrays (copied into
-//! a CPU array). Host functions (`Library.call`) and params files still take and give bytes.
+//! a CPU array); a host function (`Library.call`) writes into its `Tensor` arguments in place.
+//! Params files still take and give bytes.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -12,7 +13,6 @@ use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
-use mblob_runtime::format::DataType;
 use mblob_runtime::{LoadOptions, LoadedTree, NdArray, Registry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -88,11 +88,10 @@ impl Library {
         self.tree.packed_function(name).is_some()
     }
 
-    /// Calls host function `name`. Arguments are ints, floats, strings, None, or tensors as
-    /// `(bytearray, dtype, shape)`: each tensor is copied into aligned memory, passed as a
-    /// `DLTensor`, and its contents copied back into the bytearray after the call (compiled
-    /// functions write their outputs into their arguments). Returns the function's return
-    /// value (int, float, str or None).
+    /// Calls host function `name`. Arguments are ints, floats, strings, None, or `Tensor`s,
+    /// passed by reference as `DLTensor`s: what the function writes into one (compiled
+    /// functions write their outputs into their arguments) is in that `Tensor` after the call.
+    /// Returns the function's return value (int, float, str or None).
     fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
         if self.tree.packed_function(name).is_none() {
             return Err(crate::InputError::new_err(format!("no function `{name}` in the module or its imports")));
@@ -103,16 +102,7 @@ impl Library {
         }
         let tree = self.tree.clone();
         let name = name.to_owned();
-        let (ret, outs) = run(py, move || call_host(&tree, &name, plain))?;
-        // Copy the tensors back into the caller's bytearrays.
-        let mut outs = outs.into_iter();
-        for a in args.iter() {
-            if let Ok(t) = a.cast::<PyTuple>() {
-                let buf = t.get_item(0)?;
-                let bytes = outs.next().unwrap_or_default();
-                buf.call_method1("__setitem__", (pyo3::types::PySlice::full(py), PyBytes::new(py, &bytes)))?;
-            }
-        }
+        let ret = run(py, move || call_host(&tree, &name, plain))?;
         Ok(match ret {
             Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
@@ -128,7 +118,8 @@ enum Arg {
     Float(f64),
     Str(String),
     None,
-    Tensor { data: Vec<u8>, dtype: DataType, shape: Vec<i64> },
+    /// Shared with the caller's `Tensor`.
+    Tensor(NdArray),
 }
 
 impl Arg {
@@ -136,13 +127,13 @@ impl Arg {
         if a.is_none() {
             return Ok(Arg::None);
         }
-        if let Ok(t) = a.cast::<PyTuple>() {
-            let data: Vec<u8> = t.get_item(0)?.extract()?;
-            let dtype_name: String = t.get_item(1)?.extract()?;
-            let shape: Vec<i64> = t.get_item(2)?.extract()?;
-            let dtype = DataType::parse(&dtype_name)
-                .ok_or_else(|| crate::InputError::new_err(format!("unknown dtype `{dtype_name}`")))?;
-            return Ok(Arg::Tensor { data, dtype, shape });
+        if let Ok(t) = a.cast::<PyTensorObj>() {
+            let t = &t.get().inner;
+            // Memory nothing may write (a library's constant) is passed as a copy.
+            if t.storage().is_read_only() {
+                return Ok(Arg::Tensor(t.copy(t.device()).map_err(|e| crate::InputError::new_err(e.to_string()))?));
+            }
+            return Ok(Arg::Tensor(t.clone()));
         }
         if a.is_instance_of::<pyo3::types::PyBool>() || a.is_instance_of::<pyo3::types::PyInt>() {
             return Ok(Arg::Int(a.extract()?));
@@ -154,15 +145,15 @@ impl Arg {
             return Ok(Arg::Str(a.extract()?));
         }
         Err(crate::InputError::new_err(format!(
-            "cannot pass a {} to a compiled function (ints, floats, strings, None and arrays only)",
+            "cannot pass a {} to a compiled function (ints, floats, strings, None and Tensors only)",
             a.get_type().name()?
         )))
     }
 }
 
-/// Calls host function `name` with each tensor in a CPU `NdArray` (`exec::call`); returns the
-/// value and each tensor's bytes after the call.
-fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Value, Vec<Vec<u8>>), PyErrLater> {
+/// Calls host function `name` (`exec::call`) with the tensors as they are (shared with the
+/// caller's `Tensor`s, which see what the function wrote); returns its value.
+fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<Value, PyErrLater> {
     let mut values = Vec::with_capacity(args.len());
     for a in args {
         values.push(match a {
@@ -170,19 +161,10 @@ fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<(Value, Ve
             Arg::Float(v) => Value::Float(v),
             Arg::Str(s) => Value::Str(s),
             Arg::None => Value::Null,
-            Arg::Tensor { data, dtype, shape } => {
-                Value::Tensor(NdArray::from_bytes(&data, &shape, dtype, Device::cpu(0)).map_err(run_error)?)
-            }
+            Arg::Tensor(t) => Value::Tensor(t),
         });
     }
-    let ret = mblob_runtime::exec::call(tree, name, &mut values).map_err(run_error)?;
-    let outs = values
-        .iter()
-        .filter_map(Value::as_tensor)
-        .map(NdArray::to_bytes)
-        .collect::<Result<_, _>>()
-        .map_err(run_error)?;
-    Ok((ret, outs))
+    mblob_runtime::exec::call(tree, name, &mut values).map_err(run_error)
 }
 
 /// Loads a shared library (running its initialisers, as TVM's `load_module` does) or a raw

@@ -4,14 +4,20 @@
 //! `__array__`, so `numpy.from_dlpack(t)` and `numpy.asarray(t)` read it, and [`tensor_in`]
 //! takes one back by reference (no copy) or reads any numpy array.
 //!
-//! What a consumer reads is a host copy: the capsule `__dlpack__` gives is numpy's, of the
-//! tensor's bytes copied to the host once (abi3 and the crate's no-`unsafe` rule outside the
-//! FFI edges leave handing out the device memory itself for later).
+//! `__dlpack__` hands out the tensor's own memory (no copy): `numpy.from_dlpack(t)` of a CPU
+//! tensor is a view of it, and writing through the view changes the tensor (the capsule
+//! keeps the tensor's storage alive, [`crate::dlpack`]). A copy is made only where the
+//! consumer asks for one (`copy=True`, or `dl_device` another device) or where a tensor over
+//! read-only memory (a constant of the library's mapped bytes) goes to a consumer of the
+//! unversioned protocol, which has no read-only flag.
 
 use mblob_runtime::format::DataType;
 use mblob_runtime::{Device, NdArray};
+use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyTuple};
+
+use crate::dlpack;
 
 /// A tensor (TVM's `tvm.runtime.Tensor` as Python sees it): shape, dtype, device and its
 /// bytes there.
@@ -79,16 +85,62 @@ impl Tensor {
         }
     }
 
-    /// DLPack's export: the capsule of the tensor's host copy (see the module's note); the
-    /// keywords (`stream`, `max_version`, `dl_device`, `copy`) are numpy's.
-    #[pyo3(signature = (**kwargs))]
-    fn __dlpack__<'py>(&self, py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyAny>> {
-        self.numpy(py)?.call_method("__dlpack__", (), kwargs)
+    /// DLPack's export, as the Python array API defines `__dlpack__`: a capsule over the
+    /// tensor's memory, `"dltensor_versioned"` (DLPack 1.0, with the read-only and copied
+    /// flags) when `max_version` is `(1, 0)` or later, else `"dltensor"`. `dl_device` (a
+    /// `(device_type, device_id)` pair) asks for the tensor on that device, `copy=True` for a
+    /// copy, `copy=False` for none (a `BufferError` where one would be needed). Work on a
+    /// device is finished (the device synchronised) before the capsule is made, so the
+    /// consumer may read it on any `stream`.
+    #[pyo3(signature = (stream=None, *, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(i64, i64)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        let here = self.inner.device();
+        let target = dl_device.map_or(here, |(t, id)| Device::from_dlpack(t, id));
+        // A consumer of the unversioned capsule cannot be told that memory is read-only.
+        let read_only = self.inner.storage().is_read_only();
+        let needs_copy = target != here || (read_only && !versioned);
+        let copied = copy == Some(true) || needs_copy;
+        if needs_copy && copy == Some(false) {
+            let why = if target != here {
+                format!("the tensor is on {here}, not on {target}")
+            } else {
+                "its memory is read-only, which a DLPack capsule before 1.0 cannot say (ask with max_version=(1, 0))"
+                    .to_owned()
+            };
+            return Err(PyBufferError::new_err(format!("__dlpack__(copy=False): {why}")));
+        }
+        let array = if copied {
+            py.detach(|| self.inner.copy(target)).map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?
+        } else {
+            self.inner.clone()
+        };
+        if !array.device().is_cpu() {
+            py.detach(|| array.storage().api().synchronize())
+                .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?;
+        }
+        let mut flags = 0;
+        if array.storage().is_read_only() {
+            flags |= dlpack::FLAG_READ_ONLY;
+        }
+        if copied {
+            flags |= dlpack::FLAG_IS_COPIED;
+        }
+        dlpack::capsule(py, array, versioned, flags)
     }
 
-    /// DLPack's device of what `__dlpack__` gives: the host, `(kDLCPU, 0)`.
+    /// DLPack's device of the tensor, `(device_type, device_id)`: where `__dlpack__` hands
+    /// it out unless asked for another.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        Device::cpu(0).to_dlpack()
+        self.inner.device().to_dlpack()
     }
 
     fn __repr__(&self) -> String {

@@ -59,6 +59,20 @@ def test_host_function_writes_its_output():
     np.testing.assert_array_equal(b, np.load(golden("dso_add_one.out.B.npy")))
 
 
+def test_host_function_writes_into_a_native_tensor():
+    from mblob import _native
+
+    m = mblob.load_module(golden("dso_add_one.so"))
+    a = np.load(golden("dso_add_one.in.A.npy"))
+    b = _native.Tensor.from_numpy(np.zeros_like(a))
+    view = np.from_dlpack(b)
+    m["add_one"](_native.Tensor.from_numpy(a), b)
+    want = np.load(golden("dso_add_one.out.B.npy"))
+    # Passed by reference: the function's output is in the tensor and in a view of it.
+    np.testing.assert_array_equal(b.numpy(), want)
+    np.testing.assert_array_equal(view, want)
+
+
 def test_exported_library_loads_back_and_runs(tmp_path):
     out = tmp_path / "classic.so"
     mblob.pack(golden("graph_dense_relu.so"), out, host=[golden("graph_dense_relu.lib0.o")])

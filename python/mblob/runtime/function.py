@@ -10,13 +10,14 @@ from typing import Any, Callable, List, Sequence
 import numpy as np
 
 from .. import _native
-from .device import _to_triple
+from .device import _tensor_arg
 
 
 class PackedFunction:
     """A host function of a loaded library, called as TVM calls it. Arguments: numpy arrays
-    (passed as tensors; what the function writes into them is copied back), ints, floats,
-    strings and None. Returns the function's int, float or string result, or None."""
+    (passed as tensors; what the function writes into them is copied back), mblob's native
+    ``Tensor``s (passed by reference: the function writes into them), ints, floats, strings
+    and None. Returns the function's int, float or string result, or None."""
 
     def __init__(self, library: "_native.Library", name: str) -> None:
         self._library = library
@@ -27,18 +28,19 @@ class PackedFunction:
         packed: List[Any] = []
         for a in args:
             if isinstance(a, np.ndarray):
-                data, dtype, shape = _to_triple(a)
-                buf = bytearray(data)
-                arrays.append((a, buf, dtype, shape))
-                packed.append((buf, dtype, shape))
+                # Copied into a native tensor (aligned memory the function may write), and
+                # read back through DLPack (a view of it, no second copy) after the call.
+                t = _native.Tensor.from_numpy(_tensor_arg(a))
+                arrays.append((a, t))
+                packed.append(t)
             elif isinstance(a, np.generic):
                 packed.append(a.item())
             else:
                 packed.append(a)
         result = self._library.call(self.name, packed)
-        for a, buf, dtype, shape in arrays:
+        for a, t in arrays:
             if a.flags.writeable:
-                a[...] = np.frombuffer(bytes(buf), dtype=np.dtype(dtype)).reshape(tuple(shape))
+                a[...] = np.from_dlpack(t)
         return result
 
     def __repr__(self) -> str:

@@ -3,84 +3,13 @@
 //! call's dispatch.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 
 use super::kernel::call_kernel;
+use super::types::{Callee, Op, Quick, VirtualMachine};
 use super::value::{Value, VmError};
-use super::{Callee, VirtualMachine};
 use crate::array::{tensor_bytes, NdArray};
 use crate::exec::pool::POOL_PAGE;
-use crate::ffi::call::PackedFunction;
-use crate::format::DataType;
 use crate::payload::relax::executable::{Arg, Instruction, Reg};
-
-/// What [`VirtualMachine::quick`] did.
-pub(super) enum Quick {
-    /// The call's result, for its destination register.
-    Value(Value),
-    /// The quick conditions do not hold: run the general call.
-    General,
-}
-
-/// A call instruction decoded once, when the VM is made: the commonest calls as specialised
-/// operations, their constant arguments read beforehand. Each one that finds its quick
-/// conditions unmet at run time (a register of another kind, a tensor that fails a check, a
-/// tensor that does not fit) runs the general call instead, which gives the same result or
-/// the same error, so decoding changes no behaviour.
-#[derive(Debug)]
-pub(super) enum Op {
-    /// Any instruction, run as it is.
-    General,
-    /// `vm.builtin.null_value()`: the register becomes null.
-    Null,
-    /// A kernel called with registers only.
-    Kernel {
-        /// The kernel.
-        kernel: PackedFunction,
-        /// Its arguments' registers.
-        regs: Box<[u32]>,
-    },
-    /// `vm.builtin.alloc_storage` of a constant size on a constant device, in global memory.
-    AllocStorage {
-        /// Index into the VM's devices.
-        device: usize,
-        /// Bytes (rounded up to the pool's page).
-        len: usize,
-        /// The pool's bucket this site allocated from last.
-        hint: AtomicUsize,
-    },
-    /// `vm.builtin.alloc_tensor` at a constant offset with a constant shape and dtype, in
-    /// global memory.
-    AllocTensor {
-        /// The register of the storage.
-        storage: u32,
-        /// Byte offset.
-        offset: usize,
-        /// The offset plus the tensor's size: at most the storage's size.
-        end: u64,
-        /// The shape (the constant's, shared).
-        shape: Arc<[i64]>,
-        /// The dtype.
-        dtype: DataType,
-    },
-    /// `vm.builtin.check_tensor_info` of a register with a constant ndim and dtype.
-    CheckTensor {
-        /// The register checked.
-        reg: u32,
-        /// The number of dimensions, `-1` for any.
-        ndim: i64,
-        /// The dtype, `None` for any.
-        dtype: Option<DataType>,
-    },
-    /// `vm.builtin.match_shape` of a register without the shape heap: each dimension is a
-    /// constant to compare with (`Some`) or left alone (`None`, code 2).
-    MatchShape {
-        /// The register of the tensor or shape.
-        reg: u32,
-        /// Per dimension, the constant it must equal.
-        dims: Box<[Option<i64>]>,
-    },
-}
 
 impl Op {
     /// The operation instruction `ins` of `exec` becomes, with `callees` its resolved function

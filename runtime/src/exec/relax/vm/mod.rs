@@ -41,7 +41,6 @@ use crate::array::NdArray;
 use crate::device::api::DeviceApi;
 use crate::device::backends::device_api;
 use crate::device::{Device, DeviceError};
-use crate::ffi::call::PackedFunction;
 use crate::format::Layout;
 use crate::module::LoadedTree;
 use crate::payload::relax::executable::{Arg, Constant, FuncKind, Instruction, Reg, RelaxExecutable};
@@ -51,32 +50,22 @@ mod decode;
 mod io;
 mod kernel;
 mod run;
+mod types;
 pub mod value;
 
-pub(crate) use builtins::BuiltinFn;
-pub use builtins::{supported_builtins, Builtins, REFUSED_BUILTINS};
+pub use builtins::{supported_builtins, REFUSED_BUILTINS};
 pub(crate) use kernel::call_kernel;
+#[cfg(feature = "llm")]
+pub(crate) use types::BuiltinFn;
+pub use types::{Builtins, VirtualMachine};
+use types::{Callee, Op, Quick};
 pub use value::{numpy_dtype, ObjectRef, ParamKind, VmError, VmObject};
 pub(crate) use value::{tuple_items, Value};
 
 use crate::exec::pool::StoragePool;
-use decode::{Op, Quick};
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
 pub const MAX_CALL_DEPTH: usize = 256;
-
-/// What an entry of the function table resolves to.
-#[derive(Debug, Clone)]
-enum Callee {
-    Vm(usize),
-    /// A builtin of the VM's set: its name and function.
-    Builtin(&'static str, BuiltinFn),
-    Kernel(PackedFunction),
-    /// A `relax.run.*` function mblob provides ([`run`]).
-    Run(run::RunFn),
-    /// A `vm.builtin.*` mblob does not implement: an error when called.
-    Refused(&'static str),
-}
 
 /// A function of the executable that a caller can invoke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,28 +76,6 @@ pub struct FunctionSignature {
     pub params: Vec<String>,
     /// What each parameter takes, as the function checks it.
     pub kinds: Vec<ParamKind>,
-}
-
-/// The Relax virtual machine over a loaded tree.
-#[derive(Debug)]
-pub struct VirtualMachine {
-    /// Keeps the library (and every module the kernels may reach) loaded.
-    _tree: LoadedTree,
-    exec: Arc<RelaxExecutable>,
-    callees: Vec<Callee>,
-    constants: Vec<Value>,
-    /// Per instruction, the values of its immediate, special-register and function arguments.
-    immediates: Vec<Box<[Value]>>,
-    /// Per instruction, what it was decoded to.
-    ops: Vec<Op>,
-    /// TVM's device list: the device the VM runs on, then the host CPU when that is another
-    /// device. The last one is the host.
-    devices: Vec<Device>,
-    /// The device API of each device.
-    apis: Vec<Arc<dyn DeviceApi>>,
-    pool: StoragePool,
-    /// The builtins names resolve to.
-    builtins: Builtins,
 }
 
 impl VirtualMachine {
@@ -410,7 +377,7 @@ impl VirtualMachine {
     /// The library function that the function value `func` (an index into the function
     /// table, `Value::Func`) resolves to, when it is one of the library's kernels.
     #[cfg(feature = "llm")]
-    pub(crate) fn kernel_of(&self, func: u32) -> Option<(&str, PackedFunction)> {
+    pub(crate) fn kernel_of(&self, func: u32) -> Option<(&str, crate::ffi::call::PackedFunction)> {
         match self.callees.get(func as usize)? {
             Callee::Kernel(f) => Some((self.executable().functions[func as usize].name.as_str(), f.clone())),
             _ => None,

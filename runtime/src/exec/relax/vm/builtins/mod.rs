@@ -5,8 +5,7 @@
 //! [`Builtins::core`], plus the LLM tables of `exec::llm` in [`Builtins::default`] when the
 //! `llm` feature is on (`exec::llm` adds them: the VM does not name the floor above it).
 
-use super::value::{Value, VmError};
-use super::VirtualMachine;
+use super::types::{BuiltinFn, Builtins, Table};
 
 mod check;
 mod closure;
@@ -14,22 +13,8 @@ mod memory;
 mod shape;
 mod tuple;
 
-/// A builtin: the VM, the name it was called by, its arguments and the call depth (for the
-/// builtins that call functions back).
-pub(crate) type BuiltinFn = fn(&VirtualMachine, &str, &[&Value], usize) -> Result<Value, VmError>;
-
-/// A group's builtins: TVM's names and their functions.
-pub(crate) type Table = &'static [(&'static str, BuiltinFn)];
-
 /// The core groups, in lookup order.
 const CORE: &[Table] = &[check::TABLE, shape::TABLE, memory::TABLE, tuple::TABLE, closure::TABLE];
-
-/// The builtins a VM resolves the names of its function table with (before the library's
-/// functions): tables of names and functions, looked up in order.
-#[derive(Clone)]
-pub struct Builtins {
-    tables: Vec<Table>,
-}
 
 impl std::fmt::Debug for Builtins {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -255,3 +255,9 @@ fn phi3_q0f32_longrope_fork_and_popn_as_tvm() {
     // RoPE extension factors (Phi-3.5's longrope) passed to `f_split_rotary`.
     fork_and_popn_as_tvm("phi3-q0f32");
 }
+
+#[test]
+fn phi2_q0f32_partial_rotary_fork_and_popn_as_tvm() {
+    // Phi-2's partial rotary (`rotary_dim` 32 of 64) in the cache's RoPE.
+    fork_and_popn_as_tvm("phi2-q0f32");
+}

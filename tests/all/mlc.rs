@@ -114,6 +114,13 @@ fn phi3_longrope_gives_tvms_tokens_and_logits() {
     runs_as_tvm("phi3-q0f32");
 }
 
+#[test]
+fn phi2_partial_rotary_gives_tvms_tokens_and_logits() {
+    // Phi-2: RoPE on 32 of each head's 64 features (`rotary_dim`), attention and MLP in
+    // parallel off one LayerNorm, biases everywhere (the lm_head's too).
+    runs_as_tvm("phi2-q0f32");
+}
+
 /// Every step's logits within 1e-4 of max(1, max |ref|) of TVM's, row by row.
 fn logits_close(name: &str, what: &str, got: &[f32], want: &[f32], vocab: usize) {
     assert_eq!(got.len(), want.len(), "{name}, {what}: logits shape");

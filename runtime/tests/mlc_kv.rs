@@ -206,7 +206,11 @@ fn llama3_q0f32_fork_and_popn_as_tvm() {
 /// prompt runs in chunks past the window, so TVM's eviction of what slid out shows in the logits
 /// of every step, and the fork past the sinks fails with TVM's text.
 fn sliding_window_as_tvm(name: &str) {
-    let m = Model::new(name);
+    sliding_window_as_tvm_on(&Model::new(name), name);
+}
+
+/// [`sliding_window_as_tvm`] with the model `m` and TVM's records of `name`.
+fn sliding_window_as_tvm_on(m: &Model, name: &str) {
     let r = json(&fixture(name).join("reference.json"));
     let (window, sink) =
         (m.settings["sliding_window_size"].as_i64().unwrap(), m.settings["attention_sink_size"].as_i64().unwrap());
@@ -274,6 +278,11 @@ fn phi2_q0f32_partial_rotary_fork_and_popn_as_tvm() {
     fork_and_popn_as_tvm("phi2-q0f32");
 }
 
+#[test]
+fn gemma2_q0f32_soft_capping_fork_and_popn_as_tvm() {
+    fork_and_popn_as_tvm("gemma2-q0f32");
+}
+
 /// OpenCL device 0, or `None` (after saying so) when there is none; `MBLOB_REQUIRE_OPENCL`
 /// (set by CI where pocl is installed) turns the skip into a failure.
 #[cfg(feature = "opencl")]
@@ -305,5 +314,14 @@ fn qwen2_built_for_opencl_fork_and_popn_as_tvm_on_opencl() {
 fn phi2_built_for_opencl_fork_and_popn_as_tvm_on_opencl() {
     if let Some(d) = opencl() {
         fork_and_popn_as_tvm_on(&Model::on("phi2-q0f32-opencl", "phi2-q0f32", d), "phi2-q0f32");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn mistral_built_for_opencl_sliding_window_as_tvm_on_opencl() {
+    // The window, its sinks and the eviction in the cache's GPU kernels.
+    if let Some(d) = opencl() {
+        sliding_window_as_tvm_on(&Model::on("mistral-q0f32-opencl", "mistral-q0f32", d), "mistral-q0f32");
     }
 }

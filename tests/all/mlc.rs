@@ -127,6 +127,13 @@ fn phi2_partial_rotary_gives_tvms_tokens_and_logits() {
     runs_as_tvm("phi2-q0f32");
 }
 
+#[test]
+fn gemma2_final_soft_capping_gives_tvms_tokens_and_logits() {
+    // Gemma 2: the logits soft-capped (tanh(x / 3) * 3 here, so that every logit is in tanh's
+    // curve), sqrt(hidden)-scaled embeddings, `1 + w` RMS norms around attention and MLP.
+    runs_as_tvm("gemma2-q0f32");
+}
+
 /// Every step's logits within 1e-4 of max(1, max |ref|) of TVM's, row by row.
 fn logits_close(name: &str, what: &str, got: &[f32], want: &[f32], vocab: usize) {
     assert_eq!(got.len(), want.len(), "{name}, {what}: logits shape");
@@ -327,5 +334,14 @@ fn phi2_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
     // Phi-2's partial rotary in the GPU kernels of the cache.
     if opencl_or_skip() {
         runs_as_tvm_on("phi2-q0f32-opencl", "phi2-q0f32", "opencl");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn mistral_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
+    // The 16-token window with 4 sinks and its eviction in the cache's GPU kernels.
+    if opencl_or_skip() {
+        runs_as_tvm_on("mistral-q0f32-opencl", "mistral-q0f32", "opencl");
     }
 }

@@ -51,11 +51,18 @@ struct Model {
 
 impl Model {
     fn new(name: &str) -> Model {
+        Model::on(name, name, Device::cpu(0))
+    }
+
+    /// The library of `lib_of` on `device`, with the weights (put on the device) and TVM's
+    /// settings of `name`.
+    fn on(lib_of: &str, name: &str, device: Device) -> Model {
         let dir = fixture(name);
+        let lib = fixture(lib_of).join("lib.so");
         // SAFETY: the fixture is a library MLC-LLM's pipeline built for these tests.
-        let tree = unsafe { load_library(&dir.join("lib.so"), &Registry::default(), &LoadOptions::default()) }
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let vm = VirtualMachine::new(&tree, Device::cpu(0)).unwrap();
+        let tree = unsafe { load_library(&lib, &Registry::default(), &LoadOptions::default()) }
+            .unwrap_or_else(|e| panic!("{lib_of}: {e}"));
+        let vm = VirtualMachine::new(&tree, device).unwrap_or_else(|e| panic!("{lib_of} on {device}: {e}"));
         let meta: Value = match vm.call_host("_metadata", &[]).unwrap() {
             Host::Str(s) => serde_json::from_str(&s).unwrap(),
             v => panic!("_metadata: {v:?}"),
@@ -65,7 +72,8 @@ impl Model {
         let params = {
             let _global = GLOBAL_CACHE.lock().unwrap_or_else(|e| e.into_inner());
             let dir_arg = Host::Str(dir.to_str().unwrap().into());
-            vm.call_host("vm.builtin.tensor_cache.load", &[dir_arg, Host::Int(1), Host::Int(0)]).unwrap();
+            let (kind, id) = (Host::Int(i64::from(device.device_type.code())), Host::Int(i64::from(device.device_id)));
+            vm.call_host("vm.builtin.tensor_cache.load", &[dir_arg, kind, id]).unwrap();
             let params = vm.call_host("vm.builtin.param_array_from_cache_by_name_unpacked", &names).unwrap();
             vm.call_host("vm.builtin.tensor_cache.clear", &[]).unwrap();
             params
@@ -137,7 +145,11 @@ fn argmax(row: &[f32]) -> i32 {
 
 /// Fork and popn as `reference.py` records them.
 fn fork_and_popn_as_tvm(name: &str) {
-    let m = Model::new(name);
+    fork_and_popn_as_tvm_on(&Model::new(name), name);
+}
+
+/// [`fork_and_popn_as_tvm`] with the model `m` and TVM's records of `name`.
+fn fork_and_popn_as_tvm_on(m: &Model, name: &str) {
     let r = json(&fixture(name).join("reference.json"));
     let f = &r["fork"];
     let (shape, want) = npy_f32(&fixture(name).join(f["logits"].as_str().unwrap()));
@@ -194,7 +206,11 @@ fn llama3_q0f32_fork_and_popn_as_tvm() {
 /// prompt runs in chunks past the window, so TVM's eviction of what slid out shows in the logits
 /// of every step, and the fork past the sinks fails with TVM's text.
 fn sliding_window_as_tvm(name: &str) {
-    let m = Model::new(name);
+    sliding_window_as_tvm_on(&Model::new(name), name);
+}
+
+/// [`sliding_window_as_tvm`] with the model `m` and TVM's records of `name`.
+fn sliding_window_as_tvm_on(m: &Model, name: &str) {
     let r = json(&fixture(name).join("reference.json"));
     let (window, sink) =
         (m.settings["sliding_window_size"].as_i64().unwrap(), m.settings["attention_sink_size"].as_i64().unwrap());
@@ -254,4 +270,58 @@ fn mistral_q0f32_sliding_window_as_tvm() {
 fn phi3_q0f32_longrope_fork_and_popn_as_tvm() {
     // RoPE extension factors (Phi-3.5's longrope) passed to `f_split_rotary`.
     fork_and_popn_as_tvm("phi3-q0f32");
+}
+
+#[test]
+fn phi2_q0f32_partial_rotary_fork_and_popn_as_tvm() {
+    // Phi-2's partial rotary (`rotary_dim` 32 of 64) in the cache's RoPE.
+    fork_and_popn_as_tvm("phi2-q0f32");
+}
+
+#[test]
+fn gemma2_q0f32_soft_capping_fork_and_popn_as_tvm() {
+    fork_and_popn_as_tvm("gemma2-q0f32");
+}
+
+/// OpenCL device 0, or `None` (after saying so) when there is none; `MBLOB_REQUIRE_OPENCL`
+/// (set by CI where pocl is installed) turns the skip into a failure.
+#[cfg(feature = "opencl")]
+fn opencl() -> Option<Device> {
+    match mblob_runtime::device::device_api(Device::opencl(0)) {
+        Ok(_) => Some(Device::opencl(0)),
+        Err(e) if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() => {
+            panic!("MBLOB_REQUIRE_OPENCL is set but no OpenCL device opens: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no OpenCL device ({e})");
+            None
+        }
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn qwen2_built_for_opencl_fork_and_popn_as_tvm_on_opencl() {
+    // `compile --device opencl` of qwen2-q0f32 (weights and the cache on the device) against
+    // TVM's records of the CPU build: TVM 0.27's wheel has no OpenCL runtime.
+    if let Some(d) = opencl() {
+        fork_and_popn_as_tvm_on(&Model::on("qwen2-q0f32-opencl", "qwen2-q0f32", d), "qwen2-q0f32");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn phi2_built_for_opencl_fork_and_popn_as_tvm_on_opencl() {
+    if let Some(d) = opencl() {
+        fork_and_popn_as_tvm_on(&Model::on("phi2-q0f32-opencl", "phi2-q0f32", d), "phi2-q0f32");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn mistral_built_for_opencl_sliding_window_as_tvm_on_opencl() {
+    // The window, its sinks and the eviction in the cache's GPU kernels.
+    if let Some(d) = opencl() {
+        sliding_window_as_tvm_on(&Model::on("mistral-q0f32-opencl", "mistral-q0f32", d), "mistral-q0f32");
+    }
 }

@@ -31,15 +31,16 @@ fn ids(v: &Value) -> Vec<String> {
     v.as_array().unwrap().iter().map(|t| t.as_i64().unwrap().to_string()).collect()
 }
 
-/// `mblob generate` on the library of `lib_of` with the weights of `name` and the prompt TVM
-/// ran, writing the logits to `logits`.
-fn generate(lib_of: &str, name: &str, threads: &str, logits: &Path) -> Output {
+/// `mblob generate` on `device` with the library of `lib_of`, the weights of `name` and the
+/// prompt TVM ran, writing the logits to `logits`.
+fn generate(lib_of: &str, name: &str, device: &str, threads: &str, logits: &Path) -> Output {
     let r = reference(name);
     let g = &r["generate"];
     let dir = fixture(name);
     Command::new(env!("CARGO_BIN_EXE_mblob"))
         .arg("generate")
         .arg(fixture(lib_of).join("lib.so"))
+        .args(["--device", device])
         .arg("--weights")
         .arg(&dir)
         .args(["--prompt-ids", &ids(&g["prompt"]).join(",")])
@@ -58,6 +59,11 @@ fn runs_as_tvm(name: &str) {
 
 /// [`runs_as_tvm`] with the library of `lib_of` and the weights and TVM's records of `name`.
 fn runs_as_tvm_with(lib_of: &str, name: &str) {
+    runs_as_tvm_on(lib_of, name, "cpu");
+}
+
+/// [`runs_as_tvm_with`] on `device`.
+fn runs_as_tvm_on(lib_of: &str, name: &str, device: &str) {
     let r = reference(name);
     let g = &r["generate"];
     let tokens = ids(&g["tokens"]).join(",");
@@ -66,8 +72,8 @@ fn runs_as_tvm_with(lib_of: &str, name: &str) {
     let tmp = tempfile::tempdir().unwrap();
     for threads in ["1", "2"] {
         let logits = tmp.path().join(format!("{threads}.npy"));
-        let out = generate(lib_of, name, threads, &logits);
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = generate(lib_of, name, device, threads, &logits);
+        assert!(out.status.success(), "{lib_of} on {device}: {}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(stdout.lines().last().unwrap_or_default(), tokens, "{name}: TVM's greedy tokens");
         let (shape, got) = f32s(&logits);
@@ -112,6 +118,20 @@ fn phi3_longrope_gives_tvms_tokens_and_logits() {
     // Phi-3.5's longrope: RoPE extension factors (argument 11 of the create call), which
     // `f_split_rotary` gets in place of its RoPE flag.
     runs_as_tvm("phi3-q0f32");
+}
+
+#[test]
+fn phi2_partial_rotary_gives_tvms_tokens_and_logits() {
+    // Phi-2: RoPE on 32 of each head's 64 features (`rotary_dim`), attention and MLP in
+    // parallel off one LayerNorm, biases everywhere (the lm_head's too).
+    runs_as_tvm("phi2-q0f32");
+}
+
+#[test]
+fn gemma2_final_soft_capping_gives_tvms_tokens_and_logits() {
+    // Gemma 2: the logits soft-capped (tanh(x / 3) * 3 here, so that every logit is in tanh's
+    // curve), sqrt(hidden)-scaled embeddings, `1 + w` RMS norms around attention and MLP.
+    runs_as_tvm("gemma2-q0f32");
 }
 
 /// Every step's logits within 1e-4 of max(1, max |ref|) of TVM's, row by row.
@@ -279,4 +299,49 @@ fn backend_tag_tir_of_tvm_020_to_023_gives_tvms_tokens_and_logits() {
     // to 0.23 tag them (TVM 0.27 refuses that tag, so TVM's records are those of the "tirx"
     // build: the same kernels).
     runs_as_tvm_with("qwen2-q0f32-tir", "qwen2-q0f32");
+}
+
+/// OpenCL device 0 opens, or (after saying so) the test is skipped; `MBLOB_REQUIRE_OPENCL`
+/// (set by CI where pocl is installed) turns the skip into a failure.
+#[cfg(feature = "opencl")]
+fn opencl_or_skip() -> bool {
+    match mblob_runtime::device::device_api(mblob_runtime::Device::opencl(0)) {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() => {
+            panic!("MBLOB_REQUIRE_OPENCL is set but no OpenCL device opens: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no OpenCL device ({e})");
+            false
+        }
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn qwen2_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
+    // `compile --device opencl`: TVM's GPU pipeline, MLC's dlight schedules and the cache's GPU
+    // kernels as OpenCL C. TVM 0.27's wheel cannot run OpenCL, so the records are those of the
+    // CPU build of the same model and weights (the kernels sum in another order: 1e-4 bound).
+    if opencl_or_skip() {
+        runs_as_tvm_on("qwen2-q0f32-opencl", "qwen2-q0f32", "opencl");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn phi2_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
+    // Phi-2's partial rotary in the GPU kernels of the cache.
+    if opencl_or_skip() {
+        runs_as_tvm_on("phi2-q0f32-opencl", "phi2-q0f32", "opencl");
+    }
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn mistral_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
+    // The 16-token window with 4 sinks and its eviction in the cache's GPU kernels.
+    if opencl_or_skip() {
+        runs_as_tvm_on("mistral-q0f32-opencl", "mistral-q0f32", "opencl");
+    }
 }

@@ -20,7 +20,7 @@ use crate::ffi::last_error::CallError;
 use crate::ffi::value::Value;
 
 /// The `DLTensor` a kernel gets for `a`, as TVM passes it: a tensor a VM placed at a non-zero
-/// offset of its storage ([`NdArray::vm_offset`]) comes as the storage's start and that
+/// offset of its storage (`NdArray::vm_offset`) comes as the storage's start and that
 /// `byte_offset`. On the CPU only, where pointers are addresses; a device tensor comes as its
 /// view (an OpenCL sub-buffer is no address to step back from).
 pub fn kernel_dl_tensor(a: &NdArray) -> DLTensor {

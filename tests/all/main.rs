@@ -34,9 +34,12 @@ mod run_device;
 mod run_relax;
 mod run_relax_args;
 mod run_relay_vm;
+// Blob objects for other machines come from the LLVM route (without it, a cross C compiler).
+#[cfg(feature = "llvm")]
 mod targets;
 mod trio;
 mod user_019;
 mod user_027;
 mod user_kind;
+#[cfg(feature = "llvm")]
 mod windows;

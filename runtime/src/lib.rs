@@ -103,10 +103,10 @@ pub mod tree;
 pub use array::NdArray;
 pub use bytes::Bytes;
 pub use device::{Device, DeviceError, DeviceType};
+#[cfg(feature = "system-lib")]
+pub use error::SystemLibError;
 pub use error::{Error, FormatError, FormatErrorKind, Result};
 pub use ffi::library::{LibraryModule, LIBRARY_TYPE_KEY};
-#[cfg(feature = "system-lib")]
-pub use ffi::system_lib::SystemLibError;
 pub use format::{ImportTree, Layout, ParsedBlob, UnknownKeys};
 #[cfg(feature = "system-lib")]
 pub use load::load_system_lib;

@@ -67,7 +67,7 @@ fn map_readonly(file: &std::fs::File) -> std::io::Result<Mmap> {
 }
 
 /// Loads a blob held in memory (8-byte header included). The `_lib` entry becomes a
-/// [`LibraryModule::detached`] with no symbols. Payloads borrow from `blob`.
+/// [`LibraryModule`] with no symbols (its path `<memory>`). Payloads borrow from `blob`.
 pub fn load_blob(blob: &Bytes, layout: Layout, registry: &Registry, options: &LoadOptions) -> Result<LoadedTree> {
     let library: Arc<dyn Module> = Arc::new(LibraryModule::detached());
     load_with_library(blob, layout, registry, options, library, Path::new("<memory>"), None)

@@ -727,11 +727,11 @@ fn lm_builtins_through_the_vm() {
 fn every_lm_builtin_is_served_by_the_vm() {
     use mblob_runtime::exec::llm::lm::BUILTINS;
     for name in BUILTINS {
-        assert!(mblob_runtime::exec::relax::vm::is_served(name), "{name} is not dispatched");
+        assert!(mblob_runtime::exec::relax::is_served(name), "{name} is not dispatched");
     }
     // The names TVM 0.27's registry has (sampling.json's `in_registry`) are served; the others
     // are not TVM's and stay unknown.
     for (name, registered) in json("sampling.json")["in_registry"].as_object().unwrap() {
-        assert_eq!(mblob_runtime::exec::relax::vm::is_served(name), registered.as_bool().unwrap(), "{name}");
+        assert_eq!(mblob_runtime::exec::relax::is_served(name), registered.as_bool().unwrap(), "{name}");
     }
 }

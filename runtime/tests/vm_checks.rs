@@ -211,7 +211,7 @@ fn relax_builtin_checks_give_tvms_messages() {
 /// `pc` made the immediate `value`: the call's words (opcode, destination, function index,
 /// argument count, arguments) are found in the file (once) and the one word rewritten.
 fn mutant_so(so: &str, exec: &RelaxExecutable, pc: usize, arg: usize, value: i64) -> Vec<u8> {
-    use mblob_runtime::exec::relax::executable::encode_arg;
+    use mblob_runtime::payload::relax::executable::encode_arg;
     let Instruction::Call { dst, func, args } = &exec.instructions[pc] else { unreachable!() };
     // Opcode 1, the destination (a register word is its argument word of kind 0), the function.
     let head = [1, encode_arg(Arg::Reg(*dst)), i64::from(*func), args.len() as i64];

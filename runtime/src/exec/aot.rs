@@ -31,9 +31,6 @@ use crate::payload::RawPayload;
 /// Type key of the AOT executor factory.
 pub const AOT_EXECUTOR_FACTORY: &str = "AotExecutorFactory";
 
-/// The `TVMMetadata` version this reader knows.
-pub use crate::ffi::metadata::METADATA_VERSION;
-
 /// The decoded `AotExecutorFactory` payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AotFactoryPayload {

@@ -1,7 +1,7 @@
 //! Calling functions with packed arguments: a [`PackedFunction`] is native code of a library
 //! (with its library's convention, the TVM generation of its code) or a Rust closure (what a module kind such as a
-//! device module offers, e.g. a kernel launcher), and a [`PreparedCall`] is a call whose
-//! arguments are encoded once and made many times.
+//! device module offers, e.g. a kernel launcher); inside the crate, a prepared call has its
+//! arguments encoded once and is made many times.
 //!
 //! [`crate::module::Module::get_function`] hands out `PackedFunction`s, each knowing how it is
 //! called; [`crate::LoadedTree::lookup`] finds one by name as TVM's `GetFunction(name,
@@ -57,7 +57,7 @@ pub(crate) type PackedCFn =
 pub(crate) type SafeCallFn = unsafe extern "C" fn(*mut c_void, *const TVMFFIAny, i32, *mut TVMFFIAny) -> c_int;
 
 /// A function a Rust module offers to compiled code: arguments in, a value or a message out.
-pub type RustFunction = dyn Fn(&[Value]) -> Result<Value, String> + Send + Sync;
+pub(crate) type RustFunction = dyn Fn(&[Value]) -> Result<Value, String> + Send + Sync;
 
 /// A function callable with packed arguments: native code of a library, or a Rust closure.
 #[derive(Clone)]
@@ -83,7 +83,7 @@ impl fmt::Debug for PackedFunction {
 impl PackedFunction {
     /// A native function at `symbol` compiled by the TVM generation `abi` (and so called in
     /// its convention).
-    pub fn native(symbol: Symbol, abi: Layout) -> PackedFunction {
+    pub(crate) fn native(symbol: Symbol, abi: Layout) -> PackedFunction {
         PackedFunction { inner: Inner::Native { symbol, abi } }
     }
 
@@ -265,7 +265,7 @@ pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[
 }
 
 /// A call whose arguments are encoded once and made many times (an executor's kernel calls).
-pub struct PreparedCall {
+pub(crate) struct PreparedCall {
     function: PackedFunction,
     encoded: Encoded,
 }
@@ -284,7 +284,7 @@ impl fmt::Debug for PreparedCall {
 
 impl PreparedCall {
     /// Encodes `args` for `function`'s convention.
-    pub fn new(function: PackedFunction, args: Vec<Value>) -> Result<PreparedCall, CallError> {
+    pub(crate) fn new(function: PackedFunction, args: Vec<Value>) -> Result<PreparedCall, CallError> {
         let encoded = match function.abi() {
             Some(abi) if !abi.ffi_values() => {
                 let (values, codes, strings) = encode_classic(&args)?;
@@ -305,7 +305,7 @@ impl PreparedCall {
     ///
     /// As [`PackedFunction::call`], for the arguments given to [`PreparedCall::new`], which
     /// must still be valid.
-    pub unsafe fn invoke(&mut self) -> Result<(), CallError> {
+    pub(crate) unsafe fn invoke(&mut self) -> Result<(), CallError> {
         let addr = self.function.symbol().map(|s| s.addr());
         let resource = std::ptr::null_mut();
         match (&mut self.encoded, addr) {

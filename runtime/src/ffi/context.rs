@@ -84,7 +84,7 @@ unsafe fn c_str<'a>(p: *const c_char) -> Option<std::borrow::Cow<'a, str>> {
 
 /// What mblob knows about one loaded library, for the calls its code makes back.
 #[derive(Debug)]
-pub struct LibraryContext {
+pub(crate) struct LibraryContext {
     path: PathBuf,
     /// The loads of the library alive now, oldest first (each added once its tree is built,
     /// removed when it is dropped).
@@ -118,7 +118,7 @@ struct Load {
 /// every load (they name the function; each call finds it in the context of the time), so
 /// they are made once per image and stay reachable.
 #[derive(Debug)]
-pub struct ContextHandle {
+pub(crate) struct ContextHandle {
     ctx: RwLock<Weak<LibraryContext>>,
     /// Handles given out, by name.
     handles: Mutex<HashMap<String, &'static FunctionHandle>>,
@@ -153,7 +153,7 @@ impl ContextHandle {
 
 /// What a function handle given to compiled code points to.
 #[derive(Debug)]
-pub struct FunctionHandle {
+pub(crate) struct FunctionHandle {
     ctx: &'static ContextHandle,
     name: String,
     /// The function it resolved to last, owned by the context (by the load whose imports had
@@ -266,11 +266,6 @@ impl FunctionHandle {
         *self.resolved.write().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&f);
         Ok(f)
     }
-}
-
-/// Registers a global function (see [`crate::ffi::globals::register_global`]).
-pub fn register_global(name: impl Into<String>, f: PackedFunction) {
-    crate::ffi::globals::register_global(name, f)
 }
 
 fn global_function(name: &str) -> Option<PackedFunction> {

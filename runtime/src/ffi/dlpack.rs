@@ -4,8 +4,7 @@
 //! `int f(TVMValue* args, int* type_codes, int num_args, TVMValue* ret, int* ret_code, void*)`
 //! (TVM 0.8 to 0.20) or tvm-ffi's safe-call signature (0.21 and later), tensors passed as
 //! `DLTensor*` with type code 7. It reports errors and reaches the runtime through the function
-//! pointers stored in the library's `__TVM*` data symbols, which the loader fills
-//! ([`crate::ffi::context`]). [`crate::ffi::call::PackedFunction`] calls either convention.
+//! pointers stored in the library's `__TVM*` data symbols, which the loader fills. [`crate::ffi::call::PackedFunction`] calls either convention.
 //!
 //! This file is part of the FFI edge ([`crate::ffi`]).
 use std::ffi::c_void;

@@ -23,7 +23,7 @@ use crate::ffi::value::Value;
 /// offset of its storage (`NdArray::vm_offset`) comes as the storage's start and that
 /// `byte_offset`. On the CPU only, where pointers are addresses; a device tensor comes as its
 /// view (an OpenCL sub-buffer is no address to step back from).
-pub fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
+pub(crate) fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
     let mut t = a.dl_tensor();
     let offset = a.vm_offset();
     if offset != 0 && a.device().is_cpu() {
@@ -38,7 +38,7 @@ pub fn kernel_dl_tensor(a: &NdArray) -> DLTensor {
 /// A call of a kernel with array arguments, prepared once: the `DLTensor`s built and the
 /// arguments encoded in the function's convention. It holds the arrays (their storages live
 /// as long as it does) and the shapes the `DLTensor`s point to.
-pub struct KernelCall {
+pub(crate) struct KernelCall {
     call: PreparedCall,
     _tensors: Box<[DLTensor]>,
     _shapes: Box<[Box<[i64]>]>,
@@ -60,7 +60,7 @@ impl std::fmt::Debug for KernelCall {
 impl KernelCall {
     /// Prepares a call of `function` with `arrays`, each passed with its shape, or, with
     /// `flat`, as one dimension of all its elements (a graph op's `flatten_data`).
-    pub fn new(function: PackedFunction, arrays: Vec<NdArray>, flat: bool) -> Result<KernelCall, CallError> {
+    pub(crate) fn new(function: PackedFunction, arrays: Vec<NdArray>, flat: bool) -> Result<KernelCall, CallError> {
         let shapes: Box<[Box<[i64]>]> = arrays
             .iter()
             .map(|a| if flat { vec![a.shape().iter().product::<i64>()].into() } else { a.shape().into() })
@@ -77,7 +77,7 @@ impl KernelCall {
     }
 
     /// Makes the call; the return value is dropped.
-    pub fn invoke(&mut self) -> Result<(), CallError> {
+    pub(crate) fn invoke(&mut self) -> Result<(), CallError> {
         // SAFETY: the function is one of a library opened with `load_library`, whose caller
         // vouched for its code (the trust this module rests on). The encoded arguments point
         // to the `DLTensor`s in `self`, which describe the arrays `self` holds (each no larger
@@ -89,7 +89,7 @@ impl KernelCall {
 
 /// An argument of [`call_kernel`].
 #[derive(Debug, Clone, Copy)]
-pub enum KernelArg<'a> {
+pub(crate) enum KernelArg<'a> {
     /// A tensor, passed as a `DLTensor` ([`kernel_dl_tensor`]).
     Tensor(&'a NdArray),
     /// An integer.
@@ -105,7 +105,7 @@ pub enum KernelArg<'a> {
 /// returned. The `DLTensor`s lie in an array on the stack sized to the call (most kernels take
 /// two to eight arguments), in a vector past that; nothing else is collected.
 #[inline]
-pub fn call_kernel<T>(
+pub(crate) fn call_kernel<T>(
     kernel: &PackedFunction,
     args: &[T],
     arg: impl for<'b> Fn(&'b T) -> KernelArg<'b>,
@@ -123,7 +123,7 @@ pub fn call_kernel<T>(
 }
 
 /// Calls a kernel with array arguments only (the Relay VM's primitives).
-pub fn call_kernel_arrays(kernel: &PackedFunction, arrays: &[&NdArray]) -> Result<(), CallError> {
+pub(crate) fn call_kernel_arrays(kernel: &PackedFunction, arrays: &[&NdArray]) -> Result<(), CallError> {
     let mut tensors: smallvec::SmallVec<[DLTensor; 8]> = arrays.iter().map(|a| kernel_dl_tensor(a)).collect();
     // SAFETY: as in `KernelCall::invoke`: the function is one of a library the caller of
     // `load_library` vouched for; every `DLTensor` describes an array borrowed for the whole

@@ -126,7 +126,7 @@ pub struct LibraryModule {
 
 impl LibraryModule {
     /// A library module with no shared object behind it (for blobs loaded from memory).
-    pub fn detached() -> LibraryModule {
+    pub(crate) fn detached() -> LibraryModule {
         LibraryModule { image: None, path: PathBuf::from("<memory>"), abi: Layout::Classic, main_entry: None }
     }
 
@@ -135,7 +135,7 @@ impl LibraryModule {
     }
 
     /// The context compiled code of this library calls back with (`None` when detached).
-    pub fn context(&self) -> Option<&Arc<LibraryContext>> {
+    pub(crate) fn context(&self) -> Option<&Arc<LibraryContext>> {
         self.image.as_ref().map(|i| i.context())
     }
 

@@ -12,7 +12,7 @@ use crate::ffi::dlpack::DLDataType;
 use crate::ffi::value::Value;
 
 /// The `TVMMetadata` version this reader knows.
-pub const METADATA_VERSION: i64 = 1;
+pub(crate) const METADATA_VERSION: i64 = 1;
 
 /// Limits on what the metadata may claim (beyond them it is not a real model's).
 const MAX_TENSORS: i64 = 1 << 16;
@@ -22,7 +22,7 @@ const MAX_CONSTANT: i64 = i32::MAX as i64;
 
 /// One `TVMTensorInfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawTensorInfo {
+pub(crate) struct RawTensorInfo {
     /// Its name (empty when null).
     pub name: String,
     /// Its shape.
@@ -34,7 +34,7 @@ pub struct RawTensorInfo {
 /// One `TVMConstantInfo`: a tensor in TVM's `NDArray::Save` format at a byte offset of the
 /// constant pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawConstant {
+pub(crate) struct RawConstant {
     /// Where its data goes in the merged pool.
     pub byte_offset: i64,
     /// The saved tensor's bytes.
@@ -43,7 +43,7 @@ pub struct RawConstant {
 
 /// A `TVMMetadata`, copied.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawMetadata {
+pub(crate) struct RawMetadata {
     /// Inputs, in argument order.
     pub inputs: Vec<RawTensorInfo>,
     /// Outputs, in argument order.
@@ -100,7 +100,7 @@ struct CConstantInfo {
 
 /// Calls `get_c_metadata` (the packed function TVM's AOT codegen emits: no arguments, returns a
 /// handle to the metadata in the library's read-only data) and copies the metadata out.
-pub fn read_c_metadata(get_c_metadata: &PackedFunction) -> Result<RawMetadata, MetadataError> {
+pub(crate) fn read_c_metadata(get_c_metadata: &PackedFunction) -> Result<RawMetadata, MetadataError> {
     // SAFETY: a function of a tree whose caller took the trust in its code at `load_library`;
     // it takes no arguments.
     let ret = unsafe { get_c_metadata.call(&[]) }.map_err(|e| MetadataError::Call(e.message))?;

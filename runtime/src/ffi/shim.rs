@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 use crate::format::Layout;
 
 /// The TVM runtime functions the shim provides, in the order of its table.
-pub const PROVIDED: [&str; 13] = [
+pub(crate) const PROVIDED: [&str; 13] = [
     "TVMFFIErrorSetRaisedFromCStrParts",
     "TVMFFIErrorSetRaisedFromCStr",
     "TVMAPISetLastError",

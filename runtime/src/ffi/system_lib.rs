@@ -28,7 +28,7 @@ use std::sync::Mutex;
 
 use crate::format::{Layout, SYMBOL_CLASSIC, SYMBOL_CLASSIC_021, SYMBOL_FFI};
 
-pub use crate::error::SystemLibError;
+pub(crate) use crate::error::SystemLibError;
 
 /// One registered symbol.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +61,7 @@ fn table() -> std::sync::MutexGuard<'static, Table> {
 /// `addr` must be what a TVM `system-lib` build registers under `name`: a function of its
 /// convention, a pointer-sized writable context slot, or a blob (8-byte length, then that
 /// many bytes), valid for the rest of the process. Opening a prefix trusts these addresses.
-pub unsafe fn register_symbol(name: &str, addr: *mut c_void, abi: Layout) -> Result<(), SystemLibError> {
+pub(crate) unsafe fn register_symbol(name: &str, addr: *mut c_void, abi: Layout) -> Result<(), SystemLibError> {
     let addr = addr as usize;
     let mut t = table();
     match t.symbols.get(name) {
@@ -84,7 +84,7 @@ const CONTEXT_SYMBOLS: [&str; 3] = ["__tvm_ffi__library_ctx", "__tvm_ffi_library
 
 /// The prefixes of the models registered so far (those whose blob or context slot is in the
 /// table), sorted.
-pub fn registered_prefixes() -> Vec<String> {
+pub(crate) fn registered_prefixes() -> Vec<String> {
     let t = table();
     let mut held: Vec<String> = t
         .symbols
@@ -99,7 +99,7 @@ pub fn registered_prefixes() -> Vec<String> {
 
 /// A system library: the symbols registered under one prefix (TVM's `SystemLibrary`).
 #[derive(Debug, Clone)]
-pub struct SystemLibrary {
+pub(crate) struct SystemLibrary {
     prefix: String,
     abi: Layout,
 }
@@ -153,12 +153,12 @@ impl SystemLibrary {
     }
 
     /// Its prefix.
-    pub fn prefix(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
 
     /// The calling convention of its functions (that of the function that registered it).
-    pub fn abi(&self) -> Layout {
+    pub(crate) fn abi(&self) -> Layout {
         self.abi
     }
 

@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 /// `TVMParallelGroupEnv`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct ParallelGroupEnv {
+pub(crate) struct ParallelGroupEnv {
     /// Points to the launch's barrier.
     pub sync_handle: *mut c_void,
     /// The number of tasks of the launch.
@@ -38,7 +38,7 @@ pub struct ParallelGroupEnv {
 }
 
 /// `FTVMParallelLambda`.
-pub type ParallelLambda = unsafe extern "C" fn(c_int, *mut ParallelGroupEnv, *mut c_void) -> c_int;
+pub(crate) type ParallelLambda = unsafe extern "C" fn(c_int, *mut ParallelGroupEnv, *mut c_void) -> c_int;
 
 /// Iterations a waiting thread spins with a CPU pause hint before it starts yielding its CPU.
 const PAUSE_SPINS: u32 = 16;
@@ -114,7 +114,7 @@ pub fn env_num_threads() -> Result<Option<usize>, NumThreadsError> {
 /// malformed variable ([`env_num_threads`]'s error, which the `mblob` command line refuses)
 /// is logged as a warning and taken as 1 thread, as TVM's runtime (`atoi`, then at least 1)
 /// takes it.
-pub fn default_num_threads() -> usize {
+pub(crate) fn default_num_threads() -> usize {
     static DEFAULT: OnceLock<usize> = OnceLock::new();
     *DEFAULT.get_or_init(|| match env_num_threads() {
         Ok(Some(n)) => n,
@@ -127,7 +127,8 @@ pub fn default_num_threads() -> usize {
 }
 
 /// Sets how many threads parallel loops launched from the calling thread use (the calling
-/// thread included); 0 restores the default ([`default_num_threads`]).
+/// thread included); 0 restores the process default (`MBLOB_NUM_THREADS`, then
+/// `TVM_NUM_THREADS`, then the number of cores).
 pub fn set_num_threads(n: usize) {
     THREADS.with(|t| t.set(n));
 }

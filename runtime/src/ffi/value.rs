@@ -7,8 +7,8 @@
 //! - tvm-ffi (TVM 0.21 and later): `int f(void* self, const TVMFFIAny* args, int32_t n,
 //!   TVMFFIAny* result)`, 16-byte values that carry their type index.
 //!
-//! [`Value`] is an argument or a return value of either; [`TVMValue`] and [`TVMFFIAny`] are
-//! their C forms. The calls themselves are in [`super::call`].
+//! [`Value`] is an argument or a return value of either; TVM's `TVMValue` and `TVMFFIAny`
+//! are their C forms (crate-private here). The calls themselves are in [`super::call`].
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void, CStr, CString};
@@ -72,7 +72,7 @@ const F_OBJECT_BEGIN: i32 = 64;
 /// `TVMValue`: the 8-byte union of the classic convention.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub union TVMValue {
+pub(crate) union TVMValue {
     /// Integers.
     pub v_int64: i64,
     /// Floats.
@@ -88,7 +88,7 @@ pub union TVMValue {
 /// `TVMFFIAny`: the 16-byte tagged value of tvm-ffi.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct TVMFFIAny {
+pub(crate) struct TVMFFIAny {
     /// The type index.
     pub type_index: i32,
     /// Zero, or the length of a small string.

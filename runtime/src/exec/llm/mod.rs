@@ -2,10 +2,10 @@
 //! KV cache ([`kv_cache`]), the other LLM builtins (tensor cache, sampling, legacy KV cache:
 //! [`lm`]) and greedy generation with an MLC-LLM library ([`generate`]).
 //!
-//! This floor depends on the VM's values ([`crate::exec::relax::vm::value`]) and its public
+//! This floor depends on the VM's values (`exec::relax::vm::value`, crate-private) and its
 //! calls; the VM never names it. Its builtins reach the VM as tables of names and functions
 //! (`kv_cache::TABLE`, `lm::builtins::TABLE`) that this module adds to the VM's default builtin
-//! set ([`Builtins::default`]).
+//! set (`Builtins::default`).
 
 pub mod generate;
 pub mod kv_cache;

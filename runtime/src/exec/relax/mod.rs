@@ -1,5 +1,29 @@
-//! TVM's Relax virtual machine: the interpreter ([`vm`]) of the executables that
+//! TVM's Relax virtual machine: the interpreter of the executables that
 //! [`crate::payload::relax`] reads.
+//!
+//! What a user calls here:
+//! - [`VirtualMachine`]: [`VirtualMachine::new`] over a loaded tree (or
+//!   [`VirtualMachine::with_executable`] for an executable read or built on its own), then
+//!   [`VirtualMachine::invoke`] with [`exec::Value`](crate::exec::Value)s;
+//!   [`VirtualMachine::functions`] lists what can be invoked ([`FunctionSignature`], with a
+//!   [`ParamKind`] per parameter), [`VirtualMachine::devices`] is TVM's device list and
+//!   [`VirtualMachine::constant_tensor`] a constant as the VM holds it.
+//! - [`VmError`], the one error of the VM ([`VmError::root`] through the call frames).
+//! - [`ObjectRef`]: a runtime object (a KV cache, a Relay ADT) that a function returns and
+//!   takes back.
+//! - What mblob cannot serve, read without running: [`unsupported_calls`] (the packed calls of
+//!   an executable that neither the VM nor the library has), [`unprovided_runtime_imports`]
+//!   and [`is_served`].
+//! - The executable's types, from [`crate::payload::relax`]: [`RelaxExecutable`],
+//!   [`Instruction`], [`Arg`], [`Reg`], [`Constant`], [`FuncInfo`], [`FuncKind`] and the type
+//!   keys [`RELAX_EXECUTABLE`] and [`RELAX_VM_EXECUTABLE`].
+//!
+//! The interpreter follows TVM's `VirtualMachineImpl`: each call of a VM function gets a frame
+//! of `register_file_size` registers with the arguments in the first ones; function names are
+//! resolved when the VM is made, as TVM's `InitFuncPool` does (a name that is neither a builtin
+//! nor a function of the tree is an error then); a `vm.builtin.*` mblob does not implement is
+//! refused only when a function calls it ([`VmError::UnknownBuiltin`], with the reason), and
+//! argument checks fail with TVM's error kind and message.
 //!
 //! Since TVM 0.21 every model TVM builds is a Relax model: `tvm.compile` / `relax.build`
 //! gives a VM executable (`relax.Executable` in 0.19, `relax.VMExecutable` from 0.20) that
@@ -30,13 +54,13 @@
 //! input tensors that are elsewhere; outputs stay on the device until the caller copies them
 //! ([`NdArray::to_tensor`](crate::array::NdArray::to_tensor), [`NdArray::copy`](crate::array::NdArray::copy)).
 
-pub mod calls;
+mod calls;
 pub(crate) mod checks;
-pub mod vm;
+pub(crate) mod vm;
 
 pub use crate::payload::relax::{
-    executable, v019, v021, Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE,
-    RELAX_VM_EXECUTABLE,
+    Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
-pub use vm::{numpy_dtype, Builtins, ObjectRef, ParamKind, VirtualMachine, VmError, VmObject, REFUSED_BUILTINS};
+pub(crate) use vm::VmObject;
+pub use vm::{is_served, FunctionSignature, ObjectRef, ParamKind, VirtualMachine, VmError};

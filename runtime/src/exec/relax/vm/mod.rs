@@ -51,21 +51,21 @@ mod io;
 mod kernel;
 mod run;
 mod types;
-pub mod value;
+pub(crate) mod value;
 
-pub use builtins::{supported_builtins, REFUSED_BUILTINS};
 pub(crate) use kernel::call_kernel;
 #[cfg(feature = "llm")]
 pub(crate) use types::BuiltinFn;
-pub use types::{Builtins, VirtualMachine};
+pub(crate) use types::Builtins;
+pub use types::VirtualMachine;
 use types::{Callee, Op, Quick};
-pub use value::{numpy_dtype, ObjectRef, ParamKind, VmError, VmObject};
-pub(crate) use value::{tuple_items, Value};
+pub(crate) use value::{numpy_dtype, tuple_items, Value, VmObject};
+pub use value::{ObjectRef, ParamKind, VmError};
 
 use crate::exec::pool::StoragePool;
 
 /// Calls nested deeper than this fail (a recursive program would otherwise exhaust the stack).
-pub const MAX_CALL_DEPTH: usize = 256;
+const MAX_CALL_DEPTH: usize = 256;
 
 /// A function of the executable that a caller can invoke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,17 +89,6 @@ impl VirtualMachine {
             .find_map(|m| m.module.as_any().downcast_ref::<RelaxExecutable>())
             .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
         VirtualMachine::build(tree, Arc::new(exec.clone()), device, Builtins::default())
-    }
-
-    /// [`VirtualMachine::new`] with the builtins `builtins` instead of the default set
-    /// ([`Builtins::default`]).
-    pub fn with_builtins(tree: &LoadedTree, device: Device, builtins: Builtins) -> Result<VirtualMachine, VmError> {
-        let exec = tree
-            .modules()
-            .iter()
-            .find_map(|m| m.module.as_any().downcast_ref::<RelaxExecutable>())
-            .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
-        VirtualMachine::build(tree, Arc::new(exec.clone()), device, builtins)
     }
 
     /// A VM that runs `exec` with the functions of `tree` (its library, the imports), for an
@@ -426,9 +415,9 @@ impl VirtualMachine {
 }
 
 /// Whether mblob itself serves a packed function of this name, as the VM's name resolution
-/// finds it when no module of the tree has it: a builtin of the default set
-/// ([`Builtins::default`]), a `relax.run.*` function or a global function
-/// (`crate::ffi::globals`). Used by [`super::calls::unsupported_calls`].
+/// finds it when no module of the tree has it: a builtin of the VM (with the `llm` feature,
+/// the LLM builtins too), a `relax.run.*` function or a global function
+/// ([`crate::ffi::globals`]). Used by [`super::unsupported_calls`].
 pub fn is_served(name: &str) -> bool {
     Builtins::default().contains(name) || provided(name).is_some()
 }

@@ -63,7 +63,7 @@ pub(crate) type Table = &'static [(&'static str, BuiltinFn)];
 /// The builtins a VM resolves the names of its function table with (before the library's
 /// functions): tables of names and functions, looked up in order.
 #[derive(Clone)]
-pub struct Builtins {
+pub(crate) struct Builtins {
     pub(super) tables: Vec<Table>,
 }
 

@@ -295,7 +295,7 @@ pub(crate) fn bool_for_dialect(d: DataType, ffi_bool: bool) -> DataType {
 
 /// An output's dtype as numpy spells it: tvm-ffi's 8-bit `kDLBool` becomes `uint1` (numpy's
 /// bool, one byte per element, the same bytes); every other dtype stays.
-pub fn numpy_dtype(d: DataType) -> DataType {
+pub(crate) fn numpy_dtype(d: DataType) -> DataType {
     if d == DataType::FFI_BOOL {
         DataType::BOOL
     } else {

@@ -24,7 +24,7 @@ impl std::fmt::Debug for Builtins {
 
 impl Builtins {
     /// The builtins of the VM itself (checks, shapes, memory, tuples, closures).
-    pub fn core() -> Builtins {
+    pub(crate) fn core() -> Builtins {
         Builtins { tables: CORE.to_vec() }
     }
 
@@ -41,12 +41,12 @@ impl Builtins {
     }
 
     /// Whether the set has a builtin of this name.
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
 
     /// The names of the builtins, in lookup order.
-    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.tables.iter().flat_map(|t| t.iter()).map(|(n, _)| *n)
     }
 }
@@ -62,7 +62,7 @@ impl Default for Builtins {
 
 /// The `vm.builtin.*` groups of TVM 0.27's registry that mblob refuses, by name prefix, with
 /// the reason given when a function calls one.
-pub const REFUSED_BUILTINS: &[(&str, &str)] = &[
+const REFUSED_BUILTINS: &[(&str, &str)] = &[
     ("vm.builtin.attention_kv_cache_", "an LLM KV-cache builtin (not supported yet)"),
     ("vm.builtin.paged_attention_kv_cache_", "an LLM KV-cache builtin (not supported yet)"),
     ("vm.builtin.kv_cache_disagg_", "an LLM KV-cache builtin (not supported yet)"),
@@ -87,9 +87,4 @@ pub(super) fn refusal(name: &str) -> &'static str {
         .iter()
         .find(|(prefix, _)| name.starts_with(prefix))
         .map_or("it is not in TVM 0.27's registry of relax VM builtins", |(_, why)| *why)
-}
-
-/// The names of the core `vm.builtin.*` functions this VM implements.
-pub fn supported_builtins() -> impl Iterator<Item = &'static str> {
-    CORE.iter().flat_map(|t| t.iter()).map(|(n, _)| *n)
 }

@@ -26,8 +26,8 @@ mod output;
 mod progress;
 mod release;
 
-pub use bundle::{bundle_models, write_bundle, BundleModel};
-pub use compile::{is_cxx, CXX_EXTENSIONS};
+pub use bundle::{write_bundle, BundleModel};
+pub use compile::is_cxx;
 use compile::{CompileOptions, HostInputs};
 use output::PartialDir;
 pub use progress::Progress;
@@ -238,7 +238,8 @@ impl Export {
     }
 
     /// Adds a C or C++ source for the host, compiled with the system compiler (C++ for the
-    /// extensions in [`CXX_EXTENSIONS`]; the library then links the C++ runtime, libstdc++).
+    /// extensions `.cc`, `.cpp`, `.cxx`, `.c++` and `.C`, see [`is_cxx`]; the library then links
+    /// the C++ runtime, libstdc++).
     /// See [`Export::compiler`] for the options.
     pub fn c_source(&mut self, path: impl Into<PathBuf>) -> &mut Self {
         self.c_sources.push(path.into());
@@ -426,7 +427,7 @@ impl Export {
     }
 
     /// The packer options this export uses.
-    pub fn pack_options(&self) -> PackOptions {
+    pub(crate) fn pack_options(&self) -> PackOptions {
         PackOptions {
             layout: self.layout,
             prefix: self.prefix.clone(),

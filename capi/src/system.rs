@@ -4,7 +4,7 @@
 //! With the crate feature `system-lib` (what `ci/install-capi.sh` builds into `libmblob.a`),
 //! the library also defines TVM's runtime names that such models call at start-up and when
 //! they run (`TVMBackendRegisterSystemLibSymbol`, `TVMFFIEnvModRegisterSystemLibSymbol`,
-//! `TVMBackendAllocWorkspace`, `TVMFFIFunctionCall`, ...; see `mblob_runtime::ffi::system_lib`):
+//! `TVMBackendAllocWorkspace`, `TVMFFIFunctionCall`, ...; see `runtime/src/ffi/system_lib.rs`):
 //! a program links `libmblob.a` instead of TVM's runtime. `libmblob.so` is built without it
 //! and exports none of TVM's names.
 

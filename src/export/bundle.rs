@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mblob_runtime::{container, Bytes};
+use mblob_runtime::container;
 use object::Object;
 
 use super::archive::{self, Member};
@@ -146,12 +146,4 @@ pub fn write_bundle(inputs: &[PathBuf], output: &Path) -> Result<Vec<BundleModel
     archive::write_archive(&all, apple, &partial.file)?;
     partial.publish(output)?;
     Ok(models)
-}
-
-/// The models of a bundle (or the one model of any other library): prefix, blob symbol and
-/// the member that holds it, as `inspect` and `extract` list them.
-pub fn bundle_models(data: &Bytes, path: &Path) -> Result<Vec<(String, String, Option<String>)>> {
-    let blobs = container::find_blobs(data)
-        .map_err(|source| mblob_runtime::Error::Container { path: path.to_owned(), source })?;
-    Ok(blobs.into_iter().map(|b| (b.prefix, b.symbol, b.member)).collect())
 }

@@ -9,7 +9,7 @@ use crate::pack::{self, PackOptions};
 use crate::{Error, Result};
 
 /// Extensions of C++ sources (anything else in the sources is compiled as C).
-pub const CXX_EXTENSIONS: [&str; 5] = ["cc", "cpp", "cxx", "c++", "C"];
+pub(crate) const CXX_EXTENSIONS: [&str; 5] = ["cc", "cpp", "cxx", "c++", "C"];
 
 /// Whether `path` is a C++ source, by its extension.
 pub fn is_cxx(path: &Path) -> bool {

@@ -30,7 +30,7 @@ pub fn detect(path: &Path) -> Result<Option<Layout>> {
 ///
 /// # Errors
 /// [`Error::Layout`] when two objects use different conventions; [`Error::Io`].
-pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
+pub(crate) fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
     let mut found: Option<(Layout, PathBuf)> = None;
     for path in objects {
         let Some(c) = detect(path)? else { continue };
@@ -61,7 +61,7 @@ pub fn detect_all(objects: &[PathBuf]) -> Result<Option<(Layout, PathBuf)>> {
 /// # Errors
 /// [`Error::Layout`] naming the detected convention (or the payload) and the layout that
 /// fits; `Export::force_layout` skips this check.
-pub fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
+pub(crate) fn check_layout(objects: &[PathBuf], layout: Layout, tree: &ModuleTree) -> Result<()> {
     if let Some((code, path)) = detect_all(objects)? {
         if code != layout {
             return Err(Error::Layout {

@@ -1,14 +1,14 @@
 //! The direct route: the linker never sees the blob's bytes; mblob writes them once, into the
 //! linked library.
 //!
-//! 1. [`write_placeholder`] writes a tiny object (with the `object` crate): the blob symbol,
-//!    [`PLACEHOLDER_LEN`] byte long, alone in the section [`SECTION`] (read-only, allocated;
+//! 1. `write_placeholder` writes a tiny object (with the `object` crate): the blob symbol,
+//!    `PLACEHOLDER_LEN` byte long, alone in the section [`SECTION`] (read-only, allocated;
 //!    flagged `SHF_X86_64_LARGE` on x86-64), and a linker script fragment
-//!    ([`LINKER_SCRIPT`]) that places that section after `.bss`, on a page of its own: the last
+//!    (`LINKER_SCRIPT`) that places that section after `.bss`, on a page of its own: the last
 //!    loadable segment, at the end of the address space and of the file's loaded part. GNU ld
 //!    and ld.lld both take the fragment (`INSERT AFTER` keeps their default layout).
 //! 2. The library is linked as usual, with the placeholder among the objects.
-//! 3. [`place_blob`] checks that layout in the linked library (ELF64, little-endian), moves
+//! 3. `place_blob` checks that layout in the linked library (ELF64, little-endian), moves
 //!    what follows the placeholder in the file (the sections that are not loaded and the
 //!    section header table) past the blob, streams the blob in at the section's file offset,
 //!    and sets the sizes that grow with it: the section's `sh_size`, the segment's `p_filesz`
@@ -22,7 +22,7 @@
 //!
 //! The linker's build ID (`.note.gnu.build-id`, which Debian's compilers ask for) covers the
 //! placeholder, not the blob: two exports of the same host code with different blobs would
-//! share it, and debuggers and `debuginfod` would take one library for the other. [`place_blob`]
+//! share it, and debuggers and `debuginfod` would take one library for the other. `place_blob`
 //! therefore replaces it, same size, with a hash (XXH3-128, extended with seeds to the note's
 //! size) of the linker's ID and of the blob's bytes, computed as they stream by. It is not the
 //! linker's algorithm over the whole file (that would read the blob a second time), but like it
@@ -53,17 +53,17 @@ use crate::{Error, Result};
 pub const SECTION: &str = ".lrodata.mblob";
 
 /// Bytes of the placeholder (the symbol's size until the blob is placed).
-pub const PLACEHOLDER_LEN: u64 = 1;
+pub(crate) const PLACEHOLDER_LEN: u64 = 1;
 
 /// The linker script fragment: [`SECTION`] alone, after `.bss`, starting a page of its own
 /// (the expression is the one GNU ld's default script uses for `.lrodata`).
-pub const LINKER_SCRIPT: &str = "/* mblob: the blob placeholder goes last, in a segment of its own. */\n\
+pub(crate) const LINKER_SCRIPT: &str = "/* mblob: the blob placeholder goes last, in a segment of its own. */\n\
 SECTIONS\n{\n  .lrodata.mblob ALIGN(CONSTANT(MAXPAGESIZE)) + (. & (CONSTANT(MAXPAGESIZE) - 1)) : { KEEP(*(.lrodata.mblob)) }\n}\n\
 INSERT AFTER .bss;\n";
 
 /// Whether the direct route can write a library for these options: ELF64 little-endian
 /// targets whose objects mblob writes (x86-64, AArch64), without the system-lib constructor.
-pub fn supports(opts: &PackOptions) -> bool {
+pub(crate) fn supports(opts: &PackOptions) -> bool {
     let t = opts.triple();
     opts.is_elf() && !opts.system_lib && (t.starts_with("x86_64") || t.starts_with("aarch64"))
 }
@@ -74,7 +74,7 @@ pub fn supports(opts: &PackOptions) -> bool {
 /// # Errors
 /// [`Error::Options`] for a bad prefix, [`Error::Target`] for options the route does not support ([`supports`]),
 /// [`Error::Io`] when a file cannot be written.
-pub fn write_placeholder(opts: &PackOptions, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+pub(crate) fn write_placeholder(opts: &PackOptions, dir: &Path) -> Result<(PathBuf, PathBuf)> {
     opts.check()?;
     if !supports(opts) {
         return Err(Error::Target {
@@ -142,7 +142,7 @@ struct Plan {
 /// for (another linker, a host object with its own large data...), or when the blob source
 /// writes a length other than the one it announced; [`Error::Io`] when the file cannot be
 /// read or written.
-pub fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result<()> {
+pub(crate) fn place_blob(library: &Path, symbol: &str, blob: &dyn BlobSource) -> Result<()> {
     let len = blob.blob_len();
     let _span = tracing::info_span!("place", library = %library.display(), bytes = len).entered();
     let invalid = |detail: String| Error::Linked { what: library.display().to_string(), detail: detail.into() };

@@ -18,14 +18,14 @@ use crate::{Error, Result};
 
 /// What the host objects of an export are.
 #[derive(Debug, Default)]
-pub struct HostCode {
+pub(crate) struct HostCode {
     /// The machine all objects are for, with the first object that says so; `None` without
     /// objects (or with archives only).
-    pub machine: Option<(Architecture, BinaryFormat, PathBuf)>,
+    pub(crate) machine: Option<(Architecture, BinaryFormat, PathBuf)>,
     /// The global functions and data the objects define.
-    pub defined: HashSet<String>,
+    pub(crate) defined: HashSet<String>,
     /// Whether an input could not be read as an object (an archive): its symbols are unknown.
-    pub opaque: bool,
+    pub(crate) opaque: bool,
 }
 
 /// Reads `paths` as host objects.
@@ -34,7 +34,7 @@ pub struct HostCode {
 /// [`Error::HostCode`] for a shared library (it cannot be linked into another library: its
 /// functions would be missing from the output), [`Error::Target`] for objects of two machines; [`Error::Io`]
 /// when a file cannot be read.
-pub fn read(paths: &[PathBuf]) -> Result<HostCode> {
+pub(crate) fn read(paths: &[PathBuf]) -> Result<HostCode> {
     let mut host = HostCode::default();
     for path in paths {
         let data = mblob_runtime::map_file(path)?;
@@ -123,7 +123,7 @@ fn arch_of_triple(triple: &str) -> Option<Architecture> {
 
 /// The object format LLVM writes for a target triple: COFF for Windows, Mach-O for Apple
 /// systems, WebAssembly for `wasm`, ELF otherwise.
-pub fn format_of_triple(triple: &str) -> BinaryFormat {
+pub(crate) fn format_of_triple(triple: &str) -> BinaryFormat {
     if triple.contains("windows") {
         BinaryFormat::Coff
     } else if ["apple", "darwin", "macos", "ios"].iter().any(|p| triple.contains(p)) {
@@ -144,7 +144,7 @@ impl HostCode {
     /// [`Error::Target`] when `target` names another machine than the host objects, or when
     /// the host objects are for a machine other than this one for which no triple is known
     /// (give the target).
-    pub fn target(&self, target: Option<&str>) -> Result<Option<String>> {
+    pub(crate) fn target(&self, target: Option<&str>) -> Result<Option<String>> {
         let Some((arch, format, path)) = &self.machine else { return Ok(target.map(str::to_owned)) };
         if let Some(t) = target {
             let wanted = (arch_of_triple(t).unwrap_or(*arch), format_of_triple(t));
@@ -179,7 +179,7 @@ impl HostCode {
 
     /// Whether the objects define the host function `name` under the symbol of any TVM
     /// version (`name`, or `__tvm_ffi_<name>` from TVM 0.22; with a leading `_` on Mach-O).
-    pub fn defines(&self, name: &str) -> bool {
+    pub(crate) fn defines(&self, name: &str) -> bool {
         let ffi = format!("__tvm_ffi_{name}");
         [name, ffi.as_str()].iter().any(|n| self.defined.contains(*n) || self.defined.contains(&format!("_{n}")))
     }
@@ -192,7 +192,7 @@ impl HostCode {
     /// # Errors
     /// [`Error::HostCode`] naming the missing functions (the library would load, then fail
     /// when the model runs).
-    pub fn check_defines(&self, tree: &ModuleTree, layout: Layout, objects: usize, prefix: &str) -> Result<()> {
+    pub(crate) fn check_defines(&self, tree: &ModuleTree, layout: Layout, objects: usize, prefix: &str) -> Result<()> {
         if self.opaque {
             return Ok(());
         }

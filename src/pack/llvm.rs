@@ -20,7 +20,7 @@
 //! - **`SHF_X86_64_LARGE` on `.lrodata`.** LLVM 14 names the section but does not flag it, and
 //!   GNU gold places large sections by flag (it fails to link a 2.5 GiB blob otherwise); we set
 //!   the flag in the section header, as GCC and the C packer's assembly do.
-//! - **`.init_array` for the system-lib constructor on ELF** (see [`build_module`]).
+//! - **`.init_array` for the system-lib constructor on ELF** (see `build_module`).
 //! - **Relaxable GOT relocations on x86-64.** The system-lib constructor loads the blob's
 //!   address through the GOT; LLVM 14's C API writes `R_X86_64_GOTPCREL`, the LLVM of TVM's
 //!   wheels `R_X86_64_REX_GOTPCRELX` (same instruction, relaxable by the linker), which we
@@ -51,7 +51,7 @@ use crate::{Error, Result};
 
 /// The largest blob the LLVM packer accepts: far beyond any disk, and small enough that the
 /// sizes and offsets inside LLVM (signed 64-bit in places) cannot overflow.
-pub const MAX_BLOB: u64 = 1 << 48;
+pub(crate) const MAX_BLOB: u64 = 1 << 48;
 
 /// Array length of each part of a blob of 4 GiB or more (LLVM 14 array lengths are `u32`).
 const PART: u64 = 1 << 31;
@@ -75,7 +75,7 @@ fn init_targets() {
 ///
 /// # Errors
 /// [`Error::Llvm`] when LLVM does not know the triple.
-pub fn target_machine(triple: &str) -> Result<TargetMachine> {
+pub(crate) fn target_machine(triple: &str) -> Result<TargetMachine> {
     init_targets();
     // TVM's LLVM picks Apple's first 64-bit core for an arm64 Apple triple without `-mcpu`
     // (its scheduling model orders the system-lib constructor's loads as TVM's objects have
@@ -94,7 +94,7 @@ pub fn target_machine(triple: &str) -> Result<TargetMachine> {
 ///
 /// # Errors
 /// [`Error::TooLarge`] above it.
-pub fn check_len(len: u64) -> Result<()> {
+pub(crate) fn check_len(len: u64) -> Result<()> {
     if len > MAX_BLOB {
         return Err(Error::TooLarge { what: "blob", len, limit: MAX_BLOB, route: "the LLVM packer", hint: "" });
     }
@@ -106,7 +106,7 @@ pub fn check_len(len: u64) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::TooLarge`] above [`MAX_BLOB`].
-pub fn blob_type(ctx: &Context, len: u64) -> Result<BasicTypeEnum<'_>> {
+pub(crate) fn blob_type(ctx: &Context, len: u64) -> Result<BasicTypeEnum<'_>> {
     check_len(len)?;
     let i8t = ctx.i8_type();
     if let Ok(n) = u32::try_from(len) {
@@ -127,7 +127,7 @@ pub fn blob_type(ctx: &Context, len: u64) -> Result<BasicTypeEnum<'_>> {
 ///
 /// # Errors
 /// [`Error::Options`] for a bad prefix, [`Error::Target`] for a target that is not ELF, [`Error::TooLarge`] above
-/// [`MAX_BLOB`],
+/// 2<sup>48</sup> bytes,
 /// [`Error::Llvm`] when LLVM refuses the target or the emission, [`Error::Io`] when the object
 /// cannot be written (checked before LLVM writes: LLVM aborts the process on a failed write).
 /// On error no object is left at the path.
@@ -421,7 +421,7 @@ impl<'a> GrownObject<'a> {
 ///
 /// # Errors
 /// [`Error::Llvm`] when LLVM fails, [`Error::OutputPath`] for a path LLVM cannot be given.
-pub fn write_module(tm: &TargetMachine, module: &Module<'_>, path: &Path, step: &'static str) -> Result<()> {
+pub(crate) fn write_module(tm: &TargetMachine, module: &Module<'_>, path: &Path, step: &'static str) -> Result<()> {
     if path.to_str().is_some() {
         return tm.write_to_file(module, FileType::Object, path).map_err(|e| llvm(step)(e.to_string()));
     }
@@ -455,7 +455,8 @@ pub fn write_module(tm: &TargetMachine, module: &Module<'_>, path: &Path, step: 
 ///
 /// # Errors
 /// [`Error::TooLarge`] above [`MAX_BLOB`], [`Error::Llvm`] when the module does not verify.
-pub fn build_module<'c>(ctx: &'c Context, tm: &TargetMachine, opts: &PackOptions, len: u64) -> Result<Module<'c>> {
+#[cfg(test)]
+fn build_module<'c>(ctx: &'c Context, tm: &TargetMachine, opts: &PackOptions, len: u64) -> Result<Module<'c>> {
     build_module_in(ctx, tm, opts, len, opts.section_for(len))
 }
 

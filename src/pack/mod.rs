@@ -28,12 +28,12 @@ use mblob_runtime::Layout;
 /// the small sections and a 2.5 GiB blob links. 1 GiB leaves a margin for the host code's own
 /// `.rodata`, and below it our objects stay byte-identical to TVM's (which use `.rodata` there).
 /// "Always for x86-64" would change every small object for no gain.
-pub const LARGE_DATA_THRESHOLD: u64 = 1 << 30;
+pub(crate) const LARGE_DATA_THRESHOLD: u64 = 1 << 30;
 
 /// `SHF_X86_64_LARGE`: the section flag that marks x86-64 large data (`l` in assembler
 /// section flags). GNU gold places sections by this flag rather than by name; LLVM 14 does not
 /// set it on `.lrodata`, so the LLVM packer adds it (the C packer's assembly sets it itself).
-pub const SHF_X86_64_LARGE: u64 = 0x1000_0000;
+pub(crate) const SHF_X86_64_LARGE: u64 = 0x1000_0000;
 
 /// What the packers need to know besides the blob.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,12 +62,12 @@ impl PackOptions {
     }
 
     /// The file stem and LLVM module id: prefix + `devc`.
-    pub fn file_stem(&self) -> String {
+    pub(crate) fn file_stem(&self) -> String {
         format!("{}devc", self.prefix)
     }
 
     /// The function a system-lib blob registers itself with.
-    pub fn register_function(&self) -> &'static str {
+    pub(crate) fn register_function(&self) -> &'static str {
         match self.layout {
             Layout::Classic | Layout::Classic021 => "TVMBackendRegisterSystemLibSymbol",
             Layout::Ffi => "TVMFFIEnvModRegisterSystemLibSymbol",
@@ -75,12 +75,12 @@ impl PackOptions {
     }
 
     /// The target triple to build for (the host's when unset).
-    pub fn triple(&self) -> String {
+    pub(crate) fn triple(&self) -> String {
         self.target.clone().unwrap_or_else(host_triple)
     }
 
     /// Whether the target's objects are ELF (anything but Windows and Apple triples).
-    pub fn is_elf(&self) -> bool {
+    pub(crate) fn is_elf(&self) -> bool {
         let t = self.triple();
         !["windows", "darwin", "apple", "macos", "ios", "wasm"].iter().any(|os| t.contains(os))
     }
@@ -90,7 +90,8 @@ impl PackOptions {
     /// (`x86_64-unknown-linux-gnu`; not `aarch64-linux-gnu`, whose third part is `gnu`, nor
     /// `aarch64-linux-android`), `__TEXT,__StaticInit,...` where it names an Apple system, and
     /// the default text section elsewhere. LLVM reads the parts of a triple by position.
-    pub fn static_init_section(&self) -> Option<&'static str> {
+    #[cfg_attr(not(feature = "llvm"), allow(dead_code))]
+    pub(crate) fn static_init_section(&self) -> Option<&'static str> {
         let triple = self.triple();
         let os = triple.split('-').nth(2).unwrap_or_default();
         if os.starts_with("linux") {
@@ -103,14 +104,14 @@ impl PackOptions {
     }
 
     /// Whether the triple is x86-64 ELF, where large blobs need `.lrodata`.
-    pub fn is_x86_64_elf(&self) -> bool {
+    pub(crate) fn is_x86_64_elf(&self) -> bool {
         self.triple().starts_with("x86_64") && self.is_elf()
     }
 
     /// The ELF section for a blob of `len` bytes: `.lrodata` above [`LARGE_DATA_THRESHOLD`] on
     /// x86-64, `.rodata` otherwise; `None` for targets that are not ELF (the compiler's default
     /// read-only section is used there).
-    pub fn section_for(&self, len: u64) -> Option<&'static str> {
+    pub(crate) fn section_for(&self, len: u64) -> Option<&'static str> {
         if !self.is_elf() {
             None
         } else if len > LARGE_DATA_THRESHOLD && self.is_x86_64_elf() {
@@ -128,7 +129,7 @@ impl PackOptions {
     ///
     /// TVM also requires `system_lib` for a non-empty prefix; we do not, since a prefixed
     /// symbol is useful on its own (several blobs in one static archive).
-    pub fn check(&self) -> crate::Result<()> {
+    pub(crate) fn check(&self) -> crate::Result<()> {
         let bad = self.prefix.chars().find(|c| matches!(c, '/' | '\\') || c.is_whitespace() || c.is_control());
         if let Some(c) = bad {
             return Err(crate::Error::Options {
@@ -145,7 +146,7 @@ impl PackOptions {
 
     /// Checks the options for the C route: as [`PackOptions::check`], and the prefix must start
     /// a C identifier, since TVM's `PackImportsToC` text (and ours) uses it in C names.
-    pub fn check_c(&self) -> crate::Result<()> {
+    pub(crate) fn check_c(&self) -> crate::Result<()> {
         self.check()?;
         let ok = self.prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !self.prefix.bytes().next().is_some_and(|b| b.is_ascii_digit());
@@ -165,7 +166,7 @@ impl PackOptions {
 }
 
 /// The host's target triple, in LLVM's spelling.
-pub fn host_triple() -> String {
+pub(crate) fn host_triple() -> String {
     let arch = std::env::consts::ARCH;
     match std::env::consts::OS {
         "linux" => format!("{arch}-unknown-linux-gnu"),

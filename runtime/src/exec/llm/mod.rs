@@ -1,6 +1,22 @@
 //! TVM's language-model runtime (feature `llm`), on its own floor above the Relax VM: the paged
 //! KV cache ([`kv_cache`]), the other LLM builtins (tensor cache, sampling, legacy KV cache:
-//! [`lm`]) and greedy generation with an MLC-LLM library ([`generate`]).
+//! [`lm`]) and generation with an MLC-LLM library ([`generate`]).
+//!
+//! What a user calls here:
+//! - [`LanguageModel`] ([`generate`]): [`LanguageModel::new`] over a loaded MLC-LLM model
+//!   library, a device and the directory of its weights, then [`LanguageModel::generate`] (greedy),
+//!   [`LanguageModel::generate_sampled`] (TVM's sampling with MLC-LLM's seeded draws,
+//!   [`Sampling`]) or [`LanguageModel::generate_batch`] (several sequences); each gives a
+//!   [`Generation`] (the tokens, their logits and the times). [`GenerateOptions`] are the options,
+//!   [`GenerateError`] the error.
+//! - [`kv_cache::PagedKvCache`]: TVM's paged KV cache, the object a model's `create_*_kv_cache`
+//!   function returns (a [`crate::exec::ObjectRef`]), with [`kv_cache::KvCacheError`].
+//! - [`lm::TensorCache`]: the weights of an MLC-LLM `tensor-cache.json` (`params_shard_*.bin`),
+//!   as TVM's `vm.builtin.tensor_cache.*` reads them; the sampling functions ([`lm::sampling`])
+//!   and the legacy KV cache ([`lm::AttentionKvCacheLegacy`]) as TVM's builtins compute them.
+//!
+//! Most programs never call the builtins themselves: a [`crate::exec::relax::VirtualMachine`]
+//! made with this feature serves them by name to the model's functions.
 //!
 //! This floor depends on the VM's values (`exec::relax::vm::value`, crate-private) and its
 //! calls; the VM never names it. Its builtins reach the VM as tables of names and functions
@@ -10,6 +26,8 @@
 pub mod generate;
 pub mod kv_cache;
 pub mod lm;
+
+pub use generate::{GenerateError, GenerateOptions, Generation, LanguageModel, Sampling};
 
 use crate::exec::relax::vm::Builtins;
 

@@ -30,7 +30,7 @@ use crate::format::DataType;
 
 /// One entry of a prefill round: the sequence, where its tokens start in its prompt, how many.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The sequence (its index in the batch).
     pub seq: usize,
     /// The first prompt token of the round.
@@ -42,7 +42,7 @@ pub struct Entry {
 /// The prefill rounds of prompts of `lengths` tokens with rounds of at most `chunk` tokens:
 /// each round takes, in the sequences' order, as many of each unfinished prompt's next tokens
 /// as still fit.
-pub fn prefill_rounds(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
+pub(crate) fn prefill_rounds(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
     let chunk = chunk.max(1);
     let mut done = vec![0usize; lengths.len()];
     let mut rounds = Vec::new();
@@ -64,7 +64,7 @@ pub fn prefill_rounds(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
 
 /// The `rows` rows of float32 logits of `function`'s result (`[1, rows, vocab]` or
 /// `[rows, 1, vocab]`).
-pub fn rows_of(logits: &NdArray, rows: usize) -> Result<Vec<Vec<f32>>, String> {
+pub(crate) fn rows_of(logits: &NdArray, rows: usize) -> Result<Vec<Vec<f32>>, String> {
     let bad = || format!("logits of shape {:?} and dtype {:?} for {rows} sequences", logits.shape(), logits.dtype());
     let vocab = match logits.shape() {
         [1, r, v] | [r, 1, v] if *r as usize == rows && *v > 0 => *v as usize,

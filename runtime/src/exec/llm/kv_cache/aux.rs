@@ -67,7 +67,7 @@ pub(super) struct Batch {
 
 impl Batch {
     /// The total number of new tokens.
-    pub fn total_append_length(&self) -> i64 {
+    pub(crate) fn total_append_length(&self) -> i64 {
         self.append_lengths.iter().sum()
     }
 }
@@ -143,7 +143,7 @@ impl Table {
     /// TVM's `BeginForward` for a batch that is a chain per sequence (no token tree). On an
     /// error the table is left as TVM leaves it (lengths already counted, pages taken so far
     /// kept).
-    pub fn begin_forward(&mut self, seq_ids: &[i64], append_lengths: &[i64]) -> Result<Batch, KvCacheError> {
+    pub(crate) fn begin_forward(&mut self, seq_ids: &[i64], append_lengths: &[i64]) -> Result<Batch, KvCacheError> {
         if seq_ids.len() != append_lengths.len() {
             return Err(check_cmp(
                 "seq_ids.size() == append_lengths.size()",
@@ -343,7 +343,7 @@ impl AuxArrays {
     /// then copied to the device once per round).
     /// `sliding` and `layer_sliding`: whether the cache supports sliding windows and has
     /// per-layer sliding layers.
-    pub fn new(batch: &Batch, device: Device, sliding: bool, layer_sliding: bool) -> Result<AuxArrays, VmError> {
+    pub(crate) fn new(batch: &Batch, device: Device, sliding: bool, layer_sliding: bool) -> Result<AuxArrays, VmError> {
         let int32_array = |v: &[i32]| int32_array(v, device);
         let mut indptr = vec![0i32];
         for &l in &batch.append_lengths {

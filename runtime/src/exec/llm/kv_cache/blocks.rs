@@ -44,7 +44,7 @@ pub(super) struct Block {
 impl Block {
     /// Where position `i` of the block lies in its pages, counted from the first page's start:
     /// sinks in place, the rest shifted by the window's offset (TVM's mapping in `DebugGetKV`).
-    pub fn offset_of(&self, i: i64) -> i64 {
+    pub(crate) fn offset_of(&self, i: i64) -> i64 {
         if i < self.sink_length {
             i
         } else {
@@ -83,7 +83,7 @@ pub(super) struct Table {
 
 impl Table {
     /// An empty table of `num_total_pages` pages of `page_size`.
-    pub fn new(
+    pub(crate) fn new(
         page_size: i64,
         num_total_pages: i64,
         support_sliding_window: bool,
@@ -104,7 +104,7 @@ impl Table {
     }
 
     /// Drops every sequence and frees every page (TVM's `Clear`).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.seqs.clear();
         // TVM pushes the ids from the last down, so that page 0 is handed out first.
         self.free_pages = (0..self.num_total_pages as i32).rev().collect();
@@ -113,12 +113,12 @@ impl Table {
     }
 
     /// A page off the free list (TVM's `GetFreePage`).
-    pub fn free_page(&mut self) -> Result<i32, KvCacheError> {
+    pub(crate) fn free_page(&mut self) -> Result<i32, KvCacheError> {
         self.free_pages.pop().ok_or_else(out_of_pages)
     }
 
     /// A reset block from the pool (TVM's `GetFreeBlock`).
-    pub fn free_block(&mut self) -> usize {
+    pub(crate) fn free_block(&mut self) -> usize {
         match self.free_blocks.pop() {
             Some(i) => {
                 self.blocks[i] = Block::default();
@@ -144,7 +144,7 @@ impl Table {
     }
 
     /// The blocks of a sequence's chain, from the root to its last block.
-    pub fn trace(&self, seq: &Sequence) -> Vec<usize> {
+    pub(crate) fn trace(&self, seq: &Sequence) -> Vec<usize> {
         let mut trace = Vec::new();
         let mut b = Some(seq.last_block);
         while let Some(i) = b {
@@ -156,12 +156,12 @@ impl Table {
     }
 
     /// The sequence `seq_id`, or TVM's error.
-    pub fn seq(&self, seq_id: i64) -> Result<&Sequence, KvCacheError> {
+    pub(crate) fn seq(&self, seq_id: i64) -> Result<&Sequence, KvCacheError> {
         self.seqs.get(&seq_id).ok_or_else(|| unknown_sequence(seq_id))
     }
 
     /// TVM's `AddSequence`.
-    pub fn add_sequence(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
+    pub(crate) fn add_sequence(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
         if self.seqs.contains_key(&seq_id) {
             return Err(check_false(
                 "seq_map_.find(seq_id) == seq_map_.end()",
@@ -175,7 +175,7 @@ impl Table {
     }
 
     /// TVM's `RemoveSequence`: frees the blocks (and their pages) only this sequence used.
-    pub fn remove_sequence(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
+    pub(crate) fn remove_sequence(&mut self, seq_id: i64) -> Result<(), KvCacheError> {
         let seq = self.seq(seq_id)?.clone();
         let mut b = Some(seq.last_block);
         while let Some(i) = b.filter(|&i| self.blocks[i].ref_cnt == 1) {
@@ -194,7 +194,7 @@ impl Table {
     /// TVM's `ForkSequence`: `child_id` shares `parent_id`'s first `fork_pos` positions (its
     /// whole length for -1). A fork inside a page gives the child a copy of that page's first
     /// positions, made by `copy_page(src, dst, length)` (the library's `copy_single_page`).
-    pub fn fork_sequence(
+    pub(crate) fn fork_sequence(
         &mut self,
         parent_id: i64,
         child_id: i64,
@@ -348,7 +348,7 @@ impl Table {
 
     /// TVM's `PopN`: drops the last `n` positions of `seq_id`; past the blocks it owns alone,
     /// into a shared prefix, by forking the kept part off and removing the old sequence.
-    pub fn popn(
+    pub(crate) fn popn(
         &mut self,
         seq_id: i64,
         n: i64,
@@ -434,7 +434,7 @@ impl Table {
     /// TVM's `EnableSlidingWindowForSeq`: from now on the sequence keeps its first
     /// `attn_sink_size` positions and its last `sliding_window_size` ones; the blocks it shares
     /// with others count as sinks already.
-    pub fn enable_sliding_window(
+    pub(crate) fn enable_sliding_window(
         &mut self,
         seq_id: i64,
         sliding_window_size: i64,
@@ -543,7 +543,7 @@ impl Table {
     /// TVM's `ReserveAppendLengthInSeq`: pages for `append_length` more positions in the
     /// sequence's last block, then the slide of its window (a sliding sequence may borrow
     /// [`TEMP_PAGE`]s while no page is free, replaced after the slide).
-    pub fn reserve_append(&mut self, seq_id: i64, append_length: i64) -> Result<(), KvCacheError> {
+    pub(crate) fn reserve_append(&mut self, seq_id: i64, append_length: i64) -> Result<(), KvCacheError> {
         let seq = &self.seqs[&seq_id];
         let (b, sliding) = (seq.last_block, seq.sliding_window_size != -1 && self.support_sliding_window);
         if append_length <= 0 {

@@ -52,6 +52,68 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Public API
+//!
+//! The entry points, by task (the modules hold more, each item documented; these are what a
+//! program calls):
+//!
+//! | task | what to call |
+//! |---|---|
+//! | load what TVM exported | [`load_library`] (`unsafe`: the library's code runs), [`load_library_bytes`], [`load_blob`] (a blob in memory), `load_system_lib` (feature `system-lib`: a model linked into the program), with [`LoadOptions`] and a [`Registry`] of payload loaders |
+//! | look at what loaded | [`LoadedTree`]: [`LoadedTree::type_keys`], [`LoadedTree::find`] (a payload by type), [`LoadedTree::get_function`], [`LoadedTree::depth_first`] |
+//! | run a model (graph, AOT, Relax, Relay VM) | [`exec::Model`]: [`exec::Model::new`], [`exec::Model::params`], [`exec::Model::set_input`], [`exec::Model::run`], [`exec::Model::outputs`]; values are [`exec::Value`]s, tensors [`NdArray`]s on a [`Device`] |
+//! | call one host function | [`exec::call()`] (safe, with `Value`s); [`ffi::PackedFunction::call`] (`unsafe`, TVM's own values) |
+//! | run a Relax VM | [`exec::relax::VirtualMachine`]: [`new`](exec::relax::VirtualMachine::new), [`invoke`](exec::relax::VirtualMachine::invoke), [`functions`](exec::relax::VirtualMachine::functions) |
+//! | run a Relay VM (feature `relay-vm`) | `exec::relay_vm::RelayVm` (or [`exec::Model`]) |
+//! | generate with a language model (feature `llm`) | `exec::llm::LanguageModel`: `new`, `generate`, `generate_sampled`, `generate_batch` |
+//! | build a module tree, serialize it as TVM does | [`ModuleTree`], [`serialize()`], [`Serialized::to_blob`]; a kind of your own: [`Payload`] and [`Loader`] |
+//! | inspect without running | [`elf::find_blob`], [`container`] (Mach-O, PE/COFF, wasm, archives), [`format::detect`], [`format::convention::classify`] |
+//! | errors | [`Error`] (loading), [`exec::ExecError`] (running), [`exec::relax::VmError`] (the Relax VM) |
+//!
+//! A host function of a plain library, called safely: TVM 0.19's `add_one` writes `B = A + 1`:
+//!
+//! ```
+//! use mblob_runtime::exec::{self, Value};
+//! use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
+//!
+//! let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens");
+//! let f32s = |name: &str| -> Vec<f32> {
+//!     std::fs::read(goldens.join(name)).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+//! };
+//! // SAFETY: a library TVM built for this test suite.
+//! let tree = unsafe { load_library(&goldens.join("dso_add_one.so"), &Registry::default(), &LoadOptions::default()) }?;
+//! let a = NdArray::from_f32(&f32s("dso_add_one.in.A.f32"), &[4], Device::cpu(0))?;
+//! let b = NdArray::from_f32(&[0.0; 4], &[4], Device::cpu(0))?;
+//! let mut args = [Value::Tensor(a), Value::Tensor(b)];
+//! exec::call(&tree, "add_one", &mut args)?;
+//! assert_eq!(args[1].as_tensor().unwrap().to_f32()?.unwrap(), f32s("dso_add_one.out.B.f32"), "TVM's output");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A Relax VM: TVM 0.19's `main(x, y) = (x + y) * 2`, against TVM's output:
+//!
+//! ```
+//! use mblob_runtime::exec::relax::VirtualMachine;
+//! use mblob_runtime::exec::Value;
+//! use mblob_runtime::{load_library, Device, LoadOptions, NdArray, Registry};
+//!
+//! let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tvm-goldens");
+//! let f32s = |name: &str| -> Vec<f32> {
+//!     std::fs::read(goldens.join(name)).unwrap().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+//! };
+//! // SAFETY: a library TVM built for this test suite.
+//! let tree = unsafe { load_library(&goldens.join("relax_add_mul.so"), &Registry::default(), &LoadOptions::default()) }?;
+//! let vm = VirtualMachine::new(&tree, Device::cpu(0))?;
+//! assert_eq!(vm.functions()[0].params, ["x", "y"]);
+//! let x = NdArray::from_f32(&f32s("relax_add_mul.in.x.f32"), &[2, 3], Device::cpu(0))?;
+//! let y = NdArray::from_f32(&f32s("relax_add_mul.in.y.f32"), &[2, 3], Device::cpu(0))?;
+//! let out = vm.invoke("main", &[Value::Tensor(x), Value::Tensor(y)])?;
+//! assert_eq!(out.as_tensor().unwrap().to_f32()?.unwrap(), f32s("relax_add_mul.out.0.f32"), "TVM's output");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Generating with a language model is in `exec::llm` (feature `llm`), with an example there.
+//!
 //! The TVM version is one axis, [`Layout`]: the blob's layout and symbol, the calling
 //! convention of the host code ([`format::convention::classify`] tells it from the symbols),
 //! the numbering of a Relax executable's constants and its type key all follow from it.

@@ -15,6 +15,30 @@
 //!   as TVM's `vm.builtin.tensor_cache.*` reads them; the sampling functions ([`lm::sampling`])
 //!   and the legacy KV cache ([`lm::AttentionKvCacheLegacy`]) as TVM's builtins compute them.
 //!
+//! The tiny LLaMA-like model of the test suite (built by TVM 0.27 with MLC-LLM's paged KV
+//! cache), its weights read from `tensor-cache.json`, gives TVM's greedy tokens:
+//!
+//! ```
+//! use mblob_runtime::exec::llm::{GenerateOptions, LanguageModel};
+//! use mblob_runtime::{load_library, Device, LoadOptions, Registry};
+//!
+//! let llm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llm");
+//! // What TVM's own VM did: the prompt and the argmax of each forward step.
+//! let scenarios: serde_json::Value = serde_json::from_slice(&std::fs::read(llm.join("scenarios.json"))?)?;
+//! let steps = scenarios["scenarios"]["single"]["steps"].as_array().unwrap();
+//! let forwards: Vec<&serde_json::Value> = steps.iter().filter(|s| s["op"] == "forward").collect();
+//! let ids = |v: &serde_json::Value| -> Vec<i32> { v.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect() };
+//! let prompt = ids(&forwards[0]["tokens"]);
+//! let tvm: Vec<i32> = forwards.iter().map(|s| ids(&s["argmax"])[0]).collect();
+//!
+//! // SAFETY: a library TVM built for this test suite.
+//! let tree = unsafe { load_library(&llm.join("llm_params.so"), &Registry::default(), &LoadOptions::default()) }?;
+//! let mut lm = LanguageModel::new(&tree, Device::cpu(0), Some(&llm.join("params")), &GenerateOptions::default())?;
+//! let out = lm.generate(&prompt, tvm.len())?;
+//! assert_eq!(out.tokens, tvm, "TVM's greedy tokens");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Most programs never call the builtins themselves: a [`crate::exec::relax::VirtualMachine`]
 //! made with this feature serves them by name to the model's functions.
 //!

@@ -14,8 +14,38 @@
 //! [`repack`] and [`tvm_tar`] (libraries, blob objects and TVM's tars read back), and [`link`]
 //! and [`tool`] (the compilers and linkers). Errors are one [`Error`], by cause.
 //!
-//! TVM 0.19's `relay.build` of a dense + relu layer, exported again from its graph, its
-//! parameters and its host object (`lib0.o`), holds the blob TVM wrote, byte for byte:
+//! # Public API
+//!
+//! The entry points, by task:
+//!
+//! | task | what to call |
+//! |---|---|
+//! | export a library (TVM's `export_library`) | [`export::Export`]: [`new`](export::Export::new) or [`from_tree`](export::Export::from_tree), then [`object`](export::Export::object), [`c_source`](export::Export::c_source), [`import`](export::Export::import), [`layout`](export::Export::layout), [`backend`](export::Export::backend) ([`export::Backend`]), [`target`](export::Export::target), [`system_lib`](export::Export::system_lib), and [`write`](export::Export::write) (`.so`, `.dylib`, `.dll`, `.tar`, `.a`), which gives an [`export::ExportReport`]; [`export::write_bundle`] for several system-lib models in one archive |
+//! | pack the blob object alone (`_PackImportsToLLVM`, `_PackImportsToC`) | `pack::llvm::write_object` (feature `llvm`), [`pack::c::write_source`] and [`pack::c::compile`], with [`pack::PackOptions`] and [`pack::CStyle`]; [`pack::c::write_tvm_text`] writes TVM's C text; [`pack::abi::detect`] tells a host object's calling convention, [`pack::host::called_functions`] what a tree calls |
+//! | inspect without running | [`inspect::inspect_path`] (a library, blob object, raw blob, tar or archive) or [`inspect::inspect_bytes`], giving an [`inspect::Report`] |
+//! | read libraries and TVM's files back | [`repack::read_module_tree`], [`repack::read_blob`], [`tvm_tar::TvmTar`], [`tree_json::read_tree_json`] (TREE.json, the tree as files) |
+//! | link and compile | [`link`] and [`tool`] (what [`export::Export`] runs) |
+//! | load and run | [`runtime`] (the `mblob-runtime` crate, re-exported) |
+//! | errors | [`Error`], one per cause, [`with_causes`] for the whole chain as text |
+//!
+//! The blob object through generated C, TVM's text byte for byte (TVM 0.19's `devc.c` of the
+//! same blob):
+//!
+//! ```
+//! use mblob::pack::{c, PackOptions};
+//! use mblob::runtime::Layout;
+//!
+//! let goldens = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tvm-goldens");
+//! let blob = std::fs::read(goldens.join("graph_dense_relu.blob"))?;
+//! let opts = PackOptions { layout: Layout::Classic, prefix: String::new(), system_lib: false, target: None };
+//! let mut text = Vec::new();
+//! c::write_tvm_text(&blob[..], &opts, &mut text)?;
+//! assert!(text == std::fs::read(goldens.join("graph_dense_relu.devc.c"))?, "TVM's devc.c");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Exporting and inspecting, from TVM 0.19's `relay.build` of a dense + relu layer (its graph,
+//! parameters and host object `lib0.o`), gives the blob TVM wrote, byte for byte:
 //!
 //! ```
 //! use mblob::export::Export;

@@ -745,7 +745,7 @@ pub struct Adt {
     pub fields: Vec<ExecValue>,
 }
 
-impl super::relax::VmObject for Adt {
+impl crate::exec::value::VmObject for Adt {
     fn type_key(&self) -> &'static str {
         "runtime.ADT"
     }

@@ -123,6 +123,7 @@ pub(crate) fn call_kernel<T>(
 }
 
 /// Calls a kernel with array arguments only (the Relay VM's primitives).
+#[cfg(feature = "relay-vm")]
 pub(crate) fn call_kernel_arrays(kernel: &PackedFunction, arrays: &[&NdArray]) -> Result<(), CallError> {
     let mut tensors: smallvec::SmallVec<[DLTensor; 8]> = arrays.iter().map(|a| kernel_dl_tensor(a)).collect();
     // SAFETY: as in `KernelCall::invoke`: the function is one of a library the caller of

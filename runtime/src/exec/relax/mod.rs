@@ -62,5 +62,4 @@ pub use crate::payload::relax::{
     Arg, Constant, FuncInfo, FuncKind, Instruction, Reg, RelaxExecutable, RELAX_EXECUTABLE, RELAX_VM_EXECUTABLE,
 };
 pub use calls::{unprovided_runtime_imports, unsupported_calls};
-pub(crate) use vm::VmObject;
 pub use vm::{is_served, FunctionSignature, ObjectRef, ParamKind, VirtualMachine, VmError};

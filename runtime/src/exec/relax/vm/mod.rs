@@ -59,7 +59,7 @@ pub(crate) use types::BuiltinFn;
 pub(crate) use types::Builtins;
 pub use types::VirtualMachine;
 use types::{Callee, Op, Quick};
-pub(crate) use value::{numpy_dtype, tuple_items, Value, VmObject};
+pub(crate) use value::{numpy_dtype, tuple_items, Value};
 pub use value::{ObjectRef, ParamKind, VmError};
 
 use crate::exec::pool::StoragePool;

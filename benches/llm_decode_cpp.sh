@@ -62,6 +62,10 @@ for name in "${models[@]}"; do
   prompt=$(json "$ref" '",".join(map(str, d["generate"]["prompt"]))')
   want=$(json "$ref" '",".join(map(str, d["generate"]["tokens"]))')
   nref=$(json "$ref" 'len(d["generate"]["tokens"])')
+  if [ "$new" -lt "$nref" ]; then
+    echo "NEW_TOKENS=$new: give at least reference.json's $nref tokens" >&2
+    exit 2
+  fi
   got=$(TVM_NUM_THREADS=1 "$D" "$F/lib.so" --weights "$F" --prompt-ids "$prompt" --max-new-tokens "$nref" --repeat 1 |
     python3 -c 'import json, sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
   if [ "$got" != "$want" ]; then
@@ -69,7 +73,8 @@ for name in "${models[@]}"; do
     exit 1
   fi
   for t in "${threads[@]}"; do
-    : >"$work/mblob" >"$work/tvm"
+    : >"$work/mblob"
+    : >"$work/tvm"
     same=yes
     for r in $(seq "$rounds"); do
       sides=(mblob tvm)

@@ -29,9 +29,10 @@
 // - the prompt in chunks of at most `prefill_chunk_size` through `prefill`, then `decode` until
 //   `--max-new-tokens` tokens.
 //
-// Timed: each decode step from the `embed` call to the argmax, inclusive (the span `mblob
-// generate --repeat` times: `begin_forward`, `embed`, `decode`, `end_forward`, the logits row to
-// the host and the argmax). One untimed generation first (warm-up, as `mblob generate` runs one
+// Timed: each decode step from copying its token id in to the argmax, inclusive: the span `mblob
+// generate --repeat` times (`runtime/src/exec/llm/generate.rs`: `begin_forward`, `embed` with
+// its id copied in, `decode`, `end_forward`, the logits row to the host and the argmax; mblob
+// calls `begin_forward` before `embed`, MLC-LLM's engine, and this program, after). One untimed generation first (warm-up, as `mblob generate` runs one
 // before its `--repeat` runs), then REPEAT timed ones, each on a new cache, which must give the
 // first one's tokens. Prints one JSON line: tokens, every decode step's time in microseconds,
 // mean, median and min, the prefill times, and what was called.

@@ -6,9 +6,9 @@
 #
 #   bash benches/llm_decode_cpp.sh [REPEAT] [THREADS...]
 #
-# REPEAT (default 10) timed generations per process after an untimed one; THREADS default 1 and
+# REPEAT (default 20) timed generations per process after an untimed one; THREADS default 1 and
 # nproc. Environment: MODELS (folders of tests/fixtures/mlc, default qwen2-q0f32 qwen2-q4f32_1
-# llama3-q0f32 phi3-q0f32), ROUNDS (default 3: processes per side and row, the sides taking
+# llama3-q0f32 phi3-q0f32), ROUNDS (default 5: processes per side and row, the sides taking
 # turns, the first side swapped each round), NEW_TOKENS (default 32: the prefill's token and
 # NEW_TOKENS-1 decode steps), TVM_VENV (default /work/venv/tvm027).
 #
@@ -21,12 +21,12 @@
 # the mean of all steps; "spread" is the lowest and highest round median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repeat=${1:-10}
+repeat=${1:-20}
 shift || true
 threads=("$@")
 [ ${#threads[@]} -gt 0 ] || threads=(1 "$(nproc)")
 models=(${MODELS:-qwen2-q0f32 qwen2-q4f32_1 llama3-q0f32 phi3-q0f32})
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 new=${NEW_TOKENS:-32}
 venv=${TVM_VENV:-/work/venv/tvm027}
 if [ ! -x "$venv/bin/python" ]; then

@@ -10,7 +10,9 @@
 # nproc. Environment: MODELS (folders of tests/fixtures/mlc, default qwen2-q0f32 qwen2-q4f32_1
 # llama3-q0f32 phi3-q0f32), ROUNDS (default 5: processes per side and row, the sides taking
 # turns, the first side swapped each round), NEW_TOKENS (default 32: the prefill's token and
-# NEW_TOKENS-1 decode steps), TVM_VENV (default /work/venv/tvm027).
+# NEW_TOKENS-1 decode steps), TVM_VENV (default /work/venv/tvm027). Other CPU folders with their
+# weights run too (mistral-q0f32 with its sliding window, phi2-q0f32, gemma2-q0f32: the driver
+# gives their reference tokens).
 #
 # Each side runs the fixture's reference prompt (`reference.json`, 37 tokens, prefill in chunks
 # of 16). First the C++ driver's tokens must equal `reference.json`'s (TVM's recorded greedy

@@ -24,7 +24,6 @@ mod bundle;
 mod compile;
 mod output;
 mod progress;
-mod release;
 
 pub use bundle::{bundle_models, write_bundle, BundleModel};
 pub use compile::{is_cxx, CXX_EXTENSIONS};

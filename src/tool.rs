@@ -336,6 +336,34 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_left_running_is_killed_with_its_group_when_its_guard_drops() {
+        use std::io::{BufRead, BufReader};
+        // A tool that started a program of its own (as `cc` starts `as` and `ld`).
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 30 & echo $!; wait"]).stdout(Stdio::piped()).process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let grandchild: u32 = line.trim().parse().unwrap();
+        let tool = child.id();
+        drop(Running { child, ended: false });
+        // The tool was reaped by the guard; the program it started is gone (or a zombie
+        // waiting for whoever adopted it) within a second.
+        let dead = |pid: u32| match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z')),
+        };
+        assert!(dead(tool), "the tool is reaped");
+        let gone = (0..100).any(|_| {
+            dead(grandchild) || {
+                std::thread::sleep(Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(gone, "the tool's own child {grandchild} was killed with its group");
+    }
+
+    #[test]
     fn held_and_kept_work_dirs_survive_the_sweep_a_released_one_does_not() {
         let parent = tempfile::tempdir().unwrap();
         let live = WorkDir::create(parent.path(), "mblob-x-live").unwrap();

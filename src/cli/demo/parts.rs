@@ -76,6 +76,7 @@ impl Convention {
     }
 
     /// Bytes per argument slot: a `TVMValue` (8) or a `TVMFFIAny` (16, the value at 8).
+    #[cfg(feature = "llvm")]
     fn slot_bytes(self) -> u64 {
         if self.ffi() {
             16

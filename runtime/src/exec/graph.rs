@@ -22,9 +22,9 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
+use super::graph_error::GraphError;
 use super::runner::{Param, Runner};
 use super::value::Value as ExecValue;
-use super::graph_error::GraphError;
 use super::{ExecError, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
 use crate::bytes::Bytes;
@@ -155,11 +155,10 @@ impl Graph {
     /// name the JSON path or the node.
     pub fn parse(json: &str) -> Result<Graph, ExecError> {
         let de = &mut serde_json::Deserializer::from_str(json);
-        let g: JsonGraph =
-            serde_path_to_error::deserialize(de).map_err(|e| {
-                let path = e.path().to_string();
-                bad(GraphError::Json { path, source: e.into_inner() })
-            })?;
+        let g: JsonGraph = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            bad(GraphError::Json { path, source: e.into_inner() })
+        })?;
         let n_nodes = g.nodes.len();
         let row_ptr: Vec<usize> =
             g.node_row_ptr.iter().map(|&v| to_usize(v, "node_row_ptr entry")).collect::<Result<_, _>>()?;
@@ -188,9 +187,7 @@ impl Graph {
         let dltype = dltype
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                DataType::parse(s).ok_or_else(|| bad(GraphError::DataType { index: i, text: s.clone() }))
-            })
+            .map(|(i, s)| DataType::parse(s).ok_or_else(|| bad(GraphError::DataType { index: i, text: s.clone() })))
             .collect::<Result<Vec<_>, _>>()?;
         let storage_id = storage_id
             .iter()
@@ -265,7 +262,11 @@ impl Graph {
                     };
                     let num_outputs = attr_uint(attrs, "num_outputs", &n.name)?.unwrap_or(1);
                     if num_outputs != outputs as u64 {
-                        return Err(bad(GraphError::NumOutputs { node: n.name.clone(), says: num_outputs, has: outputs }));
+                        return Err(bad(GraphError::NumOutputs {
+                            node: n.name.clone(),
+                            says: num_outputs,
+                            has: outputs,
+                        }));
                     }
                     if let Some(ni) = attr_uint(attrs, "num_inputs", &n.name)? {
                         if ni != inputs.len() as u64 {
@@ -286,9 +287,7 @@ impl Graph {
                         flatten_data,
                     }
                 }
-                other => {
-                    return Err(bad(GraphError::Op { node: n.name.clone(), op: other.to_owned() }))
-                }
+                other => return Err(bad(GraphError::Op { node: n.name.clone(), op: other.to_owned() })),
             };
             nodes.push(node);
         }

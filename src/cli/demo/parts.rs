@@ -187,7 +187,10 @@ int32_t {dot}(ARGS) {{
 /// The host functions built with inkwell in `conv`'s convention, as a compiler backend would
 /// hand them over.
 #[cfg(feature = "llvm")]
-pub fn host_llvm_module(ctx: &inkwell::context::Context, conv: Convention) -> crate::Result<inkwell::module::Module<'_>> {
+pub fn host_llvm_module(
+    ctx: &inkwell::context::Context,
+    conv: Convention,
+) -> crate::Result<inkwell::module::Module<'_>> {
     let module = ctx.create_module("mblob_demo_host");
     let gen = llvm_host::HostGen::new(ctx, conv);
     gen.build(&module).map_err(|e| crate::Error::Llvm { step: "build demo host", message: e.to_string() })?;
@@ -254,7 +257,12 @@ mod llvm_host {
             self.b.build_load(ptr, "v")
         }
 
-        fn load_int(&self, ty: IntType<'ctx>, base: IntValue<'ctx>, offset: u64) -> Result<IntValue<'ctx>, BuilderError> {
+        fn load_int(
+            &self,
+            ty: IntType<'ctx>,
+            base: IntValue<'ctx>,
+            offset: u64,
+        ) -> Result<IntValue<'ctx>, BuilderError> {
             let v = self.load(ty.into(), base, offset)?.into_int_value();
             if ty.get_bit_width() < 64 {
                 self.b.build_int_z_extend(v, self.i64t, "wide")
@@ -264,7 +272,12 @@ mod llvm_host {
         }
 
         /// A pointer to a `ty` at `base + offset`.
-        fn at(&self, ty: BasicTypeEnum<'ctx>, base: IntValue<'ctx>, offset: u64) -> Result<PointerValue<'ctx>, BuilderError> {
+        fn at(
+            &self,
+            ty: BasicTypeEnum<'ctx>,
+            base: IntValue<'ctx>,
+            offset: u64,
+        ) -> Result<PointerValue<'ctx>, BuilderError> {
             let addr = self.b.build_int_add(base, self.i64t.const_int(offset, false), "addr")?;
             self.b.build_int_to_ptr(addr, ty.ptr_type(AddressSpace::default()), "p")
         }
@@ -290,7 +303,14 @@ mod llvm_host {
                 self.b.build_ptr_to_int(param(i)?.into_pointer_value(), self.i64t, "addr")
             };
             Ok(if self.conv.ffi() {
-                Params { f, args: addr(1)?, codes: None, num_args: param(2)?.into_int_value(), ret: addr(3)?, ret_code: None }
+                Params {
+                    f,
+                    args: addr(1)?,
+                    codes: None,
+                    num_args: param(2)?.into_int_value(),
+                    ret: addr(3)?,
+                    ret_code: None,
+                }
             } else {
                 Params {
                     f,
@@ -304,7 +324,12 @@ mod llvm_host {
         }
 
         /// Returns -1 after reporting `message` as the convention reports errors.
-        fn fail(&self, module: &Module<'ctx>, p: &Params<'ctx>, message: &str) -> Result<inkwell::basic_block::BasicBlock<'ctx>, BuilderError> {
+        fn fail(
+            &self,
+            module: &Module<'ctx>,
+            p: &Params<'ctx>,
+            message: &str,
+        ) -> Result<inkwell::basic_block::BasicBlock<'ctx>, BuilderError> {
             let block = self.ctx.append_basic_block(p.f, "fail");
             let here = self.b.get_insert_block().ok_or(BuilderError::UnsetPosition)?;
             self.b.position_at_end(block);
@@ -320,8 +345,9 @@ mod llvm_host {
                 self.b.build_call(f, &[kind.into(), text.into()], "")?;
             } else {
                 let name = "TVMAPISetLastError";
-                let f =
-                    module.get_function(name).unwrap_or_else(|| module.add_function(name, void.fn_type(&[str_type], false), None));
+                let f = module
+                    .get_function(name)
+                    .unwrap_or_else(|| module.add_function(name, void.fn_type(&[str_type], false), None));
                 self.b.build_call(f, &[text.into()], "")?;
             }
             self.b.build_return(Some(&self.i32t.const_int(u64::MAX, true)))?;
@@ -332,7 +358,12 @@ mod llvm_host {
         /// Checks that the call has `n` arguments, all `DLTensor*`s of float32 vectors on the
         /// CPU of one length, going to `fail` otherwise; returns the tensors' addresses and the
         /// length.
-        fn tensors(&self, p: &Params<'ctx>, n: u64, fail: inkwell::basic_block::BasicBlock<'ctx>) -> Result<(Vec<IntValue<'ctx>>, IntValue<'ctx>), BuilderError> {
+        fn tensors(
+            &self,
+            p: &Params<'ctx>,
+            n: u64,
+            fail: inkwell::basic_block::BasicBlock<'ctx>,
+        ) -> Result<(Vec<IntValue<'ctx>>, IntValue<'ctx>), BuilderError> {
             let count = self.b.build_int_z_extend(p.num_args, self.i64t, "n")?;
             let codes = self.ctx.append_basic_block(p.f, "codes");
             self.b.build_conditional_branch(self.eq(count, n)?, codes, fail)?;
@@ -386,7 +417,8 @@ mod llvm_host {
             let data = self.load_int(self.i64t, t, dltensor::DATA)?;
             let offset = self.load_int(self.i64t, t, dltensor::BYTE_OFFSET)?;
             let base = self.b.build_int_add(data, offset, "base")?;
-            let at = self.b.build_int_add(base, self.b.build_int_mul(i, self.i64t.const_int(4, false), "off")?, "at")?;
+            let at =
+                self.b.build_int_add(base, self.b.build_int_mul(i, self.i64t.const_int(4, false), "off")?, "at")?;
             self.at(self.f32t.into(), at, 0)
         }
 

@@ -128,9 +128,7 @@ impl VirtualMachine {
         for (i, f) in exec.functions.iter().enumerate() {
             let callee = match f.kind {
                 FuncKind::Vm => Callee::Vm(i),
-                FuncKind::VmTir => {
-                    return Err(VmError::VmTir { name: f.name.clone() })
-                }
+                FuncKind::VmTir => return Err(VmError::VmTir { name: f.name.clone() }),
                 FuncKind::Packed => resolve(tree, &builtins, &f.name)?,
             };
             callees.push(callee);

@@ -153,10 +153,10 @@ fn to_device(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -
         .zip(i32::try_from(dev_id).ok())
         .map(|(t, i)| Device::from_dlpack(t, i))
         .ok_or_else(|| VmError::OutOfRange {
-            callee: name.to_owned(),
-            what: "device",
-            value: format!("({dev_type}, {dev_id})"),
-        })?;
+        callee: name.to_owned(),
+        what: "device",
+        value: format!("({dev_type}, {dev_id})"),
+    })?;
     if args.len() > 3 {
         global_scope(&a.str(3)?)?;
     }

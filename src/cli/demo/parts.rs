@@ -204,7 +204,7 @@ mod llvm_host {
     use inkwell::context::Context;
     use inkwell::module::Module;
     use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, FloatType, IntType};
-    use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
+    use inkwell::values::{FunctionValue, IntValue, PointerValue};
     use inkwell::{AddressSpace, IntPredicate};
 
     use super::{dltensor, Convention, ADD_TAKES, DLTENSOR_CODE, DOT_TAKES, HOST_ADD, HOST_DOT};
@@ -244,26 +244,17 @@ mod llvm_host {
             }
         }
 
-        /// Loads a `ty` at address `base + offset`. Addresses are computed with integer
-        /// arithmetic: inkwell's GEP is an `unsafe fn`, and this crate has no unsafe code;
-        /// LLVM folds both forms to the same machine code.
-        fn load(
-            &self,
-            ty: BasicTypeEnum<'ctx>,
-            base: IntValue<'ctx>,
-            offset: u64,
-        ) -> Result<BasicValueEnum<'ctx>, BuilderError> {
-            let ptr = self.at(ty, base, offset)?;
-            self.b.build_load(ptr, "v")
-        }
-
+        /// Loads an integer of type `ty` at address `base + offset`, widened to i64 (zero
+        /// extended). Addresses are computed with integer arithmetic: inkwell's GEP is an
+        /// `unsafe fn`, and this crate has no unsafe code; LLVM folds both forms to the same
+        /// machine code.
         fn load_int(
             &self,
             ty: IntType<'ctx>,
             base: IntValue<'ctx>,
             offset: u64,
         ) -> Result<IntValue<'ctx>, BuilderError> {
-            let v = self.load(ty.into(), base, offset)?.into_int_value();
+            let v = self.b.build_load(self.at(ty.into(), base, offset)?, "v")?.into_int_value();
             if ty.get_bit_width() < 64 {
                 self.b.build_int_z_extend(v, self.i64t, "wide")
             } else {

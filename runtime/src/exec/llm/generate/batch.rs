@@ -15,10 +15,17 @@
 //! **Sampling** ([`Sampling`](crate::exec::llm::lm::sampler::Sampling)): sequence `i` of a
 //! batch is seeded `seed + i`.
 //!
-//! This module holds the batch's pure parts: the schedule of the prefill rounds and the rows of
-//! the logits; `LanguageModel::generate_batch` runs them.
+//! This module holds the batch's schedule of prefill rounds, the rows of its logits and
+//! [`LanguageModel::generate_batch`], which runs them.
 
+use std::time::{Duration, Instant};
+
+use super::logits::{logits_of, pick};
+use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
+use crate::exec::llm::lm::sampler::Sampler;
+use crate::exec::relax::vm::value::{Value, VmError};
+use crate::exec::value::Value as ExecValue;
 use crate::format::DataType;
 
 /// One entry of a prefill round: the sequence, where its tokens start in its prompt, how many.
@@ -69,6 +76,152 @@ pub fn rows_of(logits: &NdArray, rows: usize) -> Result<Vec<Vec<f32>>, String> {
     let bytes = logits.to_bytes().map_err(|e| e.to_string())?;
     let floats: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     Ok(floats.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+}
+
+/// Several sequences in one batch (see [`LanguageModel::generate_batch`]).
+impl LanguageModel {
+    /// One round of the batch: `kv_state_begin_forward` of `seqs` appending `lengths`, `embed`
+    /// of `ids` viewed as `shape(hidden)`, `function(embeddings, extra..., kv_cache, params)`,
+    /// `kv_state_end_forward`: one row of logits per sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_round(
+        &self,
+        cache: &Value,
+        function: &'static str,
+        seqs: &[i64],
+        lengths: &[i64],
+        ids: &[i32],
+        extra: Option<&Value>,
+        shape: impl Fn(i64) -> Vec<i64>,
+    ) -> Result<Vec<Vec<f32>>, GenerateError> {
+        let _span = tracing::trace_span!("lm_batch_round", function, sequences = seqs.len()).entered();
+        let shape_of = |v: &[i64]| Value::Shape(v.into());
+        self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[cache, &shape_of(seqs), &shape_of(lengths)])?;
+        let embedded = self.embed(ids)?;
+        let hidden = embedded.shape()[1];
+        let embedded = Value::Tensor(embedded.view(&shape(hidden), embedded.dtype()).map_err(VmError::from)?);
+        let mut args = vec![&embedded];
+        args.extend(extra);
+        args.push(cache);
+        args.extend(self.packed.as_ref());
+        let result = self.vm.call_vm_values(function, &args)?;
+        self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[cache])?;
+        rows_of(&logits_of(function, result)?, seqs.len()).map_err(|detail| GenerateError::Result { function, detail })
+    }
+
+    /// Generates `max_new_tokens` tokens after each of `prompts` in one batch, in a new KV
+    /// cache, as MLC-LLM's engine runs a batch (`cpp/serve/model.cc`: `BatchPrefill`,
+    /// `BatchDecode`); sequence `i` has id `i` and is seeded `sampling.seed + i`. The prompts are
+    /// prefilled in rounds of at most `prefill_chunk_size` tokens, each taking in the
+    /// sequences' order as many of each unfinished prompt's next tokens as still fit: one
+    /// `kv_state_begin_forward(ids, lengths)`, one `embed`, one `batch_prefill(embeddings
+    /// [1, n, hidden], logit_positions, kv_cache, params)` (`logit_positions`: each entry's last
+    /// token) and `kv_state_end_forward` a round; a sequence whose prompt ends in a round picks
+    /// its first token from that round's row. Then each decode step runs the whole batch
+    /// through `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
+    pub fn generate_batch(
+        &mut self,
+        prompts: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Generation>, GenerateError> {
+        let _span = tracing::debug_span!("lm_generate_batch", sequences = prompts.len(), max_new_tokens).entered();
+        sampling.check().map_err(GenerateError::Request)?;
+        if prompts.is_empty() {
+            return Err(GenerateError::Request("no prompt: give at least one".into()));
+        }
+        if prompts.len() as i64 > self.metadata.max_batch_size {
+            return Err(GenerateError::Request(format!(
+                "{} prompts, more than the model's max_batch_size {}",
+                prompts.len(),
+                self.metadata.max_batch_size
+            )));
+        }
+        for (i, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(GenerateError::Request(format!("prompt {i} is empty: give at least one token id")));
+            }
+            self.check_ids(p)?;
+        }
+        for name in ["batch_prefill", "batch_decode"] {
+            if !self.vm.functions().iter().any(|f| f.name == name) {
+                let available = self.vm.functions().iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");
+                let (name, why) = if name == "batch_prefill" {
+                    ("batch_prefill", "prefills several sequences in one batch")
+                } else {
+                    ("batch_decode", "decodes several sequences in one batch")
+                };
+                return Err(GenerateError::MissingFunction { name, why, available });
+            }
+        }
+        self.check_capacity(prompts.iter().map(Vec::len), max_new_tokens)?;
+        let mut outs: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation {
+                tokens: Vec::new(),
+                logits: Vec::new(),
+                prefill_time: Duration::ZERO,
+                decode_times: Vec::new(),
+            })
+            .collect();
+        self.cache = None;
+        let cache = self.new_cache()?;
+        for seq in 1..prompts.len() as i64 {
+            self.add_sequence(&cache, seq)?;
+        }
+        self.cache = Some(ExecValue::Object(cache.clone()));
+        if max_new_tokens == 0 {
+            return Ok(outs);
+        }
+        let cache = Value::Object(cache);
+        let mut samplers: Vec<Sampler> =
+            (0..prompts.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
+        let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+        let start = Instant::now();
+        for round in prefill_rounds(&lengths, self.prefill_chunk_size() as usize) {
+            let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
+            let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();
+            let ids: Vec<i32> =
+                round.iter().flat_map(|e| prompts[e.seq][e.start..e.start + e.len].iter().copied()).collect();
+            let mut positions = Vec::with_capacity(round.len());
+            let mut end = 0i32;
+            for e in &round {
+                end += e.len as i32;
+                positions.push(end - 1);
+            }
+            let bytes: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let positions = NdArray::from_bytes(&bytes, &[positions.len() as i64], DataType::I32, self.vm.devices()[0])
+                .map_err(VmError::from)?;
+            let n = ids.len() as i64;
+            let positions = Value::Tensor(positions);
+            let rows =
+                self.batch_round(&cache, "batch_prefill", &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
+            for (e, row) in round.iter().zip(rows) {
+                if e.start + e.len == lengths[e.seq] {
+                    let token = pick(&mut samplers[e.seq], "batch_prefill", &row)?;
+                    outs[e.seq].tokens.push(token);
+                    outs[e.seq].logits.push(row);
+                }
+            }
+        }
+        let prefill_time = start.elapsed();
+        let seqs: Vec<i64> = (0..prompts.len() as i64).collect();
+        let ones = vec![1i64; prompts.len()];
+        let b = prompts.len() as i64;
+        for _ in 1..max_new_tokens {
+            let start = Instant::now();
+            let ids: Vec<i32> = outs.iter().map(|o| o.tokens[o.tokens.len() - 1]).collect();
+            let rows = self.batch_round(&cache, "batch_decode", &seqs, &ones, &ids, None, |h| vec![b, 1, h])?;
+            for ((out, sampler), row) in outs.iter_mut().zip(&mut samplers).zip(rows) {
+                out.tokens.push(pick(sampler, "batch_decode", &row)?);
+                out.logits.push(row);
+            }
+            let took = start.elapsed();
+            outs.iter_mut().for_each(|o| o.decode_times.push(took));
+        }
+        outs.iter_mut().for_each(|o| o.prefill_time = prefill_time);
+        Ok(outs)
+    }
 }
 
 #[cfg(test)]

@@ -792,18 +792,46 @@ mod tests {
         let g = Graph::parse(G).unwrap();
         assert_eq!(g.nodes[1].func_name, "__copy");
         assert_eq!(g.heads, [NodeEntry { node: 1, index: 0 }]);
-        for (bad, want) in [
-            (G.replace("\"arg_nodes\":[0]", "\"arg_nodes\":[\"a\"]"), "arg_nodes[0]"),
-            (G.replace("[[1,0,0]]", "[[1,1,0]]"), "heads[0]"),
-            (G.replace("[0,1,2]", "[0,1]"), "node_row_ptr"),
-            (G.replace("\"float32\",\"float32\"", "\"float32\",\"floaty\""), "dltype[1]"),
-            (G.replace("[[2],[2]]", "[[2],[-2]]"), "shape[1]"),
-            (G.replace("\"num_outputs\":\"1\"", "\"num_outputs\":\"x\""), "num_outputs"),
-            (G.replace("[[0,0,0]]", "[[1,0,0]]"), "does not run before"),
-            (G.replace("\"storage_id\":[\"list_int\",[0,1]]", "\"storage_id\":[\"list_int\",[0,-1]]"), "storage_id[1]"),
-        ] {
-            let err = Graph::parse(&bad).unwrap_err().to_string();
-            assert!(err.contains(want), "{want}: {err}");
+        type Is = fn(&GraphError) -> bool;
+        let cases: [(String, &str, Is); 8] = [
+            (
+                G.replace("\"arg_nodes\":[0]", "\"arg_nodes\":[\"a\"]"),
+                "arg_nodes[0]",
+                |e| matches!(e, GraphError::Json { path, .. } if path == "arg_nodes[0]"),
+            ),
+            (
+                G.replace("[[1,0,0]]", "[[1,1,0]]"),
+                "heads[0]",
+                |e| matches!(e, GraphError::EntryTarget { at, nodes: 2, .. } if at == "heads[0]"),
+            ),
+            (G.replace("[0,1,2]", "[0,1]"), "node_row_ptr", |e| {
+                matches!(e, GraphError::RowPtrLen { entries: 2, nodes: 2 })
+            }),
+            (
+                G.replace("\"float32\",\"float32\"", "\"float32\",\"floaty\""),
+                "dltype[1]",
+                |e| matches!(e, GraphError::DataType { index: 1, text } if text == "floaty"),
+            ),
+            (G.replace("[[2],[2]]", "[[2],[-2]]"), "shape[1]", |e| matches!(e, GraphError::Shape { index: 1, .. })),
+            (
+                G.replace("\"num_outputs\":\"1\"", "\"num_outputs\":\"x\""),
+                "num_outputs",
+                |e| matches!(e, GraphError::Attr { key, expected: "a non-negative integer", .. } if key == "num_outputs"),
+            ),
+            (G.replace("[[0,0,0]]", "[[1,0,0]]"), "does not run before", |e| {
+                matches!(e, GraphError::InputOrder { id: 1, input: 1, .. })
+            }),
+            (
+                G.replace("\"storage_id\":[\"list_int\",[0,1]]", "\"storage_id\":[\"list_int\",[0,-1]]"),
+                "storage_id[1]",
+                |e| matches!(e, GraphError::StorageId { index: 1, id: -1 }),
+            ),
+        ];
+        for (bad, want, is) in cases {
+            let err = Graph::parse(&bad).unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with("graph JSON: ") && text.contains(want), "{want}: {text}");
+            assert!(matches!(&err, ExecError::Graph(e) if is(e)), "{want}: {err:?}");
         }
     }
 

@@ -24,7 +24,6 @@ mod bundle;
 mod compile;
 mod output;
 mod progress;
-mod release;
 
 pub use bundle::{write_bundle, BundleModel};
 pub use compile::is_cxx;

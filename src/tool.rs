@@ -82,9 +82,17 @@ const POLL: Duration = Duration::from_millis(10);
 /// end of stderr.
 ///
 /// The tool runs in a process group of its own (so that it and the programs it starts can be
-/// killed together) and, on Linux, is killed by the kernel if the thread that started it
-/// dies. Inside a [`ToolContext`], the tool's `TMPDIR` is the context's, and a set cancel
-/// flag kills the group and returns [`Error::Cancelled`].
+/// killed together). Every way out of this function but the tool's own end (a set cancel flag,
+/// a failed wait, a panic unwinding through it) kills that group and reaps the tool first, so
+/// no tool outlives the call that started it. Inside a [`ToolContext`], the tool's `TMPDIR` is
+/// the context's, and a set cancel flag kills the group and returns [`Error::Cancelled`].
+///
+/// A process killed outright (SIGKILL) runs no code, so a tool it had started finishes on its
+/// own, as the compilers TVM's `export_library` starts do: mblob sets no parent-death signal,
+/// which would need code run between `fork` and `exec` (`unsafe` in Rust). The tools it runs
+/// are short (the C route's `.incbin` object and the link take about a second whatever the
+/// payload size), and the next export's [`sweep`] removes what they leave. SIGINT and SIGTERM
+/// reach the tool through the cancel flag: the CLI sets it (`cli/output.rs`).
 ///
 /// # Errors
 /// [`Error::ToolNotFound`] when it cannot be started, [`Error::Tool`] when it fails,
@@ -99,13 +107,13 @@ pub fn run_tool(step: &str, cmd: &mut Command) -> Result<Output> {
     let line = command_line(cmd);
     tracing::debug!(step, command = %line, "running");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-    die_with_parent(cmd);
-    let mut child = cmd.spawn().map_err(|source| Error::ToolNotFound {
+    let child = cmd.spawn().map_err(|source| Error::ToolNotFound {
         step: step.to_owned(),
         program: cmd.get_program().to_string_lossy().into_owned(),
         source,
     })?;
-    let out = wait(&mut child, ctx.cancel.as_deref()).map_err(|e| match e {
+    let mut running = Running { child, ended: false };
+    let out = wait(&mut running, ctx.cancel.as_deref()).map_err(|e| match e {
         Waited::Cancelled => Error::Cancelled { step: step.to_owned() },
         Waited::Io(source) => Error::Io { path: PathBuf::from(cmd.get_program()), action: "cannot wait for", source },
     })?;
@@ -125,8 +133,33 @@ enum Waited {
     Io(std::io::Error),
 }
 
-/// Collects the child's output while polling for its end and for the cancel flag.
-fn wait(child: &mut Child, cancel: Option<&AtomicBool>) -> std::result::Result<Output, Waited> {
+/// A started tool: until [`Running::ended`] says it ended by itself, dropping it (an early
+/// return, a panic unwinding through [`run_tool`]) or [`Running::kill`] kills the tool's
+/// process group and reaps the tool.
+struct Running {
+    child: Child,
+    ended: bool,
+}
+
+impl Running {
+    /// Kills the tool's group and reaps the tool, once.
+    fn kill(&mut self) {
+        if !std::mem::replace(&mut self.ended, true) {
+            kill_group(&mut self.child);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Collects the tool's output while polling for its end and for the cancel flag; on any way
+/// out but the tool's own end, the tool is killed and reaped (by `running`).
+fn wait(running: &mut Running, cancel: Option<&AtomicBool>) -> std::result::Result<Output, Waited> {
     fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -136,25 +169,22 @@ fn wait(child: &mut Child, cancel: Option<&AtomicBool>) -> std::result::Result<O
             buf
         })
     }
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
+    let stdout = drain(running.child.stdout.take());
+    let stderr = drain(running.child.stderr.take());
     let status = loop {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            kill_group(child);
-            let _ = child.wait();
+            // Killed now, so that the pipes close and the readers end.
+            running.kill();
             let _ = (stdout.join(), stderr.join());
             return Err(Waited::Cancelled);
         }
-        match child.try_wait() {
+        match running.child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => std::thread::sleep(POLL),
-            Err(e) => {
-                kill_group(child);
-                let _ = child.wait();
-                return Err(Waited::Io(e));
-            }
+            Err(e) => return Err(Waited::Io(e)),
         }
     };
+    running.ended = true;
     let stdout = stdout.join().unwrap_or_default();
     let stderr = stderr.join().unwrap_or_default();
     Ok(Output { status, stdout, stderr })
@@ -176,27 +206,6 @@ fn kill_process_group(pgid: libc::pid_t) {
     if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
-}
-
-/// On Linux, asks the kernel to kill the tool when the thread that started it dies (a killed
-/// export leaves no compiler running).
-#[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: the closure runs in the child between fork and exec and calls only prctl,
-        // which is async-signal-safe, and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = cmd;
 }
 
 /// A command as a shell would read it back: each word quoted where needed (with `shlex`),
@@ -324,6 +333,34 @@ mod tests {
         cmd.args(["-c", "a b.c", "-DX=\"y\"", "it's"]);
         let line = command_line(&cmd);
         assert_eq!(shlex::split(&line).unwrap(), ["cc", "-c", "a b.c", "-DX=\"y\"", "it's"]);
+    }
+
+    #[test]
+    fn a_tool_left_running_is_killed_with_its_group_when_its_guard_drops() {
+        use std::io::{BufRead, BufReader};
+        // A tool that started a program of its own (as `cc` starts `as` and `ld`).
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 30 & echo $!; wait"]).stdout(Stdio::piped()).process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let grandchild: u32 = line.trim().parse().unwrap();
+        let tool = child.id();
+        drop(Running { child, ended: false });
+        // The tool was reaped by the guard; the program it started is gone (or a zombie
+        // waiting for whoever adopted it) within a second.
+        let dead = |pid: u32| match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z')),
+        };
+        assert!(dead(tool), "the tool is reaped");
+        let gone = (0..100).any(|_| {
+            dead(grandchild) || {
+                std::thread::sleep(Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(gone, "the tool's own child {grandchild} was killed with its group");
     }
 
     #[test]

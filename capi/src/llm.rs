@@ -201,7 +201,7 @@ mod imp {
             GenerateError::Weights(_) => MBLOB_ERR_LOAD,
             GenerateError::Vm(v) => match v.root() {
                 VmError::InputBound { .. } => MBLOB_ERR_INPUT,
-                VmError::NoExecutable(_) => MBLOB_ERR_NO_MODEL,
+                VmError::NoExecutable { .. } => MBLOB_ERR_NO_MODEL,
                 VmError::UnsupportedDevice { .. } | VmError::Device(_) => MBLOB_ERR_DEVICE,
                 _ => MBLOB_ERR_RUN,
             },

@@ -7,8 +7,11 @@
 //! A view of a read-only file mapping (the opened library's image, a mapped params file) can
 //! also give its pages back ([`Bytes::release`]) once their contents were copied elsewhere: the
 //! memory then holds each constant once, and a later read maps the page in again from the file.
+//! [`Bytes::write_to`] does the same while it writes a view out: an export of a 512 MiB mapped
+//! payload holds a few MiB of it at any time, not 512 MiB.
 
 use std::fmt;
+use std::io::{self, Write};
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
@@ -57,6 +60,31 @@ impl Bytes {
         if let Some(release) = self.release {
             release(self);
         }
+    }
+
+    /// Bytes [`Bytes::write_to`] writes before it gives their pages back.
+    pub const WRITE_CHUNK: usize = 4 << 20;
+
+    /// Writes all of the view to `out`, [`Bytes::WRITE_CHUNK`] bytes at a time, giving each
+    /// written chunk's pages back ([`Bytes::release`]) when the view is of a read-only file
+    /// mapping: what was written is read again from the file if it is needed again, so the
+    /// process holds one chunk of the view, whatever its size. Other views are written at once.
+    ///
+    /// # Errors
+    /// What `out` returns.
+    pub fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
+        if self.release.is_none() {
+            return out.write_all(self);
+        }
+        let mut at = 0;
+        while at < self.len() {
+            let end = self.len().min(at.saturating_add(Self::WRITE_CHUNK));
+            let chunk = self.slice(at..end).unwrap_or_else(|| Bytes::from_vec(Vec::new()));
+            out.write_all(&chunk)?;
+            chunk.release();
+            at = end;
+        }
+        Ok(())
     }
 
     /// A sub-range, or `None` when it lies outside this view.
@@ -136,5 +164,39 @@ mod tests {
         let part = &b[4..6];
         assert_eq!(b.slice_ref(part).unwrap()[..], [4, 5]);
         assert!(s.slice_ref(&[1, 2]).is_none());
+    }
+
+    /// The resident KiB of the mapping that starts at `addr` (`Rss:` of `/proc/self/smaps`).
+    fn resident_kib(addr: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines().skip_while(|l| {
+            let start = l.split('-').next().and_then(|a| usize::from_str_radix(a, 16).ok());
+            start != Some(addr)
+        });
+        lines.next().expect("the mapping is listed");
+        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
+        rss.split_ascii_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn writing_a_mapped_file_gives_its_pages_back_and_writes_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.bin");
+        let bytes: Vec<u8> = (0u32..(24 << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let mapped = crate::map_file(&path).unwrap();
+        let addr = mapped.as_ptr() as usize;
+        let mut out = Vec::with_capacity(bytes.len());
+        mapped.write_to(&mut out).unwrap();
+        assert!(out == bytes, "the bytes written are the file's");
+        // Without giving them back the mapping would hold all 24 MiB: now at most a page at
+        // each chunk's edges.
+        let kib = resident_kib(addr);
+        assert!(kib <= 64, "{kib} KiB of the mapping stay resident");
+        assert!(mapped[..] == bytes[..], "read again, the bytes are the file's");
+        // A view of a buffer is written at once and left as it is.
+        let mut out = Vec::new();
+        Bytes::from_vec(bytes.clone()).write_to(&mut out).unwrap();
+        assert!(out == bytes);
     }
 }

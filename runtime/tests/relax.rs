@@ -687,7 +687,7 @@ fn unsupported_programs_are_named() {
     let err = build(func(FuncKind::Packed, "no_such_kernel", 0));
     assert!(matches!(&err, VmError::MissingFunction { name } if name == "no_such_kernel"), "{err}");
     let err = build(func(FuncKind::VmTir, "compiled", 0));
-    assert!(matches!(&err, VmError::Unsupported(what) if what.contains("compiled")), "{err}");
+    assert!(matches!(&err, VmError::VmTir { name } if name == "compiled"), "{err}");
 
     let spin = RelaxExecutable::from_parts(
         RELAX_VM_EXECUTABLE,

@@ -1,11 +1,11 @@
 //! What an export tells its caller while it runs ([`Progress`]), and the blob source that
-//! counts the bytes packed, stops when the export is cancelled and lets go of the pages of
-//! mapped payloads once written.
+//! counts the bytes packed and stops when the export is cancelled. (The pages of mapped
+//! payloads are let go of as they are written by the payloads themselves:
+//! [`mblob_runtime::Bytes::write_to`].)
 
 use std::io::{self, Write};
 use std::time::Instant;
 
-use super::release::Release;
 use crate::pack::BlobSource;
 use crate::tool::ToolContext;
 
@@ -120,8 +120,7 @@ impl BlobSource for Watched<'_> {
         let total = self.len;
         let step = (total / 100).max(1);
         let report = self.report.filter(|_| total >= Progress::REPORTED_BLOB);
-        let release = Release::default();
-        let mut w = WatchedWriter { out, done: 0, next: step, step, total, report, release };
+        let mut w = WatchedWriter { out, done: 0, next: step, step, total, report };
         self.inner.write_blob(&mut w)
     }
 }
@@ -133,8 +132,6 @@ struct WatchedWriter<'a> {
     step: u64,
     total: u64,
     report: Option<&'a (dyn Fn(Progress<'_>) + Send + Sync)>,
-    /// Drops the pages of mapped payloads once written (see [`Release`]).
-    release: Release,
 }
 
 impl Write for WatchedWriter<'_> {
@@ -147,7 +144,6 @@ impl Write for WatchedWriter<'_> {
         // caller's `write_all` loops), at a cost of a hundred calls per blob.
         let chunk = usize::try_from(self.step).unwrap_or(usize::MAX).max(64 << 10);
         let n = self.out.write(&buf[..buf.len().min(chunk)])?;
-        self.release.written(buf, n);
         self.done += n as u64;
         if self.done >= self.next || (self.done == self.total && n > 0) {
             self.next = self.done + self.step;

@@ -433,10 +433,12 @@ fn a_killed_export_leaves_nothing_at_the_output_and_the_next_one_cleans_up() {
 #[test]
 fn the_demo_runs_in_every_layout() {
     let tmp = tempfile::tempdir().unwrap();
-    for extra in [
-        &["--layout", "classic"][..],
-        &["--layout", "ffi", "--backend", "c"],
-        &["--layout", "classic-0.21", "--backend", "c-tvm"],
+    // The host code is in the TVM convention of the layout: `inspect` (step 3) finds the
+    // context slot of that generation, and the calls (step 5) are made in it.
+    for (extra, slot) in [
+        (&["--layout", "classic"][..], "context __tvm_module_ctx"),
+        (&["--layout", "ffi", "--backend", "c"], "context __tvm_ffi__library_ctx"),
+        (&["--layout", "classic-0.21", "--backend", "c-tvm"], "context __tvm_ffi_library_ctx"),
     ] {
         let mut args = vec!["demo"];
         args.extend_from_slice(extra);
@@ -444,6 +446,7 @@ fn the_demo_runs_in_every_layout() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{extra:?}: {}{}", text, String::from_utf8_lossy(&out.stderr));
         assert!(text.contains("all checks passed") && text.contains("└── cuda"), "{text}");
+        assert!(text.contains(slot) && text.contains("mblob_demo_dot(a) is refused"), "{extra:?}: {text}");
     }
 }
 

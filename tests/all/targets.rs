@@ -15,16 +15,25 @@ const TRIPLES: [&str; 7] = [
     "aarch64-linux-gnu",
 ];
 
-fn fixtures(dir: &str) -> PathBuf {
+/// The fixture folder `tests/fixtures/<dir>` (also `windows.rs`'s).
+pub(super) fn fixtures(dir: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir)
 }
 
-fn mblob(args: &[&str], tmp: &Path) -> Output {
+/// Runs the `mblob` binary with `args`, its temporary files under `tmp` (also `windows.rs`'s).
+pub(super) fn mblob(args: &[&str], tmp: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mblob")).args(args).env("TMPDIR", tmp).output().expect("run mblob")
 }
 
-fn ok(out: &Output, what: &str) {
-    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+/// Asserts that a run of `mblob` succeeded, showing its output when it did not (also
+/// `windows.rs`'s).
+pub(super) fn ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// TVM's serialization of the plain or the system-lib build's tree.

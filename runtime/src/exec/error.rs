@@ -9,9 +9,10 @@ use crate::format::DataType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecError {
-    /// The graph JSON is malformed or inconsistent (what, where).
+    /// The graph JSON is malformed or inconsistent: the cause, naming where (also the
+    /// source).
     #[error("graph JSON: {0}")]
-    Graph(String),
+    Graph(#[source] super::graph_error::GraphError),
     /// A params file (`save_param_dict`) does not read: its bytes end early or hold a length
     /// past the end (the offset is in the source).
     #[error("params: {0}")]

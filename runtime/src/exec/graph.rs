@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
+use super::graph_error::GraphError;
 use super::runner::{Param, Runner};
 use super::value::Value as ExecValue;
 use super::{ExecError, TensorInfo};
@@ -121,12 +122,16 @@ struct JsonAttrs {
     storage_scope: Option<(String, Vec<String>)>,
 }
 
-fn bad(msg: impl Into<String>) -> ExecError {
-    ExecError::Graph(msg.into())
+fn bad(e: GraphError) -> ExecError {
+    ExecError::Graph(e)
 }
 
 fn to_usize(v: u64, what: &str) -> Result<usize, ExecError> {
-    usize::try_from(v).map_err(|_| bad(format!("{what} {v} is out of range")))
+    usize::try_from(v).map_err(|_| bad(GraphError::OutOfRange { what: what.to_owned(), value: v }))
+}
+
+fn attr_error(node: &str, key: &str, value: String, expected: &'static str) -> ExecError {
+    bad(GraphError::Attr { node: node.to_owned(), key: key.to_owned(), value, expected })
 }
 
 /// An op attribute TVM writes as a string (`"1"`), also accepted as a number.
@@ -137,12 +142,11 @@ fn attr_uint(attrs: &HashMap<String, serde_json::Value>, key: &str, node: &str) 
             .trim()
             .parse::<u64>()
             .map(Some)
-            .map_err(|_| bad(format!("node `{node}`: attrs.{key} = {s:?} is not a non-negative integer"))),
-        Some(serde_json::Value::Number(n)) => n
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| bad(format!("node `{node}`: attrs.{key} = {n} is not a non-negative integer"))),
-        Some(other) => Err(bad(format!("node `{node}`: attrs.{key} = {other} is not an integer"))),
+            .map_err(|_| attr_error(node, key, format!("{s:?}"), "a non-negative integer")),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(Some).ok_or_else(|| attr_error(node, key, n.to_string(), "a non-negative integer"))
+        }
+        Some(other) => Err(attr_error(node, key, other.to_string(), "an integer")),
     }
 }
 
@@ -151,19 +155,18 @@ impl Graph {
     /// name the JSON path or the node.
     pub fn parse(json: &str) -> Result<Graph, ExecError> {
         let de = &mut serde_json::Deserializer::from_str(json);
-        let g: JsonGraph =
-            serde_path_to_error::deserialize(de).map_err(|e| bad(format!("at `{}`: {}", e.path(), e.inner())))?;
+        let g: JsonGraph = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            bad(GraphError::Json { path, source: e.into_inner() })
+        })?;
         let n_nodes = g.nodes.len();
         let row_ptr: Vec<usize> =
             g.node_row_ptr.iter().map(|&v| to_usize(v, "node_row_ptr entry")).collect::<Result<_, _>>()?;
         if row_ptr.len() != n_nodes + 1 {
-            return Err(bad(format!(
-                "node_row_ptr has {} entries for {n_nodes} nodes (expected nodes + 1)",
-                row_ptr.len()
-            )));
+            return Err(bad(GraphError::RowPtrLen { entries: row_ptr.len(), nodes: n_nodes }));
         }
         if row_ptr.first() != Some(&0) || row_ptr.windows(2).any(|w| w[0] > w[1]) {
-            return Err(bad("node_row_ptr must start at 0 and never decrease"));
+            return Err(bad(GraphError::RowPtrOrder));
         }
         let n_entries = row_ptr[n_nodes];
         let (dkind, dltype) = g.attrs.dltype;
@@ -173,52 +176,51 @@ impl Graph {
             [(&dkind, "list_str", "dltype"), (&skind, "list_int", "storage_id"), (&hkind, "list_shape", "shape")]
         {
             if k != want {
-                return Err(bad(format!("attrs.{key} has type tag {k:?}, expected {want:?}")));
+                return Err(bad(GraphError::TypeTag { key, found: k.clone(), expected: want }));
             }
         }
         for (len, key) in [(dltype.len(), "dltype"), (storage_id.len(), "storage_id"), (shape.len(), "shape")] {
             if len != n_entries {
-                return Err(bad(format!("attrs.{key} has {len} entries, the graph has {n_entries} node entries")));
+                return Err(bad(GraphError::TableLen { key, len, entries: n_entries }));
             }
         }
         let dltype = dltype
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                DataType::parse(s).ok_or_else(|| bad(format!("attrs.dltype[{i}] = {s:?} is not a data type")))
-            })
+            .map(|(i, s)| DataType::parse(s).ok_or_else(|| bad(GraphError::DataType { index: i, text: s.clone() })))
             .collect::<Result<Vec<_>, _>>()?;
         let storage_id = storage_id
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                usize::try_from(s).ok().filter(|&s| s < n_entries.max(1)).ok_or_else(|| {
-                    bad(format!("attrs.storage_id[{i}] = {s}: runtime-shaped storage (negative ids) and ids past the entry count are not supported"))
-                })
+                usize::try_from(s)
+                    .ok()
+                    .filter(|&s| s < n_entries.max(1))
+                    .ok_or_else(|| bad(GraphError::StorageId { index: i, id: s }))
             })
             .collect::<Result<Vec<_>, _>>()?;
         for (i, (s, t)) in shape.iter().zip(&dltype).enumerate() {
             if s.iter().any(|&d| d < 0) || tensor_bytes(*t, s).is_none() {
-                return Err(bad(format!("attrs.shape[{i}] = {s:?} is negative or too large")));
+                return Err(bad(GraphError::Shape { index: i, shape: s.clone() }));
             }
         }
         let device_index = match g.attrs.device_index {
             None => None,
             Some((k, v)) => {
                 if k != "list_int" || v.len() != n_entries {
-                    return Err(bad(format!("attrs.device_index must be a list_int of {n_entries} entries")));
+                    return Err(bad(GraphError::DeviceIndex { entries: n_entries }));
                 }
                 Some(v)
             }
         };
         let entry = |e: &[u64], what: &str| -> Result<NodeEntry, ExecError> {
             if e.len() < 2 || e.len() > 3 {
-                return Err(bad(format!("{what}: {e:?} is not [node, index] or [node, index, version]")));
+                return Err(bad(GraphError::EntryForm { at: what.to_owned(), entry: e.to_vec() }));
             }
             let node = to_usize(e[0], what)?;
             let index = to_usize(e[1], what)?;
             if node >= n_nodes || row_ptr[node] + index >= row_ptr[node + 1] {
-                return Err(bad(format!("{what}: {e:?} names no output of a node (the graph has {n_nodes} nodes)")));
+                return Err(bad(GraphError::EntryTarget { at: what.to_owned(), entry: e.to_vec(), nodes: n_nodes }));
             }
             Ok(NodeEntry { node, index })
         };
@@ -231,10 +233,7 @@ impl Graph {
                 .map(|(k, e)| {
                     let ne = entry(e, &format!("nodes[{nid}].inputs[{k}]"))?;
                     if ne.node >= nid {
-                        return Err(bad(format!(
-                            "nodes[{nid}] (`{}`) takes an input from node {}, which does not run before it",
-                            n.name, ne.node
-                        )));
+                        return Err(bad(GraphError::InputOrder { id: nid, node: n.name.clone(), input: ne.node }));
                     }
                     Ok(ne)
                 })
@@ -243,7 +242,7 @@ impl Graph {
             let node = match n.op.as_str() {
                 "null" => {
                     if outputs != 1 {
-                        return Err(bad(format!("input node `{}` has {outputs} entries, expected 1", n.name)));
+                        return Err(bad(GraphError::InputEntries { node: n.name.clone(), outputs }));
                     }
                     Node {
                         op: n.op.clone(),
@@ -259,22 +258,23 @@ impl Graph {
                     let attrs = n.attrs.as_ref().unwrap_or(&empty);
                     let func_name = match attrs.get("func_name") {
                         Some(serde_json::Value::String(s)) => s.clone(),
-                        _ => return Err(bad(format!("op node `{}` has no attrs.func_name string", n.name))),
+                        _ => return Err(bad(GraphError::NoFuncName { node: n.name.clone() })),
                     };
                     let num_outputs = attr_uint(attrs, "num_outputs", &n.name)?.unwrap_or(1);
                     if num_outputs != outputs as u64 {
-                        return Err(bad(format!(
-                            "op node `{}` says num_outputs {num_outputs} but node_row_ptr gives it {outputs}",
-                            n.name
-                        )));
+                        return Err(bad(GraphError::NumOutputs {
+                            node: n.name.clone(),
+                            says: num_outputs,
+                            has: outputs,
+                        }));
                     }
                     if let Some(ni) = attr_uint(attrs, "num_inputs", &n.name)? {
                         if ni != inputs.len() as u64 {
-                            return Err(bad(format!(
-                                "op node `{}` says num_inputs {ni} but lists {}",
-                                n.name,
-                                inputs.len()
-                            )));
+                            return Err(bad(GraphError::NumInputs {
+                                node: n.name.clone(),
+                                says: ni,
+                                has: inputs.len(),
+                            }));
                         }
                     }
                     let flatten_data = attr_uint(attrs, "flatten_data", &n.name)?.unwrap_or(0) != 0;
@@ -287,9 +287,7 @@ impl Graph {
                         flatten_data,
                     }
                 }
-                other => {
-                    return Err(bad(format!("node `{}` has op {other:?}: only \"null\" and \"tvm_op\" exist", n.name)))
-                }
+                other => return Err(bad(GraphError::Op { node: n.name.clone(), op: other.to_owned() })),
             };
             nodes.push(node);
         }
@@ -299,7 +297,7 @@ impl Graph {
             .map(|&a| {
                 let a = to_usize(a, "arg_nodes entry")?;
                 if nodes.get(a).is_none_or(|n| n.op != "null") {
-                    return Err(bad(format!("arg_nodes names node {a}, which is not an input node")));
+                    return Err(bad(GraphError::ArgNode { node: a }));
                 }
                 Ok(a)
             })
@@ -550,7 +548,7 @@ impl GraphExecutor {
             let dev = entry_device(e)?;
             let slot = &mut pool_size[sid];
             if slot.1.is_some_and(|d| d != dev) {
-                return Err(bad(format!("storage {sid} is shared by entries on two devices")));
+                return Err(bad(GraphError::SharedStorage { storage: sid }));
             }
             *slot = (slot.0.max(bytes), Some(dev));
         }
@@ -579,13 +577,12 @@ impl GraphExecutor {
                 "__nop" => OpKind::Nop,
                 "__copy" => {
                     if ids.len() != 2 {
-                        return Err(bad(format!("`__copy` node `{}` must have one input and one output", node.name)));
+                        let problem = "must have one input and one output";
+                        return Err(bad(GraphError::Copy { node: node.name.clone(), problem }));
                     }
                     if entries[ids[0]].nbytes() != entries[ids[1]].nbytes() {
-                        return Err(bad(format!(
-                            "`__copy` node `{}` copies between entries of different sizes",
-                            node.name
-                        )));
+                        let problem = "copies between entries of different sizes";
+                        return Err(bad(GraphError::Copy { node: node.name.clone(), problem }));
                     }
                     OpKind::Copy { from: ids[0], to: ids[1] }
                 }
@@ -795,18 +792,46 @@ mod tests {
         let g = Graph::parse(G).unwrap();
         assert_eq!(g.nodes[1].func_name, "__copy");
         assert_eq!(g.heads, [NodeEntry { node: 1, index: 0 }]);
-        for (bad, want) in [
-            (G.replace("\"arg_nodes\":[0]", "\"arg_nodes\":[\"a\"]"), "arg_nodes[0]"),
-            (G.replace("[[1,0,0]]", "[[1,1,0]]"), "heads[0]"),
-            (G.replace("[0,1,2]", "[0,1]"), "node_row_ptr"),
-            (G.replace("\"float32\",\"float32\"", "\"float32\",\"floaty\""), "dltype[1]"),
-            (G.replace("[[2],[2]]", "[[2],[-2]]"), "shape[1]"),
-            (G.replace("\"num_outputs\":\"1\"", "\"num_outputs\":\"x\""), "num_outputs"),
-            (G.replace("[[0,0,0]]", "[[1,0,0]]"), "does not run before"),
-            (G.replace("\"storage_id\":[\"list_int\",[0,1]]", "\"storage_id\":[\"list_int\",[0,-1]]"), "storage_id[1]"),
-        ] {
-            let err = Graph::parse(&bad).unwrap_err().to_string();
-            assert!(err.contains(want), "{want}: {err}");
+        type Is = fn(&GraphError) -> bool;
+        let cases: [(String, &str, Is); 8] = [
+            (
+                G.replace("\"arg_nodes\":[0]", "\"arg_nodes\":[\"a\"]"),
+                "arg_nodes[0]",
+                |e| matches!(e, GraphError::Json { path, .. } if path == "arg_nodes[0]"),
+            ),
+            (
+                G.replace("[[1,0,0]]", "[[1,1,0]]"),
+                "heads[0]",
+                |e| matches!(e, GraphError::EntryTarget { at, nodes: 2, .. } if at == "heads[0]"),
+            ),
+            (G.replace("[0,1,2]", "[0,1]"), "node_row_ptr", |e| {
+                matches!(e, GraphError::RowPtrLen { entries: 2, nodes: 2 })
+            }),
+            (
+                G.replace("\"float32\",\"float32\"", "\"float32\",\"floaty\""),
+                "dltype[1]",
+                |e| matches!(e, GraphError::DataType { index: 1, text } if text == "floaty"),
+            ),
+            (G.replace("[[2],[2]]", "[[2],[-2]]"), "shape[1]", |e| matches!(e, GraphError::Shape { index: 1, .. })),
+            (
+                G.replace("\"num_outputs\":\"1\"", "\"num_outputs\":\"x\""),
+                "num_outputs",
+                |e| matches!(e, GraphError::Attr { key, expected: "a non-negative integer", .. } if key == "num_outputs"),
+            ),
+            (G.replace("[[0,0,0]]", "[[1,0,0]]"), "does not run before", |e| {
+                matches!(e, GraphError::InputOrder { id: 1, input: 1, .. })
+            }),
+            (
+                G.replace("\"storage_id\":[\"list_int\",[0,1]]", "\"storage_id\":[\"list_int\",[0,-1]]"),
+                "storage_id[1]",
+                |e| matches!(e, GraphError::StorageId { index: 1, id: -1 }),
+            ),
+        ];
+        for (bad, want, is) in cases {
+            let err = Graph::parse(&bad).unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with("graph JSON: ") && text.contains(want), "{want}: {text}");
+            assert!(matches!(&err, ExecError::Graph(e) if is(e)), "{want}: {err:?}");
         }
     }
 

@@ -34,6 +34,7 @@ pub mod relay_vm;
 
 mod error;
 pub mod function;
+mod graph_error;
 mod kind;
 pub mod model;
 pub(crate) mod pool;
@@ -44,6 +45,7 @@ pub use crate::device::{Device, DeviceType};
 pub use call::call;
 pub(crate) use error::{check_device_code, check_devices};
 pub use error::{device_kinds, ExecError};
+pub use graph_error::GraphError;
 pub use kind::{ModelKind, TensorInfo};
 pub use model::Model;
 pub use runner::{Param, Runner};

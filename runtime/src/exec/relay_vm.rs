@@ -54,8 +54,11 @@ pub(crate) const MAX_STACK_REGISTERS: usize = 1 << 22;
 #[non_exhaustive]
 pub enum RelayVmError {
     /// The tree holds no Relay VM executable.
-    #[error("the module tree has no Relay VM executable ({VM_EXECUTABLE}); its modules: {0}")]
-    NoExecutable(String),
+    #[error("the module tree has no Relay VM executable ({VM_EXECUTABLE}); its modules: {}", modules.join(", "))]
+    NoExecutable {
+        /// The type keys of the tree's modules.
+        modules: Vec<String>,
+    },
     /// The VM cannot run on this device (mblob runs the Relay VM on the CPU).
     #[error("not supported on {device}: {reason}")]
     UnsupportedDevice {
@@ -154,10 +157,68 @@ pub enum RelayVmError {
         /// TVM's message.
         message: String,
     },
-    /// The program did something TVM would refuse (a value of the wrong kind, recursion past
-    /// [`MAX_FRAMES`], ...).
-    #[error("invalid program: {0}")]
-    Program(String),
+    /// An instruction given a register of a kind it cannot take (`get_field` of a tensor).
+    #[error("invalid program: {instruction} of a {got}")]
+    Operand {
+        /// The instruction (`invoke_closure`, `get_field`, `get_tag`, `shape_of`,
+        /// `reshape_tensor`, `device_copy`, `alloc_tensor`).
+        instruction: &'static str,
+        /// What the register holds.
+        got: &'static str,
+    },
+    /// A kernel argument that is neither a tensor nor an ADT of tensors.
+    #[error("invalid program: argument {index} of `{function}`{}is a {got}, not a tensor", if *in_adt { ": an ADT field " } else { " " })]
+    KernelArgument {
+        /// The kernel.
+        function: String,
+        /// The argument's position.
+        index: usize,
+        /// Whether it is a field of an ADT argument.
+        in_adt: bool,
+        /// What it is.
+        got: &'static str,
+    },
+    /// A register that must hold a scalar or shape tensor (`If`, `AllocStorage`,
+    /// `ReshapeTensor`) holds something else, or a tensor that cannot be one.
+    #[error("invalid program: expected {expected}, got {got}")]
+    NotScalar {
+        /// `a scalar tensor`, `a shape tensor`.
+        expected: &'static str,
+        /// What it holds (`a tuple`, `a tensor of shape [0]`, `int16`).
+        got: String,
+    },
+    /// A storage whose size, from its shape, overflows.
+    #[error("invalid program: storage of shape {shape:?} overflows")]
+    StorageOverflow {
+        /// The shape.
+        shape: Vec<i64>,
+    },
+    /// The VM's own bounds: calls nested deeper than [`MAX_FRAMES`], live frames holding more
+    /// than the registers the VM allows (4 Mi).
+    #[error("invalid program: {what} {limit}")]
+    Limit {
+        /// What went past it (`calls nested deeper than`).
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+    /// A function returned ADTs nested deeper than its outputs can be.
+    #[error("invalid program: `{function}` returned ADTs nested deeper than {limit}")]
+    OutputDepth {
+        /// The function.
+        function: String,
+        /// The deepest nesting taken.
+        limit: usize,
+    },
+    /// A function ran past its last instruction, or returned with no frame left.
+    #[error("invalid program: {}", match function {
+        Some(f) => format!("`{f}` ran past its last instruction"),
+        None => "the call stack is empty".to_owned(),
+    })]
+    RanPast {
+        /// The function (`None`: no frame was left).
+        function: Option<String>,
+    },
     /// A function returned something other than tensors and tuples of them.
     #[error("function `{function}` returned a {got}, which cannot be an output")]
     Output {
@@ -238,8 +299,17 @@ impl Value {
     }
 }
 
-fn program(detail: impl Into<String>) -> RelayVmError {
-    RelayVmError::Program(detail.into())
+fn operand(instruction: &'static str, got: &Value) -> RelayVmError {
+    RelayVmError::Operand { instruction, got: got.kind() }
+}
+
+fn not_scalar(expected: &'static str, got: impl Into<String>) -> RelayVmError {
+    RelayVmError::NotScalar { expected, got: got.into() }
+}
+
+/// [`RelayVmError::NoExecutable`] naming `tree`'s modules.
+fn no_executable(tree: &LoadedTree) -> RelayVmError {
+    RelayVmError::NoExecutable { modules: tree.type_keys().into_iter().map(str::to_owned).collect() }
 }
 
 /// A VM function a caller can invoke.
@@ -285,7 +355,7 @@ impl RelayVm {
             .modules()
             .iter()
             .find_map(|m| m.module.as_any().downcast_ref::<RelayVmExecutable>())
-            .ok_or_else(|| RelayVmError::NoExecutable(tree.type_keys().join(", ")))?;
+            .ok_or_else(|| no_executable(tree))?;
         RelayVm::with_executable(tree, Arc::new(exec.clone()), device, &[])
     }
 
@@ -303,7 +373,7 @@ impl RelayVm {
             .modules()
             .iter()
             .find_map(|m| m.module.as_any().downcast_ref::<RelayVmExecutable>())
-            .ok_or_else(|| RelayVmError::NoExecutable(tree.type_keys().join(", ")))?;
+            .ok_or_else(|| no_executable(tree))?;
         RelayVm::with_executable(tree, Arc::new(exec.clone()), device, late_bound)
     }
 
@@ -467,12 +537,12 @@ impl RelayVm {
         let mut live = stack[0].regs.len();
         loop {
             let Some(frame) = stack.last_mut() else {
-                return Err(program("the call stack is empty"));
+                return Err(RelayVmError::RanPast { function: None });
             };
             let f = &self.exec.functions[frame.func];
             let pc = frame.pc;
             let Some(ins) = f.instructions.get(pc) else {
-                return Err(program(format!("`{}` ran past its last instruction", f.name)));
+                return Err(RelayVmError::RanPast { function: Some(f.name.clone()) });
             };
             let at = |e: RelayVmError| RelayVmError::At { function: f.name.clone(), pc, source: Box::new(e) };
             match self.step(ins, frame).map_err(at)? {
@@ -483,13 +553,12 @@ impl RelayVm {
                 }
                 Step::Call { func, args, dst } => {
                     if stack.len() >= MAX_FRAMES {
-                        return Err(at(program(format!("calls nested deeper than {MAX_FRAMES}"))));
+                        return Err(at(RelayVmError::Limit { what: "calls nested deeper than", limit: MAX_FRAMES }));
                     }
                     let size = self.exec.functions[func].register_file_size as usize;
                     if live + size > MAX_STACK_REGISTERS {
-                        return Err(at(program(format!(
-                            "the live frames would hold more than {MAX_STACK_REGISTERS} registers"
-                        ))));
+                        let what = "the live frames would hold more registers than";
+                        return Err(at(RelayVmError::Limit { what, limit: MAX_STACK_REGISTERS }));
                     }
                     let callee = self.frame(func, args, dst).map_err(at)?;
                     live += callee.regs.len();
@@ -531,7 +600,7 @@ impl RelayVm {
             }
             Instruction::InvokeClosure { closure, args, dst } => {
                 let Value::Closure { func, free } = &regs[*closure as usize] else {
-                    return Err(program(format!("invoke_closure of a {}", regs[*closure as usize].kind())));
+                    return Err(operand("invoke_closure", &regs[*closure as usize]));
                 };
                 let all = free.iter().cloned().chain(args.iter().map(|r| get(regs, *r))).collect();
                 return Ok(Step::Call { func: *func as usize, args: all, dst: *dst });
@@ -541,7 +610,7 @@ impl RelayVm {
             }
             Instruction::GetField { object, field_index, dst } => {
                 let Value::Adt { fields, .. } = &regs[*object as usize] else {
-                    return Err(program(format!("get_field of a {}", regs[*object as usize].kind())));
+                    return Err(operand("get_field", &regs[*object as usize]));
                 };
                 let v = fields
                     .get(*field_index as usize)
@@ -551,7 +620,7 @@ impl RelayVm {
             }
             Instruction::GetTag { object, dst } => {
                 let Value::Adt { tag, .. } = &regs[*object as usize] else {
-                    return Err(program(format!("get_tag of a {}", regs[*object as usize].kind())));
+                    return Err(operand("get_tag", &regs[*object as usize]));
                 };
                 regs[*dst as usize] = Value::Tensor(self.host_ints(&[*tag as i32 as i64], DataType::I32)?);
             }
@@ -583,7 +652,7 @@ impl RelayVm {
                     Some(r) => scalar_int(&regs[*r as usize])?,
                     None => tensor_bytes(*dtype_hint, shape)
                         .and_then(|n| i64::try_from(n).ok())
-                        .ok_or_else(|| program(format!("storage of shape {shape:?} overflows")))?,
+                        .ok_or_else(|| RelayVmError::StorageOverflow { shape: shape.to_vec() })?,
                 };
                 // Of its own size (TVM's pooled allocator rounds it up to a 4096-byte page: a
                 // recursion holding a small storage per frame would then hold pages).
@@ -592,14 +661,14 @@ impl RelayVm {
             }
             Instruction::ShapeOf { tensor, dst } => {
                 let Value::Tensor(t) = &regs[*tensor as usize] else {
-                    return Err(program(format!("shape_of a {}", regs[*tensor as usize].kind())));
+                    return Err(operand("shape_of", &regs[*tensor as usize]));
                 };
                 let shape = t.shape().to_vec();
                 regs[*dst as usize] = Value::Tensor(self.host_ints(&shape, DataType::I64)?);
             }
             Instruction::ReshapeTensor { tensor, newshape, dst } => {
                 let Value::Tensor(t) = &regs[*tensor as usize] else {
-                    return Err(program(format!("reshape_tensor of a {}", regs[*tensor as usize].kind())));
+                    return Err(operand("reshape_tensor", &regs[*tensor as usize]));
                 };
                 let shape = tensor_ints(&regs[*newshape as usize], true)?;
                 relay_checks::view(&shape, (t.shape(), t.dtype(), t.nbytes()))?;
@@ -609,7 +678,7 @@ impl RelayVm {
             Instruction::DeviceCopy { src, dst, .. } => {
                 // Every device is the CPU (checked when the VM was made): a copy.
                 let Value::Tensor(t) = &regs[*src as usize] else {
-                    return Err(program(format!("device_copy of a {}", regs[*src as usize].kind())));
+                    return Err(operand("device_copy", &regs[*src as usize]));
                 };
                 let c = t.copy(self.device)?;
                 regs[*dst as usize] = Value::Tensor(c);
@@ -637,7 +706,7 @@ impl RelayVm {
         dtype: DataType,
     ) -> Result<NdArray, RelayVmError> {
         let Value::Storage(s) = storage else {
-            return Err(program(format!("alloc_tensor in a {}", storage.kind())));
+            return Err(operand("alloc_tensor", storage));
         };
         let off = scalar_int(offset)?;
         let off = relay_checks::alloc_tensor(off, tensor_bytes(dtype, shape), s.nbytes())?;
@@ -665,12 +734,21 @@ impl RelayVm {
                 Value::Adt { fields, .. } => {
                     for f in fields.iter() {
                         let Value::Tensor(t) = f else {
-                            return Err(program(format!("argument {i} of `{name}`: an ADT field is a {}", f.kind())));
+                            let function = name.clone();
+                            return Err(RelayVmError::KernelArgument {
+                                function,
+                                index: i,
+                                in_adt: true,
+                                got: f.kind(),
+                            });
                         };
                         tensors.push(t);
                     }
                 }
-                v => return Err(program(format!("argument {i} of `{name}` is a {}, not a tensor", v.kind()))),
+                v => {
+                    let function = name.clone();
+                    return Err(RelayVmError::KernelArgument { function, index: i, in_adt: false, got: v.kind() });
+                }
             }
         }
         if empty_output {
@@ -693,10 +771,12 @@ enum Step {
 /// The first element of a tensor as an integer (TVM's `LoadScalarInt`: 1, 8, 16, 32 or 64 bits).
 fn scalar_int(v: &Value) -> Result<i64, RelayVmError> {
     let Value::Tensor(t) = v else {
-        return Err(program(format!("expected a scalar tensor, got a {}", v.kind())));
+        return Err(not_scalar("a scalar tensor", format!("a {}", v.kind())));
     };
     let bytes = t.to_bytes()?;
-    let b = |n: usize| bytes.get(..n).ok_or_else(|| program(format!("scalar of shape {:?} is empty", t.shape())));
+    let b = |n: usize| {
+        bytes.get(..n).ok_or_else(|| not_scalar("a scalar tensor", format!("an empty tensor of shape {:?}", t.shape())))
+    };
     Ok(match t.dtype().bits {
         1 | 8 => i64::from(b(1)?[0] as i8),
         16 => i64::from(i16::from_le_bytes([b(2)?[0], b(2)?[1]])),
@@ -708,7 +788,7 @@ fn scalar_int(v: &Value) -> Result<i64, RelayVmError> {
             let x = b(8)?;
             i64::from_le_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]])
         }
-        bits => return Err(program(format!("unknown scalar int type with {bits} bits"))),
+        bits => return Err(not_scalar("a scalar tensor", format!("an int of {bits} bits"))),
     })
 }
 
@@ -716,7 +796,7 @@ fn scalar_int(v: &Value) -> Result<i64, RelayVmError> {
 /// `int64_only` (TVM's `ReshapeTensor` requires `int64`).
 fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
     let Value::Tensor(t) = v else {
-        return Err(program(format!("expected a shape tensor, got a {}", v.kind())));
+        return Err(not_scalar("a shape tensor", format!("a {}", v.kind())));
     };
     relay_checks::shape_tensor(t.shape(), t.dtype(), int64_only)?;
     let bytes = t.to_bytes()?;
@@ -728,7 +808,7 @@ fn tensor_ints(v: &Value, int64_only: bool) -> Result<Vec<i64>, RelayVmError> {
         (0, 32) if !int64_only => {
             Ok(bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect())
         }
-        _ => Err(program(format!("a shape tensor of dtype {}", t.dtype()))),
+        _ => Err(not_scalar("a shape tensor", format!("a tensor of dtype {}", t.dtype()))),
     }
 }
 
@@ -760,7 +840,7 @@ fn nested(v: &Value, function: &str, depth: usize) -> Result<ExecValue, RelayVmE
     match v {
         Value::Tensor(t) => Ok(ExecValue::Tensor(t.clone())),
         Value::Adt { .. } if depth >= MAX_OUTPUT_DEPTH => {
-            Err(program(format!("`{function}` returned ADTs nested deeper than {MAX_OUTPUT_DEPTH}")))
+            Err(RelayVmError::OutputDepth { function: function.to_owned(), limit: MAX_OUTPUT_DEPTH })
         }
         Value::Adt { tag, fields } => {
             let fields = fields.iter().map(|f| nested(f, function, depth + 1)).collect::<Result<Vec<_>, _>>()?;

@@ -142,7 +142,7 @@ impl Tensor {
             out.write_all(&d.to_le_bytes())?;
         }
         out.write_all(&(self.data.len() as i64).to_le_bytes())?;
-        out.write_all(&self.data)
+        self.data.write_to(out)
     }
 
     /// How many bytes [`Tensor::write_to`] writes.

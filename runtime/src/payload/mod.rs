@@ -80,7 +80,7 @@ impl Payload for RawPayload {
         &self.type_key
     }
     fn write_payload(&self, _layout: Layout, out: &mut dyn Write) -> io::Result<()> {
-        out.write_all(&self.bytes)
+        self.bytes.write_to(out)
     }
     fn payload_len(&self, _layout: Layout) -> io::Result<u64> {
         Ok(self.bytes.len() as u64)

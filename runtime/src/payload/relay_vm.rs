@@ -736,7 +736,7 @@ impl crate::payload::Payload for RelayVmExecutable {
 
     /// Writes the payload as it was read (TVM's bytes, unchanged).
     fn write_payload(&self, _layout: crate::format::Layout, out: &mut dyn Write) -> io::Result<()> {
-        out.write_all(&self.payload)
+        self.payload.write_to(out)
     }
 
     fn payload_len(&self, _layout: crate::format::Layout) -> io::Result<u64> {

@@ -1,15 +1,18 @@
-//! `mblob demo`: the main job end to end. Builds a real multi-module library (host code, a
-//! CUDA kernel, a graph-factory root), exports `deploy.so`, inspects it, loads it back, calls
-//! the host code, and launches the kernel when a GPU is present.
+//! `mblob demo`: the main job end to end. Builds a real multi-module library (host code in
+//! TVM's packed-function convention of the chosen layout, a CUDA kernel, a graph-factory root
+//! whose node names the host code), exports `deploy.so`, inspects it, loads it back, calls the
+//! host code with the safe `mblob_runtime::exec::call`, and launches the kernel when a GPU is
+//! present.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use mblob_runtime::exec::{call, Value};
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::payload::device::{DeviceModule, FunctionInfo};
 use mblob_runtime::payload::graph::{GraphExecutorFactory, Tensor};
-use mblob_runtime::{load_library, Layout, LoadOptions, Registry};
+use mblob_runtime::{load_library, Device, Layout, LoadOptions, NdArray, Registry};
 
 mod parts;
 
@@ -17,7 +20,7 @@ use super::inspect::parse_layout;
 use crate::export::{Backend, Export};
 use crate::inspect::{inspect_path, render_text};
 use crate::{Error, Result};
-use parts::{HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
+use parts::{Convention, HOST_ADD, HOST_DOT, KERNEL_NAME, VECTOR_ADD_PTX};
 
 /// Arguments of `mblob demo`.
 #[derive(Debug, clap::Args)]
@@ -73,7 +76,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let root = export.tree_mut().add_payload(factory);
     export.tree_mut().set_root(root).import(root, host);
     export.import(cuda);
-    add_host_code(&mut export, &dir)?;
+    add_host_code(&mut export, &dir, Convention::of(args.layout))?;
     println!("    GraphExecutorFactory (params a, b: float32[{N}])");
     println!("    └── host library: {HOST_ADD}, {HOST_DOT} ({})", host_origin());
     println!("        └── cuda: {KERNEL_NAME} (PTX, {} bytes)", VECTOR_ADD_PTX.len());
@@ -115,26 +118,29 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     }
     println!("    params a, b read back from the blob: {} floats each, equal to what was packed", pa.len());
 
-    step(5, "call the host code");
-    let add = loaded.get_function(HOST_ADD).ok_or_else(|| check_failed("host function missing"))?;
-    let dot = loaded.get_function(HOST_DOT).ok_or_else(|| check_failed("host function missing"))?;
-    let mut out = vec![0f32; N];
-    // SAFETY: both functions were generated in step 1 with exactly these C signatures, and
-    // the buffers hold N floats each.
-    #[allow(unsafe_code)]
-    let d = unsafe {
-        let add: extern "C" fn(*const f32, *const f32, *mut f32, i64) = std::mem::transmute(add.addr());
-        let dot: extern "C" fn(*const f32, *const f32, i64) -> f32 = std::mem::transmute(dot.addr());
-        add(pa.as_ptr(), pb.as_ptr(), out.as_mut_ptr(), N as i64);
-        dot(pa.as_ptr(), pb.as_ptr(), N as i64)
+    step(5, "call the host code (TVM's packed-function convention, through exec::call)");
+    let fail = |e: mblob_runtime::exec::ExecError| check_failed(&e.to_string());
+    let array = |v: &[f32]| NdArray::from_f32(v, &[N as i64], Device::cpu(0)).map_err(|e| check_failed(&e.to_string()));
+    let out = NdArray::empty(&[N as i64], DataType::F32, Device::cpu(0)).map_err(|e| check_failed(&e.to_string()))?;
+    let mut call_args = [Value::Tensor(array(&pa)?), Value::Tensor(array(&pb)?), Value::Tensor(out.clone())];
+    call(&loaded, HOST_ADD, &mut call_args).map_err(fail)?;
+    let sum = out.to_f32().map_err(|e| check_failed(&e.to_string()))?.unwrap_or_default();
+    let d = match call(&loaded, HOST_DOT, &mut call_args[..2]).map_err(fail)? {
+        Value::Float(d) => d as f32,
+        other => return Err(check_failed(&format!("{HOST_DOT} returned a {}, not a float", other.kind()))),
     };
     let expected: Vec<f32> = pa.iter().zip(&pb).map(|(x, y)| x + y).collect();
     let expected_dot: f32 = pa.iter().zip(&pb).fold(0.0, |acc, (x, y)| acc + x * y);
-    if out != expected || d != expected_dot {
+    if sum != expected || d != expected_dot {
         return Err(check_failed("host results differ from the expected values"));
     }
-    println!("    {HOST_ADD}(a, b) = [{}, {}, ..., {}]: correct", out[0], out[1], out[N - 1]);
+    println!("    {HOST_ADD}(a, b, out): out = [{}, {}, ..., {}]: correct", sum[0], sum[1], sum[N - 1]);
     println!("    {HOST_DOT}(a, b) = {d}: correct");
+    // A wrong call is refused by the function itself, with its own message.
+    match call(&loaded, HOST_DOT, &mut call_args[..1]) {
+        Err(e) if e.to_string().contains("takes two float32 vectors") => println!("    {HOST_DOT}(a) is refused: {e}"),
+        other => return Err(check_failed(&format!("{HOST_DOT}(a) was not refused as it should be: {other:?}"))),
+    }
 
     step(6, "launch the CUDA kernel");
     launch_kernel(&loaded, &pa, &pb, &expected)?;
@@ -165,17 +171,17 @@ fn host_origin() -> &'static str {
 }
 
 #[cfg(feature = "llvm")]
-fn add_host_code(export: &mut Export, _dir: &std::path::Path) -> Result<()> {
+fn add_host_code(export: &mut Export, _dir: &std::path::Path, conv: Convention) -> Result<()> {
     let ctx = inkwell::context::Context::create();
-    let module = parts::host_llvm_module(&ctx)?;
+    let module = parts::host_llvm_module(&ctx, conv)?;
     export.inkwell_module(&module)?;
     Ok(())
 }
 
 #[cfg(not(feature = "llvm"))]
-fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
+fn add_host_code(export: &mut Export, dir: &std::path::Path, conv: Convention) -> Result<()> {
     let src = dir.join("demo_host.c");
-    std::fs::write(&src, parts::HOST_C_SOURCE).map_err(Error::io(&src, "cannot write"))?;
+    std::fs::write(&src, parts::host_c_source(conv)).map_err(Error::io(&src, "cannot write"))?;
     export.c_source(src);
     Ok(())
 }
@@ -184,8 +190,6 @@ fn add_host_code(export: &mut Export, dir: &std::path::Path) -> Result<()> {
 fn launch_kernel(loaded: &mblob_runtime::LoadedTree, a: &[f32], b: &[f32], expected: &[f32]) -> Result<()> {
     use mblob_runtime::device::cuda::CudaModule;
     use mblob_runtime::exec::call::call_device_kernel;
-    use mblob_runtime::exec::Value;
-    use mblob_runtime::{Device, NdArray};
     let cuda = loaded.find::<CudaModule>().ok_or_else(|| check_failed("no cuda module in the loaded tree"))?;
     if !CudaModule::driver_present() {
         // The tree loaded without a driver; using the kernel says why it cannot run.

@@ -519,7 +519,8 @@ impl Payload for DeviceModule {
             DeviceForm::FmtFmapData => {
                 stream::write_str(out, format)?;
                 write_fmap(out, functions, layout)?;
-                stream::write_str(out, data)
+                stream::write_u64(out, data.len() as u64)?;
+                data.write_to(out)
             }
             DeviceForm::VersionSmapFmapFmt { version } => {
                 stream::write_str(out, version)?;

@@ -32,10 +32,7 @@ pub(crate) fn call_kernel(name: &str, kernel: &PackedFunction, args: &[&Value]) 
         CallValue::None => Ok(Value::Null),
         CallValue::Int(i) => Ok(Value::Int(i)),
         CallValue::Float(f) => Ok(Value::Float(f)),
-        other => Err(VmError::Program(format!(
-            "function `{name}` returned a value the VM cannot hold ({})",
-            call_value_kind(&other)
-        ))),
+        other => Err(VmError::KernelResult { name: name.to_owned(), got: call_value_kind(&other) }),
     }
 }
 

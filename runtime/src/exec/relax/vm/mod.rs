@@ -87,7 +87,7 @@ impl VirtualMachine {
             .modules()
             .iter()
             .find_map(|m| m.module.as_any().downcast_ref::<RelaxExecutable>())
-            .ok_or_else(|| VmError::NoExecutable(tree.type_keys().join(", ")))?;
+            .ok_or_else(|| no_executable(tree))?;
         VirtualMachine::build(tree, Arc::new(exec.clone()), device, Builtins::default())
     }
 
@@ -111,18 +111,13 @@ impl VirtualMachine {
         let _span = tracing::debug_span!("relax_vm_new", %device).entered();
         crate::exec::relax::checks::program(&exec)?;
         if let Some((index, scope)) = exec.memory_scopes.iter().find(|(_, s)| s != "global") {
-            return Err(VmError::Unsupported(format!("memory scope `{scope}` of constant {index}")));
+            return Err(VmError::MemoryScope { what: format!("constant {index}"), scope: scope.clone() });
         }
         let mut callees = Vec::with_capacity(exec.functions.len());
         for (i, f) in exec.functions.iter().enumerate() {
             let callee = match f.kind {
                 FuncKind::Vm => Callee::Vm(i),
-                FuncKind::VmTir => {
-                    return Err(VmError::Unsupported(format!(
-                        "VM TIR function `{}` (a relax function compiled with exec_mode=\"compiled\")",
-                        f.name
-                    )))
-                }
+                FuncKind::VmTir => return Err(VmError::VmTir { name: f.name.clone() }),
                 FuncKind::Packed => resolve(tree, &builtins, &f.name)?,
             };
             callees.push(callee);
@@ -254,7 +249,7 @@ impl VirtualMachine {
         let exec = self.executable();
         let f = &exec.functions[index];
         if depth >= MAX_CALL_DEPTH {
-            return Err(VmError::Program(format!("calls nested deeper than {MAX_CALL_DEPTH} (in `{}`)", f.name)));
+            return Err(VmError::CallDepth { function: f.name.clone(), max: MAX_CALL_DEPTH });
         }
         let expected = usize::try_from(f.num_args).unwrap_or(0);
         if args.len() != expected {
@@ -271,7 +266,7 @@ impl VirtualMachine {
         let mut pc = start;
         loop {
             if pc < start || pc >= end {
-                return Err(VmError::Program(format!("`{}` ran past its last instruction", f.name)));
+                return Err(VmError::RanPast { function: f.name.clone() });
             }
             match &exec.instructions[pc as usize] {
                 Instruction::Call { dst, func, args } => {
@@ -330,11 +325,12 @@ impl VirtualMachine {
                         Value::Int(v) => v,
                         Value::Null => 0,
                         v => {
-                            return Err(VmError::Program(format!(
-                                "`{}` instruction {pc}: the condition {cond} holds a {}",
-                                f.name,
-                                v.kind()
-                            )))
+                            return Err(VmError::Condition {
+                                function: f.name.clone(),
+                                pc,
+                                register: cond.to_string(),
+                                got: v.kind(),
+                            })
                         }
                     };
                     pc += if c != 0 { 1 } else { *false_offset };
@@ -430,6 +426,11 @@ fn provided(name: &str) -> Option<Callee> {
         Some(f) => Some(Callee::Run(f)),
         None => crate::ffi::globals::global_function(name).map(Callee::Kernel),
     }
+}
+
+/// [`VmError::NoExecutable`] naming `tree`'s modules.
+fn no_executable(tree: &LoadedTree) -> VmError {
+    VmError::NoExecutable { modules: tree.type_keys().into_iter().map(str::to_owned).collect() }
 }
 
 /// Resolves a packed function by name: a builtin of `builtins`, else a function of the tree

@@ -79,7 +79,7 @@ fn unique(name: &str, args: &[&Value]) -> Result<Value, VmError> {
     let view = View { dtype: x.dtype, shape: &x.shape, data: &x.data };
     let outs = ops::set::unique(view, flags, axis).map_err(|e| op_error(name, e))?;
     if !(flags.return_index || flags.return_inverse || flags.return_counts) {
-        return outs.into_iter().next().map_or_else(|| Err(VmError::Program(format!("`{name}`: no result"))), to_value);
+        return outs.into_iter().next().map_or_else(|| Err(VmError::NoResult { callee: name.to_owned() }), to_value);
     }
     let items = outs.into_iter().map(to_value).collect::<Result<Vec<_>, _>>()?;
     Ok(Value::tuple(items))
@@ -122,7 +122,7 @@ fn assert_op(name: &str, args: &[&Value]) -> Result<Value, VmError> {
                 v.kind()
             )))
         }
-        None => return Err(VmError::Program(format!("`{name}` needs a condition"))),
+        None => return Err(super::value::missing_argument(name, 0, 0)),
     };
     let format = match args.get(1) {
         Some(Value::Str(s)) => String::from_utf8_lossy(s).into_owned(),
@@ -155,7 +155,7 @@ fn print(name: &str, args: &[&Value]) -> Result<Value, VmError> {
         Some(v) => {
             return Err(VmError::Type { callee: name.to_owned(), index: 0, expected: "a format string", got: v.kind() })
         }
-        None => return Err(VmError::Program(format!("`{name}` needs a format string"))),
+        None => return Err(super::value::missing_argument(name, 0, 0)),
     };
     let rendered: Vec<String> = args.iter().skip(1).map(|v| render(v)).collect();
     let line = if format.is_empty() { rendered.join(" ") } else { python_format(&format, &rendered) };
@@ -163,7 +163,7 @@ fn print(name: &str, args: &[&Value]) -> Result<Value, VmError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
         .and_then(|()| out.flush())
-        .map_err(|e| VmError::Program(format!("`{name}`: cannot write to standard output: {e}")))?;
+        .map_err(|source| VmError::Stdout { callee: name.to_owned(), source })?;
     Ok(Value::Null)
 }
 
@@ -173,11 +173,15 @@ fn shape_to_tensor(name: &str, args: &[&Value]) -> Result<Value, VmError> {
     match args.first() {
         Some(Value::Shape(s)) => {
             let data = s.iter().flat_map(|d| d.to_le_bytes()).collect();
-            let len = i64::try_from(s.len()).map_err(|_| VmError::Program(format!("`{name}`: shape too long")))?;
+            let len = i64::try_from(s.len()).map_err(|_| VmError::OutOfRange {
+                callee: name.to_owned(),
+                what: "shape length",
+                value: s.len().to_string(),
+            })?;
             to_value(Owned { dtype: crate::format::DataType::I64, shape: vec![len], data })
         }
         Some(v) => Err(VmError::Type { callee: name.to_owned(), index: 0, expected: "a shape", got: v.kind() }),
-        None => Err(VmError::Program(format!("`{name}` needs a shape"))),
+        None => Err(super::value::missing_argument(name, 0, 0)),
     }
 }
 

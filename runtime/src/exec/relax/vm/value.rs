@@ -28,8 +28,11 @@ pub enum VmError {
         message: String,
     },
     /// The tree holds no Relax executable.
-    #[error("the module tree has no relax executable (relax.Executable or relax.VMExecutable); its modules: {0}")]
-    NoExecutable(String),
+    #[error("the module tree has no relax executable (relax.Executable or relax.VMExecutable); its modules: {}", modules.join(", "))]
+    NoExecutable {
+        /// The type keys of the tree's modules.
+        modules: Vec<String>,
+    },
     /// The VM cannot run on this device: mblob has no device API for it (or was built without
     /// its feature), or the library has no code for it.
     #[error("not supported on {device}: the relax VM {reason}")]
@@ -81,9 +84,22 @@ pub enum VmError {
         /// Why (the builtin's group).
         reason: &'static str,
     },
-    /// A feature the VM does not implement (VM TIR functions, memory scopes).
-    #[error("not supported: {0}")]
-    Unsupported(String),
+    /// A memory scope other than `global` (the texture scopes of GPU builds), which this VM
+    /// does not implement.
+    #[error("not supported: {what} in memory scope `{scope}`")]
+    MemoryScope {
+        /// What was to live there (`constant 3`, `storage`, `a tensor`).
+        what: String,
+        /// The scope.
+        scope: String,
+    },
+    /// A VM TIR function (a Relax function compiled with `exec_mode="compiled"`), which this
+    /// VM does not run.
+    #[error("not supported: VM TIR function `{name}` (a relax function compiled with exec_mode=\"compiled\")")]
+    VmTir {
+        /// The function.
+        name: String,
+    },
     /// One of TVM's runtime checks failed: `kind` is TVM's error kind (`ValueError`,
     /// `TypeError`, `RuntimeError`) and `message` its text.
     #[error("{kind}: {message}")]
@@ -127,10 +143,101 @@ pub enum VmError {
         /// What is wrong.
         detail: String,
     },
-    /// The program did something TVM would refuse (out-of-range heap index, too few builtin
-    /// arguments, running past its last instruction, ...).
-    #[error("invalid program: {0}")]
-    Program(String),
+    /// A builtin or kernel called with too few arguments to have argument `index`.
+    #[error("invalid program: `{callee}` needs at least {} argument{} (argument {index}, counting from 0, is missing), but was given {given}", index + 1, if *index == 0 { "" } else { "s" })]
+    MissingArgument {
+        /// The function called.
+        callee: String,
+        /// The missing argument's position (from 0).
+        index: usize,
+        /// The arguments given.
+        given: usize,
+    },
+    /// A builtin called with more arguments than it takes.
+    #[error("invalid program: `{callee}` takes {takes} arguments, got {given}")]
+    ExtraArguments {
+        /// The builtin.
+        callee: String,
+        /// How many it takes.
+        takes: usize,
+        /// How many it was given.
+        given: usize,
+    },
+    /// A shape argument with a negative extent.
+    #[error("invalid program: `{callee}`: negative extent in shape {shape:?}")]
+    NegativeExtent {
+        /// The function called.
+        callee: String,
+        /// The shape.
+        shape: Vec<i64>,
+    },
+    /// A builtin argument outside the values it takes (a device, a size, a length).
+    #[error("invalid program: `{callee}`: {what} {value} is out of range")]
+    OutOfRange {
+        /// The builtin.
+        callee: String,
+        /// What the argument is (`device`, `size`, `shape length`).
+        what: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// A shape heap slot that does not exist (or no shape heap at all).
+    #[error("invalid program: `{callee}`: shape heap slot {slot} does not exist")]
+    HeapSlot {
+        /// The builtin.
+        callee: String,
+        /// The slot.
+        slot: i64,
+    },
+    /// Calls nested deeper than the VM allows (a program that recurses without end).
+    #[error("invalid program: calls nested deeper than {max} (in `{function}`)")]
+    CallDepth {
+        /// The VM function called last.
+        function: String,
+        /// The limit.
+        max: usize,
+    },
+    /// A VM function ran past its last instruction (no `Ret`).
+    #[error("invalid program: `{function}` ran past its last instruction")]
+    RanPast {
+        /// The VM function.
+        function: String,
+    },
+    /// An `If` whose condition register holds neither an int nor null.
+    #[error("invalid program: `{function}` instruction {pc}: the condition {register} holds a {got}")]
+    Condition {
+        /// The VM function.
+        function: String,
+        /// The instruction index.
+        pc: i64,
+        /// The condition register.
+        register: String,
+        /// What it holds.
+        got: &'static str,
+    },
+    /// A packed function returned a value a register cannot hold (a handle, a module).
+    #[error("invalid program: function `{name}` returned a value the VM cannot hold ({got})")]
+    KernelResult {
+        /// The function.
+        name: String,
+        /// What it returned.
+        got: &'static str,
+    },
+    /// An operator gave no result.
+    #[error("invalid program: `{callee}`: no result")]
+    NoResult {
+        /// The operator.
+        callee: String,
+    },
+    /// `R.print` could not write its line.
+    #[error("`{callee}`: cannot write to standard output")]
+    Stdout {
+        /// The builtin.
+        callee: String,
+        /// The error of the write.
+        #[source]
+        source: std::io::Error,
+    },
     /// An input tensor that cannot be passed.
     #[error("input {index}: {detail}")]
     Input {
@@ -352,7 +459,7 @@ impl<'a> Args<'a> {
     pub(crate) fn shape(&self, i: usize) -> Result<Arc<[i64]>, VmError> {
         match self.get(i)? {
             Value::Shape(s) if s.iter().all(|&d| d >= 0) => Ok(s.clone()),
-            Value::Shape(s) => Err(VmError::Program(format!("`{}`: negative extent in shape {s:?}", self.callee))),
+            Value::Shape(s) => Err(VmError::NegativeExtent { callee: self.callee.to_owned(), shape: s.to_vec() }),
             v => Err(self.type_err(i, "a shape", v)),
         }
     }
@@ -432,9 +539,5 @@ impl<'a> Args<'a> {
 
 /// `callee` was given `given` arguments, too few to have argument `index` (counting from 0).
 pub(crate) fn missing_argument(callee: &str, index: usize, given: usize) -> VmError {
-    VmError::Program(format!(
-        "`{callee}` needs at least {} argument{} (argument {index}, counting from 0, is missing), but was given {given}",
-        index + 1,
-        if index == 0 { "" } else { "s" }
-    ))
+    VmError::MissingArgument { callee: callee.to_owned(), index, given }
 }

@@ -30,7 +30,8 @@ fn alloc_storage(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize
     if args.len() > 4 {
         let scope = a.str(4)?;
         if &*scope != b"global" {
-            return Err(VmError::Unsupported(format!("storage in memory scope `{}`", String::from_utf8_lossy(&scope))));
+            let scope = String::from_utf8_lossy(&scope).into_owned();
+            return Err(VmError::MemoryScope { what: "storage".into(), scope });
         }
     }
     // TVM's VM allocates through its pooled allocator, which rounds every size up
@@ -52,8 +53,8 @@ fn alloc_tensor(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize
     let offset = a.int(1)?;
     let shape = a.shape(2)?;
     let dtype = a.dtype(3)?;
-    if args.len() > 4 && &*a.str(4)? != b"global" {
-        return Err(VmError::Unsupported("tensors in a memory scope other than `global`".into()));
+    if args.len() > 4 {
+        global_scope(&a.str(4)?)?;
     }
     let needed = tensor_bytes(dtype, &shape);
     let fits = u64::try_from(offset)
@@ -69,10 +70,18 @@ fn alloc_tensor(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize
     ))
 }
 
+/// Refuses a tensor in a memory scope other than `global` (the texture scopes of GPU builds).
+fn global_scope(scope: &[u8]) -> Result<(), VmError> {
+    if scope == b"global" {
+        return Ok(());
+    }
+    Err(VmError::MemoryScope { what: "a tensor".into(), scope: String::from_utf8_lossy(scope).into_owned() })
+}
+
 /// `vm.builtin.null_value`.
 fn null_value(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     if !args.is_empty() {
-        return Err(VmError::Program(format!("{name} takes no arguments, got {}", args.len())));
+        return Err(VmError::ExtraArguments { callee: name.to_owned(), takes: 0, given: args.len() });
     }
     Ok(Value::Null)
 }
@@ -143,9 +152,13 @@ fn to_device(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -
         .ok()
         .zip(i32::try_from(dev_id).ok())
         .map(|(t, i)| Device::from_dlpack(t, i))
-        .ok_or_else(|| VmError::Program(format!("{name}: device ({dev_type}, {dev_id})")))?;
-    if args.len() > 3 && &*a.str(3)? != b"global" {
-        return Err(VmError::Unsupported("tensors in a memory scope other than `global`".into()));
+        .ok_or_else(|| VmError::OutOfRange {
+        callee: name.to_owned(),
+        what: "device",
+        value: format!("({dev_type}, {dev_id})"),
+    })?;
+    if args.len() > 3 {
+        global_scope(&a.str(3)?)?;
     }
     Ok(Value::Tensor(t.copy(device)?))
 }

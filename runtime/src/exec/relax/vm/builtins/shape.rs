@@ -51,7 +51,11 @@ fn alloc_shape_heap(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: us
     let a = Args::new(name, args);
     // On the host, the last device (TVM's `AllocShapeHeap`), zeroed.
     let size = a.int(1)?;
-    let n = usize::try_from(size).map_err(|_| VmError::Program(format!("{name}: size {size}")))?;
+    let n = usize::try_from(size).map_err(|_| VmError::OutOfRange {
+        callee: name.to_owned(),
+        what: "size",
+        value: size.to_string(),
+    })?;
     let bytes = n.checked_mul(8).ok_or(VmError::Alloc(u64::MAX))?;
     let host = vm.devices.len() - 1;
     let storage = vm.pool.alloc(host, &vm.apis[host], bytes)?;
@@ -83,7 +87,7 @@ fn tensor_to_shape(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: us
 
 /// The shape heap (a host tensor) and the byte offset of its slot `reg`.
 fn heap_slot<'a>(heap: &'a Option<NdArray>, reg: i64, name: &str) -> Result<(&'a NdArray, usize), VmError> {
-    let missing = || VmError::Program(format!("{name}: shape heap slot {reg} does not exist"));
+    let missing = || VmError::HeapSlot { callee: name.to_owned(), slot: reg };
     let h = heap.as_ref().ok_or_else(missing)?;
     let r = usize::try_from(reg).ok().filter(|&r| r < h.len()).ok_or_else(missing)?;
     Ok((h, r * 8))

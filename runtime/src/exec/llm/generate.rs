@@ -157,7 +157,9 @@ impl LanguageModel {
                 ExecValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
                     .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
                 v => {
-                    return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) })
+                    return Err(GenerateError::Metadata {
+                        detail: format!("it returned {}, not a string", vm_kind(&v)),
+                    })
                 }
             };
             options.model.apply(&mut metadata)?;

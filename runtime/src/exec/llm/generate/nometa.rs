@@ -114,12 +114,14 @@ impl ModelSettings {
     /// (`max_batch_size` may be smaller, and then replaces it).
     pub(super) fn apply(&self, m: &mut ModelMetadata) -> Result<(), GenerateError> {
         self.check()?;
-        let agree = |option: &'static str, given: Option<i64>, has: Option<i64>| match (given, has) {
+        let agree = |option: &'static str, given: Option<i64>, has: Option<i64>| {
+            match (given, has) {
             (Some(g), Some(h)) if g != h => Err(setting(
                 option,
                 format!("{g} was given, but the library's `_metadata` says {h}; leave it out (it is for a library without `_metadata`)"),
             )),
             _ => Ok(()),
+        }
         };
         agree(CONTEXT, self.context_window_size, Some(m.context_window_size))?;
         agree(WINDOW, self.sliding_window_size, Some(m.sliding_window_size))?;

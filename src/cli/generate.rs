@@ -11,7 +11,7 @@ use mblob_runtime::exec::Device;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
 
-use super::model_settings::ModelSettingsArgs;
+use super::model_settings::{prompt_ids, ModelSettingsArgs};
 use super::output::print_labelled_times;
 use super::run::{set_threads, thread_count, write_npy};
 use crate::{Error, Result};
@@ -212,14 +212,6 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         println!("{}", ids(&g.tokens));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One prompt: token ids separated by commas.
-pub(super) fn prompt_ids(s: &str) -> std::result::Result<Vec<i32>, String> {
-    s.split(',')
-        .filter(|t| !t.is_empty())
-        .map(|t| t.trim().parse::<i32>().map_err(|e| format!("token id {t:?}: {e}")))
-        .collect()
 }
 
 fn ids(tokens: &[i32]) -> String {

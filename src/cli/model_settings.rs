@@ -32,7 +32,7 @@ pub struct ModelSettingsArgs {
     /// continues a sequence it prefilled before), then --max-new-tokens more. Repeatable: with
     /// one prompt each is the next turn; with K prompts (a batch) each K of them in order are
     /// the next turn of the K sequences (through `batch_extend`).
-    #[arg(long, value_name = "ID,ID,...", value_parser = super::generate::prompt_ids)]
+    #[arg(long, value_name = "ID,ID,...", value_parser = prompt_ids)]
     pub then_prompt_ids: Vec<Vec<i32>>,
 }
 
@@ -82,4 +82,12 @@ impl ModelSettingsArgs {
         }
         Ok(out)
     }
+}
+
+/// One prompt: token ids separated by commas.
+pub(super) fn prompt_ids(s: &str) -> std::result::Result<Vec<i32>, String> {
+    s.split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| t.trim().parse::<i32>().map_err(|e| format!("token id {t:?}: {e}")))
+        .collect()
 }

@@ -37,6 +37,8 @@ mod extend;
 mod logits;
 mod metadata;
 mod nometa;
+mod probe;
+mod turns;
 
 use std::path::Path;
 use std::time::Duration;
@@ -92,7 +94,7 @@ impl Default for GenerateOptions {
 }
 
 /// What [`LanguageModel::generate`] produced.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Generation {
     /// The new tokens: the prefill's, then one per decode step.
     pub tokens: Vec<i32>,
@@ -119,7 +121,7 @@ pub struct LanguageModel {
     /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
     vocab: Option<i64>,
     /// What the next turn of the cache's sequences needs (`extend`).
-    turns: extend::Turns,
+    turns: turns::Turns,
 }
 
 impl LanguageModel {
@@ -165,7 +167,11 @@ impl LanguageModel {
             options.model.apply(&mut metadata)?;
             metadata
         } else {
-            options.model.metadata(options)?
+            options.model.metadata(nometa::CacheOptions {
+                max_total_seq_len: options.max_total_seq_len,
+                kv_cache_bytes: options.kv_cache_bytes.is_some(),
+                prefill_chunk_size: options.prefill_chunk_size,
+            })?
         };
         metadata.check_supported()?;
         let packed = match embed {
@@ -209,7 +215,7 @@ impl LanguageModel {
         let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
-        let turns = extend::Turns::new(&functions);
+        let turns = turns::Turns::new(&functions);
         let mut lm =
             LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab, turns };
         if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
@@ -393,7 +399,7 @@ impl LanguageModel {
         self.turns.reset(1);
         self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
-            return Ok(extend::empty());
+            return Ok(Generation::default());
         }
         self.run_turn(&cache, prompt, max_new_tokens, &mut sampler, &mut on_token)
     }

@@ -20,7 +20,6 @@
 
 use std::time::Instant;
 
-use super::extend::empty;
 use super::logits::{logits_of, pick};
 use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
@@ -164,7 +163,7 @@ impl LanguageModel {
         self.turns.reset(prompts.len());
         self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
-            return Ok(prompts.iter().map(|_| empty()).collect());
+            return Ok(prompts.iter().map(|_| Generation::default()).collect());
         }
         self.batch_turn(&cache, prompts, max_new_tokens, sampling)
     }
@@ -178,7 +177,7 @@ impl LanguageModel {
         max_new_tokens: usize,
         sampling: &Sampling,
     ) -> Result<Vec<Generation>, GenerateError> {
-        let mut outs: Vec<Generation> = inputs.iter().map(|_| empty()).collect();
+        let mut outs: Vec<Generation> = inputs.iter().map(|_| Generation::default()).collect();
         let cache = Value::Object(cache.clone());
         let mut samplers: Vec<Sampler> =
             (0..inputs.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();

@@ -9,79 +9,13 @@
 //! token (which the cache does not hold yet: a token is fed by the step after the one that
 //! picked it) followed by the new prompt.
 
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::logits::pick;
 use super::{GenerateError, Generation, LanguageModel, Sampling, SEQUENCE_ID};
 use crate::exec::llm::lm::sampler::Sampler;
 use crate::exec::relax::vm::value::ObjectRef;
-use crate::exec::relax::vm::FunctionSignature;
 use crate::exec::value::Value as ExecValue;
-
-/// The state of the sequences in the current KV cache that the next turn needs.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Turns {
-    /// Whether the library has `extend` and `batch_extend`.
-    has_extend: bool,
-    has_batch_extend: bool,
-    /// The sequences prefilled since the cache was made (the engine's `prefilled_seq_ids_`).
-    prefilled: BTreeSet<i64>,
-    /// Per sequence of the last generation (sequence `i` has id `i`): how many tokens the cache
-    /// holds, and its last new token, which it does not hold yet.
-    seqs: Vec<(usize, Option<i32>)>,
-}
-
-impl Turns {
-    /// The turns of a library with these functions.
-    pub(super) fn new(functions: &[FunctionSignature]) -> Turns {
-        let has = |name: &str| functions.iter().any(|f| f.name == name);
-        Turns { has_extend: has("extend"), has_batch_extend: has("batch_extend"), ..Turns::default() }
-    }
-
-    /// A new KV cache with `n` empty sequences.
-    pub(super) fn reset(&mut self, n: usize) {
-        self.prefilled.clear();
-        self.seqs = vec![(0, None); n];
-    }
-
-    /// Sequence `seq` took `fed` more tokens and picked `last` (the generation's last token).
-    pub(super) fn record(&mut self, seq: usize, fed: usize, last: Option<i32>) {
-        if let Some(s) = self.seqs.get_mut(seq) {
-            s.0 += fed;
-            s.1 = last.or(s.1);
-        }
-    }
-
-    /// The function a prefill round of `seqs` runs (`batch`: through the batch functions), by
-    /// the engine's rule, and the round's sequences marked as prefilled.
-    pub(super) fn prefill_function(&mut self, seqs: &[i64], batch: bool) -> Result<&'static str, GenerateError> {
-        if !self.has_extend {
-            return Ok(if batch { "batch_prefill" } else { "prefill" });
-        }
-        let again = seqs.iter().any(|s| self.prefilled.contains(s));
-        self.prefilled.extend(seqs);
-        Ok(match (batch, again) {
-            (false, false) => "prefill",
-            (false, true) => "extend",
-            (true, false) => "batch_prefill",
-            (true, true) if self.has_batch_extend => "batch_extend",
-            (true, true) => {
-                return Err(GenerateError::MissingFunction {
-                    name: "batch_extend",
-                    why: "continues several sequences in one batch (the library has `extend`, so MLC-LLM's engine \
-                          needs it too)",
-                    available: "extend, but no batch_extend".into(),
-                })
-            }
-        })
-    }
-}
-
-/// A generation with nothing in it yet.
-pub(super) fn empty() -> Generation {
-    Generation { tokens: Vec::new(), logits: Vec::new(), prefill_time: Duration::ZERO, decode_times: Vec::new() }
-}
 
 impl LanguageModel {
     /// One turn of the sequence: `input` in chunks of at most `prefill_chunk_size` tokens
@@ -95,7 +29,7 @@ impl LanguageModel {
         sampler: &mut Sampler,
         on_token: &mut impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
-        let mut out = empty();
+        let mut out = Generation::default();
         let start = Instant::now();
         let mut logits = Vec::new();
         for chunk in input.chunks(self.prefill_chunk_size() as usize) {
@@ -162,7 +96,7 @@ impl LanguageModel {
         let (cache, inputs) = self.next_turn(std::slice::from_ref(&prompt.to_vec()))?;
         self.check_capacity([self.turns.seqs[0].0 + inputs[0].len()], max_new_tokens)?;
         if max_new_tokens == 0 {
-            return Ok(empty());
+            return Ok(Generation::default());
         }
         let mut sampler = Sampler::new(sampling, sampling.seed);
         self.run_turn(&cache, &inputs[0], max_new_tokens, &mut sampler, &mut on_token)
@@ -185,36 +119,8 @@ impl LanguageModel {
         let held: Vec<usize> = self.turns.seqs.iter().zip(&inputs).map(|((fed, _), i)| fed + i.len()).collect();
         self.check_capacity(held, max_new_tokens)?;
         if max_new_tokens == 0 {
-            return Ok(prompts.iter().map(|_| empty()).collect());
+            return Ok(prompts.iter().map(|_| Generation::default()).collect());
         }
         self.batch_turn(&cache, &inputs, max_new_tokens, sampling)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn turns(extend: bool, batch_extend: bool) -> Turns {
-        Turns { has_extend: extend, has_batch_extend: batch_extend, ..Turns::default() }
-    }
-
-    #[test]
-    fn extend_runs_for_a_sequence_prefilled_before_as_the_engine_runs_it() {
-        let mut t = turns(true, true);
-        t.reset(2);
-        assert_eq!(t.prefill_function(&[0], false).unwrap(), "prefill");
-        assert_eq!(t.prefill_function(&[0], false).unwrap(), "extend");
-        // One sequence of the round prefilled before is enough.
-        assert_eq!(t.prefill_function(&[1, 0], true).unwrap(), "batch_extend");
-        t.reset(2);
-        assert_eq!(t.prefill_function(&[0, 1], true).unwrap(), "batch_prefill");
-        // Without `extend` every round prefills.
-        let mut t = turns(false, true);
-        assert_eq!(t.prefill_function(&[0], false).unwrap(), "prefill");
-        assert_eq!(t.prefill_function(&[0], false).unwrap(), "prefill");
-        let mut t = turns(true, false);
-        t.prefill_function(&[0, 1], true).unwrap();
-        assert!(t.prefill_function(&[0, 1], true).unwrap_err().to_string().contains("batch_extend"));
     }
 }

@@ -5,7 +5,8 @@
 //! when the metadata lists no weights), and the vocabulary size, when not given, is the length
 //! of the logits of a one-token probe.
 
-use super::{GenerateError, GenerateOptions, LanguageModel, ModelMetadata};
+use super::error::GenerateError;
+use super::metadata::ModelMetadata;
 use crate::array::NdArray;
 use crate::exec::llm::lm::TensorCache;
 
@@ -15,8 +16,8 @@ use crate::exec::llm::lm::TensorCache;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelSettings {
     /// The longest sequence (`context_window_size`); `-1` for a sliding-window model, whose KV
-    /// cache size must then be given ([`GenerateOptions::max_total_seq_len`] or
-    /// [`GenerateOptions::kv_cache_bytes`]). Without `_metadata` and without a cache size it is
+    /// cache size must then be given ([`GenerateOptions::max_total_seq_len`](super::GenerateOptions::max_total_seq_len) or
+    /// [`GenerateOptions::kv_cache_bytes`](super::GenerateOptions::kv_cache_bytes)). Without `_metadata` and without a cache size it is
     /// needed.
     pub context_window_size: Option<i64>,
     /// The most sequences of one batch (default 1, MLC-LLM's).
@@ -39,7 +40,18 @@ const VOCAB: &str = "vocab_size (--vocab-size)";
 
 /// MLC-LLM's cap on the default prefill chunk (`min(context_window_size, 8192)`, its model
 /// configs' default).
-const MAX_DEFAULT_CHUNK: i64 = 8192;
+pub(super) const MAX_DEFAULT_CHUNK: i64 = 8192;
+
+/// The options of the KV cache that a library without `_metadata` sizes from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CacheOptions {
+    /// `max_total_seq_len`.
+    pub max_total_seq_len: Option<i64>,
+    /// Whether `kv_cache_bytes` is given.
+    pub kv_cache_bytes: bool,
+    /// `prefill_chunk_size`.
+    pub prefill_chunk_size: Option<i64>,
+}
 
 fn setting(option: &'static str, detail: impl Into<String>) -> GenerateError {
     GenerateError::Setting { option, detail: detail.into() }
@@ -67,10 +79,11 @@ impl ModelSettings {
         at_least(VOCAB, self.vocab_size, 1)
     }
 
-    /// The metadata of a library without `_metadata`, from these settings and `options`.
-    pub(super) fn metadata(&self, options: &GenerateOptions) -> Result<ModelMetadata, GenerateError> {
+    /// The metadata of a library without `_metadata`, from these settings and the options of
+    /// the cache ([`GenerateOptions`](super::GenerateOptions)'s fields of these names).
+    pub(super) fn metadata(&self, cache: CacheOptions) -> Result<ModelMetadata, GenerateError> {
         self.check()?;
-        let sized = options.max_total_seq_len.is_some() || options.kv_cache_bytes.is_some();
+        let sized = cache.max_total_seq_len.is_some() || cache.kv_cache_bytes;
         let context = match self.context_window_size {
             Some(-1) if !sized => {
                 return Err(setting(
@@ -92,8 +105,8 @@ impl ModelSettings {
         };
         // The prefill chunk: MLC-LLM's default, the context window (else the cache) up to 8192;
         // 0 while only a memory budget sizes the cache (settled by `settle_without_metadata`).
-        let span = if context > 0 { Some(context) } else { options.max_total_seq_len };
-        let chunk = options.prefill_chunk_size.or(span.map(|s| s.min(MAX_DEFAULT_CHUNK))).unwrap_or(0);
+        let span = if context > 0 { Some(context) } else { cache.max_total_seq_len };
+        let chunk = cache.prefill_chunk_size.or(span.map(|s| s.min(MAX_DEFAULT_CHUNK))).unwrap_or(0);
         Ok(ModelMetadata {
             params: Vec::new(),
             context_window_size: context,
@@ -158,54 +171,33 @@ pub(super) fn indexed_params(cache: &TensorCache) -> Result<Vec<NdArray>, Genera
     Ok(params)
 }
 
-impl LanguageModel {
-    /// What the options left open for a library without `_metadata`, once the model is made:
-    /// the prefill chunk of a cache sized from a memory budget, and the vocabulary size (the
-    /// length of the logits of a one-token prefill of token 0 in a cache of one page, which is
-    /// then dropped).
-    pub(super) fn settle_without_metadata(&mut self) -> Result<(), GenerateError> {
-        if self.metadata.prefill_chunk_size <= 0 {
-            self.metadata.prefill_chunk_size = self.max_total_seq_len().clamp(1, MAX_DEFAULT_CHUNK);
-        }
-        if self.vocab.is_none() {
-            let _span = tracing::debug_span!("lm_probe_vocab").entered();
-            let cache_size = self.options.max_total_seq_len.replace(self.options.page_size);
-            let probe = self.new_cache().and_then(|cache| self.forward(&cache, "prefill", &[0]));
-            self.options.max_total_seq_len = cache_size;
-            self.vocab = Some(probe?.len() as i64);
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn options(settings: ModelSettings) -> GenerateOptions {
-        GenerateOptions { model: settings, ..GenerateOptions::default() }
-    }
+    const NONE: CacheOptions =
+        CacheOptions { max_total_seq_len: None, kv_cache_bytes: false, prefill_chunk_size: None };
 
     #[test]
     fn without_metadata_the_context_window_or_a_cache_size_is_needed() {
-        let e = ModelSettings::default().metadata(&options(ModelSettings::default())).unwrap_err();
+        let e = ModelSettings::default().metadata(NONE).unwrap_err();
         assert!(matches!(e, GenerateError::Setting { option, .. } if option == CONTEXT), "{e}");
         let s = ModelSettings { context_window_size: Some(-1), ..ModelSettings::default() };
-        let e = s.metadata(&options(s.clone())).unwrap_err();
+        let e = s.metadata(NONE).unwrap_err();
         assert!(matches!(e, GenerateError::Setting { option, .. } if option == CACHE), "{e}");
         // MLC-LLM's defaults: one sequence, no window, the chunk min(context, 8192).
         let s = ModelSettings { context_window_size: Some(20000), ..ModelSettings::default() };
-        let m = s.metadata(&options(s.clone())).unwrap();
+        let m = s.metadata(NONE).unwrap();
         assert_eq!((m.prefill_chunk_size, m.max_batch_size, m.sliding_window_size), (8192, 1, -1));
-        let o = GenerateOptions { max_total_seq_len: Some(64), ..GenerateOptions::default() };
-        let m = ModelSettings::default().metadata(&o).unwrap();
+        let o = CacheOptions { max_total_seq_len: Some(64), ..NONE };
+        let m = ModelSettings::default().metadata(o).unwrap();
         assert_eq!((m.context_window_size, m.prefill_chunk_size), (-1, 64));
     }
 
     #[test]
     fn settings_contradicting_the_metadata_are_refused_naming_them() {
         let s = ModelSettings { context_window_size: Some(128), ..ModelSettings::default() };
-        let mut m = s.metadata(&options(s.clone())).unwrap();
+        let mut m = s.metadata(NONE).unwrap();
         m.max_batch_size = 4;
         let given = ModelSettings { context_window_size: Some(64), ..ModelSettings::default() };
         assert!(given.apply(&mut m.clone()).unwrap_err().to_string().contains("--context-window"));
@@ -215,6 +207,6 @@ mod tests {
         given.apply(&mut m).unwrap();
         assert_eq!(m.max_batch_size, 2);
         let bad = ModelSettings { sliding_window_size: Some(0), ..ModelSettings::default() };
-        assert!(bad.metadata(&options(bad.clone())).unwrap_err().to_string().contains("--sliding-window"));
+        assert!(bad.metadata(NONE).unwrap_err().to_string().contains("--sliding-window"));
     }
 }

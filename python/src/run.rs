@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
+use mblob_runtime::exec::llm::generate as llm;
 use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
@@ -498,11 +499,7 @@ impl LanguageModel {
         prompt: Vec<i32>,
         max_new_tokens: usize,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
-        let out = run(py, || {
-            let mut lm = take(&self.inner, "model")?;
-            lm.generate(&prompt, max_new_tokens).map_err(run_error)
-        })?;
-        Ok(crate::llm_settings::generation_out(py, out))
+        self.turn(py, |lm| lm.generate(&prompt, max_new_tokens))
     }
 
     /// Continues the sequence of the last generation in the same KV cache (its last new token,
@@ -515,9 +512,21 @@ impl LanguageModel {
         max_new_tokens: usize,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
         use mblob_runtime::exec::llm::generate::Sampling;
+        self.turn(py, |lm| lm.continue_sampled(&prompt, max_new_tokens, &Sampling::default(), |_| {}))
+    }
+}
+
+impl LanguageModel {
+    /// Runs `f` on the model without the GIL: its generation as Python gets it.
+    #[allow(clippy::type_complexity)]
+    fn turn<'py>(
+        &self,
+        py: Python<'py>,
+        f: impl FnOnce(&mut llm::LanguageModel) -> Result<llm::Generation, llm::GenerateError> + Send,
+    ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
         let out = run(py, || {
             let mut lm = take(&self.inner, "model")?;
-            lm.continue_sampled(&prompt, max_new_tokens, &Sampling::default(), |_| {}).map_err(run_error)
+            f(&mut lm).map_err(run_error)
         })?;
         Ok(crate::llm_settings::generation_out(py, out))
     }

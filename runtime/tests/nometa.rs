@@ -169,6 +169,12 @@ fn requests_the_model_cannot_take_are_typed_errors() {
     lm.generate(&[5], 1).unwrap();
     let e = lm.continue_sampled(&[-1], 1, &greedy, |_| {}).unwrap_err();
     assert!(matches!(e, GenerateError::TokenId { id: -1, .. }), "{e}");
+    // A chunk past the functions' compiled bound (seq_len 32): a typed error, and the failed
+    // turn leaves nothing to continue.
+    let mut big = model(&GenerateOptions { prefill_chunk_size: Some(64), ..options() }).unwrap();
+    let e = big.generate(&(0..40).collect::<Vec<_>>(), 2).unwrap_err();
+    assert!(matches!(e, GenerateError::Vm(_)), "{e}");
+    assert!(matches!(big.continue_sampled(&[1], 1, &greedy, |_| {}), Err(GenerateError::Request(_))));
     // More prompts than max_batch_size.
     let e = lm.generate_batch(&vec![vec![1]; 5], 1, &greedy).unwrap_err();
     assert!(matches!(&e, GenerateError::Request(m) if m.contains("max_batch_size")), "{e}");

@@ -169,8 +169,20 @@ impl LanguageModel {
     }
 
     /// One turn of the batch (sequence `i` has id `i`): `inputs` prefilled in rounds, then
-    /// decode steps until each sequence has `max_new_tokens` (at least 1) new tokens.
+    /// decode steps until each sequence has `max_new_tokens` (at least 1) new tokens. A turn
+    /// that fails leaves no generation to continue.
     pub(super) fn batch_turn(
+        &mut self,
+        cache: &ObjectRef,
+        inputs: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Generation>, GenerateError> {
+        let out = self.batch_steps(cache, inputs, max_new_tokens, sampling);
+        self.ended(out)
+    }
+
+    fn batch_steps(
         &mut self,
         cache: &ObjectRef,
         inputs: &[Vec<i32>],

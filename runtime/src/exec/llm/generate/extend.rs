@@ -20,8 +20,29 @@ use crate::exec::value::Value as ExecValue;
 impl LanguageModel {
     /// One turn of the sequence: `input` in chunks of at most `prefill_chunk_size` tokens
     /// (`prefill` or `extend` by the engine's rule), then decode steps until `max_new_tokens`
-    /// tokens are picked (at least one).
+    /// tokens are picked (at least one). A turn that fails leaves no generation to continue.
     pub(super) fn run_turn(
+        &mut self,
+        cache: &ObjectRef,
+        input: &[i32],
+        max_new_tokens: usize,
+        sampler: &mut Sampler,
+        on_token: &mut impl FnMut(i32),
+    ) -> Result<Generation, GenerateError> {
+        let out = self.turn_steps(cache, input, max_new_tokens, sampler, on_token);
+        self.ended(out)
+    }
+
+    /// A turn's result; after a failure the cache (its sequences part-way through a step) is
+    /// dropped, so that no later turn continues them.
+    pub(super) fn ended<T>(&mut self, out: Result<T, GenerateError>) -> Result<T, GenerateError> {
+        if out.is_err() {
+            self.cache = None;
+        }
+        out
+    }
+
+    fn turn_steps(
         &mut self,
         cache: &ObjectRef,
         input: &[i32],

@@ -16,7 +16,12 @@
 //! sequences in one batch through `batch_prefill` and `batch_decode`, as MLC-LLM's engine does.
 //! A model with a sliding window gets it on each sequence
 //! (`attention_kv_cache_enable_sliding_window_for_seq`), and the cache may be sized from a
-//! memory budget ([`GenerateOptions::kv_cache_bytes`]).
+//! memory budget ([`GenerateOptions::kv_cache_bytes`]). A library without `_metadata` (the model
+//! functions alone, as TVM's `nn.llm` exports them) takes what it would give from
+//! [`GenerateOptions::model`] ([`ModelSettings`]) and its weights as `param_0`, `param_1`, ...
+//! [`LanguageModel::continue_sampled`] and [`LanguageModel::continue_batch`] continue the
+//! sequences in the same cache; as in MLC-LLM's engine, a prefill round of a sequence prefilled
+//! before runs through `extend` / `batch_extend` when the library has them.
 //!
 //! ```no_run
 //! use mblob_runtime::device::Device;

@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod dlpack;
+mod llm_settings;
 mod run;
 mod tensor;
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
+use mblob_runtime::exec::llm::generate as llm;
 use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
@@ -458,22 +459,24 @@ pub struct LanguageModel {
 #[pymethods]
 impl LanguageModel {
     /// The model of `library` on device `(device_type, id)`, its weights from the tensor cache
-    /// in `weights` (None for weights bound into the library), pages of `page_size` tokens.
+    /// in `weights` (None for weights bound into the library), pages of `page_size` tokens;
+    /// `settings` by name: what `_metadata` gives, for a library without it, and the cache's
+    /// sizes (`crate::llm_settings::options`).
     #[new]
+    #[pyo3(signature = (library, dev, weights, page_size, settings=None))]
     fn new(
         py: Python<'_>,
         library: &Library,
         dev: (i32, i32),
         weights: Option<PathBuf>,
         page_size: i64,
+        settings: Option<std::collections::BTreeMap<String, i64>>,
     ) -> PyResult<LanguageModel> {
-        use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel as Lm};
+        use mblob_runtime::exec::llm::generate::LanguageModel as Lm;
         let tree = library.tree.clone();
         let device = Device::from_dlpack(dev.0, dev.1);
-        let lm = run(py, move || {
-            let options = GenerateOptions { page_size, ..GenerateOptions::default() };
-            Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error)
-        })?;
+        let options = crate::llm_settings::options(page_size, &settings.unwrap_or_default())?;
+        let lm = run(py, move || Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error))?;
         let metadata = match lm.vm().invoke("_metadata", &[]) {
             Ok(Value::Str(s)) => s,
             _ => "{}".into(),
@@ -496,14 +499,36 @@ impl LanguageModel {
         prompt: Vec<i32>,
         max_new_tokens: usize,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        self.turn(py, |lm| lm.generate(&prompt, max_new_tokens))
+    }
+
+    /// Continues the sequence of the last generation in the same KV cache (its last new token,
+    /// then `prompt`, through `extend` when the library has it), greedily: as `generate`.
+    #[allow(clippy::type_complexity)]
+    fn continue_generation<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: Vec<i32>,
+        max_new_tokens: usize,
+    ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        use mblob_runtime::exec::llm::generate::Sampling;
+        self.turn(py, |lm| lm.continue_sampled(&prompt, max_new_tokens, &Sampling::default(), |_| {}))
+    }
+}
+
+impl LanguageModel {
+    /// Runs `f` on the model without the GIL: its generation as Python gets it.
+    #[allow(clippy::type_complexity)]
+    fn turn<'py>(
+        &self,
+        py: Python<'py>,
+        f: impl FnOnce(&mut llm::LanguageModel) -> Result<llm::Generation, llm::GenerateError> + Send,
+    ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
         let out = run(py, || {
             let mut lm = take(&self.inner, "model")?;
-            lm.generate(&prompt, max_new_tokens).map_err(run_error)
+            f(&mut lm).map_err(run_error)
         })?;
-        let vocab = out.logits.first().map_or(0, Vec::len);
-        let bytes: Vec<u8> = out.logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-        let times = out.decode_times.iter().map(|d| d.as_secs_f64()).collect();
-        Ok((out.tokens, PyBytes::new(py, &bytes), vocab, times))
+        Ok(crate::llm_settings::generation_out(py, out))
     }
 }
 

@@ -11,6 +11,7 @@ use mblob_runtime::exec::Device;
 use mblob_runtime::format::stream::DataType;
 use mblob_runtime::{load_library, LoadOptions, NdArray, Registry};
 
+use super::model_settings::{prompt_ids, ModelSettingsArgs};
 use super::output::print_labelled_times;
 use super::run::{set_threads, thread_count, write_npy};
 use crate::{Error, Result};
@@ -78,8 +79,9 @@ pub struct GenerateArgs {
     /// context window. A sliding-window model whose context window is -1 needs it.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
     pub max_total_seq_len: Option<i64>,
-    /// The most tokens of one prefill step; default: the model's `prefill_chunk_size`.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
+    /// The most tokens of one prefill step; default: the model's `prefill_chunk_size` (without
+    /// `_metadata`: the context window, else the cache's size, at most 8192, as MLC-LLM's).
+    #[arg(long, visible_alias = "prefill-chunk", value_name = "N", value_parser = clap::value_parser!(i64).range(1..i64::from(i32::MAX)))]
     pub prefill_chunk_size: Option<i64>,
     /// Size the KV cache from a memory budget for its pages, in bytes (as MLC-LLM's engine sizes
     /// it from the memory it may use): as many tokens as whole pages fit. Ignored with
@@ -90,6 +92,9 @@ pub struct GenerateArgs {
     /// `[tokens, vocab]`.
     #[arg(long, value_name = "FILE.npy")]
     pub logits: Option<PathBuf>,
+    /// What `_metadata` gives, and further turns.
+    #[command(flatten)]
+    pub model_settings: ModelSettingsArgs,
 }
 
 const AFTER_HELP: &str = "\
@@ -103,6 +108,14 @@ token ids, comma-separated (one line per prompt for several, in order). With --t
 above 0 each token is drawn with TVM's sampling builtin from MLC-LLM's seeded draws. A model with a sliding window (`sliding_window_size` in its
 metadata) gets it on its sequence, with its `attention_sink_size` sinks, as MLC-LLM's engine
 does: the prompt may then be longer than the cache.
+
+A library without `_metadata` (the model functions alone, e.g. built with TVM's `nn.llm`
+directly) runs too: its weights are the tensor cache's `param_0`, `param_1`, ... and what the
+metadata would give comes from --context-window (or --max-total-seq-len), --prefill-chunk-size,
+--max-batch-size, --sliding-window, --attention-sinks and --vocab-size; an error names the one
+that is needed. With --then-prompt-ids the sequences continue in the same cache; a later chunk
+or turn of a sequence runs through `extend`/`batch_extend` when the library has them, as
+MLC-LLM's engine runs them. One line of new ids is printed per sequence and turn.
 
 Exit status: 0 done, 1 failure (a file that cannot be read, a library that is not such a
 model, weights that do not match it, a prompt longer than its context window), 2 usage error.
@@ -127,6 +140,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         max_total_seq_len: args.max_total_seq_len,
         prefill_chunk_size: args.prefill_chunk_size,
         kv_cache_bytes: args.kv_cache_bytes,
+        model: args.model_settings.settings(),
     };
     let mut lm = LanguageModel::new(&tree, args.device, args.weights.as_deref(), &options)
         .map_err(|e| invalid(mblob::with_causes(&e).to_string()))?;
@@ -148,23 +162,23 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     if prompts.is_empty() {
         return Ok(super::usage_error("generate", "no prompt: give --prompt-ids or a --prompt-file with one".into()));
     }
+    if let Err(message) = args.model_settings.check_turns(prompts.len()) {
+        return Ok(super::usage_error("generate", message));
+    }
     let sampling = Sampling { temperature: args.temperature, top_p: args.top_p, seed: args.seed };
     let mut generate = || -> Result<Vec<Generation>> {
-        let out = if prompts.len() == 1 {
-            lm.generate_sampled(&prompts[0], args.max_new_tokens, &sampling, |_| {}).map(|g| vec![g])
-        } else {
-            lm.generate_batch(&prompts, args.max_new_tokens, &sampling)
-        };
+        let out = args.model_settings.run_turns(&mut lm, &prompts, args.max_new_tokens, &sampling);
         out.map_err(|e| invalid(mblob::with_causes(&e)))
     };
     let first = generate()?;
     if let Some(path) = &args.logits {
         let vocab = first.iter().find_map(|g| g.logits.first()).map_or(0, Vec::len);
         let steps = first[0].logits.len() as i64;
+        let rows = first.iter().map(|g| g.logits.len() as i64).sum();
         let data: Vec<u8> =
             first.iter().flat_map(|g| g.logits.iter().flatten()).flat_map(|x| x.to_le_bytes()).collect();
         let shape =
-            if first.len() == 1 { vec![steps, vocab as i64] } else { vec![first.len() as i64, steps, vocab as i64] };
+            if prompts.len() == 1 { vec![rows, vocab as i64] } else { vec![first.len() as i64, steps, vocab as i64] };
         let t = NdArray::from_bytes(&data, &shape, DataType::F32, Device::cpu(0))
             .map_err(|_| invalid("logits of unequal lengths".into()))?;
         write_npy(path, &t)?;
@@ -198,14 +212,6 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         println!("{}", ids(&g.tokens));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One prompt: token ids separated by commas.
-fn prompt_ids(s: &str) -> std::result::Result<Vec<i32>, String> {
-    s.split(',')
-        .filter(|t| !t.is_empty())
-        .map(|t| t.trim().parse::<i32>().map_err(|e| format!("token id {t:?}: {e}")))
-        .collect()
 }
 
 fn ids(tokens: &[i32]) -> String {

@@ -8,6 +8,8 @@ pub mod extract;
 #[cfg(feature = "llm")]
 pub mod generate;
 pub mod inspect;
+#[cfg(feature = "llm")]
+pub mod model_settings;
 pub mod output;
 pub mod pack;
 pub mod run;

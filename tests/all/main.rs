@@ -23,6 +23,8 @@ mod inspect_more;
 mod library;
 #[cfg(feature = "llm")]
 mod mlc;
+#[cfg(feature = "llm")]
+mod nometa;
 mod outputs;
 mod pack;
 mod packing;

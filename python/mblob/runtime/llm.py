@@ -21,7 +21,16 @@ class LanguageModel:
     generate`` does: ``LanguageModel("model.so", weights="params/").generate([1, 2, 3], 16)``.
     ``weights`` is the tensor cache directory (``tensor-cache.json`` and its shards) of a library
     whose functions take the weights as ``packed_params``; a library with the weights bound
-    needs none."""
+    needs none.
+
+    A library without ``_metadata`` (the model functions alone, as TVM's ``nn.llm`` exports
+    them) reads its weights as the tensor cache's ``param_0``, ``param_1``, ... and takes what
+    the metadata would give from the keyword arguments: ``context_window_size`` (or
+    ``max_total_seq_len``, the KV cache's size; -1 for a sliding-window model, which then needs
+    the cache's size), ``prefill_chunk_size`` (default: the context window or cache, at most
+    8192), ``max_batch_size`` (1), ``sliding_window_size`` and ``attention_sink_size`` (none),
+    ``vocab_size`` (the logits' length). With ``_metadata`` a given one must agree with it.
+    ``kv_cache_bytes`` sizes the cache from a memory budget."""
 
     def __init__(
         self,
@@ -29,10 +38,32 @@ class LanguageModel:
         weights: Optional[Union[str, "os.PathLike[str]"]] = None,
         device: Any = None,
         page_size: int = 16,
+        *,
+        context_window_size: Optional[int] = None,
+        prefill_chunk_size: Optional[int] = None,
+        max_batch_size: Optional[int] = None,
+        max_total_seq_len: Optional[int] = None,
+        kv_cache_bytes: Optional[int] = None,
+        sliding_window_size: Optional[int] = None,
+        attention_sink_size: Optional[int] = None,
+        vocab_size: Optional[int] = None,
     ) -> None:
         mod = path if isinstance(path, Module) else load_module(path)
         dev = _device_pair(device if device is not None else cpu(), "LanguageModel(device)")
-        self._lm = _native.LanguageModel(mod._library, dev, None if weights is None else os.fspath(weights), int(page_size))
+        given = {
+            "context_window_size": context_window_size,
+            "prefill_chunk_size": prefill_chunk_size,
+            "max_batch_size": max_batch_size,
+            "max_total_seq_len": max_total_seq_len,
+            "kv_cache_bytes": kv_cache_bytes,
+            "sliding_window_size": sliding_window_size,
+            "attention_sink_size": attention_sink_size,
+            "vocab_size": vocab_size,
+        }
+        settings = {k: int(v) for k, v in given.items() if v is not None}
+        self._lm = _native.LanguageModel(
+            mod._library, dev, None if weights is None else os.fspath(weights), int(page_size), settings
+        )
         self.logits: Optional[np.ndarray] = None
         self.decode_seconds: List[float] = []
 
@@ -45,7 +76,16 @@ class LanguageModel:
         """The new token ids after ``prompt_ids`` (greedy, in a new KV cache). Afterwards
         ``logits`` holds the logits they were picked from (``[tokens, vocab]``, float32) and
         ``decode_seconds`` the time of each decode step."""
-        tokens, logits, vocab, seconds = self._lm.generate([int(t) for t in prompt_ids], int(max_new_tokens))
+        return self._took(*self._lm.generate([int(t) for t in prompt_ids], int(max_new_tokens)))
+
+    def continue_generation(self, prompt_ids: Sequence[int], max_new_tokens: int = 16) -> List[int]:
+        """The next turn of the last generation's sequence, in the same KV cache: its last new
+        token and ``prompt_ids`` are prefilled (through the library's ``extend`` when it has
+        one, as MLC-LLM's engine continues a sequence), then up to ``max_new_tokens`` new ids
+        (greedy). ``logits`` and ``decode_seconds`` as after :meth:`generate`."""
+        return self._took(*self._lm.continue_generation([int(t) for t in prompt_ids], int(max_new_tokens)))
+
+    def _took(self, tokens: List[int], logits: bytes, vocab: int, seconds: List[float]) -> List[int]:
         self.logits = np.frombuffer(logits, dtype=np.float32).reshape(len(tokens), vocab) if vocab else None
         self.decode_seconds = list(seconds)
         return list(tokens)

@@ -16,7 +16,12 @@
 //! sequences in one batch through `batch_prefill` and `batch_decode`, as MLC-LLM's engine does.
 //! A model with a sliding window gets it on each sequence
 //! (`attention_kv_cache_enable_sliding_window_for_seq`), and the cache may be sized from a
-//! memory budget ([`GenerateOptions::kv_cache_bytes`]).
+//! memory budget ([`GenerateOptions::kv_cache_bytes`]). A library without `_metadata` (the model
+//! functions alone, as TVM's `nn.llm` exports them) takes what it would give from
+//! [`GenerateOptions::model`] ([`ModelSettings`]) and its weights as `param_0`, `param_1`, ...
+//! [`LanguageModel::continue_sampled`] and [`LanguageModel::continue_batch`] continue the
+//! sequences in the same cache; as in MLC-LLM's engine, a prefill round of a sequence prefilled
+//! before runs through `extend` / `batch_extend` when the library has them.
 //!
 //! ```no_run
 //! use mblob_runtime::device::Device;
@@ -33,11 +38,15 @@
 
 mod batch;
 mod error;
+mod extend;
 mod logits;
 mod metadata;
+mod nometa;
+mod probe;
+mod turns;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::lm::sampler::Sampler;
 pub use super::lm::sampler::Sampling;
@@ -50,9 +59,10 @@ use crate::exec::value::Value as ExecValue;
 use crate::format::DataType;
 use crate::module::LoadedTree;
 pub use error::GenerateError;
-use logits::{kind, last_row, logits_of, pick, vm_kind};
+use logits::{kind, last_row, logits_of, vm_kind};
 use metadata::vocab_size;
 pub use metadata::{ModelMetadata, ParamDim, ParamInfo};
+pub use nometa::ModelSettings;
 
 /// The sequence id [`LanguageModel::generate`] uses in the KV cache.
 pub const SEQUENCE_ID: i64 = 0;
@@ -72,16 +82,24 @@ pub struct GenerateOptions {
     /// whole pages of the model's layers, heads and dtype fit (see
     /// [`LanguageModel::new`]).
     pub kv_cache_bytes: Option<u64>,
+    /// What `_metadata` gives, for a library without it (see [`ModelSettings`]).
+    pub model: ModelSettings,
 }
 
 impl Default for GenerateOptions {
     fn default() -> GenerateOptions {
-        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None, kv_cache_bytes: None }
+        GenerateOptions {
+            page_size: 16,
+            max_total_seq_len: None,
+            prefill_chunk_size: None,
+            kv_cache_bytes: None,
+            model: ModelSettings::default(),
+        }
     }
 }
 
 /// What [`LanguageModel::generate`] produced.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Generation {
     /// The new tokens: the prefill's, then one per decode step.
     pub tokens: Vec<i32>,
@@ -107,6 +125,8 @@ pub struct LanguageModel {
     cache: Option<ExecValue>,
     /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
     vocab: Option<i64>,
+    /// What the next turn of the cache's sequences needs (`extend`).
+    turns: turns::Turns,
 }
 
 impl LanguageModel {
@@ -136,11 +156,27 @@ impl LanguageModel {
         param_count("prefill", "runs the prompt")?;
         param_count("decode", "runs one new token")?;
         param_count("create_tir_paged_kv_cache", "creates the KV cache (a TIR paged KV cache)")?;
-        param_count("_metadata", "describes the model")?;
-        let metadata = match vm.invoke("_metadata", &[])? {
-            ExecValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
-                .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
-            v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
+        // A library without `_metadata` (the model functions alone): the options give what it
+        // would (`nometa`).
+        let has_metadata = functions.iter().any(|f| f.name == "_metadata");
+        let metadata = if has_metadata {
+            let mut metadata = match vm.invoke("_metadata", &[])? {
+                ExecValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
+                    .map_err(|e| GenerateError::Metadata { detail: e.to_string() })?,
+                v => {
+                    return Err(GenerateError::Metadata {
+                        detail: format!("it returned {}, not a string", vm_kind(&v)),
+                    })
+                }
+            };
+            options.model.apply(&mut metadata)?;
+            metadata
+        } else {
+            options.model.metadata(nometa::CacheOptions {
+                max_total_seq_len: options.max_total_seq_len,
+                kv_cache_bytes: options.kv_cache_bytes.is_some(),
+                prefill_chunk_size: options.prefill_chunk_size,
+            })?
         };
         metadata.check_supported()?;
         let packed = match embed {
@@ -159,20 +195,18 @@ impl LanguageModel {
                 let mut cache = TensorCache::new();
                 cache.load(dir, device)?;
                 if metadata.params.is_empty() {
-                    // As MLC-LLM's engine loads a library whose metadata lists no weights:
-                    // `param_0`, `param_1`, ... until one is missing.
-                    Some(cache.param_array("param", -1)?)
+                    Some(nometa::indexed_params(&cache)?)
                 } else {
                     let names: Vec<&str> = metadata.params.iter().map(|p| p.name.as_str()).collect();
                     Some(cache.param_array_by_name(&names)?)
                 }
             }
             (true, None) => {
-                return Err(GenerateError::WeightsMode(format!(
-                    "the model takes its {} weights as a parameter (packed_params): give the directory of its \
-                     tensor cache (tensor-cache.json and the shards)",
-                    metadata.params.len()
-                )))
+                return Err(GenerateError::WeightsMode(
+                    "the model takes its weights as a parameter (packed_params): give the directory of its tensor \
+                     cache (tensor-cache.json and the shards)"
+                        .into(),
+                ))
             }
             (false, Some(dir)) => {
                 return Err(GenerateError::WeightsMode(format!(
@@ -186,9 +220,14 @@ impl LanguageModel {
         let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
-        let mut lm = LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab };
+        let turns = turns::Turns::new(&functions);
+        let mut lm =
+            LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab, turns };
         if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
             lm.options.max_total_seq_len = Some(lm.tokens_in_budget(budget)?);
+        }
+        if !has_metadata {
+            lm.settle_without_metadata()?;
         }
         Ok(lm)
     }
@@ -359,39 +398,15 @@ impl LanguageModel {
         self.check_ids(prompt)?;
         self.check_capacity([prompt.len()], max_new_tokens)?;
         let mut sampler = Sampler::new(sampling, sampling.seed);
-        let mut out = Generation {
-            tokens: Vec::new(),
-            logits: Vec::new(),
-            prefill_time: Duration::ZERO,
-            decode_times: Vec::new(),
-        };
         // Drop the previous cache first, so that its pages are free before the new one is made.
         self.cache = None;
         let cache = self.new_cache()?;
+        self.turns.reset(1);
         self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
-            return Ok(out);
+            return Ok(Generation::default());
         }
-        let start = Instant::now();
-        let mut logits = Vec::new();
-        for chunk in prompt.chunks(self.prefill_chunk_size() as usize) {
-            logits = self.forward(&cache, "prefill", chunk)?;
-        }
-        let mut token = pick(&mut sampler, "prefill", &logits)?;
-        out.prefill_time = start.elapsed();
-        out.tokens.push(token);
-        out.logits.push(logits);
-        on_token(token);
-        while out.tokens.len() < max_new_tokens {
-            let start = Instant::now();
-            let logits = self.forward(&cache, "decode", &[token])?;
-            token = pick(&mut sampler, "decode", &logits)?;
-            out.decode_times.push(start.elapsed());
-            out.tokens.push(token);
-            out.logits.push(logits);
-            on_token(token);
-        }
-        Ok(out)
+        self.run_turn(&cache, prompt, max_new_tokens, &mut sampler, &mut on_token)
     }
 
     /// Refuses prompts (of these lengths) and new tokens that do not fit the KV cache.

@@ -18,13 +18,13 @@
 //! This module holds the batch's schedule of prefill rounds, the rows of its logits and
 //! [`LanguageModel::generate_batch`], which runs them.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::logits::{logits_of, pick};
 use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
 use crate::exec::llm::lm::sampler::Sampler;
-use crate::exec::relax::vm::value::{Value, VmError};
+use crate::exec::relax::vm::value::{ObjectRef, Value, VmError};
 use crate::exec::value::Value as ExecValue;
 use crate::format::DataType;
 
@@ -155,34 +155,51 @@ impl LanguageModel {
             }
         }
         self.check_capacity(prompts.iter().map(Vec::len), max_new_tokens)?;
-        let mut outs: Vec<Generation> = prompts
-            .iter()
-            .map(|_| Generation {
-                tokens: Vec::new(),
-                logits: Vec::new(),
-                prefill_time: Duration::ZERO,
-                decode_times: Vec::new(),
-            })
-            .collect();
         self.cache = None;
         let cache = self.new_cache()?;
         for seq in 1..prompts.len() as i64 {
             self.add_sequence(&cache, seq)?;
         }
+        self.turns.reset(prompts.len());
         self.cache = Some(ExecValue::Object(cache.clone()));
         if max_new_tokens == 0 {
-            return Ok(outs);
+            return Ok(prompts.iter().map(|_| Generation::default()).collect());
         }
-        let cache = Value::Object(cache);
+        self.batch_turn(&cache, prompts, max_new_tokens, sampling)
+    }
+
+    /// One turn of the batch (sequence `i` has id `i`): `inputs` prefilled in rounds, then
+    /// decode steps until each sequence has `max_new_tokens` (at least 1) new tokens. A turn
+    /// that fails leaves no generation to continue.
+    pub(super) fn batch_turn(
+        &mut self,
+        cache: &ObjectRef,
+        inputs: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Generation>, GenerateError> {
+        let out = self.batch_steps(cache, inputs, max_new_tokens, sampling);
+        self.ended(out)
+    }
+
+    fn batch_steps(
+        &mut self,
+        cache: &ObjectRef,
+        inputs: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+    ) -> Result<Vec<Generation>, GenerateError> {
+        let mut outs: Vec<Generation> = inputs.iter().map(|_| Generation::default()).collect();
+        let cache = Value::Object(cache.clone());
         let mut samplers: Vec<Sampler> =
-            (0..prompts.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
-        let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+            (0..inputs.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
+        let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
         let start = Instant::now();
         for round in prefill_rounds(&lengths, self.prefill_chunk_size() as usize) {
             let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
             let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();
             let ids: Vec<i32> =
-                round.iter().flat_map(|e| prompts[e.seq][e.start..e.start + e.len].iter().copied()).collect();
+                round.iter().flat_map(|e| inputs[e.seq][e.start..e.start + e.len].iter().copied()).collect();
             let mut positions = Vec::with_capacity(round.len());
             let mut end = 0i32;
             for e in &round {
@@ -194,20 +211,20 @@ impl LanguageModel {
                 .map_err(VmError::from)?;
             let n = ids.len() as i64;
             let positions = Value::Tensor(positions);
-            let rows =
-                self.batch_round(&cache, "batch_prefill", &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
+            let function = self.turns.prefill_function(&seqs, true)?;
+            let rows = self.batch_round(&cache, function, &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
             for (e, row) in round.iter().zip(rows) {
                 if e.start + e.len == lengths[e.seq] {
-                    let token = pick(&mut samplers[e.seq], "batch_prefill", &row)?;
+                    let token = pick(&mut samplers[e.seq], function, &row)?;
                     outs[e.seq].tokens.push(token);
                     outs[e.seq].logits.push(row);
                 }
             }
         }
         let prefill_time = start.elapsed();
-        let seqs: Vec<i64> = (0..prompts.len() as i64).collect();
-        let ones = vec![1i64; prompts.len()];
-        let b = prompts.len() as i64;
+        let seqs: Vec<i64> = (0..inputs.len() as i64).collect();
+        let ones = vec![1i64; inputs.len()];
+        let b = inputs.len() as i64;
         for _ in 1..max_new_tokens {
             let start = Instant::now();
             let ids: Vec<i32> = outs.iter().map(|o| o.tokens[o.tokens.len() - 1]).collect();
@@ -219,7 +236,10 @@ impl LanguageModel {
             let took = start.elapsed();
             outs.iter_mut().for_each(|o| o.decode_times.push(took));
         }
-        outs.iter_mut().for_each(|o| o.prefill_time = prefill_time);
+        for (i, (o, input)) in outs.iter_mut().zip(inputs).enumerate() {
+            o.prefill_time = prefill_time;
+            self.turns.record(i, input.len() + o.tokens.len() - 1, o.tokens.last().copied());
+        }
         Ok(outs)
     }
 }

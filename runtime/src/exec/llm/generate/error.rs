@@ -32,6 +32,15 @@ pub enum GenerateError {
         /// What is wrong.
         detail: String,
     },
+    /// A setting that `_metadata` gives is missing (the library has none and the options do
+    /// not give it), or an option contradicts the library's `_metadata`.
+    #[error("{option}: {detail}")]
+    Setting {
+        /// The option, as [`ModelSettings`](super::ModelSettings) and `mblob generate` name it.
+        option: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
     /// The weights are parameters but no tensor cache was given, or the other way round.
     #[error("{0}")]
     WeightsMode(String),

@@ -35,6 +35,7 @@ mod batch;
 mod error;
 mod logits;
 mod metadata;
+mod state;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -53,6 +54,7 @@ pub use error::GenerateError;
 use logits::{kind, last_row, logits_of, pick, vm_kind};
 use metadata::vocab_size;
 pub use metadata::{ModelMetadata, ParamDim, ParamInfo};
+pub use state::{StateKind, RNN_MAX_HISTORY};
 
 /// The sequence id [`LanguageModel::generate`] uses in the KV cache.
 pub const SEQUENCE_ID: i64 = 0;
@@ -135,7 +137,6 @@ impl LanguageModel {
         let embed = param_count("embed", "turns token ids into embeddings")?;
         param_count("prefill", "runs the prompt")?;
         param_count("decode", "runs one new token")?;
-        param_count("create_tir_paged_kv_cache", "creates the KV cache (a TIR paged KV cache)")?;
         param_count("_metadata", "describes the model")?;
         let metadata = match vm.invoke("_metadata", &[])? {
             ExecValue::Str(s) => serde_json::from_str::<ModelMetadata>(&s)
@@ -143,6 +144,10 @@ impl LanguageModel {
             v => return Err(GenerateError::Metadata { detail: format!("it returned {}, not a string", vm_kind(&v)) }),
         };
         metadata.check_supported()?;
+        if let Some(kind) = StateKind::of(metadata.kv_state_kind.as_deref()) {
+            let (name, why) = kind.creator();
+            param_count(name, why)?;
+        }
         let packed = match embed {
             1 => false,
             2 => true,
@@ -198,6 +203,11 @@ impl LanguageModel {
     /// TVM adds one page to `ceil(max_total_seq_len / page_size)`, and two per sequence with a
     /// sliding window.
     fn tokens_in_budget(&mut self, budget: u64) -> Result<i64, GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            return Err(GenerateError::Request(format!(
+                "a KV cache budget ({budget} bytes) was given, but the model keeps an RNN state, not a KV cache"
+            )));
+        }
         let page = self.options.page_size;
         self.options.max_total_seq_len = Some(page);
         let probe = self.new_cache()?;
@@ -261,8 +271,12 @@ impl LanguageModel {
         self.options.prefill_chunk_size.unwrap_or(self.metadata.prefill_chunk_size).max(1)
     }
 
-    /// A new KV cache (`create_tir_paged_kv_cache`), with one empty sequence.
+    /// A new KV cache (`create_tir_paged_kv_cache`), or RNN state for an `rnn_state` model, with
+    /// one empty sequence.
     fn new_cache(&mut self) -> Result<ObjectRef, GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            return self.new_rnn_state();
+        }
         let _span = tracing::debug_span!("lm_create_kv_cache").entered();
         let shape = |v: i64| ExecValue::Shape([v].into());
         let sliding = i64::from(self.metadata.sliding_window_size > 0);
@@ -400,6 +414,10 @@ impl LanguageModel {
         prompt_lengths: impl IntoIterator<Item = usize>,
         max_new_tokens: usize,
     ) -> Result<(), GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            // An RNN state holds a fixed state per sequence, however long it runs.
+            return Ok(());
+        }
         if self.max_total_seq_len() <= 0 {
             return Err(GenerateError::Request(format!(
                 "the model's context window is {} (a sliding-window model): give the KV cache's size \

@@ -12,6 +12,9 @@
 //! that round's row. Then every decode step runs the whole batch:
 //! `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
 //!
+//! An RNN model (`rnn_state`) prefills each prompt alone instead, through `prefill` (see
+//! `state.rs`).
+//!
 //! **Sampling** ([`Sampling`](crate::exec::llm::lm::sampler::Sampling)): sequence `i` of a
 //! batch is seeded `seed + i`.
 //!
@@ -21,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use super::logits::{logits_of, pick};
+use super::state::{rounds_one_by_one, StateKind};
 use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
 use crate::exec::llm::lm::sampler::Sampler;
@@ -178,7 +182,10 @@ impl LanguageModel {
             (0..prompts.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
         let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
         let start = Instant::now();
-        for round in prefill_rounds(&lengths, self.prefill_chunk_size() as usize) {
+        let rnn = self.state_kind() == StateKind::Rnn;
+        let chunk = self.prefill_chunk_size() as usize;
+        let rounds = if rnn { rounds_one_by_one(&lengths, chunk) } else { prefill_rounds(&lengths, chunk) };
+        for round in rounds {
             let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
             let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();
             let ids: Vec<i32> =
@@ -194,8 +201,11 @@ impl LanguageModel {
                 .map_err(VmError::from)?;
             let n = ids.len() as i64;
             let positions = Value::Tensor(positions);
-            let rows =
-                self.batch_round(&cache, "batch_prefill", &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
+            let rows = if rnn {
+                self.batch_round(&cache, "prefill", &seqs, &lens, &ids, None, |h| vec![1, n, h])?
+            } else {
+                self.batch_round(&cache, "batch_prefill", &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?
+            };
             for (e, row) in round.iter().zip(rows) {
                 if e.start + e.len == lengths[e.seq] {
                     let token = pick(&mut samplers[e.seq], "batch_prefill", &row)?;

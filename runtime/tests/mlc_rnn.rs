@@ -67,8 +67,8 @@ struct Rwkv {
 impl Rwkv {
     fn new() -> Rwkv {
         // SAFETY: the fixture is a library MLC-LLM's pipeline built for these tests.
-        let tree = unsafe { load_library(&fixture().join("lib.so"), &Registry::default(), &LoadOptions::default()) }
-            .unwrap();
+        let tree =
+            unsafe { load_library(&fixture().join("lib.so"), &Registry::default(), &LoadOptions::default()) }.unwrap();
         let lm = LanguageModel::new(&tree, Device::cpu(0), Some(&fixture()), &GenerateOptions::default()).unwrap();
         let params = Value::Tuple(lm.params().unwrap().to_vec());
         Rwkv { lm, params }
@@ -106,7 +106,8 @@ impl Rwkv {
     ) -> Result<Vec<f32>, String> {
         let shapes = [state.clone(), Value::Shape(seqs.into()), Value::Shape(lengths.into())];
         self.call("vm.builtin.kv_state_begin_forward", &shapes)?;
-        let shape = if func == "batch_decode" { vec![seqs.len() as i64, 1, 256] } else { vec![1, ids.len() as i64, 256] };
+        let shape =
+            if func == "batch_decode" { vec![seqs.len() as i64, 1, 256] } else { vec![1, ids.len() as i64, 256] };
         let mut args = vec![self.embed(ids, &shape)];
         args.extend(extra);
         args.extend([state.clone(), self.params.clone()]);
@@ -173,8 +174,11 @@ fn fork_and_popn_give_tvms_logits_and_states() {
     let mut at = 0;
     for entry in f["state_order"].as_array().unwrap() {
         let n: u64 = entry["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
-        let (layer, sid, seq) = (entry["layer"].as_i64().unwrap(), entry["state"].as_i64().unwrap(), entry["seq"].as_i64().unwrap());
-        let got = match m.builtin("rnn_state_debug_get", &[state.clone(), Value::Int(layer), Value::Int(sid), Value::Int(seq)]) {
+        let (layer, sid, seq) =
+            (entry["layer"].as_i64().unwrap(), entry["state"].as_i64().unwrap(), entry["seq"].as_i64().unwrap());
+        let got = match m
+            .builtin("rnn_state_debug_get", &[state.clone(), Value::Int(layer), Value::Int(sid), Value::Int(seq)])
+        {
             Ok(Value::Tensor(t)) => t.to_f32().unwrap().unwrap(),
             v => panic!("rnn_state_debug_get: {v:?}"),
         };
@@ -208,7 +212,9 @@ fn bad_calls_fail_with_tvms_messages() {
     expect("popn_past_history", popn(0, 2));
     expect("popn_negative", popn(0, -1));
     expect("popn_unknown", popn(7, 1));
-    let fork = |a: i64, b: i64| m.builtin("kv_state_fork_sequence", &[state.clone(), Value::Int(a), Value::Int(b), Value::Int(-1)]);
+    let fork = |a: i64, b: i64| {
+        m.builtin("kv_state_fork_sequence", &[state.clone(), Value::Int(a), Value::Int(b), Value::Int(-1)])
+    };
     expect("fork_unknown_parent", fork(7, 8));
     expect("add_twice", add(&state, 0));
     add(&state, 1).unwrap();

@@ -35,6 +35,7 @@ mod batch;
 mod error;
 mod logits;
 mod metadata;
+mod rnn;
 mod state;
 
 use std::path::Path;

@@ -24,7 +24,7 @@
 use std::time::{Duration, Instant};
 
 use super::logits::{logits_of, pick};
-use super::state::{rounds_one_by_one, StateKind};
+use super::state::StateKind;
 use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
 use crate::exec::llm::lm::sampler::Sampler;
@@ -62,6 +62,22 @@ pub fn prefill_rounds(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
             }
         }
         rounds.push(round);
+    }
+    rounds
+}
+
+/// The prefill rounds of an RNN model's batch: each prompt alone, in chunks of at most
+/// `chunk` tokens.
+pub fn rounds_one_by_one(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
+    let chunk = chunk.max(1);
+    let mut rounds = Vec::new();
+    for (seq, &l) in lengths.iter().enumerate() {
+        let mut start = 0;
+        while start < l {
+            let len = chunk.min(l - start);
+            rounds.push(vec![Entry { seq, start, len }]);
+            start += len;
+        }
     }
     rounds
 }
@@ -246,6 +262,15 @@ mod tests {
         assert_eq!(
             prefill_rounds(&[21, 9, 14], 16),
             vec![vec![e(0, 0, 16)], vec![e(0, 16, 5), e(1, 0, 9), e(2, 0, 2)], vec![e(2, 2, 12)]]
+        );
+    }
+
+    #[test]
+    fn an_rnn_batch_prefills_each_prompt_alone() {
+        let e = |seq, start, len| Entry { seq, start, len };
+        assert_eq!(
+            rounds_one_by_one(&[21, 9, 14], 16),
+            vec![vec![e(0, 0, 16)], vec![e(0, 16, 5)], vec![e(1, 0, 9)], vec![e(2, 0, 14)]]
         );
     }
 }

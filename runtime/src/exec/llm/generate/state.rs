@@ -11,12 +11,6 @@
 //! batch of an RNN model prefills each prompt alone through `prefill`, in chunks, as the engine
 //! prefills a single sequence, and then decodes them all together through `batch_decode`.
 
-use super::batch::Entry;
-use super::logits::vm_kind;
-use super::{GenerateError, LanguageModel, SEQUENCE_ID};
-use crate::exec::relax::vm::value::ObjectRef;
-use crate::exec::value::Value as ExecValue;
-
 /// The history steps of the RNN state generation makes.
 pub const RNN_MAX_HISTORY: i64 = 1;
 
@@ -48,45 +42,6 @@ impl StateKind {
     }
 }
 
-/// The prefill rounds of an RNN model's batch: each prompt alone, in chunks of at most
-/// `chunk` tokens.
-pub fn rounds_one_by_one(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
-    let chunk = chunk.max(1);
-    let mut rounds = Vec::new();
-    for (seq, &l) in lengths.iter().enumerate() {
-        let mut start = 0;
-        while start < l {
-            let len = chunk.min(l - start);
-            rounds.push(vec![Entry { seq, start, len }]);
-            start += len;
-        }
-    }
-    rounds
-}
-
-impl LanguageModel {
-    /// What the model keeps between steps.
-    pub fn state_kind(&self) -> StateKind {
-        StateKind::of(self.metadata.kv_state_kind.as_deref()).unwrap_or(StateKind::KvCache)
-    }
-
-    /// A new RNN state (`create_rnn_state([max_batch_size], [RNN_MAX_HISTORY])`) with one empty
-    /// sequence.
-    pub(super) fn new_rnn_state(&self) -> Result<ObjectRef, GenerateError> {
-        let _span = tracing::debug_span!("lm_create_rnn_state").entered();
-        let shape = |v: i64| ExecValue::Shape([v].into());
-        let state = self.vm.invoke("create_rnn_state", &[shape(self.metadata.max_batch_size), shape(RNN_MAX_HISTORY)])?;
-        let ExecValue::Object(state) = state else {
-            return Err(GenerateError::Result {
-                function: "create_rnn_state",
-                detail: format!("{}, not an RNN state object", vm_kind(&state)),
-            });
-        };
-        self.vm.invoke("vm.builtin.kv_state_add_sequence", &[ExecValue::Object(state.clone()), ExecValue::Int(SEQUENCE_ID)])?;
-        Ok(state)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,14 +53,5 @@ mod tests {
         assert_eq!(StateKind::of(Some("rnn_state")), Some(StateKind::Rnn));
         assert_eq!(StateKind::of(Some("hybrid")), None);
         assert_eq!(StateKind::of(Some("none")), None);
-    }
-
-    #[test]
-    fn an_rnn_batch_prefills_each_prompt_alone() {
-        let e = |seq, start, len| Entry { seq, start, len };
-        assert_eq!(
-            rounds_one_by_one(&[21, 9, 14], 16),
-            vec![vec![e(0, 0, 16)], vec![e(0, 16, 5)], vec![e(1, 0, 9)], vec![e(2, 0, 14)]]
-        );
     }
 }

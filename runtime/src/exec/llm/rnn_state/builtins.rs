@@ -109,7 +109,11 @@ fn begin_forward(s: &RnnState, name: &str, args: &[&Value]) -> Result<Value, VmE
                 let parent = parents.get(at).copied().ok_or_else(|| RnnStateError::Arg {
                     builtin: name.to_owned(),
                     index: 3,
-                    detail: format!("{} parent pointers for {} appended tokens", parents.len(), lengths.iter().sum::<i64>()),
+                    detail: format!(
+                        "{} parent pointers for {} appended tokens",
+                        parents.len(),
+                        lengths.iter().sum::<i64>()
+                    ),
                 })?;
                 if parent != i - 1 {
                     return Err(RnnStateError::compare(
@@ -167,10 +171,20 @@ fn create(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Re
         return Err(gt("num_layers > 0", num_layers, "The number of layers should be greater than 0.").into());
     }
     if reserved <= 0 {
-        return Err(gt("reserved_num_seqs > 0", reserved, "The number of reserved sequences should be greater than 0.").into());
+        return Err(gt(
+            "reserved_num_seqs > 0",
+            reserved,
+            "The number of reserved sequences should be greater than 0.",
+        )
+        .into());
     }
     if max_history < 0 {
-        return Err(gt("max_history >= 0", max_history, "The maximum history length should be greater or equal than 0.").into());
+        return Err(gt(
+            "max_history >= 0",
+            max_history,
+            "The maximum history length should be greater or equal than 0.",
+        )
+        .into());
     }
     if init.is_empty() {
         return Err(RnnStateError::compare(
@@ -191,7 +205,11 @@ fn create(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Re
     }
     for (what, n) in [("getters", gets.len()), ("setters", sets.len())] {
         if n != init.len() {
-            let expr = if what == "getters" { "f_gets.size() == init_layer_value.size()" } else { "f_sets.size() == init_layer_value.size()" };
+            let expr = if what == "getters" {
+                "f_gets.size() == init_layer_value.size()"
+            } else {
+                "f_sets.size() == init_layer_value.size()"
+            };
             return Err(RnnStateError::compare(
                 expr,
                 n,

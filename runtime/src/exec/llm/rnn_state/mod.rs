@@ -18,8 +18,9 @@
 //! tokens leaves none, and `kv_state_popn(seq, n)` goes back `n` steps within it.
 //!
 //! The generic `vm.builtin.kv_state_*` builtins (clear, add/remove/fork a sequence, popn,
-//! begin/end forward) serve an RNN state here and a paged KV cache in [`super::kv_cache`];
-//! [`TABLE`] comes first in the builtin set and hands every other object on to the cache's.
+//! begin/end forward) serve an RNN state here and a paged KV cache in [`super::kv_cache`]:
+//! this module's builtin table comes first in the builtin set and hands every other object on
+//! to the cache's.
 //! TVM's checks fail with TVM's messages ([`RnnStateError::Check`]).
 
 mod builtins;
@@ -229,7 +230,10 @@ impl RnnState {
             .into());
         }
         let slot = free_slot(&mut t)?;
-        t.seqs.insert(seq_id, Sequence { seq_length: 0, available_history_num: 0, history_slot_id: 0, seq_slot_id: slot });
+        t.seqs.insert(
+            seq_id,
+            Sequence { seq_length: 0, available_history_num: 0, history_slot_id: 0, seq_slot_id: slot },
+        );
         for layer in &self.storages {
             for (sid, storage) in layer.iter().enumerate() {
                 let (_, per_seq) = self.sizes(sid);
@@ -432,7 +436,8 @@ impl RnnState {
         let (slots, history) = self.round("Get")?;
         let storage = self.storage("vm.builtin.rnn_state_get", layer_id, state_id)?;
         let k = &self.gets[state_id as usize];
-        let args = [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(out.clone())];
+        let args =
+            [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(out.clone())];
         let refs: Vec<&Value> = args.iter().collect();
         call_kernel(&k.name, &k.f, &refs)?;
         Ok(())
@@ -444,7 +449,8 @@ impl RnnState {
         let (slots, history) = self.round("Set")?;
         let storage = self.storage("vm.builtin.rnn_state_set", layer_id, state_id)?;
         let k = &self.sets[state_id as usize];
-        let args = [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(data.clone())];
+        let args =
+            [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(data.clone())];
         let refs: Vec<&Value> = args.iter().collect();
         call_kernel(&k.name, &k.f, &refs)?;
         Ok(())
@@ -466,7 +472,7 @@ impl RnnState {
 
 /// TVM's `GetFreeSlot`.
 fn free_slot(t: &mut Table) -> Result<i64, RnnStateError> {
-    t.free_slots
-        .pop()
-        .ok_or_else(|| RnnStateError::unless("!free_slot_ids_.empty()", "The Sequence slot is full, cannot accept new sequence."))
+    t.free_slots.pop().ok_or_else(|| {
+        RnnStateError::unless("!free_slot_ids_.empty()", "The Sequence slot is full, cannot accept new sequence.")
+    })
 }

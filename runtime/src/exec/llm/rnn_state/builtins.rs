@@ -112,7 +112,7 @@ fn begin_forward(s: &RnnState, name: &str, args: &[&Value]) -> Result<Value, VmE
                     detail: format!(
                         "{} parent pointers for {} appended tokens",
                         parents.len(),
-                        lengths.iter().sum::<i64>()
+                        lengths.iter().fold(0i64, |a, &l| a.saturating_add(l))
                     ),
                 })?;
                 if parent != i - 1 {
@@ -194,6 +194,12 @@ fn create(vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usize) -> Re
             "The number of states per layer should be greater than 0.",
         )
         .into());
+    }
+    // The kernels index the storages with int32 slot ids.
+    for (index, v, what) in [(1, reserved, "sequence slots"), (2, max_history, "history slots")] {
+        if v > i64::from(i32::MAX) {
+            return Err(arg(index, format!("{v} {what}: the state's kernels take int32 slot ids")).into());
+        }
     }
     let device = init[0].device();
     if init.iter().any(|t| t.device() != device) {

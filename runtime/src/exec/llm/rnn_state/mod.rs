@@ -67,9 +67,11 @@ pub struct Sequence {
 #[derive(Debug)]
 struct Table {
     seqs: HashMap<i64, Sequence>,
-    /// Free slots, the next one taken from the end (TVM fills it from the last slot down, so
-    /// that slot 0 goes first).
-    free_slots: Vec<i64>,
+    /// Slots given back (by removed sequences), the last one taken first; then the slots never
+    /// used, from `next_unused` up: TVM's free list, which starts as every slot from the last
+    /// down (slot 0 taken first) and takes and returns slots at its end.
+    released: Vec<i64>,
+    next_unused: i64,
     cur_seq_ids: Vec<i64>,
     cur_append_lengths: Vec<i64>,
     /// Whether the device's slot arrays are behind the table (TVM's `dirty_aux_data_device_`).
@@ -155,7 +157,8 @@ impl RnnState {
         let history_slot_ids = NdArray::empty(&[reserved_num_seqs], DataType::I32, device)?;
         let table = Table {
             seqs: HashMap::new(),
-            free_slots: (0..reserved_num_seqs).rev().collect(),
+            released: Vec::new(),
+            next_unused: 0,
             cur_seq_ids: Vec::new(),
             cur_append_lengths: Vec::new(),
             dirty: false,
@@ -209,7 +212,8 @@ impl RnnState {
     pub fn clear(&self) {
         let mut t = self.lock();
         t.seqs.clear();
-        t.free_slots = (0..self.reserved_num_seqs).rev().collect();
+        t.released.clear();
+        t.next_unused = 0;
         t.dirty = false;
     }
 
@@ -229,7 +233,7 @@ impl RnnState {
             )
             .into());
         }
-        let slot = free_slot(&mut t)?;
+        let slot = free_slot(&mut t, self.reserved_num_seqs)?;
         t.seqs.insert(
             seq_id,
             Sequence { seq_length: 0, available_history_num: 0, history_slot_id: 0, seq_slot_id: slot },
@@ -249,7 +253,7 @@ impl RnnState {
     pub fn remove_sequence(&self, seq_id: i64) -> Result<(), VmError> {
         let mut t = self.lock();
         let seq = t.seqs.remove(&seq_id).ok_or_else(|| RnnStateError::unknown(seq_id, "in the space state storage"))?;
-        t.free_slots.push(seq.seq_slot_id);
+        t.released.push(seq.seq_slot_id);
         t.dirty = true;
         Ok(())
     }
@@ -271,7 +275,7 @@ impl RnnState {
             )
             .into());
         }
-        let slot = free_slot(&mut t)?;
+        let slot = free_slot(&mut t, self.reserved_num_seqs)?;
         t.seqs.insert(child_id, Sequence { seq_slot_id: slot, ..parent });
         for layer in &self.storages {
             for (sid, storage) in layer.iter().enumerate() {
@@ -382,7 +386,8 @@ impl RnnState {
         let round: Vec<(i64, i64)> = t.cur_seq_ids.iter().copied().zip(t.cur_append_lengths.iter().copied()).collect();
         for (id, length) in round {
             let seq = t.seqs.get_mut(&id).ok_or_else(|| RnnStateError::unknown(id, "in the space state storage"))?;
-            seq.seq_length += length;
+            // As TVM's int64 arithmetic, without a panic on absurd lengths.
+            seq.seq_length = seq.seq_length.wrapping_add(length);
             seq.available_history_num =
                 if length > 1 { 0 } else { (seq.available_history_num + 1).min(max_history - 1) };
             seq.history_slot_id = (seq.history_slot_id + 1) % max_history;
@@ -470,9 +475,54 @@ impl RnnState {
     }
 }
 
-/// TVM's `GetFreeSlot`.
-fn free_slot(t: &mut Table) -> Result<i64, RnnStateError> {
-    t.free_slots.pop().ok_or_else(|| {
-        RnnStateError::unless("!free_slot_ids_.empty()", "The Sequence slot is full, cannot accept new sequence.")
-    })
+/// TVM's `GetFreeSlot`, of `reserved` slots.
+fn free_slot(t: &mut Table, reserved: i64) -> Result<i64, RnnStateError> {
+    if let Some(slot) = t.released.pop() {
+        return Ok(slot);
+    }
+    if t.next_unused < reserved {
+        t.next_unused += 1;
+        return Ok(t.next_unused - 1);
+    }
+    Err(RnnStateError::unless("!free_slot_ids_.empty()", "The Sequence slot is full, cannot accept new sequence."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slots `free_slot` hands out are those of TVM's free list (a vector filled with every
+    /// slot from the last down, taken from and returned to its end), over a run of adds and
+    /// removes.
+    #[test]
+    fn slots_come_in_the_order_of_tvms_free_list() {
+        let reserved = 5;
+        let mut tvm: Vec<i64> = (0..reserved).rev().collect();
+        let mut t = Table {
+            seqs: HashMap::new(),
+            released: Vec::new(),
+            next_unused: 0,
+            cur_seq_ids: Vec::new(),
+            cur_append_lengths: Vec::new(),
+            dirty: false,
+            views: None,
+        };
+        let mut held: Vec<i64> = Vec::new();
+        // Take 3, give back the 2nd and 1st, take 4 (2 reused, 2 new), give back all but one,
+        // take until full and one more.
+        let script: &[i64] = &[1, 1, 1, -2, -1, 1, 1, 1, 1, -1, -2, -3, -4, 1, 1, 1, 1, 1];
+        for &op in script {
+            if op > 0 {
+                let want = tvm.pop();
+                let got = free_slot(&mut t, reserved).ok();
+                assert_eq!(got, want);
+                held.extend(got);
+            } else {
+                let slot = held.remove((-op - 1) as usize % held.len());
+                tvm.push(slot);
+                t.released.push(slot);
+            }
+        }
+        assert!(free_slot(&mut t, reserved).is_err());
+    }
 }

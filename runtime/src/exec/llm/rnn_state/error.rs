@@ -11,9 +11,6 @@ pub enum RnnStateError {
     /// `Check failed: a <= b (x vs. y) : text` for a comparison).
     #[error("InternalError: {0}")]
     Check(String),
-    /// What mblob's RNN state does not implement (a state on another device than the VM's).
-    #[error("not supported by mblob's RNN state: {0}")]
-    Unsupported(String),
     /// An argument of an RNN state builtin of the wrong kind or out of range.
     #[error("argument {index} of `{builtin}`: {detail}")]
     Arg {

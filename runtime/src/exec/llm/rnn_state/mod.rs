@@ -64,7 +64,7 @@ pub struct Sequence {
 }
 
 /// What changes: the sequences, the free slots and the current round.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Table {
     seqs: HashMap<i64, Sequence>,
     /// Slots given back (by removed sequences), the last one taken first; then the slots never
@@ -155,15 +155,7 @@ impl RnnState {
         }
         let seq_slot_ids = NdArray::empty(&[reserved_num_seqs], DataType::I32, device)?;
         let history_slot_ids = NdArray::empty(&[reserved_num_seqs], DataType::I32, device)?;
-        let table = Table {
-            seqs: HashMap::new(),
-            released: Vec::new(),
-            next_unused: 0,
-            cur_seq_ids: Vec::new(),
-            cur_append_lengths: Vec::new(),
-            dirty: false,
-            views: None,
-        };
+        let table = Table::default();
         Ok(RnnState {
             num_layers,
             reserved_num_seqs,
@@ -223,28 +215,31 @@ impl RnnState {
         (step, step * self.max_history as usize)
     }
 
+    /// `f(storage, initial value, bytes of a sequence's slot)` for every state of every layer.
+    fn each_storage(
+        &self,
+        mut f: impl FnMut(&NdArray, &NdArray, usize) -> Result<(), crate::device::DeviceError>,
+    ) -> Result<(), VmError> {
+        for layer in &self.storages {
+            for (sid, storage) in layer.iter().enumerate() {
+                f(storage, &self.init[sid], self.sizes(sid).1)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Adds a sequence, its state the initial values at history slot 0.
     pub fn add_sequence(&self, seq_id: i64) -> Result<(), VmError> {
         let mut t = self.lock();
-        if t.seqs.contains_key(&seq_id) {
-            return Err(RnnStateError::unless(
-                "seq_map_.find(seq_id) == seq_map_.end()",
-                format!("The sequence \"{seq_id}\" is already in the space state storage."),
-            )
-            .into());
-        }
+        absent(&t, seq_id, "seq_id", "sequence")?;
         let slot = free_slot(&mut t, self.reserved_num_seqs)?;
         t.seqs.insert(
             seq_id,
             Sequence { seq_length: 0, available_history_num: 0, history_slot_id: 0, seq_slot_id: slot },
         );
-        for layer in &self.storages {
-            for (sid, storage) in layer.iter().enumerate() {
-                let (_, per_seq) = self.sizes(sid);
-                let init = &self.init[sid];
-                init.storage().copy_to(0, storage.storage(), slot as usize * per_seq, init.nbytes())?;
-            }
-        }
+        self.each_storage(|storage, init, per_seq| {
+            init.storage().copy_to(0, storage.storage(), slot as usize * per_seq, init.nbytes())
+        })?;
         t.dirty = true;
         Ok(())
     }
@@ -268,22 +263,14 @@ impl RnnState {
                 format!("The parent sequence \"{parent_id}\" cannot be found in space state storage."),
             )
         })?;
-        if t.seqs.contains_key(&child_id) {
-            return Err(RnnStateError::unless(
-                "seq_map_.find(child_seq_id) == seq_map_.end()",
-                format!("The child sequence \"{child_id}\" is already in the space state storage."),
-            )
-            .into());
-        }
+        absent(&t, child_id, "child_seq_id", "child sequence")?;
         let slot = free_slot(&mut t, self.reserved_num_seqs)?;
         t.seqs.insert(child_id, Sequence { seq_slot_id: slot, ..parent });
-        for layer in &self.storages {
-            for (sid, storage) in layer.iter().enumerate() {
-                let (_, per_seq) = self.sizes(sid);
-                let s = storage.storage();
-                s.copy_to(parent.seq_slot_id as usize * per_seq, s, slot as usize * per_seq, per_seq)?;
-            }
-        }
+        let from = parent.seq_slot_id as usize;
+        self.each_storage(|storage, _, per_seq| {
+            let s = storage.storage();
+            s.copy_to(from * per_seq, s, slot as usize * per_seq, per_seq)
+        })?;
         t.dirty = true;
         Ok(())
     }
@@ -438,24 +425,32 @@ impl RnnState {
     /// `rnn_state_get`: the current states `state_id` of layer `layer_id` of the round's
     /// sequences into `out` (`[batch, *shape]`), by the library's get kernel.
     pub fn get(&self, layer_id: i64, state_id: i64, out: &NdArray) -> Result<(), VmError> {
-        let (slots, history) = self.round("Get")?;
-        let storage = self.storage("vm.builtin.rnn_state_get", layer_id, state_id)?;
-        let k = &self.gets[state_id as usize];
-        let args =
-            [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(out.clone())];
-        let refs: Vec<&Value> = args.iter().collect();
-        call_kernel(&k.name, &k.f, &refs)?;
-        Ok(())
+        self.access("Get", layer_id, state_id, out)
     }
 
     /// `rnn_state_set`: the new states `state_id` of layer `layer_id` of the round's sequences
     /// (`data`, `[batch, *shape]`) into their next history slots, by the library's set kernel.
     pub fn set(&self, layer_id: i64, state_id: i64, data: &NdArray) -> Result<(), VmError> {
-        let (slots, history) = self.round("Set")?;
-        let storage = self.storage("vm.builtin.rnn_state_set", layer_id, state_id)?;
-        let k = &self.sets[state_id as usize];
-        let args =
-            [Value::Tensor(storage.clone()), Value::Tensor(slots), Value::Tensor(history), Value::Tensor(data.clone())];
+        self.access("Set", layer_id, state_id, data)
+    }
+
+    /// `Get` or `Set`: the library's kernel of the state over its storage, the round's slot
+    /// arrays and `tensor`.
+    fn access(&self, what: &str, layer_id: i64, state_id: i64, tensor: &NdArray) -> Result<(), VmError> {
+        let (slots, history) = self.round(what)?;
+        let (builtin, kernels) = if what == "Get" {
+            ("vm.builtin.rnn_state_get", &self.gets)
+        } else {
+            ("vm.builtin.rnn_state_set", &self.sets)
+        };
+        let storage = self.storage(builtin, layer_id, state_id)?;
+        let k = &kernels[state_id as usize];
+        let args = [
+            Value::Tensor(storage.clone()),
+            Value::Tensor(slots),
+            Value::Tensor(history),
+            Value::Tensor(tensor.clone()),
+        ];
         let refs: Vec<&Value> = args.iter().collect();
         call_kernel(&k.name, &k.f, &refs)?;
         Ok(())
@@ -473,6 +468,18 @@ impl RnnState {
         storage.storage().copy_to(from, out.storage(), 0, step)?;
         Ok(out)
     }
+}
+
+/// TVM's check that the state does not hold `seq_id` yet (`var`: its name in TVM's check,
+/// `what`: in its message).
+fn absent(t: &Table, seq_id: i64, var: &str, what: &str) -> Result<(), RnnStateError> {
+    if t.seqs.contains_key(&seq_id) {
+        return Err(RnnStateError::unless(
+            &format!("seq_map_.find({var}) == seq_map_.end()"),
+            format!("The {what} \"{seq_id}\" is already in the space state storage."),
+        ));
+    }
+    Ok(())
 }
 
 /// TVM's `GetFreeSlot`, of `reserved` slots.
@@ -498,15 +505,7 @@ mod tests {
     fn slots_come_in_the_order_of_tvms_free_list() {
         let reserved = 5;
         let mut tvm: Vec<i64> = (0..reserved).rev().collect();
-        let mut t = Table {
-            seqs: HashMap::new(),
-            released: Vec::new(),
-            next_unused: 0,
-            cur_seq_ids: Vec::new(),
-            cur_append_lengths: Vec::new(),
-            dirty: false,
-            views: None,
-        };
+        let mut t = Table::default();
         let mut held: Vec<i64> = Vec::new();
         // Take 3, give back the 2nd and 1st, take 4 (2 reused, 2 new), give back all but one,
         // take until full and one more.

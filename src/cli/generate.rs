@@ -102,7 +102,8 @@ The model's functions are MLC-LLM's: `embed(input_ids[, packed_params])`, `prefi
 kv_cache[, packed_params])`, `decode(embedding, kv_cache[, packed_params])`,
 `create_tir_paged_kv_cache(max_batch_size, max_total_seq_len, prefill_chunk_size, page_size,
 support_sliding_window)` and `_metadata()` (its JSON gives the weight names, the context window
-and the prefill chunk size). The prompt is run in chunks of at most prefill_chunk_size tokens;
+and the prefill chunk size). A model whose `kv_state_kind` is `rnn_state` (RWKV) has
+`create_rnn_state(max_batch_size, max_history)` instead, and its state goes where the cache goes. The prompt is run in chunks of at most prefill_chunk_size tokens;
 each new token is the one of largest logit (greedy). The last line of the output is the new
 token ids, comma-separated (one line per prompt for several, in order). With --temperature
 above 0 each token is drawn with TVM's sampling builtin from MLC-LLM's seeded draws. A model with a sliding window (`sliding_window_size` in its

@@ -169,20 +169,9 @@ fn generate_with(name: &str, args: &[String]) -> (Vec<String>, (Vec<u64>, Vec<f3
 /// every sequence (`reference.py`'s `batch`), greedy and sampled with TVM's
 /// `sample_top_p_from_logits` and MLC-LLM's seeded draws.
 fn batch_as_tvm(name: &str) {
+    let (prompts, n) = batch_greedy_as_tvm(name);
     let r = reference(name);
-    let b = &r["batch"];
-    let prompts: Vec<String> = b["prompts"].as_array().unwrap().iter().map(|p| ids(p).join(",")).collect();
-    let n = b["max_new_tokens"].as_u64().unwrap().to_string();
-    let want_tokens: Vec<String> = b["tokens"].as_array().unwrap().iter().map(|t| ids(t).join(",")).collect();
-    let (ref_shape, want) = f32s(&fixture(name).join(b["logits"].as_str().unwrap()));
-    let mut args: Vec<String> = prompts.iter().flat_map(|p| ["--prompt-ids".to_owned(), p.clone()]).collect();
-    args.extend(["--max-new-tokens".to_owned(), n.clone()]);
-    let (lines, (shape, got)) = generate_with(name, &args);
-    assert_eq!(lines[lines.len() - 3..], want_tokens[..], "{name}: TVM's greedy tokens of the batch");
-    assert_eq!(shape, ref_shape, "{name}: batch logits shape");
-    logits_close(name, "batch", &got, &want, ref_shape[2] as usize);
-
-    let s = &b["sampled"];
+    let s = &r["batch"]["sampled"];
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("prompts.txt");
     let text: String = prompts.iter().map(|p| format!("{}\n", p.replace(',', " "))).collect();
@@ -202,6 +191,24 @@ fn batch_as_tvm(name: &str) {
     let (lines, _) = generate_with(name, &args);
     let want: Vec<String> = s["tokens"].as_array().unwrap().iter().map(|t| ids(t).join(",")).collect();
     assert_eq!(lines[lines.len() - 3..], want[..], "{name}: TVM's sampled tokens of the batch");
+}
+
+/// The greedy half of [`batch_as_tvm`]: the three prompts given as `--prompt-ids` each, TVM's
+/// tokens and logits of every sequence. The prompts (comma-separated) and the new tokens.
+fn batch_greedy_as_tvm(name: &str) -> (Vec<String>, String) {
+    let r = reference(name);
+    let b = &r["batch"];
+    let prompts: Vec<String> = b["prompts"].as_array().unwrap().iter().map(|p| ids(p).join(",")).collect();
+    let n = b["max_new_tokens"].as_u64().unwrap().to_string();
+    let want_tokens: Vec<String> = b["tokens"].as_array().unwrap().iter().map(|t| ids(t).join(",")).collect();
+    let (ref_shape, want) = f32s(&fixture(name).join(b["logits"].as_str().unwrap()));
+    let mut args: Vec<String> = prompts.iter().flat_map(|p| ["--prompt-ids".to_owned(), p.clone()]).collect();
+    args.extend(["--max-new-tokens".to_owned(), n.clone()]);
+    let (lines, (shape, got)) = generate_with(name, &args);
+    assert_eq!(lines[lines.len() - 3..], want_tokens[..], "{name}: TVM's greedy tokens of the batch");
+    assert_eq!(shape, ref_shape, "{name}: batch logits shape");
+    logits_close(name, "batch", &got, &want, ref_shape[2] as usize);
+    (prompts, n)
 }
 
 /// One prompt sampled (`--temperature`, `--top-p`, `--seed`): TVM's tokens drawn by its
@@ -248,6 +255,20 @@ fn qwen2_q0f32_sampling_gives_tvms_tokens() {
 #[test]
 fn mistral_sampling_gives_tvms_tokens() {
     sampled_as_tvm("mistral-q0f32");
+}
+
+#[test]
+fn rwkv6_rnn_state_gives_tvms_tokens_and_logits() {
+    // `kv_state_kind` `rnn_state`: TVM's RNN state from `create_rnn_state`, no KV cache, no
+    // context window (-1).
+    runs_as_tvm("rwkv6-q0f32");
+}
+
+#[test]
+fn rwkv6_batch_gives_tvms_tokens_and_logits() {
+    // Each prompt prefilled alone (`prefill`), then `batch_decode` of the three, as
+    // reference_rnn.py ran TVM: RWKV-6's `batch_prefill` takes one sequence only.
+    batch_greedy_as_tvm("rwkv6-q0f32");
 }
 
 #[test]

@@ -43,6 +43,8 @@ mod logits;
 mod metadata;
 mod nometa;
 mod probe;
+mod rnn;
+mod state;
 mod turns;
 
 use std::path::Path;
@@ -63,6 +65,7 @@ use logits::{kind, last_row, logits_of, vm_kind};
 use metadata::vocab_size;
 pub use metadata::{ModelMetadata, ParamDim, ParamInfo};
 pub use nometa::ModelSettings;
+pub use state::{StateKind, RNN_MAX_HISTORY};
 
 /// The sequence id [`LanguageModel::generate`] uses in the KV cache.
 pub const SEQUENCE_ID: i64 = 0;
@@ -155,7 +158,6 @@ impl LanguageModel {
         let embed = param_count("embed", "turns token ids into embeddings")?;
         param_count("prefill", "runs the prompt")?;
         param_count("decode", "runs one new token")?;
-        param_count("create_tir_paged_kv_cache", "creates the KV cache (a TIR paged KV cache)")?;
         // A library without `_metadata` (the model functions alone): the options give what it
         // would (`nometa`).
         let has_metadata = functions.iter().any(|f| f.name == "_metadata");
@@ -179,6 +181,10 @@ impl LanguageModel {
             })?
         };
         metadata.check_supported()?;
+        if let Some(kind) = StateKind::of(metadata.kv_state_kind.as_deref()) {
+            let (name, why) = kind.creator();
+            param_count(name, why)?;
+        }
         let packed = match embed {
             1 => false,
             2 => true,
@@ -237,6 +243,11 @@ impl LanguageModel {
     /// TVM adds one page to `ceil(max_total_seq_len / page_size)`, and two per sequence with a
     /// sliding window.
     fn tokens_in_budget(&mut self, budget: u64) -> Result<i64, GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            return Err(GenerateError::Request(format!(
+                "a KV cache budget ({budget} bytes) was given, but the model keeps an RNN state, not a KV cache"
+            )));
+        }
         let page = self.options.page_size;
         self.options.max_total_seq_len = Some(page);
         let probe = self.new_cache()?;
@@ -300,8 +311,12 @@ impl LanguageModel {
         self.options.prefill_chunk_size.unwrap_or(self.metadata.prefill_chunk_size).max(1)
     }
 
-    /// A new KV cache (`create_tir_paged_kv_cache`), with one empty sequence.
+    /// A new KV cache (`create_tir_paged_kv_cache`), or RNN state for an `rnn_state` model, with
+    /// one empty sequence.
     fn new_cache(&mut self) -> Result<ObjectRef, GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            return self.new_rnn_state();
+        }
         let _span = tracing::debug_span!("lm_create_kv_cache").entered();
         let shape = |v: i64| ExecValue::Shape([v].into());
         let sliding = i64::from(self.metadata.sliding_window_size > 0);
@@ -415,6 +430,10 @@ impl LanguageModel {
         prompt_lengths: impl IntoIterator<Item = usize>,
         max_new_tokens: usize,
     ) -> Result<(), GenerateError> {
+        if self.state_kind() == StateKind::Rnn {
+            // An RNN state holds a fixed state per sequence, however long it runs.
+            return Ok(());
+        }
         if self.max_total_seq_len() <= 0 {
             return Err(GenerateError::Request(format!(
                 "the model's context window is {} (a sliding-window model): give the KV cache's size \

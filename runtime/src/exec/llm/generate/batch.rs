@@ -12,6 +12,9 @@
 //! that round's row. Then every decode step runs the whole batch:
 //! `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
 //!
+//! An RNN model (`rnn_state`) prefills each prompt alone instead, through `prefill` (see
+//! `state.rs`).
+//!
 //! **Sampling** ([`Sampling`](crate::exec::llm::lm::sampler::Sampling)): sequence `i` of a
 //! batch is seeded `seed + i`.
 //!
@@ -21,6 +24,7 @@
 use std::time::Instant;
 
 use super::logits::{logits_of, pick};
+use super::state::StateKind;
 use super::{GenerateError, Generation, LanguageModel, Sampling};
 use crate::array::NdArray;
 use crate::exec::llm::lm::sampler::Sampler;
@@ -58,6 +62,22 @@ pub(crate) fn prefill_rounds(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>>
             }
         }
         rounds.push(round);
+    }
+    rounds
+}
+
+/// The prefill rounds of an RNN model's batch: each prompt alone, in chunks of at most
+/// `chunk` tokens.
+pub fn rounds_one_by_one(lengths: &[usize], chunk: usize) -> Vec<Vec<Entry>> {
+    let chunk = chunk.max(1);
+    let mut rounds = Vec::new();
+    for (seq, &l) in lengths.iter().enumerate() {
+        let mut start = 0;
+        while start < l {
+            let len = chunk.min(l - start);
+            rounds.push(vec![Entry { seq, start, len }]);
+            start += len;
+        }
     }
     rounds
 }
@@ -195,7 +215,10 @@ impl LanguageModel {
             (0..inputs.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
         let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
         let start = Instant::now();
-        for round in prefill_rounds(&lengths, self.prefill_chunk_size() as usize) {
+        let rnn = self.state_kind() == StateKind::Rnn;
+        let chunk = self.prefill_chunk_size() as usize;
+        let rounds = if rnn { rounds_one_by_one(&lengths, chunk) } else { prefill_rounds(&lengths, chunk) };
+        for round in rounds {
             let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
             let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();
             let ids: Vec<i32> =
@@ -211,8 +234,12 @@ impl LanguageModel {
                 .map_err(VmError::from)?;
             let n = ids.len() as i64;
             let positions = Value::Tensor(positions);
-            let function = self.turns.prefill_function(&seqs, true)?;
-            let rows = self.batch_round(&cache, function, &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?;
+            let function = self.turns.prefill_function(&seqs, !rnn)?;
+            let rows = if rnn {
+                self.batch_round(&cache, function, &seqs, &lens, &ids, None, |h| vec![1, n, h])?
+            } else {
+                self.batch_round(&cache, function, &seqs, &lens, &ids, Some(&positions), |h| vec![1, n, h])?
+            };
             for (e, row) in round.iter().zip(rows) {
                 if e.start + e.len == lengths[e.seq] {
                     let token = pick(&mut samplers[e.seq], function, &row)?;
@@ -256,6 +283,15 @@ mod tests {
         assert_eq!(
             prefill_rounds(&[21, 9, 14], 16),
             vec![vec![e(0, 0, 16)], vec![e(0, 16, 5), e(1, 0, 9), e(2, 0, 2)], vec![e(2, 2, 12)]]
+        );
+    }
+
+    #[test]
+    fn an_rnn_batch_prefills_each_prompt_alone() {
+        let e = |seq, start, len| Entry { seq, start, len };
+        assert_eq!(
+            rounds_one_by_one(&[21, 9, 14], 16),
+            vec![vec![e(0, 0, 16)], vec![e(0, 16, 5)], vec![e(1, 0, 9)], vec![e(2, 0, 14)]]
         );
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use super::state::StateKind;
 use super::GenerateError;
 use crate::exec::value::Value as ExecValue;
 
@@ -25,7 +26,8 @@ pub struct ModelMetadata {
     /// The attention sinks a sequence keeps in front of its sliding window.
     #[serde(default)]
     pub attention_sink_size: i64,
-    /// `kv_cache` for a paged KV cache (`rnn_state` models are not supported).
+    /// `kv_cache` for a paged KV cache, `rnn_state` for TVM's RNN state (RWKV); `hybrid` (both,
+    /// Qwen3.5) is not supported.
     #[serde(default)]
     pub kv_state_kind: Option<String>,
     /// The model's architecture (`llama`, ...).
@@ -48,12 +50,16 @@ pub struct ModelMetadata {
 }
 
 impl ModelMetadata {
-    /// Refuses what mblob does not run, naming it: an RNN state or a hybrid KV state,
+    /// Refuses what mblob does not run, naming it: a hybrid KV state (or another unknown kind),
     /// disaggregation, several tensor-parallel shards or pipeline stages (Disco).
     pub fn check_supported(&self) -> Result<(), GenerateError> {
         let refuse = |detail: String| Err(GenerateError::Metadata { detail });
-        if let Some(k) = self.kv_state_kind.as_deref().filter(|k| *k != "kv_cache") {
-            return refuse(format!("its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`) only"));
+        if let Some(k) = self.kv_state_kind.as_deref().filter(|k| StateKind::of(Some(k)).is_none()) {
+            let what = if k == "hybrid" { " (a paged KV cache and an RNN state together, as Qwen3.5's)" } else { "" };
+            return refuse(format!(
+                "its KV state is `{k}`{what}; mblob generates with a paged KV cache (`kv_cache`) or an RNN state \
+                 (`rnn_state`)"
+            ));
         }
         if self.disaggregation {
             return refuse("it is built for disaggregation (KV transfer between prefill and decode engines), which mblob does not run".into());
@@ -155,11 +161,12 @@ mod tests {
         let meta = |extra: &str| -> ModelMetadata { serde_json::from_str(&format!("{{{base}, {extra}}}")).unwrap() };
         let ok = r#""tensor_parallel_shards": 1, "pipeline_parallel_stages": 1, "disaggregation": false, "kv_state_kind": "kv_cache""#;
         assert!(meta(ok).check_supported().is_ok());
+        assert!(meta(r#""kv_state_kind": "rnn_state""#).check_supported().is_ok());
         for (extra, word) in [
             (r#""disaggregation": true"#, "disaggregation"),
             (r#""tensor_parallel_shards": 2"#, "Disco"),
             (r#""pipeline_parallel_stages": 2"#, "Disco"),
-            (r#""kv_state_kind": "rnn_state""#, "rnn_state"),
+            (r#""kv_state_kind": "hybrid""#, "a paged KV cache and an RNN state together"),
             (r#""kv_state_kind": "none""#, "`none`"),
         ] {
             let e = meta(extra).check_supported().unwrap_err().to_string();

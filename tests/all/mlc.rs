@@ -345,3 +345,26 @@ fn mistral_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
         runs_as_tvm_on("mistral-q0f32-opencl", "mistral-q0f32", "opencl");
     }
 }
+
+#[test]
+fn a_prefill_chunk_larger_than_the_embedding_workspace_is_refused() {
+    // The library's `alloc_embedding_tensor` (MLC-LLM's `AttachAllocEmbeddingTensorFunc`) gives
+    // `[prefill_chunk_size, hidden]` = [16, 256]; MLC-LLM's engine requires at least as many
+    // rows as its prefill chunk, and so does mblob, before anything runs.
+    let name = "qwen2-q0f32";
+    let dir = fixture(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("generate")
+        .arg(dir.join("lib.so"))
+        .arg("--weights")
+        .arg(&dir)
+        .args(["--prompt-ids", "1,2,3", "--prefill-chunk-size", "32"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("alloc_embedding_tensor") && stderr.contains("16 rows") && stderr.contains("32 tokens"),
+        "{stderr}"
+    );
+}

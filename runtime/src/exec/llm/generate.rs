@@ -32,6 +32,7 @@
 //! ```
 
 mod batch;
+mod embedding;
 mod error;
 mod logits;
 mod metadata;
@@ -107,6 +108,8 @@ pub struct LanguageModel {
     cache: Option<ExecValue>,
     /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
     vocab: Option<i64>,
+    /// `alloc_embedding_tensor`'s workspace, when the library has the function.
+    embedding: Option<embedding::Workspace>,
 }
 
 impl LanguageModel {
@@ -186,7 +189,17 @@ impl LanguageModel {
         let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
-        let mut lm = LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab };
+        let mut lm = LanguageModel {
+            vm,
+            metadata,
+            params,
+            packed,
+            options: options.clone(),
+            cache: None,
+            vocab,
+            embedding: None,
+        };
+        lm.embedding = embedding::Workspace::alloc(&lm.vm, lm.prefill_chunk_size())?;
         if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
             lm.options.max_total_seq_len = Some(lm.tokens_in_budget(budget)?);
         }
@@ -236,6 +249,13 @@ impl LanguageModel {
             Some((position, id)) => Err(GenerateError::TokenId { id, position, vocab: self.vocab }),
             None => Ok(()),
         }
+    }
+
+    /// The hidden size, as MLC-LLM's engine learns it: from the tensor of the library's
+    /// `alloc_embedding_tensor` (allocated once, with the model); `None` when the library has
+    /// no such function.
+    pub fn hidden_size(&self) -> Option<i64> {
+        self.embedding.as_ref().map(embedding::Workspace::hidden)
     }
 
     /// The model's metadata.

@@ -8,7 +8,7 @@
 #![cfg(all(feature = "llm", feature = "opencl"))]
 
 use mblob_runtime::device::Device;
-use mblob_runtime::device::{device_api, TransferStats};
+use mblob_runtime::device::TransferStats;
 use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 
 #[path = "support/llm_fixture.rs"]
@@ -21,19 +21,9 @@ const PAGE: u64 = 16;
 /// One test at a time counts the device's copies.
 static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// OpenCL device 0's API, or `None` (after saying so) when there is none.
-fn opencl_api() -> Option<std::sync::Arc<dyn mblob_runtime::device::DeviceApi>> {
-    match device_api(Device::opencl(0)) {
-        Ok(api) => Some(api),
-        Err(e) => {
-            if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() {
-                panic!("MBLOB_REQUIRE_OPENCL is set but no OpenCL device opens: {e}");
-            }
-            eprintln!("skipped: no OpenCL device ({e})");
-            None
-        }
-    }
-}
+#[path = "support/opencl_device.rs"]
+mod opencl_device;
+use opencl_device::opencl_api;
 
 /// The bytes of the int32 arrays the paged KV cache copies to the device at the start of a
 /// round (`kv_state_begin_forward`, as TVM's aux data manager copies them) for one sequence

@@ -368,3 +368,49 @@ fn a_prefill_chunk_larger_than_the_embedding_workspace_is_refused() {
         "{stderr}"
     );
 }
+
+#[cfg(feature = "opencl")]
+#[test]
+fn an_opencl_program_cache_written_by_one_run_loads_in_the_next() {
+    // `--opencl-program-cache`: the first process builds every kernel from its OpenCL C and
+    // writes the programs as TVM's `opencl.GetPreCompiledPrograms` lays them out; the second
+    // loads them (`SetPreCompiledPrograms`). Both give TVM's tokens.
+    if !opencl_or_skip() {
+        return;
+    }
+    let name = "qwen2-q0f32";
+    let r = reference(name);
+    let g = &r["generate"];
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("qwen2.programs");
+    let run = |prompt: &str, new_tokens: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mblob"))
+            .arg("generate")
+            .arg(fixture("qwen2-q0f32-opencl").join("lib.so"))
+            .args(["--device", "opencl", "--weights"])
+            .arg(fixture(name))
+            .args(["--prompt-ids", prompt, "--max-new-tokens", new_tokens, "--opencl-program-cache"])
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+    let tokens = || {
+        let out = run(&ids(&g["prompt"]).join(","), &g["tokens"].as_array().unwrap().len().to_string());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+    };
+    assert_eq!(tokens(), ids(&g["tokens"]).join(","), "TVM's tokens, the programs built from the source");
+    let bytes = std::fs::read(&cache).unwrap();
+    // TVM's layout: a u64 count, then per kernel a u64-prefixed name and a u64-prefixed binary.
+    let count = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let name_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    assert!(count > 1 && std::str::from_utf8(&bytes[16..16 + name_len]).is_ok(), "{count} programs");
+    assert_eq!(tokens(), ids(&g["tokens"]).join(","), "TVM's tokens, the programs loaded from the cache");
+    assert_eq!(std::fs::read(&cache).unwrap(), bytes, "the second run reads the cache, it does not write it");
+    // A damaged cache is refused, naming the file.
+    std::fs::write(&cache, &bytes[..bytes.len() / 2]).unwrap();
+    let out = run("1,2,3", "1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("qwen2.programs") && stderr.contains("cut short"), "{stderr}");
+}

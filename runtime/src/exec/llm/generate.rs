@@ -36,6 +36,7 @@ mod embedding;
 mod error;
 mod logits;
 mod metadata;
+mod program_cache;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -73,11 +74,22 @@ pub struct GenerateOptions {
     /// whole pages of the model's layers, heads and dtype fit (see
     /// [`LanguageModel::new`]).
     pub kv_cache_bytes: Option<u64>,
+    /// On OpenCL, a file of the kernels' program binaries in TVM's layout
+    /// (`opencl.GetPreCompiledPrograms`): loaded when it exists (`SetPreCompiledPrograms`),
+    /// else written after the programs are built, as MLC-LLM's engine gets and sets them
+    /// before it loads the VM.
+    pub opencl_program_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> GenerateOptions {
-        GenerateOptions { page_size: 16, max_total_seq_len: None, prefill_chunk_size: None, kv_cache_bytes: None }
+        GenerateOptions {
+            page_size: 16,
+            max_total_seq_len: None,
+            prefill_chunk_size: None,
+            kv_cache_bytes: None,
+            opencl_program_cache: None,
+        }
     }
 }
 
@@ -125,6 +137,9 @@ impl LanguageModel {
         options: &GenerateOptions,
     ) -> Result<LanguageModel, GenerateError> {
         let _span = tracing::debug_span!("lm_new", %device).entered();
+        if let Some(path) = &options.opencl_program_cache {
+            program_cache::use_program_cache(tree, device, path)?;
+        }
         let vm = VirtualMachine::new(tree, device)?;
         let functions = vm.functions();
         let available = || functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");

@@ -14,7 +14,7 @@
 //!
 //! [`parse`] reads it without trusting it (every length is checked against the bytes left;
 //! nothing is allocated from a length; bytes after the last entry, which TVM ignores, are
-//! refused as a sign of a damaged file); [`write`] writes it. No OpenCL is needed here: the
+//! refused as a sign of a damaged file); [`write()`] writes it. No OpenCL is needed here: the
 //! OpenCL module (feature `opencl`) builds and reads the programs.
 
 /// TVM's name of the function of an OpenCL module that returns its program cache.

@@ -46,7 +46,8 @@ pub enum GenerateError {
     /// The prompt is empty, or the prompt and the new tokens do not fit the context window.
     #[error("{0}")]
     Request(String),
-    /// The OpenCL program cache ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache))
+    /// The OpenCL program cache
+    /// ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache))
     /// cannot be read, written or loaded.
     #[error("OpenCL program cache {}: {detail}", path.display())]
     ProgramCache {

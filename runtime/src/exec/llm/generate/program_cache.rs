@@ -1,4 +1,5 @@
-//! The OpenCL program cache of a model ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache)):
+//! The OpenCL program cache of a model
+//! ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache)):
 //! MLC-LLM's engine calls `opencl.GetPreCompiledPrograms` and then
 //! `opencl.SetPreCompiledPrograms` on the library before it loads the VM on OpenCL
 //! (`cpp/serve/function_table.cc`); with a file, mblob writes what Get returns on the first run

@@ -125,12 +125,8 @@ pub unsafe extern "C" fn mblob_llm_generate(
                 format!("out_tokens holds {out_capacity} tokens, fewer than max_new_tokens ({max_new_tokens})"),
             ));
         }
-        let sampling = if sampling.is_null() {
-            mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
-        } else {
-            // SAFETY: not NULL, and the caller passes a readable `mblob_llm_sampling`.
-            unsafe { sampling.read() }
-        };
+        // SAFETY: the caller passes NULL or a readable `mblob_llm_sampling`.
+        let sampling = unsafe { sampling_or_greedy(sampling) };
         // SAFETY: not NULL, and the caller passes `n_prompt` readable ids that outlive the call.
         let prompt = unsafe { std::slice::from_raw_parts(prompt_ids, n_prompt) };
         // SAFETY: checked above, and `check` took it for this call alone (in_use).
@@ -186,17 +182,11 @@ pub unsafe extern "C" fn mblob_llm_generate_batch(
         let needed = n_prompts.checked_mul(max_new_tokens).filter(|&n| n <= out_capacity).ok_or_else(|| {
             Failure::new(
                 mblob_status::MBLOB_ERR_INVALID_ARGUMENT,
-                format!(
-                    "out_tokens holds {out_capacity} tokens, fewer than {n_prompts} prompts x max_new_tokens                      ({max_new_tokens})"
-                ),
+                format!("out_tokens holds {out_capacity} tokens, fewer than {n_prompts} prompts x {max_new_tokens}"),
             )
         })?;
-        let sampling = if sampling.is_null() {
-            mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
-        } else {
-            // SAFETY: not NULL, and the caller passes a readable `mblob_llm_sampling`.
-            unsafe { sampling.read() }
-        };
+        // SAFETY: the caller passes NULL or a readable `mblob_llm_sampling`.
+        let sampling = unsafe { sampling_or_greedy(sampling) };
         // SAFETY: not NULL, and the caller passes `n_prompts` readable pointers and lengths.
         let (starts, lengths) = unsafe {
             (std::slice::from_raw_parts(prompts, n_prompts), std::slice::from_raw_parts(prompt_lengths, n_prompts))
@@ -223,6 +213,19 @@ pub unsafe extern "C" fn mblob_llm_generate_batch(
         }
         Ok(())
     })
+}
+
+/// `*sampling`, or greedy decoding for NULL.
+///
+/// # Safety
+/// `sampling` is NULL or points to one readable `mblob_llm_sampling`.
+unsafe fn sampling_or_greedy(sampling: *const mblob_llm_sampling) -> mblob_llm_sampling {
+    if sampling.is_null() {
+        mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
+    } else {
+        // SAFETY: not NULL, and per the contract readable.
+        unsafe { sampling.read() }
+    }
 }
 
 /// Frees a language model; NULL does nothing.

@@ -238,7 +238,7 @@ fn a_batch_gives_tvms_tokens_greedy_and_sampled() {
         assert!(out.iter().all(|&t| t == -7) && n_out == 999, "nothing written on an error");
     };
     nothing(run(&prompts, None, prompts.len() * n - 1), MBLOB_ERR_INVALID_ARGUMENT);
-    assert!(last_error().contains("fewer than 3 prompts"), "{}", last_error());
+    assert!(last_error().contains(&format!("fewer than 3 prompts x {n}")), "{}", last_error());
     nothing(run(&[prompts[0].clone(), Vec::new()], None, 2 * n), MBLOB_ERR_NULL_ARGUMENT);
     // SAFETY: live handles, freed once.
     unsafe {

@@ -144,6 +144,19 @@ fn logits_close(name: &str, what: &str, got: &[f32], want: &[f32], vocab: usize)
     }
 }
 
+/// `mblob generate` of the fixture's library with its weights and `args`.
+fn generate_output(name: &str, args: &[String]) -> Output {
+    let dir = fixture(name);
+    Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("generate")
+        .arg(dir.join("lib.so"))
+        .arg("--weights")
+        .arg(&dir)
+        .args(args)
+        .output()
+        .expect("run mblob")
+}
+
 /// `mblob generate` with `args` on the fixture: its stdout lines, the logits it wrote.
 fn generate_with(name: &str, args: &[String]) -> (Vec<String>, (Vec<u64>, Vec<f32>)) {
     let dir = fixture(name);
@@ -271,15 +284,7 @@ fn kv_cache_sized_from_a_memory_budget() {
     let (_, want) = f32s(&fixture(name).join(g["logits"].as_str().unwrap()));
     logits_close(name, "budget", &got, &want, shape[1] as usize);
     args[5] = (4 * 32768 - 1).to_string();
-    let dir = fixture(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
-        .arg("generate")
-        .arg(dir.join("lib.so"))
-        .arg("--weights")
-        .arg(&dir)
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = generate_output(name, &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("44 positions") && stderr.contains("more than its 32"), "{stderr}");
@@ -351,16 +356,8 @@ fn a_prefill_chunk_larger_than_the_embedding_workspace_is_refused() {
     // The library's `alloc_embedding_tensor` (MLC-LLM's `AttachAllocEmbeddingTensorFunc`) gives
     // `[prefill_chunk_size, hidden]` = [16, 256]; MLC-LLM's engine requires at least as many
     // rows as its prefill chunk, and so does mblob, before anything runs.
-    let name = "qwen2-q0f32";
-    let dir = fixture(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
-        .arg("generate")
-        .arg(dir.join("lib.so"))
-        .arg("--weights")
-        .arg(&dir)
-        .args(["--prompt-ids", "1,2,3", "--prefill-chunk-size", "32"])
-        .output()
-        .unwrap();
+    let args = ["--prompt-ids", "1,2,3", "--prefill-chunk-size", "32"].map(String::from);
+    let out = generate_output("qwen2-q0f32", &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

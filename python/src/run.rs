@@ -89,10 +89,11 @@ impl Library {
         self.tree.packed_function(name).is_some()
     }
 
-    /// Calls host function `name`. Arguments are ints, floats, strings, None, or `Tensor`s,
-    /// passed by reference as `DLTensor`s: what the function writes into one (compiled
-    /// functions write their outputs into their arguments) is in that `Tensor` after the call.
-    /// Returns the function's return value (int, float, str or None).
+    /// Calls host function `name`. Arguments are ints, floats, strings, bytes, None, or
+    /// `Tensor`s, passed by reference as `DLTensor`s: what the function writes into one
+    /// (compiled functions write their outputs into their arguments) is in that `Tensor` after
+    /// the call.
+    /// Returns the function's return value (int, float, str, bytes or None).
     fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
         if self.tree.packed_function(name).is_none() {
             return Err(crate::InputError::new_err(format!("no function `{name}` in the module or its imports")));

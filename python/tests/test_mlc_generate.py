@@ -62,3 +62,34 @@ def test_bad_sampling_and_batches_are_refused():
         lm.generate_batch([prompt, []], 2)
     with pytest.raises(mblob.RunError, match="max_batch_size"):
         lm.generate_batch([prompt] * 5, 2)
+
+
+def test_an_opencl_program_cache_written_once_loads_later(tmp_path):
+    """``opencl_program_cache``: the first model builds the kernels and writes their programs in
+    TVM's layout (``opencl.GetPreCompiledPrograms``: a u64 count, then per kernel a u64-prefixed
+    name and binary); a model made later loads them. Both give TVM's tokens (the records of the
+    CPU build of the same weights). Skipped without an OpenCL device (pocl in CI)."""
+    try:
+        mblob.VirtualMachine(mblob.load_module(os.path.join(MLC, "qwen2-q0f32-opencl", "lib.so")), mblob.opencl())
+    except mblob.Error as e:
+        if os.environ.get("MBLOB_REQUIRE_OPENCL"):
+            raise
+        pytest.skip(f"no OpenCL device: {e}")
+    ref = json.load(open(os.path.join(MLC, "qwen2-q0f32", "reference.json")))["generate"]
+    cache = tmp_path / "qwen2.programs"
+    lib = os.path.join(MLC, "qwen2-q0f32-opencl", "lib.so")
+    weights = os.path.join(MLC, "qwen2-q0f32")
+    for _ in range(2):
+        lm = mblob.LanguageModel(lib, weights=weights, device=mblob.opencl(), opencl_program_cache=cache)
+        assert lm.generate(ref["prompt"], len(ref["tokens"])) == ref["tokens"]
+        data = cache.read_bytes()
+        count = int.from_bytes(data[:8], "little")
+        name = data[16 : 16 + int.from_bytes(data[8:16], "little")].decode()
+        assert count > 1 and name
+    # The functions themselves, by name through the library's imports, take and give bytes.
+    m = mblob.load_module(lib)
+    got = m["opencl.GetPreCompiledPrograms"]()
+    assert isinstance(got, bytes) and int.from_bytes(got[:8], "little") == count
+    m["opencl.SetPreCompiledPrograms"](got)
+    with pytest.raises(mblob.RunError, match="program cache says it holds"):
+        m["opencl.SetPreCompiledPrograms"](got[:10])

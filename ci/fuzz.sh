@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec relax_exec container_macho container_pe container_wasm container_archive)
+[ ${#targets[@]} -gt 0 ] || targets=(blob_classic blob_classic_021 blob_ffi graph_payload device_payload elf_lookup graph_exec relax_exec container_macho container_pe container_wasm container_archive opencl_program_cache)
 G=${MBLOB_GOLDENS:-$PWD/../tests/fixtures/tvm-goldens}
 [ -d "$G" ] || { echo "goldens not found at $G (set MBLOB_GOLDENS)" >&2; exit 2; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -69,6 +69,12 @@ seed() { # target
       # few short inputs of each start the search.
       mkdir -p "corpus/$1"
       for b in 000 001 002 003; do printf "\\$b\\001\\377\\020\\002\\000\\000\\000\\007" > "corpus/$1/seed-$b"; done ;;
+    opencl_program_cache)
+      # TVM's layout (u64 count; per kernel a u64-prefixed name and a u64-prefixed binary): one
+      # kernel, and two (TVM's wheel has no OpenCL runtime to write a real one).
+      mkdir -p "corpus/$1"
+      printf '\001\0\0\0\0\0\0\0\004\0\0\0\0\0\0\0add0\004\0\0\0\0\0\0\0\177ELF' > "corpus/$1/seed-one"
+      printf '\002\0\0\0\0\0\0\0\001\0\0\0\0\0\0\0a\0\0\0\0\0\0\0\0\001\0\0\0\0\0\0\0b\002\0\0\0\0\0\0\0xy' > "corpus/$1/seed-two" ;;
     *) echo "unknown target $1" >&2; exit 2 ;;
   esac
 }

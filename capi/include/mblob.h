@@ -476,6 +476,34 @@ mblob_status mblob_llm_generate(struct mblob_llm *llm,
                                 size_t out_capacity,
                                 size_t *n_out);
 
+// Generates `max_new_tokens` tokens after each of the `n_prompts` prompts in one batch, in a
+// new KV cache, as MLC-LLM's engine runs a batch (`batch_prefill`, then `batch_decode` of all
+// sequences each step), as `sampling` says (NULL: greedy; sequence `i` is seeded
+// `seed + i`). Prompt `i` is the `prompt_lengths[i]` token ids at `prompts[i]`. Sequence `i`'s
+// tokens are written to `out_tokens[i * max_new_tokens ..]`, and the number of tokens of each
+// sequence to `*n_out`; both only on success.
+//
+// Refused before anything runs: no prompt, an empty one, more prompts than the model's
+// `max_batch_size`, prompts and new tokens that do not fit the KV cache, a token id outside
+// the vocabulary (`MBLOB_ERR_INPUT`); `out_capacity` under `n_prompts * max_new_tokens` or a
+// bad `sampling` (`MBLOB_ERR_INVALID_ARGUMENT`). A library without `batch_prefill` or
+// `batch_decode`: `MBLOB_ERR_NO_MODEL`. A failure of a kernel or of the VM: `MBLOB_ERR_RUN`.
+//
+// # Safety
+// `llm` is NULL or a handle; `prompts` and `prompt_lengths` are NULL or point to `n_prompts`
+// readable entries, each prompt pointer NULL or pointing to its length of readable `int32_t`;
+// `sampling` is NULL or points to one readable `mblob_llm_sampling`; `out_tokens` is NULL or
+// points to `out_capacity` writable `int32_t`; `n_out` is NULL or points to writable storage.
+mblob_status mblob_llm_generate_batch(struct mblob_llm *llm,
+                                      const int32_t *const *prompts,
+                                      const size_t *prompt_lengths,
+                                      size_t n_prompts,
+                                      size_t max_new_tokens,
+                                      const struct mblob_llm_sampling *sampling,
+                                      int32_t *out_tokens,
+                                      size_t out_capacity,
+                                      size_t *n_out);
+
 // Frees a language model; NULL does nothing.
 //
 // # Safety

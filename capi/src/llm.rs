@@ -125,12 +125,8 @@ pub unsafe extern "C" fn mblob_llm_generate(
                 format!("out_tokens holds {out_capacity} tokens, fewer than max_new_tokens ({max_new_tokens})"),
             ));
         }
-        let sampling = if sampling.is_null() {
-            mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
-        } else {
-            // SAFETY: not NULL, and the caller passes a readable `mblob_llm_sampling`.
-            unsafe { sampling.read() }
-        };
+        // SAFETY: the caller passes NULL or a readable `mblob_llm_sampling`.
+        let sampling = unsafe { sampling_or_greedy(sampling) };
         // SAFETY: not NULL, and the caller passes `n_prompt` readable ids that outlive the call.
         let prompt = unsafe { std::slice::from_raw_parts(prompt_ids, n_prompt) };
         // SAFETY: checked above, and `check` took it for this call alone (in_use).
@@ -144,6 +140,92 @@ pub unsafe extern "C" fn mblob_llm_generate(
         }
         Ok(())
     })
+}
+
+/// Generates `max_new_tokens` tokens after each of the `n_prompts` prompts in one batch, in a
+/// new KV cache, as MLC-LLM's engine runs a batch (`batch_prefill`, then `batch_decode` of all
+/// sequences each step), as `sampling` says (NULL: greedy; sequence `i` is seeded
+/// `seed + i`). Prompt `i` is the `prompt_lengths[i]` token ids at `prompts[i]`. Sequence `i`'s
+/// tokens are written to `out_tokens[i * max_new_tokens ..]`, and the number of tokens of each
+/// sequence to `*n_out`; both only on success.
+///
+/// Refused before anything runs: no prompt, an empty one, more prompts than the model's
+/// `max_batch_size`, prompts and new tokens that do not fit the KV cache, a token id outside
+/// the vocabulary (`MBLOB_ERR_INPUT`); `out_capacity` under `n_prompts * max_new_tokens` or a
+/// bad `sampling` (`MBLOB_ERR_INVALID_ARGUMENT`). A library without `batch_prefill` or
+/// `batch_decode`: `MBLOB_ERR_NO_MODEL`. A failure of a kernel or of the VM: `MBLOB_ERR_RUN`.
+///
+/// # Safety
+/// `llm` is NULL or a handle; `prompts` and `prompt_lengths` are NULL or point to `n_prompts`
+/// readable entries, each prompt pointer NULL or pointing to its length of readable `int32_t`;
+/// `sampling` is NULL or points to one readable `mblob_llm_sampling`; `out_tokens` is NULL or
+/// points to `out_capacity` writable `int32_t`; `n_out` is NULL or points to writable storage.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mblob_llm_generate_batch(
+    llm: *mut mblob_llm,
+    prompts: *const *const i32,
+    prompt_lengths: *const usize,
+    n_prompts: usize,
+    max_new_tokens: usize,
+    sampling: *const mblob_llm_sampling,
+    out_tokens: *mut i32,
+    out_capacity: usize,
+    n_out: *mut usize,
+) -> mblob_status {
+    call(|| {
+        check(Kind::Llm, llm, "llm")?;
+        not_null(prompts, "prompts")?;
+        not_null(prompt_lengths, "prompt_lengths")?;
+        not_null(out_tokens, "out_tokens")?;
+        not_null(n_out, "n_out")?;
+        let needed = n_prompts.checked_mul(max_new_tokens).filter(|&n| n <= out_capacity).ok_or_else(|| {
+            Failure::new(
+                mblob_status::MBLOB_ERR_INVALID_ARGUMENT,
+                format!("out_tokens holds {out_capacity} tokens, fewer than {n_prompts} prompts x {max_new_tokens}"),
+            )
+        })?;
+        // SAFETY: the caller passes NULL or a readable `mblob_llm_sampling`.
+        let sampling = unsafe { sampling_or_greedy(sampling) };
+        // SAFETY: not NULL, and the caller passes `n_prompts` readable pointers and lengths.
+        let (starts, lengths) = unsafe {
+            (std::slice::from_raw_parts(prompts, n_prompts), std::slice::from_raw_parts(prompt_lengths, n_prompts))
+        };
+        let mut batch = Vec::with_capacity(n_prompts);
+        for (i, (&p, &n)) in starts.iter().zip(lengths).enumerate() {
+            not_null(p, &format!("prompts[{i}]"))?;
+            // SAFETY: not NULL, and the caller passes `n` readable ids at it that outlive the call.
+            batch.push(unsafe { std::slice::from_raw_parts(p, n) }.to_vec());
+        }
+        // SAFETY: checked above, and `check` took it for this call alone (in_use).
+        let l = unsafe { &mut *llm };
+        let outs = imp::generate_batch(l, &batch, max_new_tokens, &sampling)?;
+        let per_seq = outs.first().map_or(0, Vec::len);
+        // SAFETY: not NULL; the caller passes `out_capacity` writable ids, and each sequence's
+        // tokens (at most `max_new_tokens`) land in its own `max_new_tokens` slots of the
+        // `needed <= out_capacity`.
+        unsafe {
+            for (i, tokens) in outs.iter().enumerate() {
+                debug_assert!((i + 1) * max_new_tokens <= needed && tokens.len() <= max_new_tokens);
+                std::ptr::copy_nonoverlapping(tokens.as_ptr(), out_tokens.add(i * max_new_tokens), tokens.len());
+            }
+            n_out.write(per_seq);
+        }
+        Ok(())
+    })
+}
+
+/// `*sampling`, or greedy decoding for NULL.
+///
+/// # Safety
+/// `sampling` is NULL or points to one readable `mblob_llm_sampling`.
+unsafe fn sampling_or_greedy(sampling: *const mblob_llm_sampling) -> mblob_llm_sampling {
+    if sampling.is_null() {
+        mblob_llm_sampling { temperature: 0.0, top_p: 1.0, seed: 0 }
+    } else {
+        // SAFETY: not NULL, and per the contract readable.
+        unsafe { sampling.read() }
+    }
 }
 
 /// Frees a language model; NULL does nothing.
@@ -191,6 +273,18 @@ mod imp {
         Ok(out.tokens)
     }
 
+    pub(super) fn generate_batch(
+        l: &mut mblob_llm,
+        prompts: &[Vec<i32>],
+        max_new_tokens: usize,
+        sampling: &mblob_llm_sampling,
+    ) -> Result<Vec<Vec<i32>>> {
+        let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
+        sampling.check().map_err(|e| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, e))?;
+        let outs = l.lm.generate_batch(prompts, max_new_tokens, &sampling).map_err(failure)?;
+        Ok(outs.into_iter().map(|g| g.tokens).collect())
+    }
+
     /// The status of a generation error, by cause.
     fn failure(e: GenerateError) -> Failure {
         use mblob_status::*;
@@ -227,6 +321,15 @@ mod imp {
     }
 
     pub(super) fn generate(_: &mut mblob_llm, _: &[i32], _: usize, _: &mblob_llm_sampling) -> Result<Vec<i32>> {
+        Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "this libmblob was built without the `llm` feature"))
+    }
+
+    pub(super) fn generate_batch(
+        _: &mut mblob_llm,
+        _: &[Vec<i32>],
+        _: usize,
+        _: &mblob_llm_sampling,
+    ) -> Result<Vec<Vec<i32>>> {
         Err(Failure::new(mblob_status::MBLOB_ERR_UNSUPPORTED, "this libmblob was built without the `llm` feature"))
     }
 }

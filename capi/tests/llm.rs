@@ -173,3 +173,76 @@ fn bad_requests_are_typed_errors() {
         ok(mblob_library_free(consts), "free consts");
     }
 }
+
+/// `mblob_llm_generate_batch` on MLC-LLM's Qwen2.5 (tests/fixtures/mlc/qwen2-q0f32): TVM's
+/// tokens of every sequence of the batch (`reference.json`'s `batch`, TVM 0.27's VM driven as
+/// MLC-LLM's engine drives it), greedy and sampled; too small an output, a NULL prompt and an
+/// empty one are typed errors that write nothing.
+#[test]
+fn a_batch_gives_tvms_tokens_greedy_and_sampled() {
+    let mlc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mlc/qwen2-q0f32");
+    let text = std::fs::read_to_string(mlc.join("reference.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let b = &r["batch"];
+    let seqs = |v: &serde_json::Value| -> Vec<Vec<i32>> {
+        let ints = |p: &serde_json::Value| p.as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect();
+        v.as_array().unwrap().iter().map(ints).collect()
+    };
+    let prompts = seqs(&b["prompts"]);
+    let n = b["max_new_tokens"].as_u64().unwrap() as usize;
+    let mut lib = null_mut();
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    ok(unsafe { mblob_library_load(c(&mlc.join("lib.so")).as_ptr(), &mut lib) }, "qwen2");
+    let l = llm(lib, Some(&mlc)).unwrap_or_else(|s| panic!("{s:?} {}", last_error()));
+    let run = |prompts: &[Vec<i32>], sampling: Option<&mblob_llm_sampling>, capacity: usize| {
+        let starts: Vec<*const i32> = prompts.iter().map(|p| if p.is_empty() { null() } else { p.as_ptr() }).collect();
+        let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+        let mut out = vec![-7; capacity];
+        let mut n_out = 999;
+        // SAFETY: a live handle, `prompts.len()` pointers (each to its length of ids, or NULL)
+        // and lengths, NULL or one sampling struct, `capacity` writable ids, a writable count.
+        let s = unsafe {
+            mblob_llm_generate_batch(
+                l,
+                starts.as_ptr(),
+                lengths.as_ptr(),
+                prompts.len(),
+                n,
+                sampling.map_or(null(), |s| s as *const _),
+                out.as_mut_ptr(),
+                capacity,
+                &mut n_out,
+            )
+        };
+        (s, out, n_out)
+    };
+    let (s, out, n_out) = run(&prompts, None, prompts.len() * n);
+    ok(s, "batch");
+    assert_eq!(n_out, n);
+    assert_eq!(out.chunks(n).map(<[i32]>::to_vec).collect::<Vec<_>>(), seqs(&b["tokens"]), "TVM's greedy tokens");
+    let sampled = &b["sampled"];
+    let sampling = mblob_llm_sampling {
+        temperature: sampled["temperature"].as_f64().unwrap(),
+        top_p: sampled["top_p"].as_f64().unwrap(),
+        seed: sampled["seeds"][0].as_u64().unwrap() as u32,
+    };
+    let (s, out, _) = run(&prompts, Some(&sampling), prompts.len() * n);
+    ok(s, "sampled batch");
+    assert_eq!(
+        out.chunks(n).map(<[i32]>::to_vec).collect::<Vec<_>>(),
+        seqs(&sampled["tokens"]),
+        "TVM's sampled tokens"
+    );
+    let nothing = |(s, out, n_out): (mblob_status, Vec<i32>, usize), want: mblob_status| {
+        assert_eq!(s, want, "{}", last_error());
+        assert!(out.iter().all(|&t| t == -7) && n_out == 999, "nothing written on an error");
+    };
+    nothing(run(&prompts, None, prompts.len() * n - 1), MBLOB_ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains(&format!("fewer than 3 prompts x {n}")), "{}", last_error());
+    nothing(run(&[prompts[0].clone(), Vec::new()], None, 2 * n), MBLOB_ERR_NULL_ARGUMENT);
+    // SAFETY: live handles, freed once.
+    unsafe {
+        ok(mblob_llm_free(l), "free llm");
+        ok(mblob_library_free(lib), "free lib");
+    }
+}

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use mblob_runtime::exec::graph::{read_params, GraphFactory};
 use mblob_runtime::exec::llm::generate as llm;
+use mblob_runtime::exec::llm::generate::Sampling;
 use mblob_runtime::exec::relax::{ObjectRef, ParamKind, VirtualMachine};
 use mblob_runtime::exec::relay_vm::RelayVm as RelayVirtualMachine;
 use mblob_runtime::exec::{Device, ExecError, Model, ModelKind, Value};
@@ -89,10 +90,11 @@ impl Library {
         self.tree.packed_function(name).is_some()
     }
 
-    /// Calls host function `name`. Arguments are ints, floats, strings, None, or `Tensor`s,
-    /// passed by reference as `DLTensor`s: what the function writes into one (compiled
-    /// functions write their outputs into their arguments) is in that `Tensor` after the call.
-    /// Returns the function's return value (int, float, str or None).
+    /// Calls host function `name`. Arguments are ints, floats, strings, bytes, None, or
+    /// `Tensor`s, passed by reference as `DLTensor`s: what the function writes into one
+    /// (compiled functions write their outputs into their arguments) is in that `Tensor` after
+    /// the call.
+    /// Returns the function's return value (int, float, str, bytes or None).
     fn call(&self, py: Python<'_>, name: &str, args: &Bound<'_, PyList>) -> PyResult<Py<PyAny>> {
         if self.tree.packed_function(name).is_none() {
             return Err(crate::InputError::new_err(format!("no function `{name}` in the module or its imports")));
@@ -108,6 +110,7 @@ impl Library {
             Value::Int(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Float(v) => v.into_pyobject(py)?.into_any().unbind(),
             Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+            Value::Bytes(b) => PyBytes::new(py, &b).into_any().unbind(),
             _ => py.None(),
         })
     }
@@ -118,6 +121,7 @@ enum Arg {
     Int(i64),
     Float(f64),
     Str(String),
+    Bytes(Vec<u8>),
     None,
     /// Shared with the caller's `Tensor`.
     Tensor(NdArray),
@@ -145,8 +149,11 @@ impl Arg {
         if a.is_instance_of::<pyo3::types::PyString>() {
             return Ok(Arg::Str(a.extract()?));
         }
+        if let Ok(b) = a.cast::<PyBytes>() {
+            return Ok(Arg::Bytes(b.as_bytes().to_vec()));
+        }
         Err(crate::InputError::new_err(format!(
-            "cannot pass a {} to a compiled function (ints, floats, strings, None and Tensors only)",
+            "cannot pass a {} to a compiled function (ints, floats, strings, bytes, None and Tensors only)",
             a.get_type().name()?
         )))
     }
@@ -161,6 +168,7 @@ fn call_host(tree: &LoadedTree, name: &str, args: Vec<Arg>) -> Result<Value, PyE
             Arg::Int(v) => Value::Int(v),
             Arg::Float(v) => Value::Float(v),
             Arg::Str(s) => Value::Str(s),
+            Arg::Bytes(b) => Value::Bytes(b),
             Arg::None => Value::Null,
             Arg::Tensor(t) => Value::Tensor(t),
         });
@@ -461,9 +469,10 @@ impl LanguageModel {
     /// The model of `library` on device `(device_type, id)`, its weights from the tensor cache
     /// in `weights` (None for weights bound into the library), pages of `page_size` tokens;
     /// `settings` by name: what `_metadata` gives, for a library without it, and the cache's
-    /// sizes (`crate::llm_settings::options`).
+    /// sizes (`crate::llm_settings::options`); on OpenCL the kernels' programs loaded from
+    /// `opencl_program_cache` (written there first when the file does not exist).
     #[new]
-    #[pyo3(signature = (library, dev, weights, page_size, settings=None))]
+    #[pyo3(signature = (library, dev, weights, page_size, settings=None, opencl_program_cache=None))]
     fn new(
         py: Python<'_>,
         library: &Library,
@@ -471,11 +480,13 @@ impl LanguageModel {
         weights: Option<PathBuf>,
         page_size: i64,
         settings: Option<std::collections::BTreeMap<String, i64>>,
+        opencl_program_cache: Option<PathBuf>,
     ) -> PyResult<LanguageModel> {
         use mblob_runtime::exec::llm::generate::LanguageModel as Lm;
         let tree = library.tree.clone();
         let device = Device::from_dlpack(dev.0, dev.1);
-        let options = crate::llm_settings::options(page_size, &settings.unwrap_or_default())?;
+        let mut options = crate::llm_settings::options(page_size, &settings.unwrap_or_default())?;
+        options.opencl_program_cache = opencl_program_cache;
         let lm = run(py, move || Lm::new(&tree, device, weights.as_deref(), &options).map_err(run_error))?;
         let metadata = match lm.vm().invoke("_metadata", &[]) {
             Ok(Value::Str(s)) => s,
@@ -490,16 +501,22 @@ impl LanguageModel {
         &self.metadata
     }
 
-    /// Generates up to `max_new_tokens` tokens after `prompt` greedily, in a new KV cache:
+    /// Generates up to `max_new_tokens` tokens after `prompt` in a new KV cache, greedily at
+    /// temperature 0, else with TVM's sampling and MLC-LLM's draws seeded `seed`:
     /// `(tokens, logits as float32 bytes, vocab, decode seconds per step)`.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (prompt, max_new_tokens, temperature = 0.0, top_p = 1.0, seed = 0))]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         prompt: Vec<i32>,
         max_new_tokens: usize,
+        temperature: f64,
+        top_p: f64,
+        seed: u32,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
-        self.turn(py, |lm| lm.generate(&prompt, max_new_tokens))
+        let sampling = Sampling { temperature, top_p, seed };
+        self.turn(py, |lm| lm.generate_sampled(&prompt, max_new_tokens, &sampling, |_| {}))
     }
 
     /// Continues the sequence of the last generation in the same KV cache (its last new token,
@@ -511,8 +528,33 @@ impl LanguageModel {
         prompt: Vec<i32>,
         max_new_tokens: usize,
     ) -> PyResult<(Vec<i32>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
-        use mblob_runtime::exec::llm::generate::Sampling;
         self.turn(py, |lm| lm.continue_sampled(&prompt, max_new_tokens, &Sampling::default(), |_| {}))
+    }
+
+    /// Generates `max_new_tokens` tokens after each of `prompts` in one batch, in a new KV
+    /// cache (`batch_prefill`, `batch_decode`; sequence `i` seeded `seed + i`): `(tokens per
+    /// sequence, logits of all as float32 bytes, vocab, decode seconds per step)`.
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (prompts, max_new_tokens, temperature = 0.0, top_p = 1.0, seed = 0))]
+    fn generate_batch<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: Vec<Vec<i32>>,
+        max_new_tokens: usize,
+        temperature: f64,
+        top_p: f64,
+        seed: u32,
+    ) -> PyResult<(Vec<Vec<i32>>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        let sampling = Sampling { temperature, top_p, seed };
+        let outs = run(py, || {
+            let mut lm = take(&self.inner, "model")?;
+            lm.generate_batch(&prompts, max_new_tokens, &sampling).map_err(run_error)
+        })?;
+        let vocab = outs.iter().find_map(|g| g.logits.first()).map_or(0, Vec::len);
+        let bytes: Vec<u8> =
+            outs.iter().flat_map(|g| g.logits.iter().flatten()).flat_map(|x| x.to_le_bytes()).collect();
+        let times = outs.first().map(|g| g.decode_times.iter().map(|d| d.as_secs_f64()).collect()).unwrap_or_default();
+        Ok((outs.into_iter().map(|g| g.tokens).collect(), PyBytes::new(py, &bytes), vocab, times))
     }
 }
 
@@ -717,6 +759,7 @@ fn py_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
         Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
         Value::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
         Value::Str(s) => s.into_pyobject(py)?.into_any().unbind(),
+        Value::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         Value::Object(o) => Py::new(py, PyObjectRef { inner: o.clone() })?.into_any(),
         Value::Null => py.None(),
     })

@@ -1,6 +1,6 @@
-//! Host<->device copies of `LanguageModel::generate` on OpenCL (pocl), counted by the device
-//! API. Alone in its test binary: the counters are the process's, and no other test may use
-//! the device meanwhile.
+//! Host<->device copies of `LanguageModel::generate` and `generate_batch` on OpenCL (pocl),
+//! counted by the device API. Alone in their test binary: the counters are the process's, and
+//! no other test may use the device meanwhile (the tests here take turns, `TURN`).
 //!
 //! OpenCL runs for real on the machine's OpenCL device (pocl on a CPU in CI). Without one the
 //! test prints `skipped: no OpenCL device (...)` and passes, unless `MBLOB_REQUIRE_OPENCL` is
@@ -8,7 +8,7 @@
 #![cfg(all(feature = "llm", feature = "opencl"))]
 
 use mblob_runtime::device::Device;
-use mblob_runtime::device::{device_api, TransferStats};
+use mblob_runtime::device::TransferStats;
 use mblob_runtime::exec::llm::generate::{GenerateOptions, LanguageModel};
 
 #[path = "support/llm_fixture.rs"]
@@ -17,6 +17,13 @@ use llm_fixture::{dir, ints, json, load};
 
 /// Tokens per page of the cache (`GenerateOptions::default`).
 const PAGE: u64 = 16;
+
+/// One test at a time counts the device's copies.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[path = "support/opencl_device.rs"]
+mod opencl_device;
+use opencl_device::opencl_api;
 
 /// The bytes of the int32 arrays the paged KV cache copies to the device at the start of a
 /// round (`kv_state_begin_forward`, as TVM's aux data manager copies them) for one sequence
@@ -37,16 +44,8 @@ fn aux(m: u64, pages: u64) -> (u64, u64) {
 #[test]
 fn a_generate_step_copies_the_ids_in_and_the_last_logits_row_out() {
     let d = Device::opencl(0);
-    let api = match device_api(d) {
-        Ok(api) => api,
-        Err(e) => {
-            if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() {
-                panic!("MBLOB_REQUIRE_OPENCL is set but no OpenCL device opens: {e}");
-            }
-            eprintln!("skipped: no OpenCL device ({e})");
-            return;
-        }
-    };
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(api) = opencl_api() else { return };
     let scenarios = json("scenarios.json");
     let forwards: Vec<serde_json::Value> = scenarios["scenarios"]["single"]["steps"]
         .as_array()
@@ -106,4 +105,121 @@ fn a_generate_step_copies_the_ids_in_and_the_last_logits_row_out() {
         }
         assert_eq!(marks.len(), forwards.len());
     }
+}
+
+/// The model of MLC-LLM's Qwen2.5 built for OpenCL (its library has `alloc_embedding_tensor`)
+/// with the weights of the CPU build, and TVM's record of the CPU build.
+fn qwen2_opencl() -> (LanguageModel, serde_json::Value) {
+    let mlc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mlc");
+    let reference = serde_json::from_slice(&std::fs::read(mlc.join("qwen2-q0f32/reference.json")).unwrap()).unwrap();
+    let lib = mlc.join("qwen2-q0f32-opencl/lib.so");
+    // SAFETY: the fixture is a library MLC-LLM's pipeline built for these tests.
+    let tree = unsafe { mblob_runtime::load_library(&lib, &Default::default(), &Default::default()) }.unwrap();
+    let weights = mlc.join("qwen2-q0f32");
+    (LanguageModel::new(&tree, Device::opencl(0), Some(&weights), &GenerateOptions::default()).unwrap(), reference)
+}
+
+/// One prefill round of `prompts` as MLC-LLM's engine runs it without the embedding workspace
+/// (`embed`'s own result viewed as `[1, n, hidden]`), through the VM's public calls, in a new
+/// KV cache: the round's rows of logits.
+fn prefill_round_without_workspace(lm: &LanguageModel, prompts: &[Vec<i32>]) -> Vec<f32> {
+    use mblob_runtime::array::NdArray;
+    use mblob_runtime::exec::Value;
+    use mblob_runtime::format::DataType;
+    let vm = lm.vm();
+    let meta = lm.metadata();
+    let shape = |v: &[i64]| Value::Shape(v.into());
+    let cache = vm
+        .invoke(
+            "create_tir_paged_kv_cache",
+            &[
+                shape(&[meta.max_batch_size]),
+                shape(&[meta.context_window_size]),
+                shape(&[meta.prefill_chunk_size]),
+                shape(&[PAGE as i64]),
+                shape(&[0]),
+            ],
+        )
+        .unwrap();
+    for seq in 0..prompts.len() as i64 {
+        vm.invoke("vm.builtin.kv_state_add_sequence", &[cache.clone(), Value::Int(seq)]).unwrap();
+    }
+    let seqs: Vec<i64> = (0..prompts.len() as i64).collect();
+    let lengths: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+    vm.invoke("vm.builtin.kv_state_begin_forward", &[cache.clone(), shape(&seqs), shape(&lengths)]).unwrap();
+    let ids: Vec<u8> = prompts.iter().flatten().flat_map(|t| t.to_le_bytes()).collect();
+    let n = (ids.len() / 4) as i64;
+    let ids = NdArray::from_bytes(&ids, &[n], DataType::I32, Device::opencl(0)).unwrap();
+    let Value::Tensor(embedded) =
+        vm.invoke("embed", &[Value::Tensor(ids), Value::Tuple(lm.params().unwrap().to_vec())]).unwrap()
+    else {
+        panic!("embed returned no tensor")
+    };
+    let embedded = embedded.view(&[1, n, embedded.shape()[1]], embedded.dtype()).unwrap();
+    let mut end = 0;
+    let positions: Vec<u8> = lengths
+        .iter()
+        .flat_map(|l| {
+            end += *l as i32;
+            (end - 1).to_le_bytes()
+        })
+        .collect();
+    let positions = NdArray::from_bytes(&positions, &[seqs.len() as i64], DataType::I32, Device::opencl(0)).unwrap();
+    let out = vm
+        .invoke(
+            "batch_prefill",
+            &[
+                Value::Tensor(embedded),
+                Value::Tensor(positions),
+                cache.clone(),
+                Value::Tuple(lm.params().unwrap().to_vec()),
+            ],
+        )
+        .unwrap();
+    vm.invoke("vm.builtin.kv_state_end_forward", &[cache]).unwrap();
+    let logits = match out {
+        Value::Tuple(items) => items.into_iter().next().unwrap(),
+        v => v,
+    };
+    let Value::Tensor(logits) = logits else { panic!("batch_prefill returned no logits") };
+    logits.to_f32().unwrap().unwrap()
+}
+
+/// A batch of MLC-LLM's Qwen2.5 built for OpenCL, whose library has `alloc_embedding_tensor`:
+/// a prefill round of several sequences copies its embeddings into that workspace within the
+/// device (MLC-LLM's `mlc.copy_embedding_to_offset`) and otherwise copies between host and
+/// device exactly what the same round copies without the workspace, with the same logits. The
+/// whole batch gives TVM's tokens (`reference.py`'s `batch`, TVM's records of the CPU build of
+/// the same weights).
+#[test]
+fn a_batch_prefill_writes_the_embedding_workspace_on_the_device() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(api) = opencl_api() else { return };
+    let (mut lm, reference) = qwen2_opencl();
+    let batch = &reference["batch"];
+    let prompts: Vec<Vec<i32>> =
+        batch["prompts"].as_array().unwrap().iter().map(|p| ints(p).iter().map(|&t| t as i32).collect()).collect();
+    let want: Vec<Vec<i32>> =
+        batch["tokens"].as_array().unwrap().iter().map(|p| ints(p).iter().map(|&t| t as i32).collect()).collect();
+    let new_tokens = batch["max_new_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(lm.hidden_size(), Some(256), "the hidden size, from alloc_embedding_tensor's [16, 256]");
+    let outs = lm.generate_batch(&prompts, new_tokens, &Default::default()).unwrap();
+    let got: Vec<Vec<i32>> = outs.iter().map(|o| o.tokens.clone()).collect();
+    assert_eq!(got, want, "TVM's greedy tokens of the batch");
+
+    // One round of two sequences (9 + 7 tokens: one prefill chunk), with and without it.
+    let round = vec![prompts[1].clone(), prompts[2][..7].to_vec()];
+    let start = api.transfers();
+    let with = lm.generate_batch(&round, 1, &Default::default()).unwrap();
+    let with_copies = api.transfers() - start;
+    let start = api.transfers();
+    let without = prefill_round_without_workspace(&lm, &round);
+    let without_copies = api.transfers() - start;
+    let rows: Vec<f32> = with.iter().flat_map(|g| g.logits[0].iter().copied()).collect();
+    assert_eq!(rows, without, "the same logits with the workspace");
+    assert_eq!(
+        with_copies,
+        TransferStats { device_to_device: without_copies.device_to_device + 1, ..without_copies },
+        "one copy within the device more, none between host and device"
+    );
 }

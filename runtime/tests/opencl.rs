@@ -15,19 +15,9 @@ use mblob_runtime::format::DataType;
 use mblob_runtime::payload::device::{DeviceModule, FunctionInfo, DYN_SHARED_MEMORY_TAG};
 use mblob_runtime::{Device, DeviceError, Module, NdArray};
 
-/// OpenCL device 0, or `None` (after saying so) when there is none.
-fn opencl() -> Option<Arc<dyn DeviceApi>> {
-    match device_api(Device::opencl(0)) {
-        Ok(api) => Some(api),
-        Err(e) => {
-            if std::env::var_os("MBLOB_REQUIRE_OPENCL").is_some() {
-                panic!("MBLOB_REQUIRE_OPENCL is set but no OpenCL device opens: {e}");
-            }
-            eprintln!("skipped: no OpenCL device ({e})");
-            None
-        }
-    }
-}
+#[path = "support/opencl_device.rs"]
+mod opencl_device;
+use opencl_device::opencl_api as opencl;
 
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()

@@ -24,6 +24,8 @@ use crate::{Error, Result};
 /// mblob generate model.so --weights params/ --prompt-ids 17,211,5 --max-new-tokens 16
 /// mblob generate model_bound.so --prompt-ids 17,211,5 --max-new-tokens 16 --repeat 20 --threads 1
 /// mblob generate model_opencl.so --device opencl --weights params/ --prompt-ids 17,211,5
+/// mblob generate model_opencl.so --device opencl --weights params/ --prompt-ids 17,211,5 \
+///     --opencl-program-cache model_opencl.programs
 /// ```
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = AFTER_HELP)]
@@ -88,6 +90,12 @@ pub struct GenerateArgs {
     /// --max-total-seq-len.
     #[arg(long, value_name = "BYTES")]
     pub kv_cache_bytes: Option<u64>,
+    /// On OpenCL, a file of the kernels' compiled programs in TVM's layout (what
+    /// `opencl.GetPreCompiledPrograms` returns): written on the first run, after every kernel
+    /// is built from its OpenCL C source; loaded on later runs (`SetPreCompiledPrograms`), which
+    /// then skip the builds. Delete it after a driver update.
+    #[arg(long, value_name = "FILE")]
+    pub opencl_program_cache: Option<PathBuf>,
     /// Write the logits each new token was picked from as a float32 `.npy` of shape
     /// `[tokens, vocab]`.
     #[arg(long, value_name = "FILE.npy")]
@@ -142,6 +150,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         prefill_chunk_size: args.prefill_chunk_size,
         kv_cache_bytes: args.kv_cache_bytes,
         model: args.model_settings.settings(),
+        opencl_program_cache: args.opencl_program_cache.clone(),
     };
     let mut lm = LanguageModel::new(&tree, args.device, args.weights.as_deref(), &options)
         .map_err(|e| invalid(mblob::with_causes(&e).to_string()))?;

@@ -144,6 +144,19 @@ fn logits_close(name: &str, what: &str, got: &[f32], want: &[f32], vocab: usize)
     }
 }
 
+/// `mblob generate` of the fixture's library with its weights and `args`.
+fn generate_output(name: &str, args: &[String]) -> Output {
+    let dir = fixture(name);
+    Command::new(env!("CARGO_BIN_EXE_mblob"))
+        .arg("generate")
+        .arg(dir.join("lib.so"))
+        .arg("--weights")
+        .arg(&dir)
+        .args(args)
+        .output()
+        .expect("run mblob")
+}
+
 /// `mblob generate` with `args` on the fixture: its stdout lines, the logits it wrote.
 fn generate_with(name: &str, args: &[String]) -> (Vec<String>, (Vec<u64>, Vec<f32>)) {
     let dir = fixture(name);
@@ -292,15 +305,7 @@ fn kv_cache_sized_from_a_memory_budget() {
     let (_, want) = f32s(&fixture(name).join(g["logits"].as_str().unwrap()));
     logits_close(name, "budget", &got, &want, shape[1] as usize);
     args[5] = (4 * 32768 - 1).to_string();
-    let dir = fixture(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_mblob"))
-        .arg("generate")
-        .arg(dir.join("lib.so"))
-        .arg("--weights")
-        .arg(&dir)
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = generate_output(name, &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("44 positions") && stderr.contains("more than its 32"), "{stderr}");
@@ -365,4 +370,65 @@ fn mistral_built_for_opencl_gives_tvms_tokens_and_logits_on_opencl() {
     if opencl_or_skip() {
         runs_as_tvm_on("mistral-q0f32-opencl", "mistral-q0f32", "opencl");
     }
+}
+
+#[test]
+fn a_prefill_chunk_larger_than_the_embedding_workspace_is_refused() {
+    // The library's `alloc_embedding_tensor` (MLC-LLM's `AttachAllocEmbeddingTensorFunc`) gives
+    // `[prefill_chunk_size, hidden]` = [16, 256]; MLC-LLM's engine requires at least as many
+    // rows as its prefill chunk, and so does mblob, before anything runs.
+    let args = ["--prompt-ids", "1,2,3", "--prefill-chunk-size", "32"].map(String::from);
+    let out = generate_output("qwen2-q0f32", &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("alloc_embedding_tensor") && stderr.contains("16 rows") && stderr.contains("32 tokens"),
+        "{stderr}"
+    );
+}
+
+#[cfg(feature = "opencl")]
+#[test]
+fn an_opencl_program_cache_written_by_one_run_loads_in_the_next() {
+    // `--opencl-program-cache`: the first process builds every kernel from its OpenCL C and
+    // writes the programs as TVM's `opencl.GetPreCompiledPrograms` lays them out; the second
+    // loads them (`SetPreCompiledPrograms`). Both give TVM's tokens.
+    if !opencl_or_skip() {
+        return;
+    }
+    let name = "qwen2-q0f32";
+    let r = reference(name);
+    let g = &r["generate"];
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("qwen2.programs");
+    let run = |prompt: &str, new_tokens: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mblob"))
+            .arg("generate")
+            .arg(fixture("qwen2-q0f32-opencl").join("lib.so"))
+            .args(["--device", "opencl", "--weights"])
+            .arg(fixture(name))
+            .args(["--prompt-ids", prompt, "--max-new-tokens", new_tokens, "--opencl-program-cache"])
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+    let tokens = || {
+        let out = run(&ids(&g["prompt"]).join(","), &g["tokens"].as_array().unwrap().len().to_string());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_owned()
+    };
+    assert_eq!(tokens(), ids(&g["tokens"]).join(","), "TVM's tokens, the programs built from the source");
+    let bytes = std::fs::read(&cache).unwrap();
+    // TVM's layout: a u64 count, then per kernel a u64-prefixed name and a u64-prefixed binary.
+    let count = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let name_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) as usize;
+    assert!(count > 1 && std::str::from_utf8(&bytes[16..16 + name_len]).is_ok(), "{count} programs");
+    assert_eq!(tokens(), ids(&g["tokens"]).join(","), "TVM's tokens, the programs loaded from the cache");
+    assert_eq!(std::fs::read(&cache).unwrap(), bytes, "the second run reads the cache, it does not write it");
+    // A damaged cache is refused, naming the file.
+    std::fs::write(&cache, &bytes[..bytes.len() / 2]).unwrap();
+    let out = run("1,2,3", "1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("qwen2.programs") && stderr.contains("cut short"), "{stderr}");
 }

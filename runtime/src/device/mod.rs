@@ -14,6 +14,9 @@
 //!   `FunctionInfo`, shared by the GPU backends.
 //! - `opencl` (feature `opencl`): OpenCL memory and modules (programs built per device,
 //!   kernels launched with TVM's launch parameters), through opencl3.
+//! - [`program_cache`]: the bytes of TVM's OpenCL program cache
+//!   (`opencl.GetPreCompiledPrograms` / `opencl.SetPreCompiledPrograms`), read and written
+//!   without OpenCL.
 //! - `cuda` (feature `cuda`): CUDA memory and modules through the driver API, and NVRTC for
 //!   TVM's CUDA source.
 
@@ -26,6 +29,7 @@ pub mod cuda;
 pub mod kernel;
 #[cfg(feature = "opencl")]
 pub mod opencl;
+pub mod program_cache;
 pub mod storage;
 
 pub use api::{DeviceApi, DevicePtr, TransferStats};
@@ -275,6 +279,14 @@ pub enum DeviceError {
         module: String,
         /// The build log.
         log: String,
+    },
+    /// An OpenCL program cache that cannot be used (`opencl.SetPreCompiledPrograms`).
+    #[error("{device}: {error}")]
+    ProgramCache {
+        /// The device.
+        device: Device,
+        /// What is wrong with it.
+        error: program_cache::ProgramCacheError,
     },
     /// A copy or view outside an allocation.
     #[error("{device}: {what}: bytes {offset}..{end} are outside an allocation of {size} bytes")]

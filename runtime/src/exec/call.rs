@@ -8,12 +8,13 @@ use crate::ffi::value::Value as FfiValue;
 use crate::module::LoadedTree;
 
 /// Calls host function `name` of `tree` (found from the root, through the imports) with
-/// `args`, and returns what it returns (an int, a float, a string, or `Null`; handles and
-/// objects come back as `Null`). Tensors are passed as `DLTensor`s over their own memory, on
-/// their own devices: a compiled function writes its outputs into them, so the caller's
+/// `args`, and returns what it returns (an int, a float, a string, bytes, or `Null`; handles
+/// and objects come back as `Null`). Tensors are passed as `DLTensor`s over their own memory,
+/// on their own devices: a compiled function writes its outputs into them, so the caller's
 /// tensors hold the results after the call (devices are waited for before it returns).
-/// Ints, floats, strings and `Null` pass as themselves; shapes, tuples and objects cannot be
-/// passed ([`ExecError::Argument`]).
+/// Ints, floats, strings, bytes (to a function mblob provides, such as an OpenCL module's
+/// `opencl.SetPreCompiledPrograms`) and `Null` pass as themselves; shapes, tuples and objects
+/// cannot be passed ([`ExecError::Argument`]).
 ///
 /// The call is safe to make: the trust in the library's code was given when it was loaded
 /// ([`crate::load_library`] is `unsafe`), and every tensor describes live memory of exactly
@@ -54,6 +55,7 @@ fn call_as(tree: &LoadedTree, name: &str, args: &mut [Value], tensors_as: Tensor
             Value::Int(i) => FfiValue::Int(*i),
             Value::Float(x) => FfiValue::Float(*x),
             Value::Str(s) => FfiValue::Str(s.clone()),
+            Value::Bytes(b) => FfiValue::Bytes(b.clone()),
             Value::Null => FfiValue::None,
             v @ (Value::Shape(_) | Value::Tuple(_) | Value::Object(_)) => {
                 return Err(ExecError::Argument {
@@ -85,6 +87,7 @@ fn call_as(tree: &LoadedTree, name: &str, args: &mut [Value], tensors_as: Tensor
         FfiValue::Int(i) => Value::Int(i),
         FfiValue::Float(x) => Value::Float(x),
         FfiValue::Str(s) => Value::Str(s),
+        FfiValue::Bytes(b) => Value::Bytes(b),
         _ => Value::Null,
     })
 }

@@ -28,6 +28,9 @@ pub enum Value {
     Float(f64),
     /// A string.
     Str(String),
+    /// A byte string (TVM's `ffi::Bytes`, or a `String` of any bytes): what
+    /// `opencl.GetPreCompiledPrograms` returns and `opencl.SetPreCompiledPrograms` takes.
+    Bytes(Vec<u8>),
     /// A tuple (`R.Tuple`, a Relay ADT of tag 0), nested as the function built it.
     Tuple(Vec<Value>),
     /// A runtime object (the paged KV cache, a Relay constructor value): passed back as it
@@ -50,6 +53,7 @@ impl PartialEq for Value {
             (Value::Int(a), Value::Int(b)) => a == b,
             (Value::Float(a), Value::Float(b)) => a == b,
             (Value::Str(a), Value::Str(b)) => a == b,
+            (Value::Bytes(a), Value::Bytes(b)) => a == b,
             (Value::Tuple(a), Value::Tuple(b)) => a == b,
             (Value::Object(a), Value::Object(b)) => a == b,
             (Value::Null, Value::Null) => true,
@@ -76,6 +80,7 @@ impl Value {
             Value::Int(_) => "int",
             Value::Float(_) => "float",
             Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
             Value::Tuple(_) => "tuple",
             Value::Object(_) => "object",
             Value::Null => "null",
@@ -106,7 +111,7 @@ impl Value {
 
     /// The value as numpy would hold it, an array: a tensor as it is, a shape as a 1-d
     /// `int64` array, an integer as a 0-d `int64` one, a float as a 0-d `float64` one (on the
-    /// host). `None` for a string, a tuple, an object or null.
+    /// host). `None` for a string, bytes, a tuple, an object or null.
     pub fn to_array(&self) -> Result<Option<NdArray>, ArrayError> {
         let host = |data: &[u8], shape: &[i64], dtype| NdArray::from_bytes(data, shape, dtype, Device::cpu(0));
         Ok(Some(match self {
@@ -117,7 +122,7 @@ impl Value {
             }
             Value::Int(i) => host(&i.to_le_bytes(), &[], DataType::I64)?,
             Value::Float(f) => host(&f.to_le_bytes(), &[], F64)?,
-            Value::Str(_) | Value::Tuple(_) | Value::Object(_) | Value::Null => return Ok(None),
+            Value::Str(_) | Value::Bytes(_) | Value::Tuple(_) | Value::Object(_) | Value::Null => return Ok(None),
         }))
     }
 

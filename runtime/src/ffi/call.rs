@@ -234,7 +234,7 @@ pub(crate) unsafe fn invoke_ffi(
 ///
 /// `addr` must be a `TVMFFISafeCallType`; see [`PackedFunction::call`].
 pub(crate) unsafe fn call_ffi(addr: *mut c_void, resource: *mut c_void, args: &[Value]) -> Result<Value, CallError> {
-    if !args.iter().any(|a| matches!(a, Value::Str(_))) {
+    if !args.iter().any(|a| matches!(a, Value::Str(_) | Value::Bytes(_))) {
         // No strings to keep alive: the arguments are encoded on the stack (a VM's kernel
         // calls, many per inference, take this way).
         let mut stack = [TVMFFIAny::none(); 8];

@@ -35,6 +35,9 @@ pub enum Value {
     Tensor(*mut DLTensor),
     /// A string (passed as a NUL-terminated C string).
     Str(String),
+    /// A byte string, between Rust functions only (`opencl.GetPreCompiledPrograms`): compiled
+    /// code is never passed one.
+    Bytes(Vec<u8>),
     /// A tvm-ffi object returned by a function (type index 64 or more). mblob has no object
     /// system: the reference is not released.
     Object {
@@ -134,11 +137,17 @@ pub(crate) fn encode_classic(args: &[Value]) -> Result<ClassicArgs, CallError> {
                     message: "tvm-ffi objects cannot be passed to a classic function".into(),
                 })
             }
+            Value::Bytes(_) => return Err(bytes_to_compiled_code()),
         };
         values.push(v);
         codes.push(c);
     }
     Ok((values, codes, strings))
+}
+
+/// A byte string passed to compiled code, which mblob does not do.
+fn bytes_to_compiled_code() -> CallError {
+    CallError { code: -1, message: "a byte string cannot be passed to a compiled function".into() }
 }
 
 /// Decodes one classic value. Strings are copied.
@@ -178,6 +187,7 @@ pub(crate) fn encode_ffi(args: &[Value]) -> Result<(Vec<TVMFFIAny>, Vec<CString>
                 strings.push(c);
                 v
             }
+            Value::Bytes(_) => return Err(bytes_to_compiled_code()),
             _ => TVMValue { v_int64: 0 },
         };
         out.push(encode_ffi_value(a, value));
@@ -197,6 +207,8 @@ pub(crate) fn encode_ffi_value(a: &Value, string: TVMValue) -> TVMFFIAny {
         Value::Device(d) => (F_DEVICE, TVMValue { v_device: *d }),
         Value::Tensor(t) => (F_DLTENSOR, TVMValue { v_handle: t.cast() }),
         Value::Str(_) => (F_RAWSTR, string),
+        // Refused by `encode_ffi`, which every call with one goes through.
+        Value::Bytes(_) => (F_NONE, TVMValue { v_int64: 0 }),
         Value::Object { type_index, ptr } => (*type_index, TVMValue { v_handle: *ptr }),
     };
     // Only the 8 payload bytes matter; a DataType or Device fills part of them, the rest

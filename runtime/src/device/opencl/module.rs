@@ -27,6 +27,7 @@ use crate::device::api::{current_device, DevicePtr};
 use crate::device::kernel::{Arg, ArgKind, KernelPlan};
 use crate::device::opencl::api::{cl_text, guard, lock, panic_message, release_event, OpenClApi, MODULE};
 use crate::device::opencl::program::{split_kernels, Kernel, Program};
+use crate::device::program_cache::{self, ProgramCacheError, GET_PROGRAMS, SET_PROGRAMS};
 use crate::device::{Device, DeviceError, DeviceType};
 use crate::ffi::call::PackedFunction;
 use crate::ffi::value::Value;
@@ -106,6 +107,51 @@ impl ModuleInner {
         let made = Arc::new(Kernel { handle, launch: Mutex::new(()), _program: program });
         // A thread that raced here made one too: the first one in stays, the other is released.
         Ok(lock(&self.kernels).entry(api.device).or_default().entry(name.to_owned()).or_insert(made).clone())
+    }
+
+    /// TVM's `GetPreCompiledPrograms` on `api`'s device: every kernel's program (built now
+    /// where it was not yet), as the bytes of a program cache ([`program_cache`]), in the
+    /// order of the source's sections.
+    fn precompiled_programs(&self, api: &Arc<OpenClApi>) -> Result<Vec<u8>, DeviceError> {
+        let device = api.device;
+        let sections = self.sections();
+        if sections.is_empty() {
+            return Err(DeviceError::ProgramCache { device, error: ProgramCacheError::NoSections });
+        }
+        let mut binaries = Vec::with_capacity(sections.len());
+        for (name, _) in sections {
+            let binary = self.program(api, name)?.binary()?;
+            binaries.push((name.as_str(), binary));
+        }
+        Ok(program_cache::write(binaries.iter().map(|(n, b)| (*n, b.as_slice()))))
+    }
+
+    /// TVM's `SetPreCompiledPrograms` on `api`'s device: each kernel of the cache whose
+    /// program is not built yet gets it from the cached binary (`clCreateProgramWithBinary`).
+    /// The bytes are checked whole first: bad bytes, or a kernel the module does not have,
+    /// change nothing. A binary the driver refuses is an error, and that kernel's program is
+    /// then built from the source on first use as before.
+    fn set_precompiled_programs(&self, api: &Arc<OpenClApi>, bytes: &[u8]) -> Result<(), DeviceError> {
+        let device = api.device;
+        let refuse = |error| DeviceError::ProgramCache { device, error };
+        let cache = program_cache::parse(bytes).map_err(refuse)?;
+        let sections = self.sections();
+        if sections.is_empty() {
+            return Err(refuse(ProgramCacheError::NoSections));
+        }
+        if let Some(p) = cache.iter().find(|p| !sections.iter().any(|(n, _)| n == p.name)) {
+            return Err(refuse(ProgramCacheError::UnknownKernel { name: p.name.to_owned() }));
+        }
+        for p in cache {
+            let mut programs = lock(&self.programs);
+            let key = (device, Some(p.name.to_owned()));
+            if matches!(programs.get(&key), Some(Ok(_))) {
+                continue;
+            }
+            let program = guard(device, "clCreateProgramWithBinary", || Program::from_binary(api, p.binary))?;
+            programs.insert(key, Ok(Arc::new(program)));
+        }
+        Ok(())
     }
 
     /// Launches kernel `name` on the current OpenCL device with packed `args`: the kernel
@@ -225,6 +271,41 @@ impl OpenClModule {
     }
 }
 
+impl OpenClModule {
+    /// The program cache of the module on `device` ([`GET_PROGRAMS`]).
+    pub fn precompiled_programs(&self, device: Device) -> Result<Vec<u8>, DeviceError> {
+        let api = OpenClApi::shared(device)?;
+        guard(device, GET_PROGRAMS, || self.inner.precompiled_programs(&api))
+    }
+
+    /// Loads a program cache into the module on `device` ([`SET_PROGRAMS`]).
+    pub fn set_precompiled_programs(&self, device: Device, bytes: &[u8]) -> Result<(), DeviceError> {
+        let api = OpenClApi::shared(device)?;
+        guard(device, SET_PROGRAMS, || self.inner.set_precompiled_programs(&api, bytes))
+    }
+
+    /// [`GET_PROGRAMS`] (`get`) or [`SET_PROGRAMS`] as a function, on the calling thread's
+    /// current OpenCL device.
+    fn program_cache_function(&self, get: bool) -> PackedFunction {
+        let module = OpenClModule { inner: self.inner.clone() };
+        PackedFunction::from_fn(move |args| {
+            let device = current_device(DeviceType::OpenCl);
+            let name = if get { GET_PROGRAMS } else { SET_PROGRAMS };
+            let _span = tracing::debug_span!("opencl_program_cache", function = name, %device).entered();
+            let r = match (get, args) {
+                (true, []) => module.precompiled_programs(device).map(Value::Bytes),
+                (false, [Value::Bytes(b)]) => module.set_precompiled_programs(device, b).map(|()| Value::None),
+                (false, [Value::Str(s)]) => module.set_precompiled_programs(device, s.as_bytes()).map(|()| Value::None),
+                _ => {
+                    let want = if get { "no arguments" } else { "one argument, the bytes of a program cache" };
+                    return Err(format!("{name} takes {want} ({} given)", args.len()));
+                }
+            };
+            r.map_err(|e| format!("{name}: {e}"))
+        })
+    }
+}
+
 impl Module for OpenClModule {
     fn type_key(&self) -> &str {
         &self.inner.device.type_key
@@ -234,7 +315,19 @@ impl Module for OpenClModule {
     /// arguments as the function table types them (buffers as `cl_mem` handles), then the
     /// launch extents in the order of its `launch_param_tags` (and the dynamic shared memory
     /// in bytes when tagged). It runs on the current OpenCL device of the calling thread.
+    ///
+    /// Besides its kernels it answers TVM's two functions of an OpenCL module, on the calling
+    /// thread's current OpenCL device: `opencl.GetPreCompiledPrograms()`, the program of every
+    /// kernel (built now where it was not yet) as the bytes of a program cache in TVM's layout
+    /// ([`program_cache`]), and `opencl.SetPreCompiledPrograms(bytes)`, which gives the kernels
+    /// their programs from such bytes (written by an earlier process for the same device) instead
+    /// of building them from the source.
     fn get_function(&self, name: &str) -> Option<PackedFunction> {
+        match name {
+            GET_PROGRAMS => return Some(self.program_cache_function(true)),
+            SET_PROGRAMS => return Some(self.program_cache_function(false)),
+            _ => {}
+        }
         let plan = KernelPlan::new(name, self.inner.device.function(name)?, ArgKind::any);
         let inner = self.inner.clone();
         Some(PackedFunction::from_fn(move |args| {

@@ -81,6 +81,63 @@ impl Program {
     }
 }
 
+impl Program {
+    /// Makes and builds a program from a binary the driver gave for this device before
+    /// (`clCreateProgramWithBinary`, `clBuildProgram`, as TVM's `SetPreCompiledPrograms`
+    /// does); a binary the driver refuses is a [`DeviceError::Driver`] or [`DeviceError::Build`].
+    pub(super) fn from_binary(api: &Arc<OpenClApi>, binary: &[u8]) -> Result<Program, DeviceError> {
+        let device = api.device;
+        let _span = tracing::debug_span!("opencl_load_binary", %device, bytes = binary.len()).entered();
+        if binary.is_empty() {
+            return Err(api.driver("clCreateProgramWithBinary", opencl3::error_codes::CL_INVALID_BINARY));
+        }
+        if !slice_is_pointer_first(binary) {
+            return Err(DeviceError::Unsupported {
+                device,
+                what: "loading OpenCL program binaries with this Rust compiler (unexpected `&[u8]` layout)".into(),
+            });
+        }
+        // SAFETY: the device is the context's own (`OpenClApi` made the context for it); cl3
+        // passes the one slice's data pointer (its first word, checked above) and its length.
+        let handle = unsafe { clprog::create_program_with_binary(api.context, &[api.id], &[binary]) }
+            .map_err(|c| api.driver("clCreateProgramWithBinary", c))?;
+        let program = Program { handle, _api: api.clone() };
+        let options = CString::default();
+        clprog::build_program(handle, &[api.id], &options, None, ptr::null_mut()).map_err(|code| {
+            DeviceError::Build {
+                device,
+                module: MODULE.into(),
+                log: format!("clBuildProgram of a cached program binary: {}", cl_text(code)),
+            }
+        })?;
+        Ok(program)
+    }
+
+    /// The program's binary for its device (`clGetProgramInfo(CL_PROGRAM_BINARIES)`).
+    pub(super) fn binary(&self) -> Result<Vec<u8>, DeviceError> {
+        let info = clprog::get_program_info(self.handle, clprog::CL_PROGRAM_BINARIES)
+            .map_err(|c| self._api.driver("clGetProgramInfo(CL_PROGRAM_BINARIES)", c))?;
+        // cl3 answers `CL_PROGRAM_BINARIES` with binaries (one per device of the program).
+        let mut binaries: Vec<Vec<u8>> = info.into();
+        match binaries.len() {
+            1 if !binaries[0].is_empty() => Ok(binaries.remove(0)),
+            _ => {
+                Err(self._api.driver("clGetProgramInfo(CL_PROGRAM_BINARIES)", opencl3::error_codes::CL_INVALID_PROGRAM))
+            }
+        }
+    }
+}
+
+/// Whether a `&[u8]` is laid out as (data pointer, length), as cl3's
+/// `create_program_with_binary` assumes when it passes a slice of `&[u8]` as a
+/// `const unsigned char**`.
+fn slice_is_pointer_first(s: &[u8]) -> bool {
+    // SAFETY: a `&[u8]` is two words (transmute checks the sizes at compile time), both
+    // initialised integers; reading them as `usize`s reads no memory they point to.
+    let words = unsafe { std::mem::transmute::<&[u8], [usize; 2]>(s) };
+    words[0] == s.as_ptr() as usize
+}
+
 /// A kernel of a built program. `clSetKernelArg` changes the kernel object, so setting the
 /// arguments and enqueueing happen under `launch`.
 pub(super) struct Kernel {

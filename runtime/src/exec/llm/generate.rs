@@ -37,12 +37,14 @@
 //! ```
 
 mod batch;
+mod embedding;
 mod error;
 mod extend;
 mod logits;
 mod metadata;
 mod nometa;
 mod probe;
+mod program_cache;
 mod rnn;
 mod state;
 mod turns;
@@ -87,6 +89,11 @@ pub struct GenerateOptions {
     pub kv_cache_bytes: Option<u64>,
     /// What `_metadata` gives, for a library without it (see [`ModelSettings`]).
     pub model: ModelSettings,
+    /// On OpenCL, a file of the kernels' program binaries in TVM's layout
+    /// (`opencl.GetPreCompiledPrograms`): loaded when it exists (`SetPreCompiledPrograms`),
+    /// else written after the programs are built, as MLC-LLM's engine gets and sets them
+    /// before it loads the VM.
+    pub opencl_program_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for GenerateOptions {
@@ -97,6 +104,7 @@ impl Default for GenerateOptions {
             prefill_chunk_size: None,
             kv_cache_bytes: None,
             model: ModelSettings::default(),
+            opencl_program_cache: None,
         }
     }
 }
@@ -130,6 +138,8 @@ pub struct LanguageModel {
     vocab: Option<i64>,
     /// What the next turn of the cache's sequences needs (`extend`).
     turns: turns::Turns,
+    /// `alloc_embedding_tensor`'s workspace, when the library has the function.
+    embedding: Option<embedding::Workspace>,
 }
 
 impl LanguageModel {
@@ -145,6 +155,9 @@ impl LanguageModel {
         options: &GenerateOptions,
     ) -> Result<LanguageModel, GenerateError> {
         let _span = tracing::debug_span!("lm_new", %device).entered();
+        if let Some(path) = &options.opencl_program_cache {
+            program_cache::use_program_cache(tree, device, path)?;
+        }
         let vm = VirtualMachine::new(tree, device)?;
         let functions = vm.functions();
         let available = || functions.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ");
@@ -227,8 +240,18 @@ impl LanguageModel {
         let packed = arrays.map(|a| Value::tuple(a.into_iter().map(Value::Tensor)));
         let vocab = vocab_size(&metadata, params.as_ref());
         let turns = turns::Turns::new(&functions);
-        let mut lm =
-            LanguageModel { vm, metadata, params, packed, options: options.clone(), cache: None, vocab, turns };
+        let mut lm = LanguageModel {
+            vm,
+            metadata,
+            params,
+            packed,
+            options: options.clone(),
+            cache: None,
+            vocab,
+            turns,
+            embedding: None,
+        };
+        lm.embedding = embedding::Workspace::alloc(&lm.vm, lm.prefill_chunk_size())?;
         if let (None, Some(budget)) = (options.max_total_seq_len, options.kv_cache_bytes) {
             lm.options.max_total_seq_len = Some(lm.tokens_in_budget(budget)?);
         }
@@ -286,6 +309,13 @@ impl LanguageModel {
             Some((position, id)) => Err(GenerateError::TokenId { id, position, vocab: self.vocab }),
             None => Ok(()),
         }
+    }
+
+    /// The hidden size, as MLC-LLM's engine learns it: from the tensor of the library's
+    /// `alloc_embedding_tensor` (allocated once, with the model); `None` when the library has
+    /// no such function.
+    pub fn hidden_size(&self) -> Option<i64> {
+        self.embedding.as_ref().map(embedding::Workspace::hidden)
     }
 
     /// The model's metadata.

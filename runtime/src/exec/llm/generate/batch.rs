@@ -8,8 +8,9 @@
 //! `kv_state_begin_forward(ids, lengths)`, one `embed` of all its tokens, one
 //! `batch_prefill(embeddings [1, n, hidden], logit_positions, kv_cache, params)` whose
 //! `logit_positions` are each entry's last token (its cumulative length - 1), and
-//! `kv_state_end_forward`. A sequence whose prompt ends in a round picks its first token from
-//! that round's row. Then every decode step runs the whole batch:
+//! `kv_state_end_forward`. A round of several sequences passes the embeddings in the library's
+//! `alloc_embedding_tensor` workspace, as the engine does (`embedding`). A sequence whose
+//! prompt ends in a round picks its first token from that round's row. Then every decode step runs the whole batch:
 //! `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
 //!
 //! An RNN model (`rnn_state`) prefills each prompt alone instead, through `prefill` (see
@@ -117,7 +118,12 @@ impl LanguageModel {
         let _span = tracing::trace_span!("lm_batch_round", function, sequences = seqs.len()).entered();
         let shape_of = |v: &[i64]| Value::Shape(v.into());
         self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[cache, &shape_of(seqs), &shape_of(lengths)])?;
-        let embedded = self.embed(ids)?;
+        let mut embedded = self.embed(ids)?;
+        // A prefill of several sequences reads the embeddings from `alloc_embedding_tensor`'s
+        // workspace, as MLC-LLM's engine does (see `embedding`).
+        if let Some(workspace) = self.embedding.as_ref().filter(|_| function == "batch_prefill" && seqs.len() > 1) {
+            embedded = workspace.write(&embedded, 0)?.clone();
+        }
         let hidden = embedded.shape()[1];
         let embedded = Value::Tensor(embedded.view(&shape(hidden), embedded.dtype()).map_err(VmError::from)?);
         let mut args = vec![&embedded];

@@ -55,6 +55,16 @@ pub enum GenerateError {
     /// The prompt is empty, or the prompt and the new tokens do not fit the context window.
     #[error("{0}")]
     Request(String),
+    /// The OpenCL program cache
+    /// ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache))
+    /// cannot be read, written or loaded.
+    #[error("OpenCL program cache {}: {detail}", path.display())]
+    ProgramCache {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
     /// A token id of the prompt is not in the vocabulary (negative, or not below its size):
     /// refused before anything runs, as the embedding kernel would read outside its table.
     #[error("token id {id} (prompt position {position}) is out of range: {}", vocab_range(*vocab))]

@@ -79,6 +79,7 @@ pub(super) fn vm_kind(v: &ExecValue) -> &'static str {
         ExecValue::Int(_) => "an integer",
         ExecValue::Float(_) => "a float",
         ExecValue::Str(_) => "a string",
+        ExecValue::Bytes(_) => "bytes",
         ExecValue::Tuple(_) => "a tuple",
         ExecValue::Null => "None",
         ExecValue::Object(o) => o.type_key(),

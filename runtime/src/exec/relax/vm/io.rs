@@ -88,6 +88,7 @@ impl VirtualMachine {
             ExecValue::Int(i) => Value::Int(*i),
             ExecValue::Float(f) => Value::Float(*f),
             ExecValue::Str(s) => Value::Str(s.as_bytes().into()),
+            ExecValue::Bytes(b) => Value::Str(b.as_slice().into()),
             ExecValue::Null => Value::Null,
             ExecValue::Object(o) => Value::Object(o.clone()),
             ExecValue::Tuple(items) => {

@@ -47,6 +47,7 @@ fn call_value_kind(v: &CallValue) -> &'static str {
         CallValue::Device(_) => "a device",
         CallValue::Tensor(_) => "a DLTensor pointer",
         CallValue::Str(_) => "a string",
+        CallValue::Bytes(_) => "bytes",
         CallValue::Object { .. } => "a tvm-ffi object",
     }
 }

@@ -44,6 +44,7 @@ pub fn options(page_size: i64, settings: &BTreeMap<String, i64>) -> PyResult<Gen
             attention_sink_size: get("attention_sink_size"),
             vocab_size: get("vocab_size"),
         },
+        opencl_program_cache: None,
     })
 }
 

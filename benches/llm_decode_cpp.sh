@@ -38,10 +38,10 @@ fi
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ -f "$site/tvm/lib/libtvm_runtime.so" ] || { echo "no TVM runtime in $site (TVM_VENV)" >&2; exit 1; }
 
-target=$(bash ci/target-dir.sh)
+out=$(bash ci/target-dir.sh)
 cargo build -q --release --bin mblob
-M=$target/release/mblob
-D=$target/tvm_llm_decode/tvm_llm_decode
+M=$out/release/mblob
+D=$out/tvm_llm_decode/tvm_llm_decode
 mkdir -p "$(dirname "$D")"
 if [ ! -x "$D" ] || [ benches/tvm_llm_decode.cc -nt "$D" ]; then
   # Only tvm-ffi's headers (the wheel's tvm/runtime/ headers need tvm/support/, not shipped);

@@ -285,6 +285,20 @@ fn rwkv6_batch_gives_tvms_tokens_and_logits() {
 }
 
 #[test]
+fn qwen35_hybrid_state_gives_tvms_tokens_and_logits() {
+    // `kv_state_kind` `hybrid`: TVM's paged KV cache (attention layers) and RNN state (Gated
+    // DeltaNet layers) together; one sequence through `batch_prefill`/`batch_decode`, as
+    // reference_hybrid.py ran TVM (the library has no `prefill`/`decode`).
+    runs_as_tvm("qwen35-q0f32");
+}
+
+#[test]
+fn qwen35_batch_gives_tvms_tokens_and_logits() {
+    // Each prompt prefilled alone through `batch_prefill`, then `batch_decode` of the three.
+    batch_greedy_as_tvm("qwen35-q0f32");
+}
+
+#[test]
 fn kv_cache_sized_from_a_memory_budget() {
     // Qwen2.5's cache: 2 layers x 2 (keys, values) x 2 KV heads x 16 tokens x 64 features of
     // float32 = 32768 bytes a page; TVM adds one page to those of max_total_seq_len. The 37-token

@@ -233,8 +233,11 @@ impl LanguageModel {
         let kind = self.state_kind();
         let rnn = kind == StateKind::Rnn;
         let chunk = self.prefill_chunk_size() as usize;
-        let rounds =
-            if kind == StateKind::KvCache { prefill_rounds(&lengths, chunk) } else { rounds_one_by_one(&lengths, chunk) };
+        let rounds = if kind == StateKind::KvCache {
+            prefill_rounds(&lengths, chunk)
+        } else {
+            rounds_one_by_one(&lengths, chunk)
+        };
         for round in rounds {
             let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
             let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();

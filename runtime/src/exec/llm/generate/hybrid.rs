@@ -61,7 +61,8 @@ impl LanguageModel {
             self.batch_round(&cache, "batch_decode", &[SEQUENCE_ID], &[1], ids, None, |h| vec![1, 1, h])?
         } else {
             let bytes = (n as i32 - 1).to_le_bytes();
-            let position = NdArray::from_bytes(&bytes, &[1], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
+            let position =
+                NdArray::from_bytes(&bytes, &[1], DataType::I32, self.vm.devices()[0]).map_err(VmError::from)?;
             let position = Value::Tensor(position);
             let function = if func == "extend" { "batch_extend" } else { "batch_prefill" };
             self.batch_round(&cache, function, &[SEQUENCE_ID], &[n], ids, Some(&position), |h| vec![1, n, h])?
@@ -83,7 +84,8 @@ impl LanguageModel {
     /// Adds sequence `seq` to a hybrid model's RNN state (after the KV cache).
     pub(super) fn add_to_companion(&self, seq: i64) -> Result<(), GenerateError> {
         if let Some(rnn) = &self.rnn {
-            self.vm.invoke("vm.builtin.kv_state_add_sequence", &[ExecValue::Object(rnn.clone()), ExecValue::Int(seq)])?;
+            self.vm
+                .invoke("vm.builtin.kv_state_add_sequence", &[ExecValue::Object(rnn.clone()), ExecValue::Int(seq)])?;
         }
         Ok(())
     }

@@ -452,3 +452,18 @@ fn hybrid_batch_prefill_of_several_sequences_fails_as_in_tvm() {
     assert!(tvm.contains("rnn_state_get_1") && tvm.contains("expected to match seq_slot_ids.shape[0]"), "{tvm}");
     assert!(e.contains("rnn_state_get_1"), "{e}\nTVM: {tvm}");
 }
+
+#[test]
+fn hybrid_prompt_past_the_cache_is_refused_typed_and_the_model_still_runs() {
+    // The KV cache of a hybrid model bounds its sequences (the RNN state does not): a prompt
+    // past the context window (256) is refused before any call, and the next generation runs.
+    let mut m = Rwkv::of(HYBRID);
+    let r = record_of(HYBRID);
+    let g = &r["generate"];
+    let long: Vec<i32> = ints(&g["prompt"]).into_iter().cycle().take(300).collect();
+    let e = m.lm.generate(&long, 4).unwrap_err();
+    assert!(matches!(e, mblob_runtime::exec::llm::generate::GenerateError::Request(_)), "{e:?}");
+    assert!(e.to_string().contains("300 prompt tokens"), "{e}");
+    let out = m.lm.generate(&ints(&g["prompt"]), ints(&g["tokens"]).len()).unwrap();
+    assert_eq!(out.tokens, ints(&g["tokens"]), "TVM's tokens after the refusal");
+}

@@ -111,7 +111,10 @@ kv_cache[, packed_params])`, `decode(embedding, kv_cache[, packed_params])`,
 `create_tir_paged_kv_cache(max_batch_size, max_total_seq_len, prefill_chunk_size, page_size,
 support_sliding_window)` and `_metadata()` (its JSON gives the weight names, the context window
 and the prefill chunk size). A model whose `kv_state_kind` is `rnn_state` (RWKV) has
-`create_rnn_state(max_batch_size, max_history)` instead, and its state goes where the cache goes. The prompt is run in chunks of at most prefill_chunk_size tokens;
+`create_rnn_state(max_batch_size, max_history)` instead, and its state goes where the cache goes. A
+`hybrid` model (Qwen3.5) has both, and no `prefill`/`decode`: each step runs through
+`batch_prefill(embeddings, logit_positions, kv_cache, rnn_state[, packed_params])` or
+`batch_decode(embeddings, kv_cache, rnn_state[, packed_params])`, as MLC-LLM's engine runs it. The prompt is run in chunks of at most prefill_chunk_size tokens;
 each new token is the one of largest logit (greedy). The last line of the output is the new
 token ids, comma-separated (one line per prompt for several, in order). With --temperature
 above 0 each token is drawn with TVM's sampling builtin from MLC-LLM's seeded draws. A model with a sliding window (`sliding_window_size` in its

@@ -285,6 +285,45 @@ fn rwkv6_batch_gives_tvms_tokens_and_logits() {
 }
 
 #[test]
+fn qwen35_hybrid_state_gives_tvms_tokens_and_logits() {
+    // `kv_state_kind` `hybrid`: TVM's paged KV cache (attention layers) and RNN state (Gated
+    // DeltaNet layers) together; one sequence through `batch_prefill`/`batch_decode`, as
+    // reference_hybrid.py ran TVM (the library has no `prefill`/`decode`).
+    runs_as_tvm("qwen35-q0f32");
+}
+
+#[test]
+fn qwen35_batch_gives_tvms_tokens_and_logits() {
+    // Each prompt prefilled alone through `batch_prefill`, then `batch_decode` of the three.
+    batch_greedy_as_tvm("qwen35-q0f32");
+}
+
+#[test]
+fn qwen35_second_turn_continues_both_states_as_tvm() {
+    // `--then-prompt-ids`: the last new token and the next prompt through `batch_prefill` on the
+    // same KV cache and RNN state, then `batch_decode` (reference_hybrid.py's `turn`).
+    let name = "qwen35-q0f32";
+    let r = reference(name);
+    let (g, t) = (&r["generate"], &r["turn"]);
+    let n = ids(&g["tokens"]).len().to_string();
+    let args: Vec<String> = [
+        "--prompt-ids",
+        &ids(&g["prompt"]).join(","),
+        "--then-prompt-ids",
+        &ids(&t["prompt"]).join(","),
+        "--max-new-tokens",
+        &n,
+    ]
+    .map(str::to_owned)
+    .into();
+    let (lines, (shape, got)) = generate_with(name, &args);
+    assert_eq!(lines[lines.len() - 2..], [ids(&g["tokens"]).join(","), ids(&t["tokens"]).join(",")], "TVM's turns");
+    let (want_shape, want) = f32s(&fixture(name).join(t["logits"].as_str().unwrap()));
+    assert_eq!(shape, want_shape);
+    logits_close(name, "turns", &got, &want, shape[1] as usize);
+}
+
+#[test]
 fn kv_cache_sized_from_a_memory_budget() {
     // Qwen2.5's cache: 2 layers x 2 (keys, values) x 2 KV heads x 16 tokens x 64 features of
     // float32 = 32768 bytes a page; TVM adds one page to those of max_total_seq_len. The 37-token

@@ -40,6 +40,7 @@ mod batch;
 mod embedding;
 mod error;
 mod extend;
+mod hybrid;
 mod logits;
 mod metadata;
 mod nometa;
@@ -134,6 +135,8 @@ pub struct LanguageModel {
     packed: Option<Value>,
     options: GenerateOptions,
     cache: Option<ExecValue>,
+    /// A `hybrid` model's RNN state beside the KV cache (`hybrid`).
+    rnn: Option<ObjectRef>,
     /// The vocabulary size, when known ([`LanguageModel::vocab_size`]).
     vocab: Option<i64>,
     /// What the next turn of the cache's sequences needs (`extend`).
@@ -169,8 +172,6 @@ impl LanguageModel {
                 .ok_or_else(|| GenerateError::MissingFunction { name, why, available: available() })
         };
         let embed = param_count("embed", "turns token ids into embeddings")?;
-        param_count("prefill", "runs the prompt")?;
-        param_count("decode", "runs one new token")?;
         // A library without `_metadata` (the model functions alone): the options give what it
         // would (`nometa`).
         let has_metadata = functions.iter().any(|f| f.name == "_metadata");
@@ -194,8 +195,8 @@ impl LanguageModel {
             })?
         };
         metadata.check_supported()?;
-        if let Some(kind) = StateKind::of(metadata.kv_state_kind.as_deref()) {
-            let (name, why) = kind.creator();
+        let kind = StateKind::of(metadata.kv_state_kind.as_deref()).unwrap_or(StateKind::KvCache);
+        for &(name, why) in kind.steps().iter().chain(kind.creators()) {
             param_count(name, why)?;
         }
         let packed = match embed {
@@ -247,6 +248,7 @@ impl LanguageModel {
             packed,
             options: options.clone(),
             cache: None,
+            rnn: None,
             vocab,
             turns,
             embedding: None,
@@ -342,10 +344,13 @@ impl LanguageModel {
     }
 
     /// A new KV cache (`create_tir_paged_kv_cache`), or RNN state for an `rnn_state` model, with
-    /// one empty sequence.
+    /// one empty sequence; a `hybrid` model's RNN state is made beside the cache (`hybrid`).
     fn new_cache(&mut self) -> Result<ObjectRef, GenerateError> {
         if self.state_kind() == StateKind::Rnn {
             return self.new_rnn_state();
+        }
+        if self.is_hybrid() {
+            self.new_companion_state()?;
         }
         let _span = tracing::debug_span!("lm_create_kv_cache").entered();
         let shape = |v: i64| ExecValue::Shape([v].into());
@@ -374,6 +379,7 @@ impl LanguageModel {
     /// MLC-LLM's engine does).
     fn add_sequence(&self, cache: &ObjectRef, seq: i64) -> Result<(), GenerateError> {
         self.vm.invoke("vm.builtin.kv_state_add_sequence", &[ExecValue::Object(cache.clone()), ExecValue::Int(seq)])?;
+        self.add_to_companion(seq)?;
         if self.metadata.sliding_window_size > 0 {
             self.vm.invoke(
                 "vm.builtin.attention_kv_cache_enable_sliding_window_for_seq",
@@ -396,6 +402,9 @@ impl LanguageModel {
     /// the one made with the model.
     fn forward(&self, cache: &ObjectRef, func: &'static str, ids: &[i32]) -> Result<Vec<f32>, GenerateError> {
         let _span = tracing::trace_span!("lm_forward", function = func, tokens = ids.len()).entered();
+        if self.is_hybrid() {
+            return self.hybrid_forward(cache, func, ids);
+        }
         let n = ids.len() as i64;
         let cache = Value::Object(cache.clone());
         let shape = |v: i64| Value::Shape([v].into());

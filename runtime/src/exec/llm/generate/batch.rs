@@ -14,7 +14,8 @@
 //! `batch_decode(embeddings [b, 1, hidden], kv_cache, params)`.
 //!
 //! An RNN model (`rnn_state`) prefills each prompt alone instead, through `prefill` (see
-//! `state.rs`).
+//! `state.rs`); a `hybrid` one each prompt alone through `batch_prefill`, its calls taking the
+//! RNN state after the KV cache (see `hybrid.rs`).
 //!
 //! **Sampling** ([`Sampling`](crate::exec::llm::lm::sampler::Sampling)): sequence `i` of a
 //! batch is seeded `seed + i`.
@@ -103,9 +104,10 @@ pub(crate) fn rows_of(logits: &NdArray, rows: usize) -> Result<Vec<Vec<f32>>, St
 impl LanguageModel {
     /// One round of the batch: `kv_state_begin_forward` of `seqs` appending `lengths`, `embed`
     /// of `ids` viewed as `shape(hidden)`, `function(embeddings, extra..., kv_cache, params)`,
-    /// `kv_state_end_forward`: one row of logits per sequence.
+    /// `kv_state_end_forward`: one row of logits per sequence. A hybrid model's RNN state is
+    /// framed after the cache and passed after it (`function(..., kv_cache, rnn_state, params)`).
     #[allow(clippy::too_many_arguments)]
-    fn batch_round(
+    pub(super) fn batch_round(
         &self,
         cache: &Value,
         function: &'static str,
@@ -117,7 +119,9 @@ impl LanguageModel {
     ) -> Result<Vec<Vec<f32>>, GenerateError> {
         let _span = tracing::trace_span!("lm_batch_round", function, sequences = seqs.len()).entered();
         let shape_of = |v: &[i64]| Value::Shape(v.into());
-        self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[cache, &shape_of(seqs), &shape_of(lengths)])?;
+        let (seqs_v, lengths_v) = (shape_of(seqs), shape_of(lengths));
+        self.vm.call_vm_values("vm.builtin.kv_state_begin_forward", &[cache, &seqs_v, &lengths_v])?;
+        self.on_companion("vm.builtin.kv_state_begin_forward", &[&seqs_v, &lengths_v])?;
         let mut embedded = self.embed(ids)?;
         // A prefill of several sequences reads the embeddings from `alloc_embedding_tensor`'s
         // workspace, as MLC-LLM's engine does (see `embedding`).
@@ -129,9 +133,12 @@ impl LanguageModel {
         let mut args = vec![&embedded];
         args.extend(extra);
         args.push(cache);
+        let rnn = self.companion();
+        args.extend(rnn.as_ref());
         args.extend(self.packed.as_ref());
         let result = self.vm.call_vm_values(function, &args)?;
         self.vm.call_vm_values("vm.builtin.kv_state_end_forward", &[cache])?;
+        self.on_companion("vm.builtin.kv_state_end_forward", &[])?;
         rows_of(&logits_of(function, result)?, seqs.len()).map_err(|detail| GenerateError::Result { function, detail })
     }
 
@@ -221,9 +228,16 @@ impl LanguageModel {
             (0..inputs.len()).map(|i| Sampler::new(sampling, sampling.seed.wrapping_add(i as u32))).collect();
         let lengths: Vec<usize> = inputs.iter().map(Vec::len).collect();
         let start = Instant::now();
-        let rnn = self.state_kind() == StateKind::Rnn;
+        // An RNN state (alone or beside the cache) is read for one sequence per prefill; an
+        // `rnn_state` model prefills through `prefill`, a hybrid one through `batch_prefill`.
+        let kind = self.state_kind();
+        let rnn = kind == StateKind::Rnn;
         let chunk = self.prefill_chunk_size() as usize;
-        let rounds = if rnn { rounds_one_by_one(&lengths, chunk) } else { prefill_rounds(&lengths, chunk) };
+        let rounds = if kind == StateKind::KvCache {
+            prefill_rounds(&lengths, chunk)
+        } else {
+            rounds_one_by_one(&lengths, chunk)
+        };
         for round in rounds {
             let seqs: Vec<i64> = round.iter().map(|e| e.seq as i64).collect();
             let lens: Vec<i64> = round.iter().map(|e| e.len as i64).collect();

@@ -38,6 +38,7 @@ impl LanguageModel {
     pub(super) fn ended<T>(&mut self, out: Result<T, GenerateError>) -> Result<T, GenerateError> {
         if out.is_err() {
             self.cache = None;
+            self.rnn = None;
         }
         out
     }

@@ -26,8 +26,8 @@ pub struct ModelMetadata {
     /// The attention sinks a sequence keeps in front of its sliding window.
     #[serde(default)]
     pub attention_sink_size: i64,
-    /// `kv_cache` for a paged KV cache, `rnn_state` for TVM's RNN state (RWKV); `hybrid` (both,
-    /// Qwen3.5) is not supported.
+    /// `kv_cache` for a paged KV cache, `rnn_state` for TVM's RNN state (RWKV), `hybrid` for both
+    /// (Qwen3.5).
     #[serde(default)]
     pub kv_state_kind: Option<String>,
     /// The model's architecture (`llama`, ...).
@@ -50,15 +50,14 @@ pub struct ModelMetadata {
 }
 
 impl ModelMetadata {
-    /// Refuses what mblob does not run, naming it: a hybrid KV state (or another unknown kind),
+    /// Refuses what mblob does not run, naming it: an unknown KV state kind,
     /// disaggregation, several tensor-parallel shards or pipeline stages (Disco).
     pub fn check_supported(&self) -> Result<(), GenerateError> {
         let refuse = |detail: String| Err(GenerateError::Metadata { detail });
         if let Some(k) = self.kv_state_kind.as_deref().filter(|k| StateKind::of(Some(k)).is_none()) {
-            let what = if k == "hybrid" { " (a paged KV cache and an RNN state together, as Qwen3.5's)" } else { "" };
             return refuse(format!(
-                "its KV state is `{k}`{what}; mblob generates with a paged KV cache (`kv_cache`) or an RNN state \
-                 (`rnn_state`)"
+                "its KV state is `{k}`; mblob generates with a paged KV cache (`kv_cache`), an RNN state \
+                 (`rnn_state`) or both (`hybrid`)"
             ));
         }
         if self.disaggregation {

@@ -36,7 +36,9 @@ pub enum mblob_status {
     /// A call out of order: outputs asked for before a successful run; or a handle in use by a
     /// call on another thread (a model used by two threads at once, a handle freed while used).
     MBLOB_ERR_STATE = 9,
-    /// Something this version does not do (an output that is a string, not a tensor).
+    /// Something this version does not do: an output that is a string, not a tensor; a Relax
+    /// function compiled with `exec_mode="compiled"` (VM TIR), a texture memory scope, a VM
+    /// builtin or a KV-cache feature mblob does not implement.
     MBLOB_ERR_UNSUPPORTED = 10,
     /// A bug in mblob (a caught Rust panic); the handle the call used should be freed.
     MBLOB_ERR_PANIC = 11,
@@ -70,8 +72,7 @@ impl From<ExecError> for Failure {
             | ExecError::MissingInputs { .. }
             | ExecError::InputMismatch { .. }
             | ExecError::InputKind { .. } => MBLOB_ERR_INPUT,
-            // Inputs over the bounds the model was built for (a batch over its maximum).
-            ExecError::Relax(v) if matches!(v.root(), VmError::InputBound { .. }) => MBLOB_ERR_INPUT,
+            ExecError::Relax(v) => vm_status(v),
             ExecError::Index { .. } | ExecError::Argument { .. } => MBLOB_ERR_INVALID_ARGUMENT,
             ExecError::FeatureOff { .. } => MBLOB_ERR_UNSUPPORTED,
             ExecError::UnsupportedDevice { .. } | ExecError::Device(_) => MBLOB_ERR_DEVICE,
@@ -79,6 +80,30 @@ impl From<ExecError> for Failure {
         };
         Failure::new(status, e.to_string())
     }
+}
+
+/// The status of a Relax VM error, by its innermost cause.
+pub(crate) fn vm_status(e: &VmError) -> mblob_status {
+    use mblob_status::*;
+    match e.root() {
+        // Inputs over the bounds the model was built for (a batch over its maximum).
+        VmError::InputBound { .. } => MBLOB_ERR_INPUT,
+        VmError::NoExecutable { .. } => MBLOB_ERR_NO_MODEL,
+        VmError::UnsupportedDevice { .. } | VmError::Device(_) => MBLOB_ERR_DEVICE,
+        // What mblob's VM does not do: VM TIR functions (`exec_mode="compiled"`), texture
+        // memory scopes, builtins it does not implement.
+        VmError::VmTir { .. } | VmError::MemoryScope { .. } | VmError::UnknownBuiltin { .. } => MBLOB_ERR_UNSUPPORTED,
+        #[cfg(feature = "llm")]
+        VmError::Lm(_) if kv_cache_unsupported(e) => MBLOB_ERR_UNSUPPORTED,
+        _ => MBLOB_ERR_RUN,
+    }
+}
+
+/// Whether the error is the paged KV cache's refusal of a feature it does not implement.
+#[cfg(feature = "llm")]
+fn kv_cache_unsupported(e: &VmError) -> bool {
+    use mblob_runtime::exec::llm::kv_cache::KvCacheError;
+    matches!(e.lm_error::<KvCacheError>(), Some(KvCacheError::Unsupported(_)))
 }
 
 pub(crate) type Result<T, E = Failure> = std::result::Result<T, E>;

@@ -383,6 +383,40 @@ mod imp {
     fn failure(e: GenerateError) -> Failure {
         Failure::new(status(&e), e.to_string())
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use mblob_runtime::exec::llm::generate::SamplingOptionError;
+        use mblob_runtime::exec::relax::VmError;
+        use mblob_status::*;
+
+        #[test]
+        fn each_generation_error_has_the_status_of_its_cause() {
+            let too_long =
+                GenerateError::PromptTooLong { prompts: vec![129], max_new_tokens: 1, needed: 129, capacity: 128 };
+            for (e, want) in [
+                (GenerateError::NoPrompt, MBLOB_ERR_INPUT),
+                (GenerateError::EmptyPrompt { index: Some(1) }, MBLOB_ERR_INPUT),
+                (GenerateError::TooManyPrompts { given: 5, max: 4 }, MBLOB_ERR_INPUT),
+                (too_long, MBLOB_ERR_INPUT),
+                (GenerateError::TurnCount { given: 1, sequences: 2 }, MBLOB_ERR_INPUT),
+                (GenerateError::TokenId { id: -1, position: 0, vocab: None }, MBLOB_ERR_INPUT),
+                (GenerateError::WeightsMissing, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::WeightsBound { dir: "params".into() }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::NoCacheSize { context_window_size: -1 }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::BudgetWithoutCache { budget: 1 }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::SamplingOption(SamplingOptionError::TopP(0.0)), MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::Setting { option: "vocab_size", detail: "no".into() }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::NoIndexedWeights, MBLOB_ERR_LOAD),
+                (GenerateError::NothingToContinue, MBLOB_ERR_STATE),
+                (GenerateError::Vm(VmError::VmTir { name: "main".into() }), MBLOB_ERR_UNSUPPORTED),
+                (GenerateError::Vm(VmError::Check { kind: "ValueError", message: "x".into() }), MBLOB_ERR_RUN),
+            ] {
+                assert_eq!(status(&e), want, "{e}");
+            }
+        }
+    }
 }
 
 #[cfg(not(feature = "llm"))]

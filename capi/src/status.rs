@@ -130,3 +130,38 @@ pub(crate) fn out_of_range(what: &str, index: usize, count: usize) -> Failure {
 pub(crate) fn device_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(mblob_status::MBLOB_ERR_DEVICE, e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mblob_status::*;
+
+    #[test]
+    fn vm_errors_map_by_their_innermost_cause() {
+        let at = |e: VmError| VmError::At { function: "main".into(), pc: 3, callee: "f".into(), source: Box::new(e) };
+        let bound = || VmError::InputBound { kind: "ValueError", message: "too big".into() };
+        assert_eq!(vm_status(&bound()), MBLOB_ERR_INPUT);
+        assert_eq!(vm_status(&at(bound())), MBLOB_ERR_INPUT);
+        assert_eq!(vm_status(&VmError::VmTir { name: "main".into() }), MBLOB_ERR_UNSUPPORTED);
+        let scope = VmError::MemoryScope { what: "storage".into(), scope: "global.texture".into() };
+        assert_eq!(vm_status(&at(scope)), MBLOB_ERR_UNSUPPORTED);
+        let builtin = VmError::UnknownBuiltin { name: "vm.builtin.frobnicate".into(), reason: "unknown" };
+        assert_eq!(vm_status(&builtin), MBLOB_ERR_UNSUPPORTED);
+        assert_eq!(vm_status(&VmError::NoExecutable { modules: vec![] }), MBLOB_ERR_NO_MODEL);
+        let check = VmError::Check { kind: "ValueError", message: "bad".into() };
+        assert_eq!(vm_status(&check), MBLOB_ERR_RUN);
+        let e = Failure::from(ExecError::Relax(Box::new(VmError::VmTir { name: "main".into() })));
+        assert_eq!(e.status, MBLOB_ERR_UNSUPPORTED);
+        assert!(e.message.contains("VM TIR function `main`"), "{}", e.message);
+    }
+
+    #[cfg(feature = "llm")]
+    #[test]
+    fn kv_cache_features_mblob_lacks_are_unsupported() {
+        use mblob_runtime::exec::llm::kv_cache::{KvCacheError, UnsupportedFeature};
+        let e = VmError::from(KvCacheError::from(UnsupportedFeature::KvTransfer));
+        assert_eq!(vm_status(&e), MBLOB_ERR_UNSUPPORTED);
+        let e = VmError::from(KvCacheError::Check("Check failed: (x) is false: y".into()));
+        assert_eq!(vm_status(&e), MBLOB_ERR_RUN);
+    }
+}

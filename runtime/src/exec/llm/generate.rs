@@ -220,12 +220,8 @@ impl LanguageModel {
                     Some(cache.param_array_by_name(&names)?)
                 }
             }
-            (true, None) => {
-                return Err(GenerateError::WeightsMissing)
-            }
-            (false, Some(dir)) => {
-                return Err(GenerateError::WeightsBound { dir: dir.to_path_buf() })
-            }
+            (true, None) => return Err(GenerateError::WeightsMissing),
+            (false, Some(dir)) => return Err(GenerateError::WeightsBound { dir: dir.to_path_buf() }),
             (false, None) => None,
         };
         let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));

@@ -309,8 +309,7 @@ mod imp {
         let kv_cache_bytes = given(o.kv_cache_bytes)
             .map(|b| u64::try_from(b).map_err(|_| invalid(format!("options->kv_cache_bytes is {b}, negative"))))
             .transpose()?;
-        let defaults = GenerateOptions::default();
-        let page_size = given(o.page_size).unwrap_or(defaults.page_size);
+        let page_size = given(o.page_size).unwrap_or(GenerateOptions::default().page_size);
         if page_size <= 0 || page_size > i64::from(i32::MAX) {
             return Err(invalid(format!("options->page_size is {page_size}, not a positive 32-bit integer")));
         }
@@ -327,7 +326,6 @@ mod imp {
                 vocab_size: given(o.vocab_size),
             },
             opencl_program_cache: program_cache.map(Path::to_path_buf),
-            ..defaults
         })
     }
 

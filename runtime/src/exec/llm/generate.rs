@@ -463,7 +463,7 @@ impl LanguageModel {
             return Err(GenerateError::PromptTooLong {
                 prompts: lengths,
                 max_new_tokens,
-                needed: total,
+                needed: u64::try_from(total).unwrap_or(u64::MAX),
                 capacity: self.max_total_seq_len(),
             });
         }

@@ -110,8 +110,9 @@ pub enum GenerateError {
         prompts: Vec<usize>,
         /// The new tokens asked for, per sequence.
         max_new_tokens: usize,
-        /// The positions they need (each prompt and all but the last new token).
-        needed: u128,
+        /// The positions they need (each prompt and all but the last new token; `u64::MAX`
+        /// when more).
+        needed: u64,
         /// The positions the KV cache holds (`max_total_seq_len`).
         capacity: i64,
     },

@@ -219,3 +219,44 @@ fn each_request_error_has_the_status_of_its_cause() {
     // SAFETY: a live handle, freed once.
     ok(unsafe { mblob_library_free(lib) }, "free lib");
 }
+
+/// `opencl_program_cache` on MLC-LLM's Qwen2.5 built for OpenCL (tests/fixtures/mlc): the first
+/// model builds the kernels and writes their programs in TVM's layout (a u64 count, then per
+/// kernel a u64-prefixed name and binary); a model made later loads them. Both give TVM's
+/// tokens (the records of the CPU build of the same weights). Skipped without an OpenCL device
+/// (pocl in CI) unless `MBLOB_REQUIRE_OPENCL` is set.
+#[cfg(feature = "opencl")]
+#[test]
+fn an_opencl_program_cache_is_written_then_loaded() {
+    let mlc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mlc");
+    let r: Value = serde_json::from_slice(&std::fs::read(mlc.join("qwen2-q0f32/reference.json")).unwrap()).unwrap();
+    let (prompt, want) = (ints(&r["generate"]["prompt"]), ints(&r["generate"]["tokens"]));
+    let lib = load(&mlc.join("qwen2-q0f32-opencl/lib.so"));
+    let weights = CString::new(mlc.join("qwen2-q0f32").to_str().unwrap()).unwrap();
+    let cache = std::env::temp_dir().join(format!("mblob-capi-programs-{}", std::process::id()));
+    let _ = std::fs::remove_file(&cache);
+    let cache_c = CString::new(cache.to_str().unwrap()).unwrap();
+    let o = mblob_llm_options { opencl_program_cache: cache_c.as_ptr(), ..defaults() };
+    for turn in ["written", "loaded"] {
+        let mut l = null_mut();
+        // SAFETY: a live library, a NUL-terminated path, one options struct whose string lives
+        // through the call, a valid out-pointer.
+        let s = unsafe { mblob_llm_new_with_options(lib, weights.as_ptr(), 4, 0, &o, &mut l) };
+        if s == MBLOB_ERR_DEVICE && std::env::var_os("MBLOB_REQUIRE_OPENCL").is_none() {
+            eprintln!("SKIPPED: no OpenCL device ({})", last_error());
+            // SAFETY: a live library, freed once.
+            ok(unsafe { mblob_library_free(lib) }, "free lib");
+            return;
+        }
+        ok(s, turn);
+        assert_eq!(generate(l, &prompt, want.len()), Ok(want.clone()), "{turn}: TVM's tokens");
+        let data = std::fs::read(&cache).unwrap();
+        let count = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let name_len = u64::from_le_bytes(data[8..16].try_into().unwrap()) as usize;
+        assert!(count > 1 && name_len > 0 && data.len() > 16 + name_len, "{turn}: {count} programs");
+        free(l);
+    }
+    let _ = std::fs::remove_file(&cache);
+    // SAFETY: a live handle, freed once.
+    ok(unsafe { mblob_library_free(lib) }, "free lib");
+}

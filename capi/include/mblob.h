@@ -43,6 +43,10 @@
 #define MBLOB_INSPECT_KEEP_UNKNOWN 2
 #endif
 
+// A field of `mblob_llm_options` that is not given: its default (the library's `_metadata`,
+// or the default the field's documentation names) applies. `INT64_MIN`.
+#define MBLOB_LLM_UNSET INT64_MIN
+
 // What a call did. `MBLOB_OK` is 0; every other value is an error whose message
 // `mblob_last_error` gives.
 enum mblob_status
@@ -77,7 +81,9 @@ enum mblob_status
   // A call out of order: outputs asked for before a successful run; or a handle in use by a
   // call on another thread (a model used by two threads at once, a handle freed while used).
   MBLOB_ERR_STATE = 9,
-  // Something this version does not do (an output that is a string, not a tensor).
+  // Something this version does not do: an output that is a string, not a tensor; a Relax
+  // function compiled with `exec_mode="compiled"` (VM TIR), a texture memory scope, a VM
+  // builtin or a KV-cache feature mblob does not implement.
   MBLOB_ERR_UNSUPPORTED = 10,
   // A bug in mblob (a caught Rust panic); the handle the call used should be freed.
   MBLOB_ERR_PANIC = 11,
@@ -183,6 +189,44 @@ typedef struct mblob_dl_tensor {
   // Bytes from `data` to the first element.
   uint64_t byte_offset;
 } mblob_dl_tensor;
+
+// The options of `mblob_llm_new_with_options`. Fill it with
+// `mblob_llm_options_init(&options, sizeof(options))` (which sets `struct_size` and every
+// field to its default), then set the fields you need. A size
+// given to a library that has `_metadata` must agree with it (else `MBLOB_ERR_INVALID_ARGUMENT`,
+// naming the field).
+typedef struct mblob_llm_options {
+  // `sizeof(mblob_llm_options)` as the caller compiled it (`mblob_llm_options_init` sets it):
+  // the version of the struct.
+  size_t struct_size;
+  // Tokens per page of the paged KV cache; `MBLOB_LLM_UNSET`: 16 (MLC-LLM's).
+  int64_t page_size;
+  // Tokens the KV cache holds in all; `MBLOB_LLM_UNSET`: the context window.
+  int64_t max_total_seq_len;
+  // The longest prefill chunk; `MBLOB_LLM_UNSET`: the metadata's, else the context window
+  // (or the cache's size), at most 8192.
+  int64_t prefill_chunk_size;
+  // Size the KV cache from a memory budget (bytes for its pages) when `max_total_seq_len`
+  // is unset, as MLC-LLM's engine does; `MBLOB_LLM_UNSET`: none. Negative: refused.
+  int64_t kv_cache_bytes;
+  // The longest sequence (`context_window_size`); -1 for a sliding-window model, which then
+  // needs `max_total_seq_len` or `kv_cache_bytes`. Without `_metadata` it (or a cache size)
+  // is needed.
+  int64_t context_window_size;
+  // The most sequences of one batch; `MBLOB_LLM_UNSET`: the metadata's, else 1.
+  int64_t max_batch_size;
+  // The sliding window each sequence gets; `MBLOB_LLM_UNSET`: the metadata's, else none.
+  int64_t sliding_window_size;
+  // The attention sinks kept in front of the sliding window; `MBLOB_LLM_UNSET`: the
+  // metadata's, else 0.
+  int64_t attention_sink_size;
+  // The vocabulary size; `MBLOB_LLM_UNSET`: the metadata's, else the length of the logits.
+  int64_t vocab_size;
+  // On OpenCL, a file of the kernels' program binaries in TVM's layout
+  // (`opencl.GetPreCompiledPrograms`): loaded when it exists, else written after the
+  // programs are built, as MLC-LLM's engine does. NULL: none. Not used on other devices.
+  const char *opencl_program_cache;
+} mblob_llm_options;
 
 // How `mblob_llm_generate` picks each token: greedily at `temperature` 0; else TVM's
 // `sample_top_p_from_logits` with MLC-LLM's draws (softmax at `temperature`, from the most
@@ -434,7 +478,8 @@ mblob_status mblob_library_call(const struct mblob_library *lib,
 //
 // A library that is not an MLC-LLM model (a function missing, metadata that is not MLC's):
 // `MBLOB_ERR_NO_MODEL`; weights that cannot be read: `MBLOB_ERR_LOAD`. A library built
-// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`.
+// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`. A library without `_metadata` needs
+// the settings it would give: use `mblob_llm_new_with_options`.
 //
 // # Safety
 // `lib` is NULL or a handle; `weights_dir` is NULL or a NUL-terminated string; `out` is NULL
@@ -444,6 +489,29 @@ mblob_status mblob_llm_new(const struct mblob_library *lib,
                            int32_t device_type,
                            int32_t device_id,
                            struct mblob_llm **out);
+
+// `mblob_llm_new` with `options` (NULL: the defaults; see `mblob_llm_options`): the KV
+// cache's sizes, the settings `_metadata` gives for a library without it (one built with
+// TVM's `nn.llm` directly, whose weights are then the tensor cache's `param_0`, `param_1`,
+// ...), and on OpenCL the program cache.
+//
+// A setting that a library without `_metadata` needs and `options` does not give (the
+// context window, or the cache's size for a sliding-window model), one that contradicts the
+// library's `_metadata`, a size out of range, or an `options->struct_size` this library does
+// not know: `MBLOB_ERR_INVALID_ARGUMENT`, naming the field. An OpenCL program cache that
+// cannot be read, written or loaded: `MBLOB_ERR_RUN`, naming the file. Otherwise as
+// `mblob_llm_new`.
+//
+// # Safety
+// As `mblob_llm_new`; `options` is NULL or points to a readable `mblob_llm_options` of
+// `options->struct_size` bytes whose `opencl_program_cache` is NULL or a NUL-terminated
+// string.
+mblob_status mblob_llm_new_with_options(const struct mblob_library *lib,
+                                        const char *weights_dir,
+                                        int32_t device_type,
+                                        int32_t device_id,
+                                        const struct mblob_llm_options *options,
+                                        struct mblob_llm **out);
 
 // Writes the vocabulary size of the model to `*out` (the metadata's `vocab_size`, else the
 // rows of the token embedding table), or -1 when neither says (then only negative token ids
@@ -509,6 +577,16 @@ mblob_status mblob_llm_generate_batch(struct mblob_llm *llm,
 // # Safety
 // No other call on `llm` is in progress, and `llm` is not used after this call.
 mblob_status mblob_llm_free(struct mblob_llm *llm);
+
+// Writes the default options to the `struct_size` bytes at `options`: `struct_size` itself,
+// every size `MBLOB_LLM_UNSET`, `opencl_program_cache` NULL. Pass
+// `sizeof(mblob_llm_options)`, the size of the struct of the header the caller was compiled
+// with (a library of a later version then writes only that version's fields). A size of no
+// version this library knows: `MBLOB_ERR_INVALID_ARGUMENT`, nothing written.
+//
+// # Safety
+// `options` is NULL or points to `struct_size` writable bytes.
+mblob_status mblob_llm_options_init(struct mblob_llm_options *options, size_t struct_size);
 
 // Makes a model of what `lib` holds (a graph factory, an AOT factory, a Relax executable or
 // a Relay VM executable) on the device `(device_type, device_id)`, with DLPack's codes

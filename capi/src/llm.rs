@@ -10,6 +10,7 @@ use std::ffi::c_char;
 use crate::call::call;
 use crate::handle::{check, publish, release, Kind};
 use crate::library::mblob_library;
+use crate::llm_options::mblob_llm_options;
 use crate::status::{mblob_status, not_null, Failure};
 
 /// How `mblob_llm_generate` picks each token: greedily at `temperature` 0; else TVM's
@@ -48,7 +49,8 @@ pub struct mblob_llm {
 ///
 /// A library that is not an MLC-LLM model (a function missing, metadata that is not MLC's):
 /// `MBLOB_ERR_NO_MODEL`; weights that cannot be read: `MBLOB_ERR_LOAD`. A library built
-/// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`.
+/// without the `llm` feature: `MBLOB_ERR_UNSUPPORTED`. A library without `_metadata` needs
+/// the settings it would give: use `mblob_llm_new_with_options`.
 ///
 /// # Safety
 /// `lib` is NULL or a handle; `weights_dir` is NULL or a NUL-terminated string; `out` is NULL
@@ -61,6 +63,35 @@ pub unsafe extern "C" fn mblob_llm_new(
     device_id: i32,
     out: *mut *mut mblob_llm,
 ) -> mblob_status {
+    // SAFETY: the caller's contract is this function's, with no options.
+    unsafe { mblob_llm_new_with_options(lib, weights_dir, device_type, device_id, std::ptr::null(), out) }
+}
+
+/// `mblob_llm_new` with `options` (NULL: the defaults; see `mblob_llm_options`): the KV
+/// cache's sizes, the settings `_metadata` gives for a library without it (one built with
+/// TVM's `nn.llm` directly, whose weights are then the tensor cache's `param_0`, `param_1`,
+/// ...), and on OpenCL the program cache.
+///
+/// A setting that a library without `_metadata` needs and `options` does not give (the
+/// context window, or the cache's size for a sliding-window model), one that contradicts the
+/// library's `_metadata`, a size out of range, or an `options->struct_size` this library does
+/// not know: `MBLOB_ERR_INVALID_ARGUMENT`, naming the field. An OpenCL program cache that
+/// cannot be read, written or loaded: `MBLOB_ERR_RUN`, naming the file. Otherwise as
+/// `mblob_llm_new`.
+///
+/// # Safety
+/// As `mblob_llm_new`; `options` is NULL or points to a readable `mblob_llm_options` of
+/// `options->struct_size` bytes whose `opencl_program_cache` is NULL or a NUL-terminated
+/// string.
+#[no_mangle]
+pub unsafe extern "C" fn mblob_llm_new_with_options(
+    lib: *const mblob_library,
+    weights_dir: *const c_char,
+    device_type: i32,
+    device_id: i32,
+    options: *const mblob_llm_options,
+    out: *mut *mut mblob_llm,
+) -> mblob_status {
     call(|| {
         // SAFETY: the API forbids freeing `lib` while a call on it is in progress, as
         // `checked` needs (a library is never changed).
@@ -71,7 +102,15 @@ pub unsafe extern "C" fn mblob_llm_new(
             // SAFETY: not NULL, and the caller passes a NUL-terminated string.
             Some(unsafe { crate::args::c_path(weights_dir, "weights_dir") }?)
         };
-        let handle = imp::new(lib, weights, device_type, device_id)?;
+        // SAFETY: the caller passes NULL or a readable struct of its `struct_size` bytes.
+        let options = unsafe { crate::llm_options::read(options) }?;
+        let cache = if options.opencl_program_cache.is_null() {
+            None
+        } else {
+            // SAFETY: not NULL, and the caller passes a NUL-terminated string.
+            Some(unsafe { crate::args::c_path(options.opencl_program_cache, "options->opencl_program_cache") }?)
+        };
+        let handle = imp::new(lib, weights, device_type, device_id, &options, cache)?;
         publish(Kind::Llm, handle, out);
         Ok(())
     })
@@ -241,12 +280,12 @@ pub unsafe extern "C" fn mblob_llm_free(llm: *mut mblob_llm) -> mblob_status {
 mod imp {
     use std::path::Path;
 
-    use mblob_runtime::exec::llm::generate::{GenerateError, GenerateOptions, LanguageModel, Sampling};
-    use mblob_runtime::exec::relax::VmError;
+    use mblob_runtime::exec::llm::generate::{GenerateError, GenerateOptions, LanguageModel, ModelSettings, Sampling};
     use mblob_runtime::Device;
 
-    use super::{mblob_llm, mblob_llm_sampling};
+    use super::{mblob_llm, mblob_llm_options, mblob_llm_sampling};
     use crate::library::mblob_library;
+    use crate::llm_options::given;
     use crate::status::{mblob_status, Failure, Result};
 
     pub(super) fn new(
@@ -254,11 +293,40 @@ mod imp {
         weights: Option<&Path>,
         device_type: i32,
         device_id: i32,
+        options: &mblob_llm_options,
+        program_cache: Option<&Path>,
     ) -> Result<mblob_llm> {
         let device = Device::from_dlpack(device_type, device_id);
-        let lm = LanguageModel::new(&lib.tree, device, weights, &GenerateOptions::default()).map_err(failure)?;
+        let options = generate_options(options, program_cache)?;
+        let lm = LanguageModel::new(&lib.tree, device, weights, &options).map_err(failure)?;
         let vocab = lm.vocab_size().unwrap_or(-1);
         Ok(mblob_llm { lm, vocab })
+    }
+
+    /// The runtime's options of the C options.
+    fn generate_options(o: &mblob_llm_options, program_cache: Option<&Path>) -> Result<GenerateOptions> {
+        let invalid = |m: String| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, m);
+        let kv_cache_bytes = given(o.kv_cache_bytes)
+            .map(|b| u64::try_from(b).map_err(|_| invalid(format!("options->kv_cache_bytes is {b}, negative"))))
+            .transpose()?;
+        let page_size = given(o.page_size).unwrap_or(GenerateOptions::default().page_size);
+        if page_size <= 0 || page_size > i64::from(i32::MAX) {
+            return Err(invalid(format!("options->page_size is {page_size}, not a positive 32-bit integer")));
+        }
+        Ok(GenerateOptions {
+            page_size,
+            max_total_seq_len: given(o.max_total_seq_len),
+            prefill_chunk_size: given(o.prefill_chunk_size),
+            kv_cache_bytes,
+            model: ModelSettings {
+                context_window_size: given(o.context_window_size),
+                max_batch_size: given(o.max_batch_size),
+                sliding_window_size: given(o.sliding_window_size),
+                attention_sink_size: given(o.attention_sink_size),
+                vocab_size: given(o.vocab_size),
+            },
+            opencl_program_cache: program_cache.map(Path::to_path_buf),
+        })
     }
 
     pub(super) fn generate(
@@ -268,7 +336,6 @@ mod imp {
         sampling: &mblob_llm_sampling,
     ) -> Result<Vec<i32>> {
         let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
-        sampling.check().map_err(|e| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, e))?;
         let out = l.lm.generate_sampled(prompt, max_new_tokens, &sampling, |_| {}).map_err(failure)?;
         Ok(out.tokens)
     }
@@ -280,28 +347,73 @@ mod imp {
         sampling: &mblob_llm_sampling,
     ) -> Result<Vec<Vec<i32>>> {
         let sampling = Sampling { temperature: sampling.temperature, top_p: sampling.top_p, seed: sampling.seed };
-        sampling.check().map_err(|e| Failure::new(mblob_status::MBLOB_ERR_INVALID_ARGUMENT, e))?;
         let outs = l.lm.generate_batch(prompts, max_new_tokens, &sampling).map_err(failure)?;
         Ok(outs.into_iter().map(|g| g.tokens).collect())
     }
 
     /// The status of a generation error, by cause.
-    fn failure(e: GenerateError) -> Failure {
+    pub(crate) fn status(e: &GenerateError) -> mblob_status {
         use mblob_status::*;
-        let status = match &e {
-            GenerateError::TokenId { .. } | GenerateError::Request(_) => MBLOB_ERR_INPUT,
+        match e {
+            // The prompts and what is asked of them: an input problem.
+            GenerateError::TokenId { .. }
+            | GenerateError::NoPrompt
+            | GenerateError::EmptyPrompt { .. }
+            | GenerateError::TooManyPrompts { .. }
+            | GenerateError::PromptTooLong { .. }
+            | GenerateError::TurnCount { .. } => MBLOB_ERR_INPUT,
             GenerateError::MissingFunction { .. } | GenerateError::Metadata { .. } => MBLOB_ERR_NO_MODEL,
-            GenerateError::WeightsMode(_) => MBLOB_ERR_INVALID_ARGUMENT,
-            GenerateError::Weights(_) => MBLOB_ERR_LOAD,
-            GenerateError::Vm(v) => match v.root() {
-                VmError::InputBound { .. } => MBLOB_ERR_INPUT,
-                VmError::NoExecutable { .. } => MBLOB_ERR_NO_MODEL,
-                VmError::UnsupportedDevice { .. } | VmError::Device(_) => MBLOB_ERR_DEVICE,
-                _ => MBLOB_ERR_RUN,
-            },
+            // The arguments of the make call or its options.
+            GenerateError::WeightsMissing
+            | GenerateError::WeightsBound { .. }
+            | GenerateError::Setting { .. }
+            | GenerateError::NoCacheSize { .. }
+            | GenerateError::BudgetWithoutCache { .. }
+            | GenerateError::BudgetTooSmall { .. }
+            | GenerateError::SamplingOption(_) => MBLOB_ERR_INVALID_ARGUMENT,
+            GenerateError::Weights(_) | GenerateError::NoIndexedWeights => MBLOB_ERR_LOAD,
+            GenerateError::NothingToContinue => MBLOB_ERR_STATE,
+            GenerateError::Vm(v) => crate::status::vm_status(v),
             _ => MBLOB_ERR_RUN,
-        };
-        Failure::new(status, e.to_string())
+        }
+    }
+
+    fn failure(e: GenerateError) -> Failure {
+        Failure::new(status(&e), e.to_string())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use mblob_runtime::exec::llm::generate::SamplingOptionError;
+        use mblob_runtime::exec::relax::VmError;
+        use mblob_status::*;
+
+        #[test]
+        fn each_generation_error_has_the_status_of_its_cause() {
+            let too_long =
+                GenerateError::PromptTooLong { prompts: vec![129], max_new_tokens: 1, needed: 129, capacity: 128 };
+            for (e, want) in [
+                (GenerateError::NoPrompt, MBLOB_ERR_INPUT),
+                (GenerateError::EmptyPrompt { index: Some(1) }, MBLOB_ERR_INPUT),
+                (GenerateError::TooManyPrompts { given: 5, max: 4 }, MBLOB_ERR_INPUT),
+                (too_long, MBLOB_ERR_INPUT),
+                (GenerateError::TurnCount { given: 1, sequences: 2 }, MBLOB_ERR_INPUT),
+                (GenerateError::TokenId { id: -1, position: 0, vocab: None }, MBLOB_ERR_INPUT),
+                (GenerateError::WeightsMissing, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::WeightsBound { dir: "params".into() }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::NoCacheSize { context_window_size: -1 }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::BudgetWithoutCache { budget: 1 }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::SamplingOption(SamplingOptionError::TopP(0.0)), MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::Setting { option: "vocab_size", detail: "no".into() }, MBLOB_ERR_INVALID_ARGUMENT),
+                (GenerateError::NoIndexedWeights, MBLOB_ERR_LOAD),
+                (GenerateError::NothingToContinue, MBLOB_ERR_STATE),
+                (GenerateError::Vm(VmError::VmTir { name: "main".into() }), MBLOB_ERR_UNSUPPORTED),
+                (GenerateError::Vm(VmError::Check { kind: "ValueError", message: "x".into() }), MBLOB_ERR_RUN),
+            ] {
+                assert_eq!(status(&e), want, "{e}");
+            }
+        }
     }
 }
 
@@ -309,11 +421,18 @@ mod imp {
 mod imp {
     use std::path::Path;
 
-    use super::{mblob_llm, mblob_llm_sampling};
+    use super::{mblob_llm, mblob_llm_options, mblob_llm_sampling};
     use crate::library::mblob_library;
     use crate::status::{mblob_status, Failure, Result};
 
-    pub(super) fn new(_: &mblob_library, _: Option<&Path>, _: i32, _: i32) -> Result<mblob_llm> {
+    pub(super) fn new(
+        _: &mblob_library,
+        _: Option<&Path>,
+        _: i32,
+        _: i32,
+        _: &mblob_llm_options,
+        _: Option<&Path>,
+    ) -> Result<mblob_llm> {
         Err(Failure::new(
             mblob_status::MBLOB_ERR_UNSUPPORTED,
             "this libmblob was built without the `llm` feature: it runs no language model",

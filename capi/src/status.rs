@@ -36,7 +36,9 @@ pub enum mblob_status {
     /// A call out of order: outputs asked for before a successful run; or a handle in use by a
     /// call on another thread (a model used by two threads at once, a handle freed while used).
     MBLOB_ERR_STATE = 9,
-    /// Something this version does not do (an output that is a string, not a tensor).
+    /// Something this version does not do: an output that is a string, not a tensor; a Relax
+    /// function compiled with `exec_mode="compiled"` (VM TIR), a texture memory scope, a VM
+    /// builtin or a KV-cache feature mblob does not implement.
     MBLOB_ERR_UNSUPPORTED = 10,
     /// A bug in mblob (a caught Rust panic); the handle the call used should be freed.
     MBLOB_ERR_PANIC = 11,
@@ -70,8 +72,7 @@ impl From<ExecError> for Failure {
             | ExecError::MissingInputs { .. }
             | ExecError::InputMismatch { .. }
             | ExecError::InputKind { .. } => MBLOB_ERR_INPUT,
-            // Inputs over the bounds the model was built for (a batch over its maximum).
-            ExecError::Relax(v) if matches!(v.root(), VmError::InputBound { .. }) => MBLOB_ERR_INPUT,
+            ExecError::Relax(v) => vm_status(v),
             ExecError::Index { .. } | ExecError::Argument { .. } => MBLOB_ERR_INVALID_ARGUMENT,
             ExecError::FeatureOff { .. } => MBLOB_ERR_UNSUPPORTED,
             ExecError::UnsupportedDevice { .. } | ExecError::Device(_) => MBLOB_ERR_DEVICE,
@@ -79,6 +80,30 @@ impl From<ExecError> for Failure {
         };
         Failure::new(status, e.to_string())
     }
+}
+
+/// The status of a Relax VM error, by its innermost cause.
+pub(crate) fn vm_status(e: &VmError) -> mblob_status {
+    use mblob_status::*;
+    match e.root() {
+        // Inputs over the bounds the model was built for (a batch over its maximum).
+        VmError::InputBound { .. } => MBLOB_ERR_INPUT,
+        VmError::NoExecutable { .. } => MBLOB_ERR_NO_MODEL,
+        VmError::UnsupportedDevice { .. } | VmError::Device(_) => MBLOB_ERR_DEVICE,
+        // What mblob's VM does not do: VM TIR functions (`exec_mode="compiled"`), texture
+        // memory scopes, builtins it does not implement.
+        VmError::VmTir { .. } | VmError::MemoryScope { .. } | VmError::UnknownBuiltin { .. } => MBLOB_ERR_UNSUPPORTED,
+        #[cfg(feature = "llm")]
+        VmError::Lm(_) if kv_cache_unsupported(e) => MBLOB_ERR_UNSUPPORTED,
+        _ => MBLOB_ERR_RUN,
+    }
+}
+
+/// Whether the error is the paged KV cache's refusal of a feature it does not implement.
+#[cfg(feature = "llm")]
+fn kv_cache_unsupported(e: &VmError) -> bool {
+    use mblob_runtime::exec::llm::kv_cache::KvCacheError;
+    matches!(e.lm_error::<KvCacheError>(), Some(KvCacheError::Unsupported(_)))
 }
 
 pub(crate) type Result<T, E = Failure> = std::result::Result<T, E>;
@@ -104,4 +129,39 @@ pub(crate) fn out_of_range(what: &str, index: usize, count: usize) -> Failure {
 
 pub(crate) fn device_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(mblob_status::MBLOB_ERR_DEVICE, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mblob_status::*;
+
+    #[test]
+    fn vm_errors_map_by_their_innermost_cause() {
+        let at = |e: VmError| VmError::At { function: "main".into(), pc: 3, callee: "f".into(), source: Box::new(e) };
+        let bound = || VmError::InputBound { kind: "ValueError", message: "too big".into() };
+        assert_eq!(vm_status(&bound()), MBLOB_ERR_INPUT);
+        assert_eq!(vm_status(&at(bound())), MBLOB_ERR_INPUT);
+        assert_eq!(vm_status(&VmError::VmTir { name: "main".into() }), MBLOB_ERR_UNSUPPORTED);
+        let scope = VmError::MemoryScope { what: "storage".into(), scope: "global.texture".into() };
+        assert_eq!(vm_status(&at(scope)), MBLOB_ERR_UNSUPPORTED);
+        let builtin = VmError::UnknownBuiltin { name: "vm.builtin.frobnicate".into(), reason: "unknown" };
+        assert_eq!(vm_status(&builtin), MBLOB_ERR_UNSUPPORTED);
+        assert_eq!(vm_status(&VmError::NoExecutable { modules: vec![] }), MBLOB_ERR_NO_MODEL);
+        let check = VmError::Check { kind: "ValueError", message: "bad".into() };
+        assert_eq!(vm_status(&check), MBLOB_ERR_RUN);
+        let e = Failure::from(ExecError::Relax(Box::new(VmError::VmTir { name: "main".into() })));
+        assert_eq!(e.status, MBLOB_ERR_UNSUPPORTED);
+        assert!(e.message.contains("VM TIR function `main`"), "{}", e.message);
+    }
+
+    #[cfg(feature = "llm")]
+    #[test]
+    fn kv_cache_features_mblob_lacks_are_unsupported() {
+        use mblob_runtime::exec::llm::kv_cache::{KvCacheError, UnsupportedFeature};
+        let e = VmError::from(KvCacheError::from(UnsupportedFeature::KvTransfer));
+        assert_eq!(vm_status(&e), MBLOB_ERR_UNSUPPORTED);
+        let e = VmError::from(KvCacheError::Check("Check failed: (x) is false: y".into()));
+        assert_eq!(vm_status(&e), MBLOB_ERR_RUN);
+    }
 }

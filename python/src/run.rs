@@ -546,15 +546,25 @@ impl LanguageModel {
         seed: u32,
     ) -> PyResult<(Vec<Vec<i32>>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
         let sampling = Sampling { temperature, top_p, seed };
-        let outs = run(py, || {
-            let mut lm = take(&self.inner, "model")?;
-            lm.generate_batch(&prompts, max_new_tokens, &sampling).map_err(run_error)
-        })?;
-        let vocab = outs.iter().find_map(|g| g.logits.first()).map_or(0, Vec::len);
-        let bytes: Vec<u8> =
-            outs.iter().flat_map(|g| g.logits.iter().flatten()).flat_map(|x| x.to_le_bytes()).collect();
-        let times = outs.first().map(|g| g.decode_times.iter().map(|d| d.as_secs_f64()).collect()).unwrap_or_default();
-        Ok((outs.into_iter().map(|g| g.tokens).collect(), PyBytes::new(py, &bytes), vocab, times))
+        self.batch_turn(py, |lm| lm.generate_batch(&prompts, max_new_tokens, &sampling))
+    }
+
+    /// Continues the sequences of the last batch in the same KV cache, one prompt each (each
+    /// sequence's last new token, then its prompt, through `batch_extend` when the library has
+    /// `extend`), then decodes the batch: as `generate_batch`.
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (prompts, max_new_tokens, temperature = 0.0, top_p = 1.0, seed = 0))]
+    fn continue_batch<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: Vec<Vec<i32>>,
+        max_new_tokens: usize,
+        temperature: f64,
+        top_p: f64,
+        seed: u32,
+    ) -> PyResult<(Vec<Vec<i32>>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        let sampling = Sampling { temperature, top_p, seed };
+        self.batch_turn(py, |lm| lm.continue_batch(&prompts, max_new_tokens, &sampling))
     }
 }
 
@@ -571,6 +581,25 @@ impl LanguageModel {
             f(&mut lm).map_err(run_error)
         })?;
         Ok(crate::llm_settings::generation_out(py, out))
+    }
+
+    /// Runs `f`, a turn of a batch, on the model without the GIL: `(tokens per sequence,
+    /// logits of all as float32 bytes, vocab, decode seconds per step)`.
+    #[allow(clippy::type_complexity)]
+    fn batch_turn<'py>(
+        &self,
+        py: Python<'py>,
+        f: impl FnOnce(&mut llm::LanguageModel) -> Result<Vec<llm::Generation>, llm::GenerateError> + Send,
+    ) -> PyResult<(Vec<Vec<i32>>, Bound<'py, PyBytes>, usize, Vec<f64>)> {
+        let outs = run(py, || {
+            let mut lm = take(&self.inner, "model")?;
+            f(&mut lm).map_err(run_error)
+        })?;
+        let vocab = outs.iter().find_map(|g| g.logits.first()).map_or(0, Vec::len);
+        let bytes: Vec<u8> =
+            outs.iter().flat_map(|g| g.logits.iter().flatten()).flat_map(|x| x.to_le_bytes()).collect();
+        let times = outs.first().map(|g| g.decode_times.iter().map(|d| d.as_secs_f64()).collect()).unwrap_or_default();
+        Ok((outs.into_iter().map(|g| g.tokens).collect(), PyBytes::new(py, &bytes), vocab, times))
     }
 }
 

@@ -35,6 +35,33 @@ def test_two_turns_give_tvms_tokens_and_logits():
         assert np.abs(g - w).max() <= 1e-4 * max(1.0, np.abs(w).max())
 
 
+def test_a_continued_batch_gives_tvms_tokens_and_logits():
+    """``batch_turns``: two sequences through ``batch_prefill``, then a second turn of both through
+    ``continue_batch`` (``batch_extend``), as MLC-LLM's engine runs them."""
+    s = REF["scenarios"]["batch_turns"]
+    lm = model(context_window_size=128, prefill_chunk_size=32, max_batch_size=4)
+    turns = s["turns"]
+    first = lm.generate_batch(turns[0]["prompts"], 4)
+    rows = [lm.logits]
+    second = lm.continue_batch(turns[1]["prompts"], 4)
+    rows.append(lm.logits)
+    assert [first, second] == [t["tokens"] for t in turns]
+    for i, file in enumerate(s["logits"]):
+        want = np.load(os.path.join(HERE, file))
+        got = np.concatenate([r[i] for r in rows])
+        assert got.shape == want.shape
+        for g, w in zip(got, want):
+            assert np.abs(g - w).max() <= 1e-4 * max(1.0, np.abs(w).max())
+    # One prompt per sequence of the last batch.
+    with pytest.raises(mblob.RunError, match="2 sequences of the last generation"):
+        lm.continue_batch([turns[1]["prompts"][0]], 2)
+
+
+def test_nothing_to_continue_before_a_batch():
+    with pytest.raises(mblob.RunError, match="no generation to continue"):
+        model(context_window_size=128, prefill_chunk_size=32, max_batch_size=4).continue_batch([[1], [2]], 2)
+
+
 def test_a_missing_setting_is_named():
     with pytest.raises(mblob.RunError, match="context_window_size"):
         model()

@@ -11,7 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use mblob_runtime::device::Device;
-use mblob_runtime::exec::llm::generate::{GenerateError, GenerateOptions, LanguageModel, ModelSettings, Sampling};
+use mblob_runtime::exec::llm::generate::{
+    GenerateError, GenerateOptions, LanguageModel, ModelSettings, Sampling, SamplingOptionError,
+};
 use mblob_runtime::{load_library, LoadOptions, LoadedTree, Registry};
 use serde_json::Value;
 
@@ -103,7 +105,7 @@ fn a_batch_continued_gives_tvms_tokens_and_logits_through_batch_extend() {
     }
     // A next turn needs one prompt per sequence of the batch.
     let e = lm.continue_batch(&[vec![1]], 2, &greedy).unwrap_err();
-    assert!(matches!(e, GenerateError::Request(_)), "{e}");
+    assert!(matches!(e, GenerateError::TurnCount { given: 1, sequences } if sequences > 1), "{e}");
 }
 
 #[test]
@@ -154,15 +156,19 @@ fn requests_the_model_cannot_take_are_typed_errors() {
     let mut lm = model(&options()).unwrap();
     let greedy = Sampling::default();
     // Nothing to continue yet.
-    assert!(matches!(lm.continue_sampled(&[1], 2, &greedy, |_| {}), Err(GenerateError::Request(_))));
+    assert!(matches!(lm.continue_sampled(&[1], 2, &greedy, |_| {}), Err(GenerateError::NothingToContinue)));
     // A prompt longer than the cache (the context window, 128).
     let long: Vec<i32> = (0..129).collect();
     let e = lm.generate(&long, 1).unwrap_err();
-    assert!(matches!(&e, GenerateError::Request(m) if m.contains("128")), "{e}");
+    assert!(
+        matches!(&e, GenerateError::PromptTooLong { prompts, max_new_tokens: 1, needed: 129, capacity: 128 } if prompts == &[129]),
+        "{e}"
+    );
+    assert!(e.to_string().contains("more than its 128"), "{e}");
     // A continuation past the cache: 120 + 1 held, 8 more and 4 new.
     lm.generate(&(0..120).collect::<Vec<_>>(), 2).unwrap();
     let e = lm.continue_sampled(&(0..8).collect::<Vec<_>>(), 4, &greedy, |_| {}).unwrap_err();
-    assert!(matches!(&e, GenerateError::Request(m) if m.contains("128")), "{e}");
+    assert!(matches!(&e, GenerateError::PromptTooLong { capacity: 128, .. }), "{e}");
     // The vocabulary (from the logits' length) bounds the ids, in a continuation too.
     let e = lm.generate(&[5, 1000], 1).unwrap_err();
     assert!(matches!(e, GenerateError::TokenId { id: 1000, position: 1, vocab: Some(1000) }), "{e}");
@@ -174,10 +180,20 @@ fn requests_the_model_cannot_take_are_typed_errors() {
     let mut big = model(&GenerateOptions { prefill_chunk_size: Some(64), ..options() }).unwrap();
     let e = big.generate(&(0..40).collect::<Vec<_>>(), 2).unwrap_err();
     assert!(matches!(e, GenerateError::Vm(_)), "{e}");
-    assert!(matches!(big.continue_sampled(&[1], 1, &greedy, |_| {}), Err(GenerateError::Request(_))));
+    assert!(matches!(big.continue_sampled(&[1], 1, &greedy, |_| {}), Err(GenerateError::NothingToContinue)));
     // More prompts than max_batch_size.
     let e = lm.generate_batch(&vec![vec![1]; 5], 1, &greedy).unwrap_err();
-    assert!(matches!(&e, GenerateError::Request(m) if m.contains("max_batch_size")), "{e}");
+    assert!(matches!(e, GenerateError::TooManyPrompts { given: 5, max: 4 }), "{e}");
+    assert!(e.to_string().contains("max_batch_size 4"), "{e}");
+    // Empty prompts, of one sequence and of a batch.
+    assert!(matches!(lm.generate(&[], 1), Err(GenerateError::EmptyPrompt { index: None })));
+    let e = lm.generate_batch(&[vec![1], vec![]], 1, &greedy).unwrap_err();
+    assert!(matches!(e, GenerateError::EmptyPrompt { index: Some(1) }), "{e}");
+    assert!(matches!(lm.generate_batch(&[], 1, &greedy), Err(GenerateError::NoPrompt)));
+    // Sampling settings out of their domain.
+    let bad = Sampling { top_p: 0.0, ..Sampling::default() };
+    let e = lm.generate_sampled(&[1], 1, &bad, |_| {}).unwrap_err();
+    assert!(matches!(e, GenerateError::SamplingOption(SamplingOptionError::TopP(_))), "{e}");
 }
 
 /// A scratch folder, removed when dropped.
@@ -220,7 +236,8 @@ fn a_tensor_cache_without_the_indexed_weights_is_refused() {
     // No `param_0`: the weights are not where a library without `_metadata` reads them.
     let tmp = cache_with("first", |n| n != "param_0");
     let e = LanguageModel::new(&tree, Device::cpu(0), Some(tmp.path()), &options()).unwrap_err();
-    assert!(matches!(&e, GenerateError::WeightsMode(m) if m.contains("param_0")), "{e}");
+    assert!(matches!(e, GenerateError::NoIndexedWeights), "{e}");
+    assert!(e.to_string().contains("param_0"), "{e}");
     // The last weight missing: the functions' signatures take one more (the VM's tuple check).
     let last = format!("param_{}", 2 * 6 + 3);
     let tmp = cache_with("last", |n| n != last);
@@ -228,5 +245,5 @@ fn a_tensor_cache_without_the_indexed_weights_is_refused() {
     assert!(matches!(e, GenerateError::Vm(_)), "{e}");
     // No weights at all for a library that takes them.
     let e = LanguageModel::new(&tree, Device::cpu(0), None, &options()).unwrap_err();
-    assert!(matches!(e, GenerateError::WeightsMode(_)), "{e}");
+    assert!(matches!(e, GenerateError::WeightsMissing), "{e}");
 }

@@ -127,9 +127,31 @@ class LanguageModel:
         Afterwards ``logits`` holds the logits of every sequence (``[sequences, tokens, vocab]``,
         float32) and ``decode_seconds`` the time of each decode step of the batch."""
         seqs = [[int(t) for t in p] for p in prompts]
-        tokens, logits, vocab, seconds = self._lm.generate_batch(
-            seqs, int(max_new_tokens), float(temperature), float(top_p), int(seed)
+        return self._took_batch(
+            *self._lm.generate_batch(seqs, int(max_new_tokens), float(temperature), float(top_p), int(seed))
         )
+
+    def continue_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 16,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> List[List[int]]:
+        """The next turn of the sequences of the last :meth:`generate_batch` (or
+        ``continue_batch``), in the same KV cache, one prompt per sequence: each sequence's last
+        new token and ``prompts[i]`` are prefilled (through the library's ``batch_extend`` when
+        it has ``extend``, as MLC-LLM's engine continues sequences), then the batch decodes up to
+        ``max_new_tokens`` new ids each (sequence ``i`` seeded ``seed + i`` anew). ``logits``
+        and ``decode_seconds`` as after :meth:`generate_batch`."""
+        seqs = [[int(t) for t in p] for p in prompts]
+        return self._took_batch(
+            *self._lm.continue_batch(seqs, int(max_new_tokens), float(temperature), float(top_p), int(seed))
+        )
+
+    def _took_batch(self, tokens: List[List[int]], logits: bytes, vocab: int, seconds: List[float]) -> List[List[int]]:
         steps = len(tokens[0]) if tokens else 0
         self.logits = np.frombuffer(logits, dtype=np.float32).reshape(len(tokens), steps, vocab) if vocab else None
         self.decode_seconds = list(seconds)

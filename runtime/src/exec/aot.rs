@@ -16,12 +16,16 @@
 //! merged into one byte tensor, then one byte tensor per workspace pool, which the executor
 //! allocates (zeroed, 64-byte aligned) and fills as TVM's does.
 
+/// Why an AOT model's metadata cannot be read or is inconsistent
+/// ([`ExecError::Metadata`]).
+pub use crate::ffi::metadata::MetadataError;
+
 use super::runner::{Param, Runner};
 use super::value::Value as ExecValue;
 use super::{check_devices, Device, ExecError, TensorInfo};
 use crate::array::{tensor_bytes, NdArray};
 use crate::ffi::kernel_call::KernelCall;
-use crate::ffi::metadata::{read_c_metadata, MetadataError, RawConstant, RawMetadata, RawTensorInfo};
+use crate::ffi::metadata::{read_c_metadata, RawConstant, RawMetadata, RawTensorInfo};
 use crate::format::stream::Reader;
 use crate::format::DataType;
 use crate::module::LoadedTree;
@@ -130,15 +134,15 @@ const MAX_CONSTANT_POOL: i64 = i32::MAX as i64;
 
 /// The model's signature from the library's `TVMMetadata` (read by
 /// [`crate::ffi::metadata::read_c_metadata`]): every shape checked, the constant pools merged.
-fn metadata_of(raw: RawMetadata) -> Result<Metadata, ExecError> {
-    let bad = |m: String| ExecError::Metadata(m);
-    let infos = |list: Vec<RawTensorInfo>, what: &str| -> Result<Vec<TensorInfo>, ExecError> {
-        list.into_iter()
+fn metadata_of(raw: RawMetadata) -> Result<Metadata, MetadataError> {
+    let infos = |infos: Vec<RawTensorInfo>, list: &'static str| -> Result<Vec<TensorInfo>, MetadataError> {
+        infos
+            .into_iter()
             .enumerate()
-            .map(|(i, t)| {
+            .map(|(index, t)| {
                 let dtype = DataType { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes };
                 if tensor_bytes(dtype, &t.shape).is_none() {
-                    return Err(bad(format!("{what}[{i}]: shape {:?}", t.shape)));
+                    return Err(MetadataError::Shape { list, index, shape: t.shape });
                 }
                 Ok(TensorInfo { name: t.name, shape: t.shape, dtype })
             })
@@ -149,24 +153,23 @@ fn metadata_of(raw: RawMetadata) -> Result<Metadata, ExecError> {
         inputs: infos(raw.inputs, "inputs")?,
         outputs: infos(raw.outputs, "outputs")?,
         workspace_pools: infos(raw.workspace_pools, "workspace_pools")?,
-        mod_name: raw.mod_name.ok_or_else(|| bad("no mod_name".into()))?,
+        mod_name: raw.mod_name.ok_or(MetadataError::NoModName)?,
     })
 }
 
 /// Merges a USMP model's constant pools into one blob, each tensor's data at its byte offset,
 /// as TVM's `AotExecutor` does.
-fn merge_constants(constants: &[RawConstant]) -> Result<Vec<u8>, ExecError> {
-    let bad = |m: String| ExecError::Metadata(m);
+fn merge_constants(constants: &[RawConstant]) -> Result<Vec<u8>, MetadataError> {
     let mut pieces = Vec::new();
-    for (i, c) in constants.iter().enumerate() {
+    for (index, c) in constants.iter().enumerate() {
         let src = crate::bytes::Bytes::from(c.data.clone());
         let t = PayloadTensor::read(&mut Reader::new(&src, 0), &src)
-            .map_err(|e| bad(format!("constant_pools[{i}]: {e}")))?;
+            .map_err(|source| MetadataError::ConstantTensor { index, source })?;
         pieces.push((c.byte_offset as usize, t.data));
     }
     let len = pieces.iter().map(|(at, d)| at + d.len()).max().unwrap_or(0);
     if len as i64 >= MAX_CONSTANT_POOL {
-        return Err(bad(format!("constant pool of {len} bytes")));
+        return Err(MetadataError::ConstantPool { bytes: len });
     }
     let mut blob = vec![0u8; len];
     for (at, d) in pieces {
@@ -202,12 +205,12 @@ impl AotExecutor {
             function: "get_c_metadata".into(),
         })?;
         let raw = read_c_metadata(&get_md).map_err(|e| match e {
-            MetadataError::Call(message) => {
+            MetadataError::Call { message } => {
                 ExecError::Kernel { node: "metadata_module".into(), function: "get_c_metadata".into(), message }
             }
-            other => ExecError::MetadataRead(other),
+            other => ExecError::Metadata(other),
         })?;
-        let metadata = metadata_of(raw)?;
+        let metadata = metadata_of(raw).map_err(ExecError::Metadata)?;
         let entry = format!("{}___tvm_main__", metadata.mod_name);
         let main = tree
             .lookup(factory.index, &entry)

@@ -232,12 +232,10 @@ pub enum ExecError {
         /// What for.
         what: String,
     },
-    /// The AOT metadata the library returns is inconsistent (a shape, a constant pool).
+    /// The AOT metadata the library returns is no metadata struct this reader takes, or is
+    /// inconsistent (a shape, a constant pool): which, in the source.
     #[error("AOT metadata: {0}")]
-    Metadata(String),
-    /// The AOT metadata the library returns is no metadata struct this reader takes.
-    #[error("AOT metadata: {0}")]
-    MetadataRead(#[source] crate::ffi::metadata::MetadataError),
+    Metadata(#[source] crate::ffi::metadata::MetadataError),
 }
 
 /// Checks that executors that run on the CPU alone (AOT) were asked for the CPU.

@@ -56,16 +56,88 @@ pub(crate) struct RawMetadata {
     pub mod_name: Option<String>,
 }
 
-/// Why the metadata cannot be read.
+/// Why an AOT model's metadata cannot be read or is inconsistent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetadataError {
     /// `get_c_metadata` failed.
-    #[error("get_c_metadata failed: {0}")]
-    Call(String),
-    /// What it returned is not a metadata struct this reader takes.
-    #[error("{0}")]
-    Invalid(String),
+    #[error("get_c_metadata failed: {message}")]
+    Call {
+        /// What it reported.
+        message: String,
+    },
+    /// `get_c_metadata` returned something other than a handle.
+    #[error("get_c_metadata returned {returned}, expected a handle")]
+    NotAHandle {
+        /// What it returned.
+        returned: String,
+    },
+    /// `get_c_metadata` returned a null handle.
+    #[error("get_c_metadata returned null")]
+    Null,
+    /// A `TVMMetadata` of another version.
+    #[error("version {found} (this reader knows {expected})")]
+    Version {
+        /// The version read.
+        found: i64,
+        /// The version this reader knows.
+        expected: i64,
+    },
+    /// A list whose count is out of range (or whose entries are null).
+    #[error("{list}: count {count}")]
+    Count {
+        /// `inputs`, `outputs`, `workspace_pools` or `constant_pools`.
+        list: &'static str,
+        /// The count read.
+        count: i64,
+    },
+    /// A tensor whose number of dimensions is out of range (or whose shape is null).
+    #[error("{list}[{index}]: ndim {ndim}")]
+    Ndim {
+        /// The list.
+        list: &'static str,
+        /// The entry.
+        index: usize,
+        /// The number read.
+        ndim: i64,
+    },
+    /// A tensor whose shape has no size (a negative extent, or bytes past 2^64).
+    #[error("{list}[{index}]: shape {shape:?}")]
+    Shape {
+        /// The list.
+        list: &'static str,
+        /// The entry.
+        index: usize,
+        /// The shape read.
+        shape: Vec<i64>,
+    },
+    /// A constant whose size or offset is out of range (or whose data is null).
+    #[error("constant_pools[{index}]: {bytes} bytes at offset {offset}")]
+    Constant {
+        /// The entry.
+        index: usize,
+        /// Its size.
+        bytes: i64,
+        /// Its offset in the merged pool.
+        offset: i64,
+    },
+    /// A constant that is not a tensor in TVM's `NDArray::Save` format.
+    #[error("constant_pools[{index}]: {source}")]
+    ConstantTensor {
+        /// The entry.
+        index: usize,
+        /// Why it does not read.
+        source: crate::format::FormatError,
+    },
+    /// Constants that merge into a pool past TVM's bound (2^31 - 1 bytes).
+    #[error("constant pool of {bytes} bytes")]
+    ConstantPool {
+        /// The merged pool's size.
+        bytes: usize,
+    },
+    /// No `mod_name`.
+    #[error("no mod_name")]
+    NoModName,
 }
 
 #[repr(C)]
@@ -103,9 +175,9 @@ struct CConstantInfo {
 pub(crate) fn read_c_metadata(get_c_metadata: &PackedFunction) -> Result<RawMetadata, MetadataError> {
     // SAFETY: a function of a tree whose caller took the trust in its code at `load_library`;
     // it takes no arguments.
-    let ret = unsafe { get_c_metadata.call(&[]) }.map_err(|e| MetadataError::Call(e.message))?;
+    let ret = unsafe { get_c_metadata.call(&[]) }.map_err(|e| MetadataError::Call { message: e.message })?;
     let Value::Handle(p) = ret else {
-        return Err(MetadataError::Invalid(format!("get_c_metadata returned {ret:?}, expected a handle")));
+        return Err(MetadataError::NotAHandle { returned: format!("{ret:?}") });
     };
     // SAFETY: `p` is what `get_c_metadata` returned: a `TVMMetadata` of the loaded library,
     // valid while it is loaded (the function's `Symbol` holds it).
@@ -118,27 +190,26 @@ pub(crate) fn read_c_metadata(get_c_metadata: &PackedFunction) -> Result<RawMeta
 ///
 /// `p` is null or points to a `TVMMetadata` whose pointers are valid for the counts it gives.
 unsafe fn read(p: *const c_void) -> Result<RawMetadata, MetadataError> {
-    let bad = |m: String| MetadataError::Invalid(m);
     if p.is_null() {
-        return Err(bad("get_c_metadata returned null".into()));
+        return Err(MetadataError::Null);
     }
     // SAFETY: per the contract, `p` points to a `TVMMetadata`.
     let m = unsafe { &*(p as *const CMetadata) };
     if m.version != METADATA_VERSION {
-        return Err(bad(format!("version {} (this reader knows {METADATA_VERSION})", m.version)));
+        return Err(MetadataError::Version { found: m.version, expected: METADATA_VERSION });
     }
     // SAFETY: strings of the metadata are NUL-terminated constants of the library.
     let string = |s: *const c_char| unsafe { (!s.is_null()).then(|| CStr::from_ptr(s).to_string_lossy().into_owned()) };
-    let infos = |arr: *const CTensorInfo, n: i64, what: &str| -> Result<Vec<RawTensorInfo>, MetadataError> {
+    let infos = |arr: *const CTensorInfo, n: i64, list: &'static str| -> Result<Vec<RawTensorInfo>, MetadataError> {
         if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && arr.is_null()) {
-            return Err(bad(format!("{what}: count {n}")));
+            return Err(MetadataError::Count { list, count: n });
         }
         (0..n as usize)
             .map(|i| {
                 // SAFETY: the metadata holds `n` entries at `arr`.
                 let t = unsafe { &*arr.add(i) };
                 if !(0..=MAX_NDIM).contains(&t.num_shape) || (t.num_shape > 0 && t.shape.is_null()) {
-                    return Err(bad(format!("{what}[{i}]: ndim {}", t.num_shape)));
+                    return Err(MetadataError::Ndim { list, index: i, ndim: t.num_shape });
                 }
                 let shape = match t.num_shape {
                     0 => Vec::new(),
@@ -151,7 +222,7 @@ unsafe fn read(p: *const c_void) -> Result<RawMetadata, MetadataError> {
     };
     let n = m.num_constant_pools;
     if !(0..=MAX_TENSORS).contains(&n) || (n > 0 && m.constant_pools.is_null()) {
-        return Err(bad(format!("constant_pools: count {n}")));
+        return Err(MetadataError::Count { list: "constant_pools", count: n });
     }
     let mut constants = Vec::new();
     for i in 0..n as usize {
@@ -164,7 +235,7 @@ unsafe fn read(p: *const c_void) -> Result<RawMetadata, MetadataError> {
             || !(0..=MAX_CONSTANT).contains(&c.byte_offset)
             || c.data_bytes.is_null()
         {
-            return Err(bad(format!("constant_pools[{i}]: {} bytes at offset {}", c.data_len, c.byte_offset)));
+            return Err(MetadataError::Constant { index: i, bytes: c.data_len, offset: c.byte_offset });
         }
         // SAFETY: `data_bytes` holds `data_len` bytes (the contract).
         let data = unsafe { std::slice::from_raw_parts(c.data_bytes.cast::<u8>(), c.data_len as usize) }.to_vec();

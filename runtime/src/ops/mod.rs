@@ -55,8 +55,11 @@ pub enum OpError {
         ndim: usize,
     },
     /// `topk`'s `ret_type` is none of `both`, `values`, `indices`.
-    #[error("tvm.contrib.sort.topk: Unsupported ret type: {0}")]
-    RetType(String),
+    #[error("tvm.contrib.sort.topk: Unsupported ret type: {ret_type}")]
+    RetType {
+        /// The `ret_type` given.
+        ret_type: String,
+    },
     /// Arguments of the wrong number, kind, shape or size.
     #[error("{function}: {detail}")]
     Arguments {

@@ -54,7 +54,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::lm::sampler::Sampler;
-pub use super::lm::sampler::Sampling;
+pub use super::lm::sampler::{Sampling, SamplingOptionError};
 use super::lm::TensorCache;
 use crate::array::NdArray;
 use crate::device::Device;
@@ -221,20 +221,8 @@ impl LanguageModel {
                     Some(cache.param_array_by_name(&names)?)
                 }
             }
-            (true, None) => {
-                return Err(GenerateError::WeightsMode(
-                    "the model takes its weights as a parameter (packed_params): give the directory of its tensor \
-                     cache (tensor-cache.json and the shards)"
-                        .into(),
-                ))
-            }
-            (false, Some(dir)) => {
-                return Err(GenerateError::WeightsMode(format!(
-                    "the model's weights are bound into the library (its functions take no packed_params): \
-                     it needs no weights, but {} was given",
-                    dir.display()
-                )))
-            }
+            (true, None) => return Err(GenerateError::WeightsMissing),
+            (false, Some(dir)) => return Err(GenerateError::WeightsBound { dir: dir.to_path_buf() }),
             (false, None) => None,
         };
         let params = arrays.as_ref().map(|a| ExecValue::Tuple(a.iter().cloned().map(ExecValue::Tensor).collect()));
@@ -269,9 +257,7 @@ impl LanguageModel {
     /// sliding window.
     fn tokens_in_budget(&mut self, budget: u64) -> Result<i64, GenerateError> {
         if self.state_kind() == StateKind::Rnn {
-            return Err(GenerateError::Request(format!(
-                "a KV cache budget ({budget} bytes) was given, but the model keeps an RNN state, not a KV cache"
-            )));
+            return Err(GenerateError::BudgetWithoutCache { budget });
         }
         let page = self.options.page_size;
         self.options.max_total_seq_len = Some(page);
@@ -284,14 +270,14 @@ impl LanguageModel {
         };
         let page_bytes = crate::array::tensor_bytes(c.dtype, &[c.num_layers, 2, c.num_kv_heads, page, c.qk_head_dim])
             .filter(|&b| b > 0)
-            .ok_or_else(|| GenerateError::Request("a KV cache page of no bytes".into()))?;
+            .ok_or_else(|| GenerateError::Result {
+                function: "create_tir_paged_kv_cache",
+                detail: "a KV cache of pages of no bytes".into(),
+            })?;
         let extra = 1 + if self.metadata.sliding_window_size > 0 { 2 * c.reserved_num_seqs } else { 0 };
         let pages = i64::try_from(budget / page_bytes).unwrap_or(i64::MAX);
         if pages <= extra {
-            return Err(GenerateError::Request(format!(
-                "a KV cache of {budget} bytes holds no token: each page of {page} tokens takes {page_bytes} bytes, \
-                 and the cache needs {extra} more than the tokens' pages"
-            )));
+            return Err(GenerateError::BudgetTooSmall { budget, page_size: page, page_bytes, extra_pages: extra });
         }
         Ok((pages - extra).saturating_mul(page).min(i64::from(i32::MAX)))
     }
@@ -445,9 +431,9 @@ impl LanguageModel {
         mut on_token: impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
         let _span = tracing::debug_span!("lm_generate", prompt = prompt.len(), max_new_tokens).entered();
-        sampling.check().map_err(GenerateError::Request)?;
+        sampling.check()?;
         if prompt.is_empty() {
-            return Err(GenerateError::Request("the prompt is empty: give at least one token id".into()));
+            return Err(GenerateError::EmptyPrompt { index: None });
         }
         self.check_ids(prompt)?;
         self.check_capacity([prompt.len()], max_new_tokens)?;
@@ -474,11 +460,7 @@ impl LanguageModel {
             return Ok(());
         }
         if self.max_total_seq_len() <= 0 {
-            return Err(GenerateError::Request(format!(
-                "the model's context window is {} (a sliding-window model): give the KV cache's size \
-                 (max_total_seq_len, `--max-total-seq-len`)",
-                self.metadata.context_window_size
-            )));
+            return Err(GenerateError::NoCacheSize { context_window_size: self.metadata.context_window_size });
         }
         // In u128: prompts and `max_new_tokens` near 2^64 cannot overflow the sum. A sequence
         // with a sliding window holds at most its window and one chunk, however long it runs.
@@ -487,12 +469,12 @@ impl LanguageModel {
         let total: u128 = lengths.iter().map(|&l| l as u128 + per_seq).sum();
         let sliding = self.metadata.sliding_window_size > 0;
         if !sliding && total > self.max_total_seq_len() as u128 {
-            let prompts = lengths.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ");
-            return Err(GenerateError::Request(format!(
-                "{prompts} prompt tokens and {max_new_tokens} new ones per sequence need {total} positions in the KV \
-                 cache, more than its {} (the model's context window)",
-                self.max_total_seq_len()
-            )));
+            return Err(GenerateError::PromptTooLong {
+                prompts: lengths,
+                max_new_tokens,
+                needed: u64::try_from(total).unwrap_or(u64::MAX),
+                capacity: self.max_total_seq_len(),
+            });
         }
         Ok(())
     }

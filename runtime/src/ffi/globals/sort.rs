@@ -179,7 +179,7 @@ fn topk(args: &[Value]) -> Result<Value, String> {
     let asc = int(F, args, n - 1)? != 0;
     let want = if ret_type == "both" { 7 } else { 6 };
     if !matches!(ret_type.as_str(), "both" | "values" | "indices") {
-        return Err(ops::OpError::RetType(ret_type).to_string());
+        return Err(ops::OpError::RetType { ret_type }.to_string());
     }
     count(F, args, want)?;
     let input = tensor(F, args, 0)?;

@@ -159,20 +159,16 @@ impl LanguageModel {
         sampling: &Sampling,
     ) -> Result<Vec<Generation>, GenerateError> {
         let _span = tracing::debug_span!("lm_generate_batch", sequences = prompts.len(), max_new_tokens).entered();
-        sampling.check().map_err(GenerateError::Request)?;
+        sampling.check()?;
         if prompts.is_empty() {
-            return Err(GenerateError::Request("no prompt: give at least one".into()));
+            return Err(GenerateError::NoPrompt);
         }
         if prompts.len() as i64 > self.metadata.max_batch_size {
-            return Err(GenerateError::Request(format!(
-                "{} prompts, more than the model's max_batch_size {}",
-                prompts.len(),
-                self.metadata.max_batch_size
-            )));
+            return Err(GenerateError::TooManyPrompts { given: prompts.len(), max: self.metadata.max_batch_size });
         }
         for (i, p) in prompts.iter().enumerate() {
             if p.is_empty() {
-                return Err(GenerateError::Request(format!("prompt {i} is empty: give at least one token id")));
+                return Err(GenerateError::EmptyPrompt { index: Some(i) });
             }
             self.check_ids(p)?;
         }

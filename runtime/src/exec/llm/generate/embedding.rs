@@ -87,9 +87,7 @@ pub(super) fn copy_embedding_to_offset(embedding: &NdArray, dst: &NdArray, offse
         )));
     }
     if offset < 0 || offset.checked_add(*m).is_none_or(|end| end > *rows) {
-        return Err(GenerateError::Request(format!(
-            "{m} embeddings from row {offset} do not fit `{ALLOC}`'s workspace of {rows} rows"
-        )));
+        return Err(GenerateError::EmbeddingOverflow { function: ALLOC, count: *m, offset, rows: *rows });
     }
     let row_bytes = embedding.nbytes() / (*m).max(1) as usize;
     let at = offset as usize * row_bytes;

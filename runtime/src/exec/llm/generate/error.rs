@@ -1,5 +1,8 @@
 //! What can go wrong when generating.
 
+use std::path::PathBuf;
+
+use super::super::lm::sampler::SamplingOptionError;
 use super::super::lm::{SamplingError, TensorCacheError};
 use crate::exec::relax::vm::value::VmError;
 
@@ -41,9 +44,30 @@ pub enum GenerateError {
         /// What is wrong.
         detail: String,
     },
-    /// The weights are parameters but no tensor cache was given, or the other way round.
-    #[error("{0}")]
-    WeightsMode(String),
+    /// The model takes its weights as a parameter (`packed_params`), but no tensor cache was
+    /// given.
+    #[error(
+        "the model takes its weights as a parameter (packed_params): give the directory of its tensor cache \
+         (tensor-cache.json and the shards)"
+    )]
+    WeightsMissing,
+    /// The model's weights are bound into the library, but a tensor cache was given.
+    #[error(
+        "the model's weights are bound into the library (its functions take no packed_params): it needs no \
+         weights, but {} was given",
+        dir.display()
+    )]
+    WeightsBound {
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// The library's `_metadata` lists no weights (or it has none), and the tensor cache has
+    /// no `param_0`, which MLC-LLM's engine then reads.
+    #[error(
+        "the tensor cache has no record `param_0`: a library whose `_metadata` lists no weights (or that has no \
+         `_metadata`) reads them as `param_0`, `param_1`, ... (MLC-LLM's `param_array_from_cache(\"param\", -1)`)"
+    )]
+    NoIndexedWeights,
     /// A function returned something other than what MLC-LLM's functions return.
     #[error("`{function}` returned {detail}")]
     Result {
@@ -52,16 +76,109 @@ pub enum GenerateError {
         /// What it returned.
         detail: String,
     },
-    /// The prompt is empty, or the prompt and the new tokens do not fit the context window.
-    #[error("{0}")]
-    Request(String),
+    /// The sampling settings are out of their domain.
+    #[error(transparent)]
+    SamplingOption(#[from] SamplingOptionError),
+    /// A batch of no prompts.
+    #[error("no prompt: give at least one")]
+    NoPrompt,
+    /// A prompt of no tokens (of a batch: its index).
+    #[error("{}", match index {
+        Some(i) => format!("prompt {i} is empty: give at least one token id"),
+        None => "the prompt is empty: give at least one token id".to_owned(),
+    })]
+    EmptyPrompt {
+        /// The prompt's index in the batch; `None` for a single sequence.
+        index: Option<usize>,
+    },
+    /// More prompts in one batch than the model's `max_batch_size`.
+    #[error("{given} prompts, more than the model's max_batch_size {max}")]
+    TooManyPrompts {
+        /// The prompts given.
+        given: usize,
+        /// The model's `max_batch_size`.
+        max: i64,
+    },
+    /// The prompts and the new tokens need more positions than the KV cache holds.
+    #[error(
+        "{} prompt tokens and {max_new_tokens} new ones per sequence need {needed} positions in the KV cache, \
+         more than its {capacity} (the model's context window)",
+        prompts.iter().map(usize::to_string).collect::<Vec<_>>().join(" + ")
+    )]
+    PromptTooLong {
+        /// The length of each prompt.
+        prompts: Vec<usize>,
+        /// The new tokens asked for, per sequence.
+        max_new_tokens: usize,
+        /// The positions they need (each prompt and all but the last new token; `u64::MAX`
+        /// when more).
+        needed: u64,
+        /// The positions the KV cache holds (`max_total_seq_len`).
+        capacity: i64,
+    },
+    /// A sliding-window model (context window -1) whose KV cache size was not given.
+    #[error(
+        "the model's context window is {context_window_size} (a sliding-window model): give the KV cache's size \
+         (max_total_seq_len, `--max-total-seq-len`)"
+    )]
+    NoCacheSize {
+        /// The model's `context_window_size`.
+        context_window_size: i64,
+    },
+    /// A KV cache budget ([`GenerateOptions::kv_cache_bytes`](super::GenerateOptions::kv_cache_bytes))
+    /// for a model that keeps an RNN state.
+    #[error("a KV cache budget ({budget} bytes) was given, but the model keeps an RNN state, not a KV cache")]
+    BudgetWithoutCache {
+        /// The budget, in bytes.
+        budget: u64,
+    },
+    /// A KV cache budget that holds no token.
+    #[error(
+        "a KV cache of {budget} bytes holds no token: each page of {page_size} tokens takes {page_bytes} bytes, \
+         and the cache needs {extra_pages} more than the tokens' pages"
+    )]
+    BudgetTooSmall {
+        /// The budget, in bytes.
+        budget: u64,
+        /// Tokens per page.
+        page_size: i64,
+        /// Bytes per page.
+        page_bytes: u64,
+        /// The pages the cache takes beyond those of the tokens.
+        extra_pages: i64,
+    },
+    /// More embeddings than the rows of the embedding workspace left from an offset
+    /// (MLC-LLM's `copy_embedding_to_offset` check).
+    #[error("{count} embeddings from row {offset} do not fit `{function}`'s workspace of {rows} rows")]
+    EmbeddingOverflow {
+        /// The function that made the workspace.
+        function: &'static str,
+        /// The embeddings to copy.
+        count: i64,
+        /// The first row.
+        offset: i64,
+        /// The workspace's rows.
+        rows: i64,
+    },
+    /// A continuation (`continue_sampled`, `continue_batch`) without a generation before it.
+    #[error("no generation to continue: generate first")]
+    NothingToContinue,
+    /// A continuation with another number of prompts than the sequences of the last
+    /// generation.
+    #[error("{given} prompts for the {sequences} sequences of the last generation: give one per sequence")]
+    TurnCount {
+        /// The prompts given.
+        given: usize,
+        /// The sequences of the last generation.
+        sequences: usize,
+    },
     /// The OpenCL program cache
     /// ([`GenerateOptions::opencl_program_cache`](super::GenerateOptions::opencl_program_cache))
     /// cannot be read, written or loaded.
     #[error("OpenCL program cache {}: {detail}", path.display())]
     ProgramCache {
         /// The file.
-        path: std::path::PathBuf,
+        path: PathBuf,
         /// What went wrong.
         detail: String,
     },

@@ -80,21 +80,17 @@ impl LanguageModel {
     /// the last generation): each sequence's last new token, then its prompt.
     fn next_turn(&self, prompts: &[Vec<i32>]) -> Result<(ObjectRef, Vec<Vec<i32>>), GenerateError> {
         let Some(ExecValue::Object(cache)) = self.cache.clone() else {
-            return Err(GenerateError::Request("no generation to continue: generate first".into()));
+            return Err(GenerateError::NothingToContinue);
         };
         if prompts.len() != self.turns.seqs.len() {
-            return Err(GenerateError::Request(format!(
-                "{} prompts for the {} sequences of the last generation: give one per sequence",
-                prompts.len(),
-                self.turns.seqs.len()
-            )));
+            return Err(GenerateError::TurnCount { given: prompts.len(), sequences: self.turns.seqs.len() });
         }
         let mut inputs = Vec::with_capacity(prompts.len());
         for (i, (p, (_, last))) in prompts.iter().zip(&self.turns.seqs).enumerate() {
             self.check_ids(p)?;
             let input: Vec<i32> = last.iter().copied().chain(p.iter().copied()).collect();
             if input.is_empty() {
-                return Err(GenerateError::Request(format!("prompt {i} is empty: give at least one token id")));
+                return Err(GenerateError::EmptyPrompt { index: Some(i) });
             }
             inputs.push(input);
         }
@@ -114,7 +110,7 @@ impl LanguageModel {
         mut on_token: impl FnMut(i32),
     ) -> Result<Generation, GenerateError> {
         let _span = tracing::debug_span!("lm_continue", prompt = prompt.len(), max_new_tokens).entered();
-        sampling.check().map_err(GenerateError::Request)?;
+        sampling.check()?;
         let (cache, inputs) = self.next_turn(std::slice::from_ref(&prompt.to_vec()))?;
         self.check_capacity([self.turns.seqs[0].0 + inputs[0].len()], max_new_tokens)?;
         if max_new_tokens == 0 {
@@ -136,7 +132,7 @@ impl LanguageModel {
         sampling: &Sampling,
     ) -> Result<Vec<Generation>, GenerateError> {
         let _span = tracing::debug_span!("lm_continue_batch", sequences = prompts.len(), max_new_tokens).entered();
-        sampling.check().map_err(GenerateError::Request)?;
+        sampling.check()?;
         let (cache, inputs) = self.next_turn(prompts)?;
         let held: Vec<usize> = self.turns.seqs.iter().zip(&inputs).map(|((fed, _), i)| fed + i.len()).collect();
         self.check_capacity(held, max_new_tokens)?;

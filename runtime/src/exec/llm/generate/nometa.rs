@@ -162,11 +162,7 @@ impl ModelSettings {
 pub(super) fn indexed_params(cache: &TensorCache) -> Result<Vec<NdArray>, GenerateError> {
     let params = cache.param_array("param", -1)?;
     if params.is_empty() {
-        return Err(GenerateError::WeightsMode(
-            "the tensor cache has no record `param_0`: a library whose `_metadata` lists no weights (or that has no \
-             `_metadata`) reads them as `param_0`, `param_1`, ... (MLC-LLM's `param_array_from_cache(\"param\", -1)`)"
-                .into(),
-        ));
+        return Err(GenerateError::NoIndexedWeights);
     }
     Ok(params)
 }

@@ -12,7 +12,7 @@ use crate::format::DataType;
 
 use super::aux::{int32_array, AuxArrays, Batch};
 use super::config::{AttnKind, Kernel, RopeMode};
-use super::error::{check_cmp, check_false, unknown_sequence, KvCacheError};
+use super::error::{check_cmp, check_false, unknown_sequence, KvCacheError, UnsupportedFeature};
 use super::{PagedKvCache, State};
 
 /// Calls a kernel with tensors and numbers.
@@ -50,11 +50,8 @@ fn view(a: &NdArray, shape: &[i64]) -> Result<NdArray, VmError> {
 /// after another (pocl on a CPU), where every lane after the first reads the merged value.
 fn merge_on_host(v: &NdArray, s: &NdArray, v_other: &NdArray, s_other: &NdArray) -> Result<(), VmError> {
     if v.dtype() != DataType::F32 || v_other.dtype() != DataType::F32 {
-        return Err(KvCacheError::Unsupported(format!(
-            "merging partial attentions of {} on OpenCL (float32 only)",
-            crate::payload::relax::executable::dtype_name(v.dtype())
-        ))
-        .into());
+        let dtype = crate::payload::relax::executable::dtype_name(v.dtype());
+        return Err(KvCacheError::from(UnsupportedFeature::MergeDtype { dtype }).into());
     }
     let floats = |a: &NdArray| -> Result<Vec<f32>, VmError> {
         Ok(a.to_bytes()?.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())

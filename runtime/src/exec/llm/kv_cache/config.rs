@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::ffi::call::PackedFunction;
 use crate::format::DataType;
 
-use super::error::{check_cmp, check_false, KvCacheError};
+use super::error::{check_cmp, check_false, KvCacheError, UnsupportedFeature};
 use crate::exec::relax::vm::value::{tuple_items, Value};
 use crate::exec::relax::vm::VirtualMachine;
 
@@ -167,9 +167,7 @@ fn backend<K>(kernel: &mut KernelAt<'_, K>, args: &[&Value], i: usize, what: &st
         v => return Err(arg_err(i, format!("expected the backend name first, got {}", v.kind()))),
     };
     if backend != "tirx" && backend != "tir" {
-        return Err(KvCacheError::Unsupported(format!(
-            "the `{backend}` attention backend of the {what} (only TVM's TIR kernels, \"tirx\" or TVM 0.20-0.23's \"tir\", run on the CPU)"
-        )));
+        return Err(UnsupportedFeature::Backend { backend, kernel: what.to_owned() }.into());
     }
     if items.len() != 2 {
         return Err(arg_err(i, format!("a \"{backend}\" backend takes one function, got {}", items.len() - 1)));
@@ -220,10 +218,7 @@ pub(super) fn sizes(args: &[&Value], lengths: &[usize]) -> Result<Sizes, KvCache
     }
     let layers = shape(args, 1)?;
     if layers.len() != 2 {
-        return Err(KvCacheError::Unsupported(format!(
-            "a layer partition over {} groups (Disco); mblob runs the cache in one group",
-            layers.len().saturating_sub(1)
-        )));
+        return Err(UnsupportedFeature::LayerGroups { groups: layers.len().saturating_sub(1) }.into());
     }
     let num_layers = layers[1] - layers[0];
     if layers[0] != 0 || num_layers <= 0 || num_layers > 1 << 16 {
@@ -332,17 +327,7 @@ pub(super) fn decode<K>(
         .map(|&k| match k {
             0 => Ok(AttnKind::Mha),
             3 => Ok(AttnKind::MhaSliding),
-            1 => Err("multi-head latent attention (MLA) layers"),
-            2 => Err("linear attention layers"),
-            _ => Err("unknown attention kinds"),
-        })
-        .zip(&kinds)
-        .map(|(r, &k)| {
-            r.map_err(|what| {
-                KvCacheError::Unsupported(format!(
-                    "{what} (attention kind {k}); only MHA (0) and per-layer sliding MHA (3) are implemented"
-                ))
-            })
+            kind => Err(KvCacheError::from(UnsupportedFeature::AttentionKind { kind })),
         })
         .collect::<Result<Vec<_>, _>>()?;
     // TVM: a per-layer window turns the per-sequence sliding window off.
@@ -360,7 +345,7 @@ pub(super) fn decode<K>(
         return Err(arg_err(5, format!("an MHA cache has one head dim, got {qk_head_dim} and {v_head_dim}")));
     }
     if int(args, 7)? != 0 {
-        return Err(KvCacheError::Unsupported("KV transfer (disaggregation over NVSHMEM)".into()));
+        return Err(UnsupportedFeature::KvTransfer.into());
     }
     let (rope_mode, rotary_scale, rotary_theta, rope_ext_factors) = rope(args, [8, 9, 10, 11], sliding_requested)?;
     let (dtype, device) = init(args, 12)?;
@@ -534,7 +519,8 @@ mod tests {
     fn unsupported_kinds_are_refused_naming_them() {
         for (kinds, word) in [([1, 1], "multi-head latent attention (MLA)"), ([0, 2], "linear attention")] {
             let e = decoded(&tvm027_args(&[4, 256, 16, 16, 0], &kinds, "tirx")).unwrap_err();
-            assert!(matches!(e, KvCacheError::Unsupported(_)) && e.to_string().contains(word), "{e}");
+            assert!(matches!(e, KvCacheError::Unsupported(UnsupportedFeature::AttentionKind { .. })), "{e}");
+            assert!(e.to_string().contains(word), "{e}");
         }
         let mut a = tvm027_args(&[4, 256, 16, 16, 0], &[0, 0], "tirx");
         a[7] = Value::Int(1);

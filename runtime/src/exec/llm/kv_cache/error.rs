@@ -10,10 +10,10 @@ pub enum KvCacheError {
     /// (`Check failed: (cond) is false: text`, as TVM 0.27 words it).
     #[error("InternalError: {0}")]
     Check(String),
-    /// A configuration or call mblob's cache does not implement (sliding window, tree
-    /// attention, MLA, KV transfer, FlashInfer kernels).
+    /// A configuration or call mblob's cache does not implement (tree attention, MLA, KV
+    /// transfer, FlashInfer kernels, ...): which, in the source.
     #[error("not supported by mblob's paged KV cache: {0}")]
-    Unsupported(String),
+    Unsupported(#[source] UnsupportedFeature),
     /// An argument of a KV cache builtin of the wrong kind or out of range.
     #[error("argument {index} of `{builtin}`: {detail}")]
     Arg {
@@ -24,6 +24,80 @@ pub enum KvCacheError {
         /// What is wrong.
         detail: String,
     },
+}
+
+/// What [`KvCacheError::Unsupported`] names: a feature of TVM's paged KV cache that mblob's
+/// does not implement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnsupportedFeature {
+    /// TVM 0.17's `paged_attention_kv_cache_create_reduced` (the layer count in slot 1).
+    #[error(
+        "TVM 0.17's paged_attention_kv_cache_create_reduced ({args} arguments, the layer count in slot 1): mblob \
+         reads the create calls of TVM 0.18 and later"
+    )]
+    Tvm017Create {
+        /// The create call's arguments.
+        args: usize,
+    },
+    /// TVM 0.17-0.19's `paged_attention_kv_cache_create` of plain functions, which only
+    /// FlashInfer caches called.
+    #[error(
+        "TVM 0.17-0.19's paged_attention_kv_cache_create ({args} arguments, plain functions), which only \
+         FlashInfer caches called: FlashInfer kernels"
+    )]
+    FlashInferCreate {
+        /// The create call's arguments.
+        args: usize,
+    },
+    /// An attention backend other than TVM's TIR kernels (FlashInfer).
+    #[error(
+        "the `{backend}` attention backend of the {kernel} (only TVM's TIR kernels, \"tirx\" or TVM 0.20-0.23's \
+         \"tir\", run on the CPU)"
+    )]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// The kernel it serves (`paged decode`, ...).
+        kernel: String,
+    },
+    /// A layer partition over several groups (Disco, pipeline parallelism).
+    #[error("a layer partition over {groups} groups (Disco); mblob runs the cache in one group")]
+    LayerGroups {
+        /// The groups.
+        groups: usize,
+    },
+    /// Layers of an attention kind other than MHA (0) and per-layer sliding MHA (3).
+    #[error(
+        "{} (attention kind {kind}); only MHA (0) and per-layer sliding MHA (3) are implemented",
+        match kind {
+            1 => "multi-head latent attention (MLA) layers",
+            2 => "linear attention layers",
+            _ => "unknown attention kinds",
+        }
+    )]
+    AttentionKind {
+        /// TVM's `AttnKind` code.
+        kind: i64,
+    },
+    /// KV transfer between engines (disaggregation over NVSHMEM).
+    #[error("KV transfer (disaggregation over NVSHMEM)")]
+    KvTransfer,
+    /// Token-tree attention (speculative decoding's `token_tree_parent_ptr`).
+    #[error("token-tree attention (begin_forward with token_tree_parent_ptr)")]
+    TokenTree,
+    /// On OpenCL, merging partial attentions of a dtype other than float32.
+    #[error("merging partial attentions of {dtype} on OpenCL (float32 only)")]
+    MergeDtype {
+        /// The dtype, as TVM spells it.
+        dtype: String,
+    },
+}
+
+impl From<UnsupportedFeature> for KvCacheError {
+    fn from(u: UnsupportedFeature) -> KvCacheError {
+        KvCacheError::Unsupported(u)
+    }
 }
 
 impl From<KvCacheError> for VmError {

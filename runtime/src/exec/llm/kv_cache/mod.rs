@@ -62,7 +62,7 @@ mod reduced;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{AttnKind, CacheConfig, RopeMode};
-pub use error::KvCacheError;
+pub use error::{KvCacheError, UnsupportedFeature};
 
 use crate::array::NdArray;
 use crate::device::Device;
@@ -330,12 +330,7 @@ fn cache<'a>(name: &'a str, args: &'a [&'a Value]) -> Result<&'a PagedKvCache, V
 fn create(vm: &VirtualMachine, _name: &str, args: &[&Value], _depth: usize) -> Result<Value, VmError> {
     let _span = tracing::debug_span!("kv_cache_create").entered();
     if reduced::is_old_flashinfer_create(args) {
-        return Err(KvCacheError::Unsupported(format!(
-            "TVM 0.17-0.19's paged_attention_kv_cache_create ({} arguments, plain functions), which only \
-             FlashInfer caches called: FlashInfer kernels",
-            args.len()
-        ))
-        .into());
+        return Err(KvCacheError::from(UnsupportedFeature::FlashInferCreate { args: args.len() }).into());
     }
     let (config, kernels) = config::parse(vm, args)?;
     let cache = PagedKvCache::new(config, kernels, vm.tree().clone())?;
@@ -359,10 +354,7 @@ fn begin_forward(_vm: &VirtualMachine, name: &str, args: &[&Value], _depth: usiz
         .into());
     }
     if args.len() == 4 && !matches!(args[3], Value::Null) {
-        return Err(KvCacheError::Unsupported(
-            "token-tree attention (begin_forward with token_tree_parent_ptr)".into(),
-        )
-        .into());
+        return Err(KvCacheError::from(UnsupportedFeature::TokenTree).into());
     }
     let c = cache(name, args)?;
     let a = Args::new(name, args);

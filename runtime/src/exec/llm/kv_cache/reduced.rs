@@ -27,7 +27,7 @@
 
 use super::config::{arg_err, get, heads, init, int, kernel, num_total_pages, rope, sizes};
 use super::config::{AttnKind, CacheConfig, KernelAt, Kernels};
-use super::error::KvCacheError;
+use super::error::{KvCacheError, UnsupportedFeature};
 use crate::exec::relax::vm::value::Value;
 use crate::exec::relax::vm::VirtualMachine;
 
@@ -42,11 +42,7 @@ pub(super) fn decode<K>(
     kernel: &mut KernelAt<'_, K>,
 ) -> Result<(CacheConfig, Kernels<K>), KvCacheError> {
     if (19..=21).contains(&args.len()) && matches!(args.get(1), Some(Value::Int(_))) {
-        return Err(KvCacheError::Unsupported(format!(
-            "TVM 0.17's paged_attention_kv_cache_create_reduced ({} arguments, the layer count in slot 1): \
-             mblob reads the create calls of TVM 0.18 and later",
-            args.len()
-        )));
+        return Err(UnsupportedFeature::Tvm017Create { args: args.len() }.into());
     }
     if !(22..=24).contains(&args.len()) {
         return Err(KvCacheError::Check(format!(
@@ -59,7 +55,7 @@ pub(super) fn decode<K>(
     let (rope_mode, rotary_scale, rotary_theta, rope_ext_factors) = rope(args, [5, 6, 7, 22], sizes.sliding_requested)?;
     let (dtype, device) = init(args, 8)?;
     if args.len() == 24 && int(args, 23)? != 0 {
-        return Err(KvCacheError::Unsupported("KV transfer (disaggregation over NVSHMEM)".into()));
+        return Err(UnsupportedFeature::KvTransfer.into());
     }
     if matches!(get(args, 18)?, Value::Null) {
         return Err(arg_err(18, "the debug-get-kv kernel is not given (mblob needs it)"));

@@ -35,18 +35,27 @@ impl Sampling {
     }
 
     /// Refuses a temperature that is negative or not finite, and a `top_p` outside (0, 1].
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), SamplingOptionError> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "the temperature {} is not a finite number of at least 0 (0: greedy)",
-                self.temperature
-            ));
+            return Err(SamplingOptionError::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p {} is not in (0, 1]", self.top_p));
+            return Err(SamplingOptionError::TopP(self.top_p));
         }
         Ok(())
     }
+}
+
+/// A [`Sampling`] whose settings are out of their domain ([`Sampling::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SamplingOptionError {
+    /// A temperature that is negative or not finite.
+    #[error("the temperature {0} is not a finite number of at least 0 (0: greedy)")]
+    Temperature(f64),
+    /// A `top_p` outside (0, 1].
+    #[error("top_p {0} is not in (0, 1]")]
+    TopP(f64),
 }
 
 /// The draws of one sequence.
@@ -107,9 +116,15 @@ mod tests {
     #[test]
     fn sampling_settings_are_checked() {
         assert!(Sampling::default().check().is_ok());
-        assert!(Sampling { temperature: -1.0, ..Sampling::default() }.check().is_err());
-        assert!(Sampling { temperature: f64::NAN, ..Sampling::default() }.check().is_err());
-        assert!(Sampling { top_p: 0.0, ..Sampling::default() }.check().is_err());
-        assert!(Sampling { top_p: 1.5, ..Sampling::default() }.check().is_err());
+        let e = Sampling { temperature: -1.0, ..Sampling::default() }.check().unwrap_err();
+        assert_eq!(e, SamplingOptionError::Temperature(-1.0));
+        assert!(e.to_string().contains("temperature -1 is not"), "{e}");
+        assert!(matches!(
+            Sampling { temperature: f64::NAN, ..Sampling::default() }.check(),
+            Err(SamplingOptionError::Temperature(_))
+        ));
+        assert_eq!(Sampling { top_p: 0.0, ..Sampling::default() }.check(), Err(SamplingOptionError::TopP(0.0)));
+        let e = Sampling { top_p: 1.5, ..Sampling::default() }.check().unwrap_err();
+        assert_eq!(e.to_string(), "top_p 1.5 is not in (0, 1]");
     }
 }

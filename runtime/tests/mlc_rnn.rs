@@ -462,7 +462,7 @@ fn hybrid_prompt_past_the_cache_is_refused_typed_and_the_model_still_runs() {
     let g = &r["generate"];
     let long: Vec<i32> = ints(&g["prompt"]).into_iter().cycle().take(300).collect();
     let e = m.lm.generate(&long, 4).unwrap_err();
-    assert!(matches!(e, mblob_runtime::exec::llm::generate::GenerateError::Request(_)), "{e:?}");
+    assert!(matches!(e, mblob_runtime::exec::llm::generate::GenerateError::PromptTooLong { .. }), "{e:?}");
     assert!(e.to_string().contains("300 prompt tokens"), "{e}");
     let out = m.lm.generate(&ints(&g["prompt"]), ints(&g["tokens"]).len()).unwrap();
     assert_eq!(out.tokens, ints(&g["tokens"]), "TVM's tokens after the refusal");

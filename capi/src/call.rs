@@ -15,6 +15,14 @@ thread_local! {
 /// Runs `body` as one API call: catches panics, records the message of an error, and gives
 /// back the handles the call took ([`in_use`]).
 pub(crate) fn call(body: impl FnOnce() -> Result<()>) -> mblob_status {
+    let mut body = Some(body);
+    guarded(&mut || body.take().map_or(Ok(()), |f| f()))
+}
+
+/// [`call`]'s work, not generic: one copy of the panic and error handling for all the API's
+/// functions (each of them would otherwise carry its own, about 1 KB apiece in the library).
+#[inline(never)]
+fn guarded(body: &mut dyn FnMut() -> Result<()>) -> mblob_status {
     let outcome = catch_unwind(AssertUnwindSafe(body));
     in_use::give_back();
     let outcome = outcome.unwrap_or_else(|payload| {

@@ -93,6 +93,7 @@ pub unsafe extern "C" fn mblob_llm_new_with_options(
     out: *mut *mut mblob_llm,
 ) -> mblob_status {
     call(|| {
+        imp::available()?;
         // SAFETY: the API forbids freeing `lib` while a call on it is in progress, as
         // `checked` needs (a library is never changed).
         let lib = unsafe { crate::handle::checked(Kind::Library, lib, "lib", out) }?;
@@ -154,6 +155,7 @@ pub unsafe extern "C" fn mblob_llm_generate(
     n_out: *mut usize,
 ) -> mblob_status {
     call(|| {
+        imp::available()?;
         check(Kind::Llm, llm, "llm")?;
         not_null(prompt_ids, "prompt_ids")?;
         not_null(out_tokens, "out_tokens")?;
@@ -213,6 +215,7 @@ pub unsafe extern "C" fn mblob_llm_generate_batch(
     n_out: *mut usize,
 ) -> mblob_status {
     call(|| {
+        imp::available()?;
         check(Kind::Llm, llm, "llm")?;
         not_null(prompts, "prompts")?;
         not_null(prompt_lengths, "prompt_lengths")?;
@@ -287,6 +290,12 @@ mod imp {
     use crate::library::mblob_library;
     use crate::llm_options::given;
     use crate::status::{mblob_status, Failure, Result};
+
+    /// Every call may go on: the feature is on.
+    #[inline(always)]
+    pub(super) fn available() -> Result<()> {
+        Ok(())
+    }
 
     pub(super) fn new(
         lib: &mblob_library,
@@ -424,6 +433,16 @@ mod imp {
     use super::{mblob_llm, mblob_llm_options, mblob_llm_sampling};
     use crate::library::mblob_library;
     use crate::status::{mblob_status, Failure, Result};
+
+    /// Refuses every call first: built without the feature, no language model exists, so the
+    /// arguments' checks (and their code) are not needed.
+    #[inline(always)]
+    pub(super) fn available() -> Result<()> {
+        Err(Failure::new(
+            mblob_status::MBLOB_ERR_UNSUPPORTED,
+            "this libmblob was built without the `llm` feature: it runs no language model",
+        ))
+    }
 
     pub(super) fn new(
         _: &mblob_library,

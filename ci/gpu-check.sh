@@ -108,10 +108,12 @@ if [ "$mode" = from ]; then
     [ "$name" = root ] || [ "$name" = mblob ] || programs+=("$name $from/$name")
   done <"$from/manifest"
 else
+  list=$(build) || { echo "$list"; exit 1; }
   while read -r name path; do
     [ "$name" = mblob ] || programs+=("$name $path")
-  done < <(build)
+  done <<<"$list"
 fi
+[ ${#programs[@]} -gt 0 ] || { echo "no test programs" >&2; exit 1; }
 
 echo "== tests"
 summary=()
@@ -122,9 +124,9 @@ for p in "${programs[@]}"; do
   start=$SECONDS
   case "$name" in mblob-runtime-*) dir=runtime ;; mblob-capi-*) dir=capi ;; *) dir=. ;; esac
   (cd "$root/$dir" &&
-    "$path" --include-ignored --test-threads 1 cuda) >"$log" 2>&1
+    "$path" --include-ignored --test-threads 1 --nocapture cuda) >"$log" 2>&1
   rc=$?
-  grep -E "^test |worst|GPU:|panicked|^failures" "$log"
+  grep -E "^test |worst|GPU:|skipped|panicked|^failures" "$log"
   line=$(grep -E "^test result" "$log" | tail -1)
   summary+=("$name: ${line:-no result (exit $rc)} [$((SECONDS - start)) s]")
   [ "$rc" -ne 0 ] && { failed=1; tail -40 "$log"; }

@@ -76,8 +76,11 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
+# A device test that cannot open CUDA or NVRTC fails here rather than skipping.
+export MBLOB_REQUIRE_CUDA=1 MBLOB_REQUIRE_NVRTC=1
 echo "== GPU"
-nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi: not found"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  echo "nvidia-smi: not found"
 # NVRTC and the CUDA headers for the CUDA source payloads.
 for d in "${CUDA_PATH:-}" "${CUDA_HOME:-}" /usr/local/cuda; do
   if [ -n "$d" ] && [ -e "$d/include/cuda_fp16.h" ]; then export CUDA_PATH="$d" CUDA_HOME="$d"; break; fi

@@ -325,3 +325,30 @@ fn mistral_built_for_opencl_sliding_window_as_tvm_on_opencl() {
         sliding_window_as_tvm_on(&Model::on("mistral-q0f32-opencl", "mistral-q0f32", d), "mistral-q0f32");
     }
 }
+
+/// The same libraries compiled for CUDA (`compile --device '{"kind": "cuda", "arch": "sm_90"}'`:
+/// TVM 0.27 keeps the kernels as CUDA source, compiled by NVRTC when the library loads) on
+/// `cuda:0`, against TVM's records of the CPU build of the same weights. Run by
+/// `ci/gpu-check.sh` where a GPU is lent; they need the driver and NVRTC.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+    fn qwen2_built_for_cuda_fork_and_popn_as_tvm_on_cuda() {
+        fork_and_popn_as_tvm_on(&Model::on("qwen2-q0f32-cuda", "qwen2-q0f32", Device::cuda(0)), "qwen2-q0f32");
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+    fn phi2_built_for_cuda_fork_and_popn_as_tvm_on_cuda() {
+        fork_and_popn_as_tvm_on(&Model::on("phi2-q0f32-cuda", "phi2-q0f32", Device::cuda(0)), "phi2-q0f32");
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+    fn mistral_built_for_cuda_sliding_window_as_tvm_on_cuda() {
+        sliding_window_as_tvm_on(&Model::on("mistral-q0f32-cuda", "mistral-q0f32", Device::cuda(0)), "mistral-q0f32");
+    }
+}

@@ -471,3 +471,91 @@ fn an_opencl_program_cache_written_by_one_run_loads_in_the_next() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("qwen2.programs") && stderr.contains("cut short"), "{stderr}");
 }
+
+/// The libraries compiled for CUDA (`compile --device '{"kind": "cuda", "arch": "sm_90"}'`),
+/// each with the CPU build whose weights and TVM records it shares. TVM 0.27 keeps the kernels
+/// as CUDA C++ source (payload format `cuda`): its CUDA runtime compiles them with NVRTC when
+/// the library loads, and so does mblob.
+#[cfg(feature = "cuda")]
+const CUDA_BUILDS: [(&str, &str); 3] =
+    [("qwen2-q0f32-cuda", "qwen2-q0f32"), ("phi2-q0f32-cuda", "phi2-q0f32"), ("mistral-q0f32-cuda", "mistral-q0f32")];
+
+/// Without a GPU: each CUDA build loads (the driver untouched), its CUDA modules hold TVM's
+/// CUDA source with a `__global__` definition for every kernel of the modules' function
+/// tables, the cache's attention kernels among them, and every global function its bytecode
+/// calls is served; `mblob generate --device cuda` refuses with the typed error that names the
+/// missing driver: exit status 1, no token written (on a machine with a driver the ignored
+/// tests below run them).
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_builds_load_without_a_gpu_and_refuse_to_run() {
+    use mblob_runtime::device::cuda::CudaModule;
+    for (lib, name) in CUDA_BUILDS {
+        let path = fixture(lib).join("lib.so");
+        // SAFETY: the fixture is a library MLC-LLM's pipeline built for these tests.
+        let tree =
+            unsafe { mblob_runtime::load_library(&path, &mblob_runtime::Registry::default(), &Default::default()) }
+                .unwrap_or_else(|e| panic!("{lib}: {e}"));
+        let modules: Vec<&CudaModule> =
+            tree.modules().iter().filter_map(|m| m.module.as_any().downcast_ref::<CudaModule>()).collect();
+        assert!(!modules.is_empty(), "{lib}: no CUDA module");
+        let mut kernels = Vec::new();
+        for m in modules {
+            assert!(format!("{m:?}").contains("not loaded"), "{lib}: loading the tree used the driver");
+            let device = m.device_module();
+            assert_eq!(device.format, "cuda", "{lib}: TVM 0.27 keeps CUDA source");
+            let source = std::str::from_utf8(&device.data).unwrap_or_else(|e| panic!("{lib}: {e}"));
+            for (kernel, info) in &device.functions {
+                let defined = source.match_indices(&format!(" {kernel}(")).any(|(at, _)| {
+                    let line = &source[source[..at].rfind('\n').map_or(0, |n| n + 1)..at];
+                    line.starts_with("extern \"C\" __global__ void")
+                });
+                assert!(defined, "{lib}: {kernel} has no __global__ definition in the source");
+                assert!(!info.launch_param_tags.is_empty(), "{lib}: {kernel} has no launch parameters");
+                kernels.push(kernel.clone());
+            }
+        }
+        for kernel in
+            ["batch_decode_paged_kv_kernel", "batch_prefill_ragged_kv_kernel", "batch_prefill_paged_kv_kernel"]
+        {
+            assert!(kernels.iter().any(|k| k == kernel), "{lib}: the cache's kernel {kernel}");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_mblob")).args(["inspect", "--json"]).arg(&path).output().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{lib}: inspect: {e}"));
+        assert_eq!(report["modules"][0]["relax"]["unsupported_calls"], serde_json::json!([]), "{lib}");
+        if CudaModule::driver_present() {
+            eprintln!("{lib}: a CUDA driver is present; the ignored tests run the library");
+            continue;
+        }
+        let out = generate(lib, name, "cuda", "1", &std::env::temp_dir().join(format!("{lib}-nogpu.npy")));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{lib}: {stderr}");
+        assert!(stderr.contains("no CUDA driver found"), "{lib}: {stderr}");
+        assert!(out.stdout.is_empty(), "{lib}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+fn qwen2_built_for_cuda_gives_tvms_tokens_and_logits_on_cuda() {
+    // TVM's GPU pipeline, MLC's dlight schedules and the cache's GPU kernels in CUDA, against
+    // TVM's records of the CPU build of the same model and weights (TVM was not run on a GPU:
+    // the kernels sum in another order, hence the 1e-4 bound).
+    runs_as_tvm_on("qwen2-q0f32-cuda", "qwen2-q0f32", "cuda");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+fn phi2_built_for_cuda_gives_tvms_tokens_and_logits_on_cuda() {
+    runs_as_tvm_on("phi2-q0f32-cuda", "phi2-q0f32", "cuda");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU (sm_90) with its driver, and NVRTC: ci/gpu-check.sh"]
+fn mistral_built_for_cuda_gives_tvms_tokens_and_logits_on_cuda() {
+    // The 16-token window with 4 sinks and its eviction in the cache's CUDA kernels.
+    runs_as_tvm_on("mistral-q0f32-cuda", "mistral-q0f32", "cuda");
+}

@@ -161,11 +161,11 @@ mod tests {
         let ok = r#""tensor_parallel_shards": 1, "pipeline_parallel_stages": 1, "disaggregation": false, "kv_state_kind": "kv_cache""#;
         assert!(meta(ok).check_supported().is_ok());
         assert!(meta(r#""kv_state_kind": "rnn_state""#).check_supported().is_ok());
+        assert!(meta(r#""kv_state_kind": "hybrid""#).check_supported().is_ok());
         for (extra, word) in [
             (r#""disaggregation": true"#, "disaggregation"),
             (r#""tensor_parallel_shards": 2"#, "Disco"),
             (r#""pipeline_parallel_stages": 2"#, "Disco"),
-            (r#""kv_state_kind": "hybrid""#, "a paged KV cache and an RNN state together"),
             (r#""kv_state_kind": "none""#, "`none`"),
         ] {
             let e = meta(extra).check_supported().unwrap_err().to_string();

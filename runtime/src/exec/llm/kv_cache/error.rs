@@ -107,19 +107,37 @@ impl From<KvCacheError> for VmError {
     }
 }
 
-/// A failed check of TVM's whose condition is a boolean: `Check failed: (cond) is false: text`.
-pub(super) fn check_false(cond: &str, text: impl std::fmt::Display) -> KvCacheError {
-    KvCacheError::Check(format!("Check failed: ({cond}) is false: {text}"))
+/// The message of a failed check of TVM's whose condition is a boolean
+/// (`TVM_FFI_ICHECK(cond) << text`): `Check failed: (cond) is false: text`. The RNN state's
+/// errors word their checks with it too.
+pub(crate) fn false_text(cond: &str, text: impl std::fmt::Display) -> String {
+    format!("Check failed: ({cond}) is false: {text}")
 }
 
-/// A failed comparison check of TVM's: `Check failed: lhs op rhs (a vs. b) : text`.
+/// The message of a failed comparison check of TVM's (`TVM_FFI_ICHECK_<op>(a, b) << text`)
+/// whose values were `a` and `b`: `Check failed: lhs op rhs (a vs. b) : text`.
+pub(crate) fn cmp_text(
+    expr: &str,
+    a: impl std::fmt::Display,
+    b: impl std::fmt::Display,
+    text: impl std::fmt::Display,
+) -> String {
+    format!("Check failed: {expr} ({a} vs. {b}) : {text}")
+}
+
+/// A failed check of TVM's whose condition is a boolean ([`false_text`]).
+pub(super) fn check_false(cond: &str, text: impl std::fmt::Display) -> KvCacheError {
+    KvCacheError::Check(false_text(cond, text))
+}
+
+/// A failed comparison check of TVM's ([`cmp_text`]).
 pub(super) fn check_cmp(
     expr: &str,
     a: impl std::fmt::Display,
     b: impl std::fmt::Display,
     text: impl std::fmt::Display,
 ) -> KvCacheError {
-    KvCacheError::Check(format!("Check failed: {expr} ({a} vs. {b}) : {text}"))
+    KvCacheError::Check(cmp_text(expr, a, b, text))
 }
 
 /// TVM's error for a sequence id the cache does not hold.

@@ -62,6 +62,7 @@ mod reduced;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{AttnKind, CacheConfig, RopeMode};
+pub(crate) use error::{cmp_text, false_text};
 pub use error::{KvCacheError, UnsupportedFeature};
 
 use crate::array::NdArray;

@@ -1,5 +1,6 @@
 //! The errors of the RNN state.
 
+use crate::exec::llm::kv_cache::{cmp_text, false_text};
 use crate::exec::relax::vm::value::VmError;
 
 /// An error of the RNN state or of one of its builtins.
@@ -33,7 +34,7 @@ impl From<RnnStateError> for VmError {
 impl RnnStateError {
     /// TVM's `TVM_FFI_ICHECK(cond) << text`.
     pub(super) fn unless(cond: &str, text: impl std::fmt::Display) -> RnnStateError {
-        RnnStateError::Check(format!("Check failed: ({cond}) is false: {text}"))
+        RnnStateError::Check(false_text(cond, text))
     }
 
     /// TVM's `TVM_FFI_ICHECK_<op>(a, b) << text`, which failed with values `x` and `y`.
@@ -43,7 +44,7 @@ impl RnnStateError {
         y: impl std::fmt::Display,
         text: impl std::fmt::Display,
     ) -> RnnStateError {
-        RnnStateError::Check(format!("Check failed: {expr} ({x} vs. {y}) : {text}"))
+        RnnStateError::Check(cmp_text(expr, x, y, text))
     }
 
     /// TVM's error for a sequence id the state does not hold (`where`: "in the space state
